@@ -1,0 +1,54 @@
+"""Deterministic random streams derived from a job seed.
+
+Every random draw of a run comes from a generator derived from (seed, round, stream), so a
+run interrupted after round k and resumed reproduces exactly what an uninterrupted run
+draws, and the service (one Celery task per tenant per round) reproduces the simulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Stream identifiers. Client streams are CLIENT + client index.
+INIT_SERVER = 0
+SAMPLING = 1
+SERVER = 2
+SPLIT = 3
+NOISE = 4
+INIT_CLIENT = 1_000_000
+CLIENT = 2_000_000
+CLIENT_NOISE = 3_000_000
+
+
+def derive_rng(seed: int, round_: int, stream: int) -> np.random.Generator:
+    """A generator for one (seed, round, stream) triple, independent of every other triple."""
+    if seed < 0 or round_ < 0 or stream < 0:
+        raise ValueError("seed, round and stream must be non-negative")
+    return np.random.default_rng(np.random.SeedSequence([seed, round_, stream]))
+
+
+def client_rng(seed: int, round_: int, client: int) -> np.random.Generator:
+    """The generator of client ``client``'s step in round ``round_``."""
+    return derive_rng(seed, round_, CLIENT + client)
+
+
+def client_noise_rng(seed: int, round_: int, client: int) -> np.random.Generator:
+    """The generator of the DP noise added to client ``client``'s upload in round ``round_``."""
+    return derive_rng(seed, round_, CLIENT_NOISE + client)
+
+
+def client_init_rng(seed: int, client: int) -> np.random.Generator:
+    """The generator of client ``client``'s initial local state."""
+    return derive_rng(seed, 0, INIT_CLIENT + client)
+
+
+def sample_clients(rng: np.random.Generator, n_clients: int, per_round: int) -> np.ndarray:
+    """S_k: ``per_round`` distinct clients drawn uniformly without replacement, sorted.
+
+    ``per_round >= n_clients`` selects everybody (full participation).
+    """
+    if per_round <= 0:
+        raise ValueError("per_round must be positive")
+    if per_round >= n_clients:
+        return np.arange(n_clients)
+    return np.sort(rng.choice(n_clients, size=per_round, replace=False))

@@ -1,0 +1,85 @@
+"""The client-step / server-step contract every federated algorithm follows.
+
+An algorithm is a validated config class plus pure functions over frozen messages
+(:class:`algorithms.Message` subclasses, serialisable to bytes):
+
+``init_server(n_items, n_clients, cfg, rng) -> (server_state, global_msg)``
+    Runs once on the coordinator. ``global_msg`` is what every client receives (V and
+    whatever round-level scalars the clients need, e.g. the number of clients p).
+``init_client(block, global_msg, cfg, rng) -> local_state``
+    Runs once inside each tenant (U_i drawn here). Never seen by the server.
+``client_step(global_msg, local_state, block, cfg, rng) -> (local_state', upload | None)``
+    One round of local work inside tenant i. The upload holds only factor matrices and
+    scalars, never a rating value or a rated-item index. ``None`` means "nothing sent this
+    round" (e.g. RFRecF local iterations): nothing to privatise or charge.
+``server_step(server_state, uploads, cfg, rng) -> (server_state', global_msg')``
+    Aggregation on the coordinator from the uploads only; ``uploads`` maps client index to
+    upload message (the server sees who transmitted).
+``factors(global_msg, local_state) -> (A, B)``
+    Prediction factors of one tenant: its predicted rating matrix is ``A @ B`` with A of
+    shape (m_i, r') and B of shape (r', n). Bias terms and a global mean are folded in as
+    extra columns/rows, so serving is one matrix-vector product per user.
+``objective(global_msg, local_state, block, cfg) -> float``
+    This tenant's share of the training objective (for progress reports).
+
+States are :class:`Message` subclasses too, so the service persists them as bytes.
+No function mutates its arguments, and every random draw comes from the ``rng`` passed in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from algorithms._messages import Message
+from algorithms.block import RatingBlock
+
+
+class AlgorithmConfig(BaseModel):
+    """Base of every algorithm's config: frozen, unknown fields rejected."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def default_select(
+    global_msg: Message, n_clients: int, per_round: int, rng: np.random.Generator
+) -> np.ndarray:
+    """S_k: ``per_round`` clients uniformly without replacement (FedMC-ADMM's scheme)."""
+    from algorithms._rng import sample_clients
+
+    return sample_clients(rng, n_clients, per_round)
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """A federated algorithm: its name, config class and pure step functions."""
+
+    name: str
+    config: type[AlgorithmConfig]
+    init_server: Callable[[int, int, Any, np.random.Generator], tuple[Message, Message]]
+    init_client: Callable[[RatingBlock, Message, Any, np.random.Generator], Message]
+    client_step: Callable[
+        [Message, Message, RatingBlock, Any, np.random.Generator], tuple[Message, Message | None]
+    ]
+    server_step: Callable[
+        [Message, Mapping[int, Message], Any, np.random.Generator], tuple[Message, Message]
+    ]
+    factors: Callable[[Message, Message], tuple[np.ndarray, np.ndarray]]
+    objective: Callable[[Message, Message, RatingBlock, Any], float]
+    #: which clients run ``client_step`` in a round; default: S_k uniform without replacement
+    select: Callable[[Message, int, int, np.random.Generator], np.ndarray] = default_select
+    #: False for methods whose uploads reveal ratings (FedMGS's sufficient statistics)
+    privacy_preserving: bool = True
+    #: "ratings" (real-valued MC) or "binary" (Felb family)
+    data_kind: str = "ratings"
+
+
+def predict(alg: Algorithm, global_msg: Message, local_state: Message,
+            rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """Predicted values of entries (rows[t], cols[t]) of one tenant, without a dense product."""
+    a, b = alg.factors(global_msg, local_state)
+    return np.einsum("ij,ji->i", a[rows], b[:, cols])

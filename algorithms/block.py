@@ -1,0 +1,83 @@
+"""A tenant's rating block: the observed entries of M_i as COO index arrays.
+
+Rows are the tenant's local user indices 0..n_users-1, columns the shared item indices
+0..n_items-1. Blocks never leave the client step. CSR/CSC views are built once and cached;
+every kernel works on the observed entries only (no dense n_users x n_items matrix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cached_property
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class RatingBlock:
+    """Observed ratings of one tenant.
+
+    Parameters
+    ----------
+    rows, cols : int32 arrays of length nnz
+        Local user index and global item index of each observed rating.
+    vals : float64 array of length nnz
+        The rating values.
+    n_users, n_items : int
+        Shape of the block M_i.
+    """
+
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    n_users: int
+    n_items: int
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", np.ascontiguousarray(self.rows, dtype=np.int32))
+        object.__setattr__(self, "cols", np.ascontiguousarray(self.cols, dtype=np.int32))
+        object.__setattr__(self, "vals", np.ascontiguousarray(self.vals, dtype=np.float64))
+        n = self.rows.shape[0]
+        if self.cols.shape != (n,) or self.vals.shape != (n,):
+            raise ValueError("rows, cols and vals must be 1-d arrays of equal length")
+        if n and (self.rows.min() < 0 or self.rows.max() >= self.n_users):
+            raise ValueError("row index out of range")
+        if n and (self.cols.min() < 0 or self.cols.max() >= self.n_items):
+            raise ValueError("column index out of range")
+        object.__setattr__(self, "n_users", int(self.n_users))
+        object.__setattr__(self, "n_items", int(self.n_items))
+        if not np.all(np.isfinite(self.vals)):
+            raise ValueError("ratings must be finite")
+
+    @property
+    def nnz(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_users, self.n_items)
+
+    @cached_property
+    def csr(self) -> sp.csr_array:
+        """M_i as a CSR array (duplicates are not expected; they would be summed)."""
+        return sp.csr_array((self.vals, (self.rows, self.cols)), shape=self.shape)
+
+    @cached_property
+    def csc(self) -> sp.csc_array:
+        return self.csr.tocsc()
+
+    @cached_property
+    def rated_items(self) -> np.ndarray:
+        """Sorted unique item indices this tenant has rated."""
+        return np.unique(self.cols)
+
+    def with_values(self, vals: np.ndarray) -> RatingBlock:
+        """Same pattern, other values (e.g. centred ratings or residuals)."""
+        return RatingBlock(self.rows, self.cols, vals, self.n_users, self.n_items)
+
+    def subset(self, mask: np.ndarray) -> RatingBlock:
+        """The entries selected by a boolean mask, same shape."""
+        return RatingBlock(
+            self.rows[mask], self.cols[mask], self.vals[mask], self.n_users, self.n_items
+        )

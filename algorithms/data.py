@@ -1,0 +1,154 @@
+"""Rating files, the random 80/20 split and the partition of users into tenants.
+
+Used by the simulator, the CLI and the benchmarks; the service builds the same
+:class:`Federation` from its database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import os
+from pathlib import Path
+
+import numpy as np
+
+from algorithms._rng import SPLIT, derive_rng
+from algorithms.block import RatingBlock
+
+DATA_DIR_ENV = "FEDREC_DATA_DIR"
+
+
+def data_dir() -> Path | None:
+    """The MovieLens folder: $FEDREC_DATA_DIR, else ../shared/data beside the checkout."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env) if Path(env).is_dir() else None
+    guess = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return guess if guess.is_dir() else None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Ratings:
+    """A flat list of (user, item, value) triples with the raw (external) ids."""
+
+    users: np.ndarray
+    items: np.ndarray
+    values: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+
+def _open_text(path: Path) -> str:
+    raw = path.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        raw = gzip.decompress(raw)
+    return raw.decode("latin-1")
+
+
+def load_ratings(path: str | os.PathLike) -> Ratings:
+    """Read MovieLens ``u.data`` (tab), ML-1M/10M ``::`` or CSV ``user,item,rating[,ts]``.
+
+    Gzip is detected from the magic bytes. A CSV header line is skipped when its third
+    field is not a number. Ids may be any integers.
+    """
+    path = Path(path)
+    text = _open_text(path)
+    first = text.split("\n", 1)[0]
+    if "::" in first:
+        text, sep = text.replace("::", "\t"), "\t"
+    elif "\t" in first:
+        sep = "\t"
+    else:
+        sep = ","
+    skip = 0
+    fields = first.replace("::", "\t").split(sep)
+    if len(fields) < 3:
+        raise ValueError(f"{path}: line 1 has fewer than 3 fields (user, item, rating)")
+    try:
+        float(fields[2])
+    except ValueError:
+        skip = 1
+    arr = np.loadtxt(io.StringIO(text), delimiter=sep, skiprows=skip, usecols=(0, 1, 2),
+                     dtype=np.float64, ndmin=2)
+    if arr.shape[0] == 0:
+        raise ValueError(f"{path}: no ratings")
+    return Ratings(arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].copy())
+
+
+def load_movielens(name: str) -> Ratings:
+    """``ml-100k`` or ``ml-1m`` from :func:`data_dir` (raises FileNotFoundError if absent)."""
+    base = data_dir()
+    files = {"ml-100k": "ml-100k/u.data", "ml-1m": "ml-1m/ratings_no_timestamps.dat.gz"}
+    if base is None or not (base / files[name]).is_file():
+        raise FileNotFoundError(f"{name} not found; set {DATA_DIR_ENV} to the data folder")
+    return load_ratings(base / files[name])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Federation:
+    """Ratings split into train/test and partitioned by user into tenants.
+
+    ``train[i]`` and ``test[i]`` are tenant i's blocks over the same local users
+    (``user_ids[i]`` maps local row -> raw user id) and the shared items (``item_ids``
+    maps column -> raw item id). ``scale`` is the (min, max) rating.
+    """
+
+    train: list[RatingBlock]
+    test: list[RatingBlock]
+    user_ids: list[np.ndarray]
+    item_ids: np.ndarray
+    scale: tuple[float, float]
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.train)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.item_ids.shape[0])
+
+
+def split_mask(n: int, test_fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """Boolean test mask with round(test_fraction * n) entries chosen uniformly."""
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError("test_fraction must be in [0, 1)")
+    mask = np.zeros(n, dtype=bool)
+    mask[rng.permutation(n)[: int(round(test_fraction * n))]] = True
+    return mask
+
+
+def build_federation(ratings: Ratings, n_clients: int, seed: int,
+                     test_fraction: float = 0.2) -> Federation:
+    """Split ratings at random (seeded) and partition users into ``n_clients`` disjoint,
+    near-equal random blocks, as in the FedMC-ADMM and RFRec experiments."""
+    item_ids, cols = np.unique(ratings.items, return_inverse=True)
+    user_ids, users = np.unique(ratings.users, return_inverse=True)
+    if not 1 <= n_clients <= user_ids.shape[0]:
+        raise ValueError(f"clients must be between 1 and the number of users ({len(user_ids)})")
+    rng = derive_rng(seed, 0, SPLIT)
+    test = split_mask(len(ratings), test_fraction, rng)
+    tenant_of_user = np.empty(user_ids.shape[0], dtype=np.int64)
+    for t, chunk in enumerate(np.array_split(rng.permutation(user_ids.shape[0]), n_clients)):
+        tenant_of_user[chunk] = t
+    order = np.argsort(tenant_of_user, kind="stable")
+    local_row = np.empty_like(order)
+    bounds = np.searchsorted(tenant_of_user[order], np.arange(n_clients + 1))
+    for t in range(n_clients):
+        local_row[order[bounds[t]:bounds[t + 1]]] = np.arange(bounds[t + 1] - bounds[t])
+    tenant = tenant_of_user[users]
+    n_items = item_ids.shape[0]
+    train_blocks, test_blocks, uids = [], [], []
+    by_tenant = np.argsort(tenant, kind="stable")
+    tb = np.searchsorted(tenant[by_tenant], np.arange(n_clients + 1))
+    for t in range(n_clients):
+        idx = by_tenant[tb[t]:tb[t + 1]]
+        m = int(bounds[t + 1] - bounds[t])
+        rows, c, v, is_test = local_row[users[idx]], cols[idx], ratings.values[idx], test[idx]
+        train_blocks.append(RatingBlock(rows[~is_test], c[~is_test], v[~is_test], m, n_items))
+        test_blocks.append(RatingBlock(rows[is_test], c[is_test], v[is_test], m, n_items))
+        uids.append(user_ids[order[bounds[t]:bounds[t + 1]]])
+    scale = (float(ratings.values.min()), float(ratings.values.max()))
+    return Federation(train_blocks, test_blocks, uids, item_ids, scale)

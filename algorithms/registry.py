@@ -1,0 +1,31 @@
+"""Name -> algorithm. Modules are imported lazily so a broken optional one cannot break all."""
+
+from __future__ import annotations
+
+import importlib
+
+from algorithms.base import Algorithm
+
+_MODULES: dict[str, str] = {
+    "fedmc-admm": "algorithms.fedmc_admm",
+    "fedmavg": "algorithms.fedmavg",
+    "fedmgs": "algorithms.fedmgs",
+    "rfrec": "algorithms.rfrec",
+    "rfrecf": "algorithms.rfrecf",
+    "felb": "algorithms.felb",
+    "felb-mu": "algorithms.felb_mu",
+}
+
+
+def names() -> list[str]:
+    """Registered algorithm names whose module is present."""
+    return [n for n, m in _MODULES.items() if importlib.util.find_spec(m) is not None]
+
+
+def get(name: str) -> Algorithm:
+    """The algorithm registered as ``name``; its module exposes ``ALGORITHM``."""
+    if name not in _MODULES:
+        raise KeyError(f"unknown algorithm {name!r}; known: {', '.join(names())}")
+    module = importlib.import_module(_MODULES[name])
+    alg = getattr(module, "ALGORITHMS", {}).get(name) or module.ALGORITHM
+    return alg

@@ -1,0 +1,1 @@
+"""fedrec's HTTP service (FastAPI + SQLAlchemy) and command-line interface."""

@@ -1,0 +1,1 @@
+"""Sub-commands of the ``fedrec`` CLI; each module exposes ``register(subparsers)``."""
