@@ -76,6 +76,10 @@ class Algorithm:
     privacy_preserving: bool = True
     #: "ratings" (real-valued MC) or "binary" (Felb family)
     data_kind: str = "ratings"
+    #: the recommended run: number of clients, clients per round, rounds (CLI defaults);
+    #: per_round 0 means every client every round
+    run_defaults: Mapping[str, int] = dataclasses.field(
+        default_factory=lambda: {"clients": 100, "per_round": 10, "rounds": 100})
 
 
 def predict(alg: Algorithm, global_msg: Message, local_state: Message,
