@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from algorithms import registry
-from algorithms.data import build_federation, data_dir, load_ratings
+from algorithms.data import Ratings, build_federation, data_dir, load_ratings
 from algorithms.simulate import RoundRecord, simulate
+from algorithms.synthetic import generate_ratings
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
 
@@ -45,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("--data", type=Path, default=None,
                    help="ratings file: MovieLens u.data, ML-1M '::' or CSV user,item,rating "
-                        "(gz accepted); default: ml-100k/u.data under $FEDREC_DATA_DIR")
+                        "(gz accepted), or 'synthetic'; default: ml-100k/u.data under "
+                        "$FEDREC_DATA_DIR, else synthetic")
     p.add_argument("--algorithm", default="fedmc-admm", choices=registry.names())
     p.add_argument("--clients", type=int, help="number of tenants P (users split at random)")
     p.add_argument("--per-round", type=int, help="tenants per round K (0: all)")
@@ -72,12 +74,18 @@ def _config(alg, args: argparse.Namespace):
     return alg.config(**given)
 
 
-def _default_data() -> Path:
-    base = data_dir()
-    if base is None:
-        raise FileNotFoundError("no --data given and no MovieLens folder found "
-                                "(set FEDREC_DATA_DIR)")
-    return base / "ml-100k" / "u.data"
+def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
+    """The ratings to simulate on and a label for the report.
+
+    ``--data synthetic``, or no ``--data`` on a machine without MovieLens, draws the
+    synthetic generator's MovieLens-100k-sized set.
+    """
+    if data is None:
+        base = data_dir()
+        data = base / "ml-100k" / "u.data" if base is not None else Path("synthetic")
+    if str(data) == "synthetic":
+        return generate_ratings(943, 1682, 100_000, seed=seed), "synthetic(943x1682, 100000)"
+    return load_ratings(data), str(data)
 
 
 def _printer(rounds: int, quiet: bool):
@@ -104,8 +112,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = _config(alg, args)
     run_cfg = {k: getattr(args, k) if getattr(args, k) is not None else alg.run_defaults[k]
                for k in _RUN_FLAGS}
-    data = args.data or _default_data()
-    ratings = load_ratings(data)
+    ratings, data = _load(args.data, args.seed)
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction)
     per_round = run_cfg["per_round"] or fed.n_clients
     t0 = time.perf_counter()
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
           f"{final.round} rounds ({wall:.1f} s)")
     if args.json:
         report: dict[str, Any] = {
-            "algorithm": alg.name, "config": cfg.model_dump(), "data": str(data),
+            "algorithm": alg.name, "config": cfg.model_dump(), "data": data,
             "seed": args.seed, "test_fraction": args.test_fraction, **run_cfg,
             "n_ratings": len(ratings), "n_items": fed.n_items,
             "rounds_detail": [r.as_dict() for r in result.history],
