@@ -1,0 +1,61 @@
+"""Top-k selection for serving: one matrix-vector product and an argpartition.
+
+Scores of user t of tenant i are ``A[t] @ B`` (see :meth:`algorithms.base.Algorithm.factors`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def top_k(scores: np.ndarray, k: int, exclude: np.ndarray | None = None,
+          offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Items ranked ``offset .. offset+k-1`` by descending score, ties by item index.
+
+    Parameters
+    ----------
+    scores : (n,) float array
+        One user's predicted score of every item.
+    k, offset : int
+        Page size and start (pagination over the ranking).
+    exclude : int array, optional
+        Item indices never returned (e.g. those the user already rated).
+
+    Returns
+    -------
+    items, item_scores : arrays of length <= k
+    """
+    if k < 0 or offset < 0:
+        raise ValueError("k and offset must be non-negative")
+    n = scores.shape[0]
+    candidates = np.arange(n)
+    if exclude is not None and exclude.size:
+        keep = np.ones(n, dtype=bool)
+        keep[exclude] = False
+        candidates = candidates[keep]
+    want = min(offset + k, candidates.size)
+    if want == 0:
+        return np.empty(0, dtype=np.int64), np.empty(0)
+    cand_scores = scores[candidates]
+    if want < candidates.size:
+        # argpartition on -score; widen to every item tied with the cut so ties order stably
+        part = np.argpartition(-cand_scores, want - 1)[:want]
+        cut = cand_scores[part].min()
+        part = np.flatnonzero(cand_scores >= cut)
+    else:
+        part = np.arange(candidates.size)
+    order = np.lexsort((candidates[part], -cand_scores[part]))[offset:want]
+    chosen = part[order]
+    return candidates[chosen].astype(np.int64), cand_scores[chosen]
+
+
+def popularity_scores(item_counts: np.ndarray, item_sums: np.ndarray,
+                      prior_weight: float = 10.0) -> np.ndarray:
+    """Cold-start scores: the Bayesian-damped mean rating of each item.
+
+    ``(sum + prior_weight * global_mean) / (count + prior_weight)``, so an item rated once
+    at 5 stars does not outrank one rated 500 times at 4.6.
+    """
+    total = item_counts.sum()
+    mean = item_sums.sum() / total if total else 0.0
+    return (item_sums + prior_weight * mean) / (item_counts + prior_weight)

@@ -1,0 +1,37 @@
+import numpy as np
+import pytest
+
+from algorithms.recommend import popularity_scores, top_k
+
+
+def _reference(scores, k, exclude=(), offset=0):
+    ranked = sorted((i for i in range(len(scores)) if i not in set(exclude)),
+                    key=lambda i: (-scores[i], i))
+    return ranked[offset:offset + k]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_top_k_matches_a_full_sort(seed):
+    rng = np.random.default_rng(seed)
+    scores = rng.integers(0, 6, 50).astype(float)  # many ties
+    exclude = rng.choice(50, 7, replace=False)
+    for k, offset in [(10, 0), (10, 10), (3, 45), (60, 0)]:
+        items, vals = top_k(scores, k, exclude, offset)
+        assert items.tolist() == _reference(scores, k, exclude.tolist(), offset)
+        np.testing.assert_array_equal(vals, scores[items])
+
+
+def test_top_k_edge_cases():
+    assert top_k(np.array([1.0, 2.0]), 0)[0].size == 0
+    assert top_k(np.array([1.0, 2.0]), 5, np.array([0, 1]))[0].size == 0
+    with pytest.raises(ValueError, match="non-negative"):
+        top_k(np.zeros(3), -1)
+
+
+def test_popularity_damps_rare_items():
+    counts = np.array([1.0, 500.0, 0.0])
+    sums = np.array([5.0, 2300.0, 0.0])
+    s = popularity_scores(counts, sums)
+    mean = 2305.0 / 501.0
+    assert s[0] == pytest.approx((5 + 10 * mean) / 11)
+    assert s[1] > s[0] and s[2] == pytest.approx(mean)
