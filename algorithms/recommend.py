@@ -53,8 +53,9 @@ def popularity_scores(item_counts: np.ndarray, item_sums: np.ndarray,
                       prior_weight: float = 10.0) -> np.ndarray:
     """Cold-start scores: the Bayesian-damped mean rating of each item.
 
-    ``(sum + prior_weight * global_mean) / (count + prior_weight)``, so an item rated once
-    at 5 stars does not outrank one rated 500 times at 4.6.
+    ``(sum + prior_weight * global_mean) / (count + prior_weight)``, so on MovieLens-like data
+    (mean about 3.5) an item rated once at 5 stars does not outrank one rated 500 times
+    at 4.6.
     """
     total = item_counts.sum()
     mean = item_sums.sum() / total if total else 0.0

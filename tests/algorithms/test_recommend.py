@@ -29,9 +29,9 @@ def test_top_k_edge_cases():
 
 
 def test_popularity_damps_rare_items():
-    counts = np.array([1.0, 500.0, 0.0])
-    sums = np.array([5.0, 2300.0, 0.0])
+    counts = np.array([1.0, 500.0, 1000.0, 0.0])
+    sums = np.array([5.0, 2300.0, 3000.0, 0.0])  # one 5-star vs 500 at 4.6; mean ~3.53
     s = popularity_scores(counts, sums)
-    mean = 2305.0 / 501.0
+    mean = 5305.0 / 1501.0
     assert s[0] == pytest.approx((5 + 10 * mean) / 11)
-    assert s[1] > s[0] and s[2] == pytest.approx(mean)
+    assert s[1] > s[0] and s[3] == pytest.approx(mean)
