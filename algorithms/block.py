@@ -8,6 +8,7 @@ every kernel works on the observed entries only (no dense n_users x n_items matr
 from __future__ import annotations
 
 import dataclasses
+import io
 from functools import cached_property
 
 import numpy as np
@@ -81,3 +82,16 @@ class RatingBlock:
         return RatingBlock(
             self.rows[mask], self.cols[mask], self.vals[mask], self.n_users, self.n_items
         )
+
+    def to_bytes(self) -> bytes:
+        """Compressed ``.npz`` of the block (how the service materialises it once per job)."""
+        buf = io.BytesIO()
+        np.savez_compressed(buf, rows=self.rows, cols=self.cols, vals=self.vals,
+                            shape=np.array(self.shape, dtype=np.int64))
+        return buf.getvalue()
+
+    @staticmethod
+    def from_bytes(data: bytes) -> RatingBlock:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            n_users, n_items = (int(x) for x in z["shape"])
+            return RatingBlock(z["rows"], z["cols"], z["vals"], n_users, n_items)

@@ -152,3 +152,23 @@ def build_federation(ratings: Ratings, n_clients: int, seed: int,
         uids.append(user_ids[order[bounds[t]:bounds[t + 1]]])
     scale = (float(ratings.values.min()), float(ratings.values.max()))
     return Federation(train_blocks, test_blocks, uids, item_ids, scale)
+
+
+def split_block(block: RatingBlock, test_fraction: float, rng: np.random.Generator
+                ) -> tuple[RatingBlock, RatingBlock]:
+    """(train, test) of one tenant's block, ``round(test_fraction * nnz)`` entries held out."""
+    test = split_mask(block.nnz, test_fraction, rng)
+    return block.subset(~test), block.subset(test)
+
+
+def federation_from_tenants(blocks: list[RatingBlock], user_ids: list[np.ndarray],
+                            item_ids: np.ndarray, seed: int, test_fraction: float = 0.2,
+                            scale: tuple[float, float] = (1.0, 5.0)) -> Federation:
+    """A federation whose tenants are given (the service's case): each tenant's held-out
+    split is drawn from its own stream ``(seed, tenant index, SPLIT)``."""
+    train, test = [], []
+    for i, block in enumerate(blocks):
+        tr, te = split_block(block, test_fraction, derive_rng(seed, i, SPLIT))
+        train.append(tr)
+        test.append(te)
+    return Federation(train, test, list(user_ids), np.asarray(item_ids), scale)
