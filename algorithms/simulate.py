@@ -60,25 +60,36 @@ class SimulationResult:
         return self.history[-1]
 
 
+def tenant_errors(alg: Algorithm, global_msg: Message, local_state: Message,
+                  block: RatingBlock, scale: tuple[float, float] | None = None
+                  ) -> tuple[float, float, int]:
+    """(sum of squared errors, sum of absolute errors, count) of one tenant's entries."""
+    if block.nnz == 0:
+        return 0.0, 0.0, 0
+    pred = predict(alg, global_msg, local_state, block.rows, block.cols)
+    if scale is not None:
+        pred = np.clip(pred, *scale)
+    err = pred - block.vals
+    return float(err @ err), float(np.abs(err).sum()), block.nnz
+
+
+def combine_errors(parts: Sequence[tuple[float, float, int]]) -> tuple[float, float]:
+    """RMSE and MAE from per-tenant error sums, summed in tenant order."""
+    sq = ab = 0.0
+    n = 0
+    for s, a, c in parts:
+        sq, ab, n = sq + s, ab + a, n + c
+    if n == 0:
+        return float("nan"), float("nan")
+    return float(np.sqrt(sq / n)), ab / n
+
+
 def evaluate(alg: Algorithm, global_msg: Message, local_states: Sequence[Message],
              blocks: Sequence[RatingBlock], scale: tuple[float, float] | None = None
              ) -> tuple[float, float]:
     """RMSE and MAE over all entries of ``blocks`` (predictions clipped to ``scale``)."""
-    sq = ab = 0.0
-    n = 0
-    for state, block in zip(local_states, blocks, strict=True):
-        if block.nnz == 0:
-            continue
-        pred = predict(alg, global_msg, state, block.rows, block.cols)
-        if scale is not None:
-            pred = np.clip(pred, *scale)
-        err = pred - block.vals
-        sq += float(err @ err)
-        ab += float(np.abs(err).sum())
-        n += block.nnz
-    if n == 0:
-        return float("nan"), float("nan")
-    return float(np.sqrt(sq / n)), ab / n
+    return combine_errors([tenant_errors(alg, global_msg, s, b, scale)
+                           for s, b in zip(local_states, blocks, strict=True)])
 
 
 def total_objective(alg: Algorithm, global_msg: Message, local_states: Sequence[Message],
@@ -87,24 +98,43 @@ def total_objective(alg: Algorithm, global_msg: Message, local_states: Sequence[
                      for s, b in zip(local_states, blocks, strict=True)))
 
 
+def select_clients(alg: Algorithm, global_msg: Message, n_clients: int, per_round: int,
+                   seed: int, round_: int) -> np.ndarray:
+    """S_k, drawn from the round's sampling stream."""
+    return alg.select(global_msg, n_clients, per_round, derive_rng(seed, round_, SAMPLING))
+
+
+def client_round(alg: Algorithm, cfg: Any, round_: int, seed: int, client: int,
+                 global_msg: Message, local_state: Message, block: RatingBlock,
+                 privatizer: Privatizer | None = None) -> tuple[Message, Message | None]:
+    """Client ``client``'s step in round ``round_``: new local state and what it sends."""
+    local_state, up = alg.client_step(global_msg, local_state, block, cfg,
+                                      client_rng(seed, round_, client))
+    if up is not None and privatizer is not None:
+        up = privatizer(up, client, round_)
+    return local_state, up
+
+
+def server_round(alg: Algorithm, cfg: Any, round_: int, seed: int, server_state: Message,
+                 uploads: Mapping[int, Message]) -> tuple[Message, Message]:
+    """The server step of round ``round_`` on the uploads only."""
+    return alg.server_step(server_state, uploads, cfg, derive_rng(seed, round_, SERVER))
+
+
 def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
               global_msg: Message, server_state: Message, local_states: list[Message],
               blocks: Sequence[RatingBlock], privatizer: Privatizer | None = None,
               ) -> tuple[Message, Message, list[Message], np.ndarray, Mapping[int, Message]]:
     """One communication round; returns new (global, server, locals, selected, uploads)."""
-    selected = alg.select(global_msg, len(blocks), per_round, derive_rng(seed, round_, SAMPLING))
+    selected = select_clients(alg, global_msg, len(blocks), per_round, seed, round_)
     locals_ = list(local_states)
     uploads: dict[int, Message] = {}
-    for i in selected:
-        i = int(i)
-        locals_[i], up = alg.client_step(global_msg, locals_[i], blocks[i], cfg,
-                                         client_rng(seed, round_, i))
-        if up is not None and privatizer is not None:
-            up = privatizer(up, i, round_)
+    for i in (int(c) for c in selected):
+        locals_[i], up = client_round(alg, cfg, round_, seed, i, global_msg, locals_[i],
+                                      blocks[i], privatizer)
         if up is not None:
             uploads[i] = up
-    server_state, global_msg = alg.server_step(server_state, uploads, cfg,
-                                               derive_rng(seed, round_, SERVER))
+    server_state, global_msg = server_round(alg, cfg, round_, seed, server_state, uploads)
     return global_msg, server_state, locals_, selected, uploads
 
 
