@@ -72,8 +72,9 @@ def _all_messages(alg, cfg, fed, rounds=3):
     return out, glob, locs
 
 
-def test_registry_lists_algorithms():
-    assert "fedmc-admm" in registry.names() or ALGORITHMS == []  # grows as modules land
+def test_registry_names_resolve_to_their_algorithms():
+    for name in ALGORITHMS:
+        assert registry.get(name).name == name
     with pytest.raises(KeyError, match="unknown algorithm 'nope'"):
         registry.get("nope")
 
@@ -103,7 +104,8 @@ def test_same_seed_same_bits_other_seed_other_bits(case):
     assert messages_equal(r1.global_msg, r2.global_msg)
     assert all(messages_equal(a, b) for a, b in zip(r1.local_states, r2.local_states,
                                                      strict=True))
-    assert [h.test_rmse for h in r1.history] == [h.test_rmse for h in r2.history]
+    np.testing.assert_array_equal([h.test_rmse for h in r1.history],
+                                  [h.test_rmse for h in r2.history])  # NaN == NaN here
     assert not all(messages_equal(a, b) for a, b in zip(r1.local_states, r3.local_states,
                                                          strict=True))
 
@@ -165,7 +167,7 @@ def test_objective_decreases_on_low_rank_data(case):
     alg, cfg, fed = case
     server, glob, locs = initialise(alg, cfg, fed.train, SEED)
     start = total_objective(alg, glob, locs, fed.train, cfg)
-    result = simulate(alg, cfg, fed, rounds=30, per_round=fed.n_clients, seed=SEED)
+    result = simulate(alg, cfg, fed, rounds=100, per_round=fed.n_clients, seed=SEED)
     end = total_objective(alg, result.global_msg, result.local_states, fed.train, cfg)
     assert np.isfinite(end)
     assert end < 0.5 * start, f"objective {start:.4g} -> {end:.4g}"

@@ -1,0 +1,636 @@
+r"""RFRec and RFRecF: regularised federated recommendation (papers/rfrec.md).
+
+Liu et al., "Efficient and Robust Regularized Federated Recommendation", CIKM 2024.
+Every client i keeps a local model x_i = (U_i, V_(i)): its users' factors U_i (m_i x d)
+and its own copy V_(i) (d x n) of the item factors. The federation solves eq. (5)
+
+.. math::
+
+    \min_x F(x) = \sum_i f_i(x_i) + \lambda \psi(x), \quad
+    f_i = \|P_{\Omega_i}(R_i - U_i V_{(i)})\|^2 + \lambda_u \|U_i\|^2, \quad
+    \psi = \tfrac12 \sum_i \|V_{(i)} - \bar V\|^2,
+
+with :math:`\bar V` the mean of the V_(i) (no :math:`\lambda_v` term). Predictions use the
+tenant's U_i and the global :math:`\bar V` (the paper's output, Algorithms 1-2 line 2).
+
+RFRec (Algorithm 1, eq. 6), one iteration = one round: every client takes the gradient step
+:math:`x_i \leftarrow x_i - \alpha(\nabla f_i(x_i) + \lambda(V_{(i)} - \bar V))` and
+uploads V_(i); the server sets :math:`\bar V` to the mean of the uploads.
+
+RFRecF (Algorithm 2, eqs. 7-8): the server draws :math:`\zeta_k \sim` Bernoulli(p) and sends
+it with :math:`\bar V` (:math:`\zeta_{-1} = 0`, which is the pseudo-code's "or k = 0").
+
+* :math:`\zeta_k = 0`, :math:`\zeta_{k-1} = 0`: main update
+  :math:`x_i \leftarrow x_i - \frac{\alpha}{1-p} \nabla f_i(x_i)` (line 10);
+* :math:`\zeta_k = 0`, :math:`\zeta_{k-1} = 1`: moving to average
+  :math:`V_{(i)} \leftarrow V_{(i)} - \frac{\alpha}{p}\lambda(V_{(i)} - \bar V)` (line 12);
+* :math:`\zeta_k = 1`, :math:`\zeta_{k-1} = 0`: clients upload V_(i), the server averages
+  (lines 16, 19-21);
+* :math:`\zeta_k = 1`, :math:`\zeta_{k-1} = 1`: nothing happens (the average is unchanged).
+
+``client_step`` returns ``None`` whenever nothing is sent, so only the 0 -> 1 iterations
+upload (expected p(1-p) per iteration; the 1 -> 0 broadcasts make the paper's 2p(1-p)).
+
+Representation. Every client starts from :math:`V_{(i)} = \bar V^0` (the paper draws
+:math:`\bar V \sim N(0, 10^{-4})`). A column j nobody in client i rated has
+:math:`\nabla_{v_j} f_i = 0`, so it follows the same affine recursion toward :math:`\bar V`
+in every client; its value H (d x n) is a function of the broadcast :math:`\bar V` sequence
+alone. The global message carries H, and a client stores V_(i) only on the columns its
+users rated: the dense V_(i) (what it uploads) is H with those columns replaced. This is
+exact but needs every client to step every iteration (``select`` returns all clients; the
+simulator's ``per_round`` is ignored). :func:`run_batched` runs
+all clients at once on this representation (6,040 per-user clients on ML-1M).
+
+Options (defaults are the paper's Sec. 4.1.3 settings: d = 20, K = 100, alpha = 0.05 /
+0.025, lambda = 10, p = 0.5, N(0, 1e-4) init, lambda_u = 0.1):
+
+``rating_range=(lo, hi)`` (default (1, 5))
+    train on (r - lo)/(hi - lo) and predict lo + (hi - lo) U_i V_bar, as the authors' code
+    scales (the paper does not say); ``None`` trains on raw ratings.
+``optimizer="adam"``
+    RFRec: one Adam step (learning rate alpha) on f_i + lambda psi_i per iteration instead
+    of eq. (6), as the authors' code trains; the never-rated columns share Adam moments
+    too, carried in the global message, so the lazy representation stays exact. RFRecF:
+    the main update is an Adam step (learning rate alpha/(1-p)) on f_i (zero on never-rated
+    columns, which therefore do not move); moving to average is unchanged.
+``link="sigmoid"``
+    predict lo + (hi - lo) sigmoid(U_i V_bar) as the authors' code; ``factors`` then raises
+    (not a matrix product): evaluate with :func:`run_batched` or :func:`predict_ratings`.
+
+The paper's GD form at the paper's settings diverges on MovieLens (alpha = 0.05 violates
+the paper's own condition alpha <= 1/(L + lambda) of Theorem 3.4 once the factors grow);
+see BENCHMARKS.md, "RFRec and RFRecF", for measured figures of every option. Privacy is
+not applied here: the clip + Laplace of eq. (9) is the privacy layer's wrapper around the
+client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the paper's
+(delta, s). No bias terms are modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+from pydantic import ConfigDict, Field, model_validator
+
+from algorithms._messages import Message
+from algorithms._rng import SERVER, derive_rng
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.block import RatingBlock
+from algorithms.data import Federation
+from algorithms.simulate import RoundRecord, SimulationResult, initialise
+
+
+class RFRecConfig(AlgorithmConfig):
+    """RFRec hyper-parameters; defaults are the paper's (Sec. 4.1.3)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    rank: int = Field(20, ge=1)
+    """d, the number of latent factors."""
+    alpha: float = Field(0.05, gt=0)
+    """Learning rate alpha (eq. 6)."""
+    lam: float = Field(10.0, ge=0)
+    """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2."""
+    lam_u: float = Field(0.1, ge=0)
+    """lambda_u on ||U_i||^2; the paper sets 0.1 for its baselines and the code uses 0.1."""
+    init_std: float = Field(0.01, gt=0)
+    """Standard deviation of the Gaussian init of U_i and V_bar (N(0, 1e-4))."""
+    iterations: int = Field(100, ge=1)
+    """K, the recommended number of rounds (one iteration per round)."""
+    rating_range: tuple[float, float] | None = (1.0, 5.0)
+    """(lo, hi): train on (r - lo)/(hi - lo), as the authors' code does (the paper is silent);
+    None trains on raw ratings. Default: the 1-5 star scale of the paper's MovieLens data."""
+    optimizer: Literal["gd", "adam"] = "gd"
+    """gd: the paper's gradient step (eq. 6). adam: one Adam step with learning rate alpha on
+    f_i + lambda psi_i per iteration, as the authors' code does; in RFRecF the main update
+    is an Adam step (learning rate alpha/(1-p)) on f_i and moving to average stays eq. 8."""
+    link: Literal["identity", "sigmoid"] = "identity"
+    """identity: predict U V (the paper). sigmoid: predict lo + (hi - lo) sigmoid(U V) as the
+    authors' code does (needs rating_range; not a matrix product, so evaluate with
+    :func:`run_batched` or :func:`predict_ratings`, not ``factors``)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
+    adam_eps: float = Field(1e-8, gt=0)
+    """Adam's epsilon."""
+
+    @model_validator(mode="after")
+    def _check_options(self) -> RFRecConfig:
+        if self.rating_range is not None and not self.rating_range[1] > self.rating_range[0]:
+            raise ValueError("rating_range must be (lo, hi) with hi > lo")
+        if self.link == "sigmoid" and self.rating_range is None:
+            raise ValueError("link='sigmoid' needs rating_range")
+        if not all(0.0 <= b < 1.0 for b in self.adam_betas):
+            raise ValueError("adam_betas must lie in [0, 1)")
+        return self
+
+    @classmethod
+    def paper_dp(cls) -> tuple[float, float]:
+        """The paper's eq. (9) pair (clip delta, Laplace scale s) for RFRec (Sec. 4.7)."""
+        return (0.2, 0.04)
+
+
+class RFRecFConfig(RFRecConfig):
+    """RFRecF hyper-parameters; defaults are the paper's (Sec. 4.1.3)."""
+
+    alpha: float = Field(0.025, gt=0)
+    """Learning rate alpha (eq. 8)."""
+    p: float = Field(0.5, gt=0, lt=1)
+    """Probability of zeta = 1 (an aggregation iteration)."""
+
+    @classmethod
+    def paper_dp(cls) -> tuple[float, float]:
+        """The paper's eq. (9) pair (clip delta, Laplace scale s) for RFRecF (Sec. 4.7)."""
+        return (0.2, 0.06)
+
+
+def paper_dp(name: str) -> tuple[float, float]:
+    """(clip delta, Laplace scale s) the paper chose for ``"rfrec"`` or ``"rfrecf"``."""
+    configs = {"rfrec": RFRecConfig, "rfrecf": RFRecFConfig}
+    if name not in configs:
+        raise KeyError(f"no paper DP setting for {name!r}")
+    return configs[name].paper_dp()
+
+
+@dataclasses.dataclass(frozen=True)
+class RFRecGlobal(Message):
+    """What the server holds and broadcasts (also the server state).
+
+    ``v_bar`` is the global item matrix, ``h`` the common value of every never-rated column
+    of every V_(i), ``zeta``/``zeta_prev`` the RFRecF coins of this and the last iteration
+    (0 for RFRec), ``offset``/``spread`` map the model's scale back to ratings, ``link`` is
+    the prediction link; ``h_m1``/``h_m2`` are H's Adam moments (None with gd) and
+    ``steps`` counts RFRecF's main updates so far (Adam's t).
+    """
+
+    v_bar: np.ndarray
+    h: np.ndarray
+    k: int
+    zeta: int
+    zeta_prev: int
+    offset: float
+    spread: float
+    link: str = "identity"
+    h_m1: np.ndarray | None = None
+    h_m2: np.ndarray | None = None
+    steps: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RFRecLocal(Message):
+    """Tenant state: U_i (m_i x d) and V_(i) on the tenant's rated items (d x |rated|),
+    with their Adam moments when ``optimizer='adam'`` (None with gd)."""
+
+    u: np.ndarray
+    v_rated: np.ndarray
+    u_m1: np.ndarray | None = None
+    u_m2: np.ndarray | None = None
+    v_m1: np.ndarray | None = None
+    v_m2: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RFRecUpload(Message):
+    """The dense local item matrix V_(i) (d x n); eq. (9) noise is added by a wrapper."""
+
+    v: np.ndarray
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def init_server(n_items: int, n_clients: int, cfg: RFRecConfig, rng: np.random.Generator
+                ) -> tuple[RFRecGlobal, RFRecGlobal]:
+    """V_bar^0 ~ N(0, init_std^2) (Algorithms 1-2 line 3); RFRecF draws zeta_0."""
+    v_bar = rng.normal(0.0, cfg.init_std, size=(cfg.rank, n_items))
+    zeta = _coin(cfg, rng)
+    offset, spread = _scale(cfg)
+    g = RFRecGlobal(v_bar, v_bar.copy(), 0, zeta, 0, offset, spread, cfg.link,
+                    *_zero_moments(cfg, v_bar.shape))
+    return g, g
+
+
+def init_client(block: RatingBlock, global_msg: RFRecGlobal, cfg: RFRecConfig,
+                rng: np.random.Generator) -> RFRecLocal:
+    """U_i ~ N(0, init_std^2); V_(i) starts at V_bar^0 (stored on rated columns only)."""
+    u = rng.normal(0.0, cfg.init_std, size=(block.n_users, cfg.rank))
+    v = global_msg.h[:, block.rated_items].copy()
+    return RFRecLocal(u, v, *_zero_moments(cfg, u.shape), *_zero_moments(cfg, v.shape))
+
+
+def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
+                      cfg: RFRecConfig, rng: np.random.Generator
+                      ) -> tuple[RFRecLocal, RFRecUpload]:
+    """Algorithm 1 lines 7-8: one step on f_i + lambda psi_i, then upload V_(i)."""
+    items, t = block.rated_items, global_msg.k + 1
+    g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
+    g_v = g_v + cfg.lam * (local.v_rated - global_msg.v_bar[:, items])
+    u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
+    v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
+    h, _ = _step_h(global_msg, cfg)
+    return RFRecLocal(u, v, *u_m, *v_m), RFRecUpload(dense_v(h, v, items))
+
+
+def rfrec_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
+                      cfg: RFRecConfig, rng: np.random.Generator
+                      ) -> tuple[RFRecGlobal, RFRecGlobal]:
+    """Algorithm 1 line 10: V_bar = mean of the uploads; H follows the never-rated columns."""
+    h, (h_m1, h_m2) = _step_h(state, cfg)
+    g = state.replace(v_bar=_mean(uploads, state.v_bar), h=h, k=state.k + 1, h_m1=h_m1,
+                      h_m2=h_m2)
+    return g, g
+
+
+def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
+                       cfg: RFRecFConfig, rng: np.random.Generator
+                       ) -> tuple[RFRecLocal, RFRecUpload | None]:
+    """Algorithm 2 lines 6-13 and 19-21 for one client (see the module docstring)."""
+    zeta, prev = global_msg.zeta, global_msg.zeta_prev
+    if zeta == 1:
+        if prev == 1:
+            return local, None
+        return local, RFRecUpload(dense_v(global_msg.h, local.v_rated, block.rated_items))
+    if prev == 1:
+        v_bar = global_msg.v_bar[:, block.rated_items]
+        moved = relax(local.v_rated, v_bar, cfg.alpha * cfg.lam / cfg.p)
+        return local.replace(v_rated=moved), None
+    lr, t = cfg.alpha / (1.0 - cfg.p), global_msg.steps + 1
+    g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
+    u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
+    v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
+    return RFRecLocal(u, v, *u_m, *v_m), None
+
+
+def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
+                       cfg: RFRecFConfig, rng: np.random.Generator
+                       ) -> tuple[RFRecGlobal, RFRecGlobal]:
+    """Algorithm 2 line 16 (aggregate when zeta = 1), then draw zeta_{k+1}."""
+    v_bar = _mean(uploads, state.v_bar) if state.zeta == 1 else state.v_bar
+    h = state.h
+    if state.zeta == 0 and state.zeta_prev == 1:
+        h = relax(state.h, state.v_bar, cfg.alpha * cfg.lam / cfg.p)
+    main = state.zeta == 0 and state.zeta_prev == 0
+    g = state.replace(v_bar=v_bar, h=h, k=state.k + 1, zeta=_coin(cfg, rng),
+                      zeta_prev=state.zeta, steps=state.steps + int(main))
+    return g, g
+
+
+def select_all(global_msg: Message, n_clients: int, per_round: int,
+               rng: np.random.Generator) -> np.ndarray:
+    """Every client steps every iteration (Algorithms 1-2); ``per_round`` is ignored."""
+    return np.arange(n_clients)
+
+
+def factors(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[np.ndarray, np.ndarray]:
+    """Prediction offset + spread U_i V_bar as [spread U_i, 1] @ [V_bar; offset].
+
+    Raises ValueError for ``link='sigmoid'`` (use :func:`predict_ratings`).
+    """
+    if global_msg.link != "identity":
+        raise ValueError("link='sigmoid' predictions are not a matrix product; "
+                         "use rfrec.predict_ratings or run_batched")
+    ones = np.ones((local.u.shape[0], 1))
+    a = np.hstack([global_msg.spread * local.u, ones])
+    b = np.vstack([global_msg.v_bar, np.full((1, global_msg.v_bar.shape[1]),
+                                             global_msg.offset)])
+    return a, b
+
+
+def objective(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
+              cfg: RFRecConfig) -> float:
+    """F_i = f_i + lambda/2 ||V_(i) - V_bar||^2 (eq. 5), in the model's rating scale."""
+    items = block.rated_items
+    resid = residual(local.u, local.v_rated, block, cfg)
+    f = float(resid @ resid) + cfg.lam_u * float(np.sum(local.u * local.u))
+    unrated = np.ones(global_msg.v_bar.shape[1], dtype=bool)
+    unrated[items] = False
+    d_rated = local.v_rated - global_msg.v_bar[:, items]
+    d_free = (global_msg.h - global_msg.v_bar)[:, unrated]
+    return f + 0.5 * cfg.lam * float(np.sum(d_rated * d_rated) + np.sum(d_free * d_free))
+
+
+# --------------------------------------------------------------------------- maths
+
+
+def predict_ratings(global_msg: RFRecGlobal, local: RFRecLocal, rows: np.ndarray,
+                    cols: np.ndarray) -> np.ndarray:
+    """Predicted ratings of entries (rows[t], cols[t]) for either link."""
+    z = np.einsum("td,dt->t", local.u[rows], global_msg.v_bar[:, cols])
+    return global_msg.offset + global_msg.spread * _link(z, global_msg.link)[0]
+
+
+def targets(vals: np.ndarray, cfg: RFRecConfig) -> np.ndarray:
+    """Ratings in the model's scale: raw, or (r - lo)/(hi - lo) with ``rating_range``."""
+    offset, spread = _scale(cfg)
+    return (vals - offset) / spread
+
+
+def residual(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock,
+             cfg: RFRecConfig) -> np.ndarray:
+    """link(U_i V_(i)) - R_i on the observed entries (length nnz)."""
+    return _residual_and_weight(u, v_rated, block, cfg)[0]
+
+
+def _residual_and_weight(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock,
+                         cfg: RFRecConfig) -> tuple[np.ndarray, np.ndarray]:
+    """Residual e and e * link'(z), the factor of the gradients (chain rule)."""
+    pos = np.searchsorted(block.rated_items, block.cols)
+    pred, slope = _link(np.einsum("td,dt->t", u[block.rows], v_rated[:, pos]), cfg.link)
+    e = pred - targets(block.vals, cfg)
+    return e, e * slope
+
+
+def _link(z: np.ndarray, link: str) -> tuple[np.ndarray, np.ndarray | float]:
+    """The prediction link and its derivative: identity, or the authors' sigmoid."""
+    if link == "identity":
+        return z, 1.0
+    s = 1.0 / (1.0 + np.exp(-z))
+    return s, s * (1.0 - s)
+
+
+def grad_f(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock, cfg: RFRecConfig
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """Gradients of f_i (eq. 12 without the psi part) w.r.t. U_i and the rated V_(i) columns.
+
+    grad_U = 2 E V^T + 2 lambda_u U and grad_V = 2 U^T E, E = P_Omega(U V - R) (times the
+    link's derivative with the sigmoid option).
+    """
+    pos = np.searchsorted(block.rated_items, block.cols)
+    e = sp.csr_array((_residual_and_weight(u, v_rated, block, cfg)[1], (block.rows, pos)),
+                     shape=(block.n_users, v_rated.shape[1]))
+    g_u = 2.0 * (e @ v_rated.T) + 2.0 * cfg.lam_u * u
+    g_v = 2.0 * (e.T @ u).T
+    return g_u, g_v
+
+
+Moments = tuple[np.ndarray | None, np.ndarray | None]
+
+
+def descend(x: np.ndarray, g: np.ndarray, moments: Moments, t: int, cfg: RFRecConfig,
+            lr: float | None = None) -> tuple[np.ndarray, Moments]:
+    """x - lr g (eq. 6; lr = alpha by default), or Adam step t (Kingma and Ba, Alg. 1)."""
+    lr = cfg.alpha if lr is None else lr
+    if cfg.optimizer == "gd":
+        return x - lr * g, moments
+    b1, b2 = cfg.adam_betas
+    m1 = b1 * moments[0] + (1.0 - b1) * g
+    m2 = b2 * moments[1] + (1.0 - b2) * (g * g)
+    step = (m1 / (1.0 - b1**t)) / (np.sqrt(m2 / (1.0 - b2**t)) + cfg.adam_eps)
+    return x - lr * step, (m1, m2)
+
+
+def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
+    """RFRec's step on the never-rated columns: grad f = 0 there, so only lambda psi acts."""
+    return descend(g.h, cfg.lam * (g.h - g.v_bar), (g.h_m1, g.h_m2), g.k + 1, cfg)
+
+
+def _zero_moments(cfg: RFRecConfig, shape: tuple[int, ...]) -> Moments:
+    if cfg.optimizer == "gd":
+        return None, None
+    return np.zeros(shape), np.zeros(shape)
+
+
+def relax(v: np.ndarray, v_bar: np.ndarray, c: float) -> np.ndarray:
+    """One step V - c (V - V_bar) toward the average (the psi gradient step, c = alpha lambda)."""
+    return v - c * (v - v_bar)
+
+
+def dense_v(h: np.ndarray, v_rated: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """The dense V_(i): H with the client's rated columns replaced."""
+    v = h.copy()
+    v[:, items] = v_rated
+    return v
+
+
+def _mean(uploads: Mapping[int, RFRecUpload], default: np.ndarray) -> np.ndarray:
+    """(1/n) sum_i V~_(i) over the clients that uploaded; unchanged when nobody did."""
+    if not uploads:
+        return default
+    total = np.zeros_like(default)
+    for i in sorted(uploads):
+        total += uploads[i].v
+    return total / len(uploads)
+
+
+def _coin(cfg: RFRecConfig, rng: np.random.Generator) -> int:
+    """zeta ~ Bernoulli(p) for RFRecF; always 0 for RFRec (no draw)."""
+    if isinstance(cfg, RFRecFConfig):
+        return int(rng.random() < cfg.p)
+    return 0
+
+
+def _scale(cfg: RFRecConfig) -> tuple[float, float]:
+    if cfg.rating_range is None:
+        return 0.0, 1.0
+    lo, hi = cfg.rating_range
+    return float(lo), float(hi - lo)
+
+
+
+# --------------------------------------------------------------------------- fast path
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Layout:
+    """Index structure of all clients at once; a *pair* is (client, item it rated)."""
+
+    user_start: np.ndarray   # first global user row of each client (n_clients + 1)
+    pair_start: np.ndarray   # first pair of each client (n_clients + 1)
+    pair_item: np.ndarray    # item of each pair
+    rows: np.ndarray         # global user row of each rating, sorted by (row, pair)
+    pair: np.ndarray         # pair of each rating
+    y: np.ndarray            # target of each rating (model scale)
+    indptr: np.ndarray       # CSR (users x pairs) structure of the ratings
+    by_item: sp.csr_array    # (items x pairs) 0/1: sums pairs into items
+
+
+def _layout(blocks: list[RatingBlock], cfg: RFRecConfig) -> _Layout:
+    """Concatenate the clients' blocks into one (users x pairs) structure."""
+    n_users = np.array([b.n_users for b in blocks])
+    n_pairs = np.array([b.rated_items.shape[0] for b in blocks])
+    user_start = np.concatenate([[0], np.cumsum(n_users)])
+    pair_start = np.concatenate([[0], np.cumsum(n_pairs)])
+    rows = np.concatenate([b.rows + user_start[i] for i, b in enumerate(blocks)])
+    pair = np.concatenate([np.searchsorted(b.rated_items, b.cols) + pair_start[i]
+                           for i, b in enumerate(blocks)])
+    y = np.concatenate([targets(b.vals, cfg) for b in blocks])
+    order = np.lexsort((pair, rows))
+    indptr = np.searchsorted(rows[order], np.arange(user_start[-1] + 1))
+    pair_item = np.concatenate([b.rated_items for b in blocks])
+    ones = np.ones(pair_item.shape[0])
+    by_item = sp.csr_array((ones, (pair_item, np.arange(pair_item.shape[0]))),
+                           shape=(blocks[0].n_items, pair_item.shape[0]))
+    return _Layout(user_start, pair_start, pair_item, rows[order], pair[order], y[order],
+                   indptr, by_item)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Clients:
+    """Every client's U_i stacked (users x d), V_(i) rated columns as rows (pairs x d), and
+    their Adam moments ((None, None) with gd)."""
+
+    u: np.ndarray
+    p: np.ndarray
+    u_m: Moments = (None, None)
+    p_m: Moments = (None, None)
+
+
+def _batched_grad(lay: _Layout, c: _Clients, cfg: RFRecConfig
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`grad_f` of every client at once (V_(i) columns as rows of ``c.p``)."""
+    pred, slope = _link(np.einsum("td,td->t", c.u[lay.rows], c.p[lay.pair]), cfg.link)
+    mat = sp.csr_array(((pred - lay.y) * slope, lay.pair, lay.indptr),
+                       shape=(c.u.shape[0], c.p.shape[0]))
+    return 2.0 * (mat @ c.p) + 2.0 * cfg.lam_u * c.u, 2.0 * (mat.T @ c.u)
+
+
+def _batched_mean(lay: _Layout, p: np.ndarray, h: np.ndarray, clip: float | None,
+                  noise_sum: np.ndarray | None) -> np.ndarray:
+    """Mean of the dense (clipped, noised) V_(i): n H + sum over pairs of (V_p - H_j)."""
+    n_clients = lay.pair_start.shape[0] - 1
+    cl = (lambda x: x) if clip is None else (lambda x: np.clip(x, -clip, clip))
+    total = n_clients * cl(h) + (lay.by_item @ (cl(p) - cl(h[:, lay.pair_item].T))).T
+    if noise_sum is not None:
+        total = total + noise_sum
+    return total / n_clients
+
+
+def _batched_eval(lay: _Layout, g: RFRecGlobal, u: np.ndarray, tests: list[RatingBlock],
+                  scale: tuple[float, float] | None) -> tuple[float, float]:
+    """Test RMSE and MAE of :func:`predict_ratings`, clipped to ``scale`` (as simulate)."""
+    rows = np.concatenate([t.rows + lay.user_start[i] for i, t in enumerate(tests)])
+    cols = np.concatenate([t.cols for t in tests])
+    vals = np.concatenate([t.vals for t in tests])
+    pred = predict_ratings(g, RFRecLocal(u, np.empty((0, 0))), rows, cols)
+    if scale is not None:
+        pred = np.clip(pred, *scale)
+    err = pred - vals
+    return float(np.sqrt(err @ err / err.shape[0])), float(np.abs(err).mean())
+
+
+def _batched_objective(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig) -> float:
+    """Sum over clients of :func:`objective`, without forming any dense V_(i)."""
+    pred, _ = _link(np.einsum("td,td->t", c.u[lay.rows], c.p[lay.pair]), cfg.link)
+    e = pred - lay.y
+    d_free = g.h - g.v_bar
+    d_pair = c.p - g.v_bar[:, lay.pair_item].T
+    d_h = d_free[:, lay.pair_item]
+    n_clients = lay.pair_start.shape[0] - 1
+    psi = n_clients * np.sum(d_free * d_free) + np.sum(d_pair * d_pair) - np.sum(d_h * d_h)
+    return float(e @ e + cfg.lam_u * np.sum(c.u * c.u) + 0.5 * cfg.lam * psi)
+
+
+def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
+                   privacy: tuple[float | None, np.ndarray | None]
+                   ) -> tuple[RFRecGlobal, _Clients]:
+    """Algorithm 1 for every client and the server (the server's k is not advanced)."""
+    t = g.k + 1
+    g_u, g_p = _batched_grad(lay, c, cfg)
+    g_p = g_p + cfg.lam * (c.p - g.v_bar[:, lay.pair_item].T)
+    u, u_m = descend(c.u, g_u, c.u_m, t, cfg)
+    p, p_m = descend(c.p, g_p, c.p_m, t, cfg)
+    h, (h_m1, h_m2) = _step_h(g, cfg)
+    v_bar = _batched_mean(lay, p, h, *privacy)
+    return g.replace(v_bar=v_bar, h=h, h_m1=h_m1, h_m2=h_m2), _Clients(u, p, u_m, p_m)
+
+
+def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig,
+                    privacy: tuple[float | None, np.ndarray | None]
+                    ) -> tuple[RFRecGlobal, _Clients]:
+    """Algorithm 2 for every client and the server (zeta not yet redrawn)."""
+    if g.zeta == 1:
+        if g.zeta_prev == 1:
+            return g, c
+        return g.replace(v_bar=_batched_mean(lay, c.p, g.h, *privacy)), c
+    if g.zeta_prev == 1:
+        rate = cfg.alpha * cfg.lam / cfg.p
+        p = relax(c.p, g.v_bar[:, lay.pair_item].T, rate)
+        return g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
+    lr, t = cfg.alpha / (1.0 - cfg.p), g.steps + 1
+    g_u, g_p = _batched_grad(lay, c, cfg)
+    u, u_m = descend(c.u, g_u, c.u_m, t, cfg, lr)
+    p, p_m = descend(c.p, g_p, c.p_m, t, cfg, lr)
+    return g.replace(steps=t), _Clients(u, p, u_m, p_m)
+
+
+def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
+                clip: float | None = None,
+                noise: Callable[[int, int, tuple[int, int]], np.ndarray] | None = None,
+                evaluate_every: int = 1,
+                on_round: Callable[[RoundRecord], None] | None = None) -> SimulationResult:
+    """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
+
+    Same seeds, draws and update equations as the generic driver (up to floating-point
+    summation order), so it returns the same :class:`SimulationResult`; with ``clip`` and
+    ``noise(round, client, shape)`` each upload is ``clip(V_(i)) + noise`` (a stand-in for
+    the privacy layer's element-wise wrapper). Per round O(nnz d + n d) plus the noise draws.
+    """
+    fast = isinstance(cfg, RFRecFConfig)
+    server, g, locals_ = initialise(ALGORITHMS["rfrecf" if fast else "rfrec"], cfg, fed.train,
+                                    seed)
+    lay, c = _layout(fed.train, cfg), _stack(locals_)
+    history, n_clients = [], fed.n_clients
+    for k in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        sending = not fast or (g.zeta == 1 and g.zeta_prev == 0)
+        noise_sum = None
+        if noise is not None and sending:
+            noise_sum = sum(noise(k, i, g.v_bar.shape) for i in range(n_clients))
+        step = _batched_rfrecf if fast else _batched_rfrec
+        g, c = step(lay, g, c, cfg, (clip, noise_sum))
+        g = g.replace(k=g.k + 1, zeta=_coin(cfg, derive_rng(seed, k, SERVER)) if fast else 0,
+                      zeta_prev=g.zeta)
+        seconds = time.perf_counter() - t0
+        rmse = mae = obj = float("nan")
+        if k % evaluate_every == 0 or k == rounds:
+            rmse, mae = _batched_eval(lay, g, c.u, fed.test, fed.scale)
+            obj = _batched_objective(lay, g, c, cfg)
+        ups = n_clients if sending else 0
+        rec = RoundRecord(k, obj, rmse, mae, seconds, n_clients, ups, ups * g.v_bar.nbytes)
+        history.append(rec)
+        if on_round is not None:
+            on_round(rec)
+    return SimulationResult(history, g, g, _unpack(lay, c))
+
+
+def _stack(states: list[RFRecLocal]) -> _Clients:
+    """The per-client local states as one :class:`_Clients`."""
+    def cat(name: str, transpose: bool) -> np.ndarray | None:
+        parts = [getattr(s, name) for s in states]
+        if parts[0] is None:
+            return None
+        return np.concatenate([x.T if transpose else x for x in parts])
+    return _Clients(cat("u", False), cat("v_rated", True), (cat("u_m1", False),
+                    cat("u_m2", False)), (cat("v_m1", True), cat("v_m2", True)))
+
+
+def _unpack(lay: _Layout, c: _Clients) -> list[RFRecLocal]:
+    """Per-client local states from the batched arrays."""
+    us, ps = lay.user_start, lay.pair_start
+
+    def part(x: np.ndarray | None, i: int, users: bool) -> np.ndarray | None:
+        if x is None:
+            return None
+        return x[us[i]:us[i + 1]].copy() if users else x[ps[i]:ps[i + 1]].T.copy()
+    return [RFRecLocal(part(c.u, i, True), part(c.p, i, False), part(c.u_m[0], i, True),
+                       part(c.u_m[1], i, True), part(c.p_m[0], i, False),
+                       part(c.p_m[1], i, False)) for i in range(us.shape[0] - 1)]
+
+
+#: every client every iteration, K = 100; the paper's one client per user is ``clients`` =
+#: the number of users (use :func:`run_batched` for that many clients)
+_RUN_DEFAULTS = {"clients": 100, "per_round": 0, "rounds": 100}
+
+ALGORITHMS = {
+    "rfrec": Algorithm(
+        name="rfrec", config=RFRecConfig, init_server=init_server, init_client=init_client,
+        client_step=rfrec_client_step, server_step=rfrec_server_step, factors=factors,
+        objective=objective, select=select_all, run_defaults=_RUN_DEFAULTS),
+    "rfrecf": Algorithm(
+        name="rfrecf", config=RFRecFConfig, init_server=init_server, init_client=init_client,
+        client_step=rfrecf_client_step, server_step=rfrecf_server_step, factors=factors,
+        objective=objective, select=select_all, run_defaults=_RUN_DEFAULTS),
+}

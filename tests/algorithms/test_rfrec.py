@@ -1,0 +1,349 @@
+"""RFRec / RFRecF (algorithms/rfrec.py) against dense evaluations of papers/rfrec.md.
+
+The reference computations here keep every V_(i) as a dense d x n matrix and apply
+Algorithm 1 line 7 and Algorithm 2 lines 10 and 12 literally, so they also check the lazy
+representation (never-rated columns carried as the common H of the global message).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from algorithms import RatingBlock, messages_equal
+from algorithms._rng import SERVER, client_noise_rng, derive_rng
+from algorithms.data import Federation, build_federation, data_dir, load_movielens
+from algorithms.rfrec import (
+    ALGORITHMS,
+    RFRecConfig,
+    RFRecFConfig,
+    RFRecGlobal,
+    RFRecLocal,
+    dense_v,
+    paper_dp,
+    run_batched,
+)
+from algorithms.simulate import initialise, run_round, simulate
+
+RFREC, RFRECF = ALGORITHMS["rfrec"], ALGORITHMS["rfrecf"]
+
+
+def _block(m: int, n: int, density: float, seed: int, n_vals: float = 5.0) -> RatingBlock:
+    rng = np.random.default_rng(seed)
+    mask = rng.random((m, n)) < density
+    mask[np.arange(m), rng.integers(0, n, m)] = True  # every user rates something
+    rows, cols = np.nonzero(mask)
+    return RatingBlock(rows, cols, rng.integers(1, int(n_vals) + 1, rows.shape[0]), m, n)
+
+
+def _dense(block: RatingBlock) -> tuple[np.ndarray, np.ndarray]:
+    r = np.zeros(block.shape)
+    mask = np.zeros(block.shape)
+    r[block.rows, block.cols] = block.vals
+    mask[block.rows, block.cols] = 1.0
+    return r, mask
+
+
+def _dense_grad_f(u, v, r, mask, cfg):
+    """grad of ||mask * (R - U V)||^2 + lam_u ||U||^2 (eq. 12), written out densely."""
+    lo, hi = cfg.rating_range or (0.0, 1.0)
+    e = mask * (u @ v - mask * (r - lo) / (hi - lo))
+    return 2 * e @ v.T + 2 * cfg.lam_u * u, 2 * u.T @ e
+
+
+def _state(rng, block, d, n):
+    g = RFRecGlobal(rng.normal(size=(d, n)), rng.normal(size=(d, n)), 3, 0, 0, 1.0, 4.0)
+    local = RFRecLocal(rng.normal(size=(block.n_users, d)),
+                       rng.normal(size=(d, block.rated_items.shape[0])))
+    return g, local
+
+
+def test_rfrec_client_step_matches_dense_algorithm_1():
+    block, d, cfg = _block(3, 6, 0.4, 1), 2, RFRecConfig(rank=2, alpha=0.03, lam=2.0, lam_u=0.5)
+    g, local = _state(np.random.default_rng(2), block, d, 6)
+    v = dense_v(g.h, local.v_rated, block.rated_items)
+    g_u, g_v = _dense_grad_f(local.u, v, *_dense(block), cfg)
+    new, up = RFREC.client_step(g, local, block, cfg, np.random.default_rng(0))
+    np.testing.assert_allclose(new.u, local.u - 0.03 * g_u, rtol=1e-12)
+    expected_v = v - 0.03 * (g_v + 2.0 * (v - g.v_bar))
+    np.testing.assert_allclose(up.v, expected_v, rtol=1e-12)
+    np.testing.assert_allclose(new.v_rated, expected_v[:, block.rated_items], rtol=1e-12)
+
+
+def test_rfrec_server_averages_uploads_and_tracks_unrated_columns():
+    rng = np.random.default_rng(3)
+    cfg = RFRecConfig(rank=2, alpha=0.03, lam=2.0)
+    g, _ = _state(rng, _block(2, 5, 0.5, 0), 2, 5)
+    ups = {i: ALGORITHMS["rfrec"].client_step(g, RFRecLocal(rng.normal(size=(2, 2)),
+                                                            rng.normal(size=(2, 1))),
+                                              RatingBlock([0, 1], [i, i], [3.0, 4.0], 2, 5),
+                                              cfg, rng)[1] for i in range(3)}
+    new, glob = RFREC.server_step(g, ups, cfg, rng)
+    np.testing.assert_allclose(new.v_bar, (ups[0].v + ups[1].v + ups[2].v) / 3, rtol=1e-12)
+    np.testing.assert_allclose(new.h, g.h - 0.06 * (g.h - g.v_bar), rtol=1e-12)
+    assert new.k == 4 and messages_equal(new, glob)
+
+
+def test_rfrecf_main_update_and_moving_to_average_match_algorithm_2():
+    block, d = _block(4, 7, 0.5, 5), 3
+    cfg = RFRecFConfig(rank=3, alpha=0.02, lam=3.0, lam_u=0.2, p=0.4)
+    g, local = _state(np.random.default_rng(6), block, d, 7)
+    v = dense_v(g.h, local.v_rated, block.rated_items)
+    g_u, g_v = _dense_grad_f(local.u, v, *_dense(block), cfg)
+    main, up = RFRECF.client_step(g, local, block, cfg, np.random.default_rng(0))
+    assert up is None
+    np.testing.assert_allclose(main.u, local.u - 0.02 / 0.6 * g_u, rtol=1e-12)
+    np.testing.assert_allclose(main.v_rated, (v - 0.02 / 0.6 * g_v)[:, block.rated_items],
+                               rtol=1e-12)
+    moved, up = RFRECF.client_step(g.replace(zeta_prev=1), local, block, cfg, None)
+    assert up is None
+    np.testing.assert_array_equal(moved.u, local.u)
+    expected = (v - 0.02 / 0.4 * 3.0 * (v - g.v_bar))[:, block.rated_items]
+    np.testing.assert_allclose(moved.v_rated, expected, rtol=1e-12)
+
+
+def test_rfrecf_uploads_current_v_only_when_zeta_turns_to_one():
+    block = _block(2, 5, 0.6, 8)
+    g, local = _state(np.random.default_rng(9), block, 2, 5)
+    cfg = RFRecFConfig(rank=2)
+    same, up = RFRECF.client_step(g.replace(zeta=1), local, block, cfg, None)
+    np.testing.assert_array_equal(up.v, dense_v(g.h, local.v_rated, block.rated_items))
+    assert same is local
+    assert RFRECF.client_step(g.replace(zeta=1, zeta_prev=1), local, block, cfg, None)[1] is None
+
+
+def _federation(sizes=(1, 3, 1, 4), n=9, seed=11) -> Federation:
+    """Per-user clients (size 1) mixed with blocks of users."""
+    train = [_block(m, n, 0.45, seed + i) for i, m in enumerate(sizes)]
+    test = [_block(m, n, 0.2, seed + 50 + i) for i, m in enumerate(sizes)]
+    return Federation(train, test, [np.arange(m) for m in sizes], np.arange(n), (1.0, 5.0))
+
+
+def _zetas(seed, rounds, cfg, n_items):
+    """zeta_0 .. zeta_{rounds-1} drawn independently of the module (same streams)."""
+    rng = derive_rng(seed, 0, SERVER)
+    rng.normal(size=(cfg.rank, n_items))
+    z = [int(rng.random() < cfg.p)]
+    z += [int(derive_rng(seed, k, SERVER).random() < cfg.p) for k in range(1, rounds)]
+    return z
+
+
+def test_rfrecf_communicates_only_when_zeta_changes():
+    fed, cfg, seed = _federation(), RFRecFConfig(rank=2), 4
+    zetas = _zetas(seed, 40, cfg, 9)
+    server, glob, locs = initialise(RFRECF, cfg, fed.train, seed)
+    prev = 0
+    for k in range(1, 41):
+        assert (glob.zeta, glob.zeta_prev) == (zetas[k - 1], prev)
+        glob, server, locs, _, ups = run_round(RFRECF, cfg, k, seed, 1, glob, server, locs,
+                                               fed.train)
+        sending = zetas[k - 1] == 1 and prev == 0
+        assert sorted(ups) == (list(range(4)) if sending else []), k
+        prev = zetas[k - 1]
+    assert 0 < sum(a == 1 and b == 0 for a, b in zip(zetas[1:], zetas[:-1], strict=True)) < 39
+
+
+def _dense_reference(fed, cfg, rounds, seed, fast):
+    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams."""
+    server, glob, locs = initialise(fast and RFRECF or RFREC, cfg, fed.train, seed)
+    us = [s.u for s in locs]
+    vs = [glob.v_bar.copy() for _ in locs]
+    v_bar, prev = glob.v_bar, 0
+    zetas = _zetas(seed, rounds, cfg, 9) if fast else [0] * rounds
+    for k in range(rounds):
+        grads = [_dense_grad_f(u, v, *_dense(b), cfg)
+                 for u, v, b in zip(us, vs, fed.train, strict=True)]
+        if not fast:
+            us = [u - cfg.alpha * gu for u, (gu, _) in zip(us, grads, strict=True)]
+            vs = [v - cfg.alpha * (gv + cfg.lam * (v - v_bar))
+                  for v, (_, gv) in zip(vs, grads, strict=True)]
+            v_bar = sum(vs) / len(vs)
+        elif zetas[k] == 0 and prev == 0:
+            step = cfg.alpha / (1 - cfg.p)
+            us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
+            vs = [v - step * gv for v, (_, gv) in zip(vs, grads, strict=True)]
+        elif zetas[k] == 0:
+            vs = [v - cfg.alpha / cfg.p * cfg.lam * (v - v_bar) for v in vs]
+        elif prev == 0:
+            v_bar = sum(vs) / len(vs)
+        prev = zetas[k]
+    return us, vs, v_bar
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_lazy_representation_and_batched_path_match_dense_reference(fast):
+    fed = _federation()
+    cfg = (RFRecFConfig if fast else RFRecConfig)(rank=2, alpha=0.01, lam=5.0)
+    alg = RFRECF if fast else RFREC
+    us, vs, v_bar = _dense_reference(fed, cfg, 25, 3, fast)
+    generic = simulate(alg, cfg, fed, rounds=25, per_round=1, seed=3)
+    batched = run_batched(cfg, fed, rounds=25, seed=3)
+    for res in (generic, batched):
+        np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+        for u, v, s, b in zip(us, vs, res.local_states, fed.train, strict=True):
+            np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(dense_v(res.global_msg.h, s.v_rated, b.rated_items), v,
+                                       rtol=1e-9, atol=1e-12)
+    for a, b in zip(generic.history, batched.history, strict=True):
+        assert (a.uploads, a.upload_bytes) == (b.uploads, b.upload_bytes)
+        np.testing.assert_allclose([a.objective, a.test_rmse, a.test_mae],
+                                   [b.objective, b.test_rmse, b.test_mae], rtol=1e-9)
+
+
+def test_batched_path_reproduces_generic_driver_with_clip_and_noise():
+    fed, cfg, seed = _federation(), RFRecConfig(rank=2, alpha=0.01), 5
+
+    def noise(round_, client, shape):
+        return client_noise_rng(seed, round_, client).laplace(0.0, 0.04, size=shape)
+
+    def privatizer(up, client, round_):
+        return up.replace(v=np.clip(up.v, -0.2, 0.2) + noise(round_, client, up.v.shape))
+
+    generic = simulate(RFREC, cfg, fed, rounds=6, per_round=1, seed=seed, privatizer=privatizer)
+    batched = run_batched(cfg, fed, rounds=6, seed=seed, clip=0.2, noise=noise)
+    np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
+    assert np.abs(generic.global_msg.v_bar).max() > 0.2 / 4  # the noise really went in
+
+
+def test_per_user_clients_equal_one_user_blocks_of_a_bigger_federation():
+    ratings_block = _block(5, 8, 0.5, 21)
+    per_user = [ratings_block.subset(ratings_block.rows == t) for t in range(5)]
+    per_user = [RatingBlock(np.zeros(b.nnz), b.cols, b.vals, 1, 8) for b in per_user]
+    fed = Federation(per_user, per_user, [np.arange(1)] * 5, np.arange(8), (1.0, 5.0))
+    one = run_batched(RFRecConfig(rank=2, alpha=0.01), fed, rounds=5, seed=1)
+    ref = _dense_reference(fed, RFRecConfig(rank=2, alpha=0.01), 5, 1, False)
+    np.testing.assert_allclose(one.global_msg.v_bar, ref[2], rtol=1e-9, atol=1e-12)
+
+
+def test_objective_matches_dense_evaluation_of_eq_5():
+    block, cfg = _block(3, 6, 0.5, 31), RFRecConfig(rank=2, lam=4.0, lam_u=0.3)
+    g, local = _state(np.random.default_rng(32), block, 2, 6)
+    r, mask = _dense(block)
+    v = dense_v(g.h, local.v_rated, block.rated_items)
+    resid = mask * (local.u @ v - mask * (r - 1.0) / 4.0)
+    expected = (resid**2).sum() + 0.3 * (local.u**2).sum() + 2.0 * ((v - g.v_bar) ** 2).sum()
+    assert RFREC.objective(g, local, block, cfg) == pytest.approx(expected, rel=1e-12)
+
+
+def test_factors_predict_on_the_rating_scale():
+    block = _block(2, 4, 0.5, 41)
+    g, local = _state(np.random.default_rng(42), block, 2, 4)
+    a, b = RFREC.factors(g, local)
+    np.testing.assert_allclose(a @ b, 1.0 + 4.0 * local.u @ g.v_bar, rtol=1e-12)
+
+
+def test_config_defaults_are_the_papers_and_bad_values_are_refused():
+    c, f = RFRecConfig(), RFRecFConfig()
+    assert (c.rank, c.alpha, c.lam, c.lam_u, c.init_std, c.iterations) == (
+        20, 0.05, 10.0, 0.1, 0.01, 100)
+    assert (f.alpha, f.p) == (0.025, 0.5)
+    assert paper_dp("rfrec") == (0.2, 0.04) and paper_dp("rfrecf") == (0.2, 0.06)
+    with pytest.raises(ValueError, match=r"rating_range must be \(lo, hi\) with hi > lo"):
+        RFRecConfig(rating_range=(5.0, 1.0))
+    with pytest.raises(ValueError, match="less than 1"):
+        RFRecFConfig(p=1.0)
+    with pytest.raises(ValueError, match="link='sigmoid' needs rating_range"):
+        RFRecConfig(link="sigmoid", rating_range=None)
+    with pytest.raises(KeyError, match="no paper DP setting for 'fedmavg'"):
+        paper_dp("fedmavg")
+
+
+@pytest.mark.slow  # importing torch takes seconds
+def test_adam_sigmoid_step_matches_torch_autograd_and_adam():
+    torch = pytest.importorskip("torch")
+    block = _block(3, 6, 0.5, 51)
+    cfg = RFRecConfig(rank=2, alpha=0.1, lam=2.0, lam_u=0.3, optimizer="adam", link="sigmoid")
+    g, local = _state(np.random.default_rng(52), block, 2, 6)
+    g = g.replace(link="sigmoid", h_m1=np.zeros((2, 6)), h_m2=np.zeros((2, 6)), k=0)
+    zeros = [np.zeros_like(local.u), np.zeros_like(local.u),
+             np.zeros_like(local.v_rated), np.zeros_like(local.v_rated)]
+    local = RFRecLocal(local.u, local.v_rated, *zeros)
+    r, mask = _dense(block)
+    u = torch.tensor(local.u, requires_grad=True)
+    v = torch.tensor(dense_v(g.h, local.v_rated, block.rated_items), requires_grad=True)
+    opt = torch.optim.Adam([u, v], lr=0.1)
+    state, v_new = local, None
+    for k in range(3):  # three steps with V_bar fixed: the moments and bias correction matter
+        opt.zero_grad()
+        pred = torch.sigmoid(u @ v)
+        y = torch.tensor((r - 1.0) / 4.0)
+        m = torch.tensor(mask)
+        loss = ((m * (pred - y)) ** 2).sum() + 0.3 * (u**2).sum() + (
+            ((v - torch.tensor(g.v_bar)) ** 2).sum())
+        loss.backward()
+        opt.step()
+        state, up = RFREC.client_step(g, state, block, cfg, None)
+        g = g.replace(k=k + 1, h=up.v, h_m1=_moment(g, cfg, 1), h_m2=_moment(g, cfg, 2))
+        v_new = up.v
+    np.testing.assert_allclose(state.u, u.detach().numpy(), rtol=1e-9)
+    np.testing.assert_allclose(v_new, v.detach().numpy(), rtol=1e-9, atol=1e-12)
+
+
+def _moment(g, cfg, which):
+    """H's Adam moments after one more step (what the server would broadcast)."""
+    from algorithms.rfrec import _step_h
+    return _step_h(g, cfg)[1][which - 1]
+
+
+def test_adam_batched_path_matches_generic_driver():
+    fed = _federation()
+    cfg = RFRecConfig(rank=2, alpha=0.05, optimizer="adam")
+    generic = simulate(RFREC, cfg, fed, rounds=8, per_round=1, seed=2)
+    batched = run_batched(cfg, fed, rounds=8, seed=2)
+    np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
+    np.testing.assert_allclose(batched.global_msg.h_m2, generic.global_msg.h_m2, rtol=1e-9)
+    for a, b in zip(generic.local_states, batched.local_states, strict=True):
+        np.testing.assert_allclose(b.v_m1, a.v_m1, rtol=1e-9, atol=1e-15)
+        np.testing.assert_allclose(b.u, a.u, rtol=1e-9)
+    assert generic.history[-1].test_rmse == pytest.approx(batched.history[-1].test_rmse)
+
+
+def test_rfrecf_adam_batched_path_matches_generic_and_moving_keeps_moments():
+    fed = _federation()
+    cfg = RFRecFConfig(rank=2, alpha=0.05, optimizer="adam", link="sigmoid")
+    server, glob, locs = initialise(RFRECF, cfg, fed.train, 6)
+    for k in range(1, 13):  # generic driver (simulate's evaluation needs a linear link)
+        glob, server, locs, _, _ = run_round(RFRECF, cfg, k, 6, 1, glob, server, locs,
+                                             fed.train)
+    mains = sum(a == 0 and b == 0 for a, b in zip(_zetas(6, 12, cfg, 9), [0, *_zetas(
+        6, 12, cfg, 9)[:-1]], strict=True))
+    batched = run_batched(cfg, fed, rounds=12, seed=6)
+    assert batched.global_msg.steps == glob.steps == mains > 0
+    np.testing.assert_allclose(batched.global_msg.v_bar, glob.v_bar, rtol=1e-9)
+    for a, b in zip(locs, batched.local_states, strict=True):
+        np.testing.assert_allclose(b.u, a.u, rtol=1e-9)
+        np.testing.assert_allclose(b.v_m2, a.v_m2, rtol=1e-9, atol=1e-18)
+    block = fed.train[1]
+    moved, _ = RFRECF.client_step(glob.replace(zeta=0, zeta_prev=1), locs[1], block, cfg, None)
+    assert moved.u_m1 is locs[1].u_m1 and moved.v_m2 is locs[1].v_m2
+
+
+def test_sigmoid_link_refuses_matrix_product_factors():
+    cfg = RFRecConfig(rank=2, link="sigmoid")
+    fed = _federation()
+    _, glob, locs = initialise(RFREC, cfg, fed.train, 0)
+    with pytest.raises(ValueError, match="link='sigmoid' predictions are not a matrix product"):
+        RFREC.factors(glob, locs[0])
+
+
+def _ml100k(n_clients: int) -> Federation:
+    if data_dir() is None:
+        pytest.skip("MovieLens not found: set FEDREC_DATA_DIR to the shared data folder")
+    return build_federation(load_movielens("ml-100k"), n_clients, 0)
+
+
+@pytest.mark.data
+def test_ml100k_papers_gd_form_diverges_at_the_papers_settings():
+    """BENCHMARKS.md: per-user RFRec at alpha = 0.05 overflows by round 20 (best RMSE 2.69)."""
+    with np.errstate(all="ignore"):
+        res = run_batched(RFRecConfig(), _ml100k(943), rounds=20, seed=0, evaluate_every=10)
+    assert 2.5 < res.history[9].test_rmse < 2.8
+    assert not np.isfinite(res.final.objective)
+
+
+@pytest.mark.data
+def test_ml100k_authors_adam_sigmoid_variant_learns():
+    """BENCHMARKS.md: 200 clients, Adam 0.1, lambda 20 reach 0.9721 at round 60, 0.9404 at 100."""
+    cfg = RFRecConfig(alpha=0.1, lam=20.0, optimizer="adam", link="sigmoid")
+    res = run_batched(cfg, _ml100k(200), rounds=60, seed=0, evaluate_every=60)
+    assert res.final.test_rmse < 0.985
