@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from algorithms import registry
+from algorithms.base import default_select
 from algorithms.data import Ratings, build_federation, data_dir, load_ratings
-from algorithms.simulate import RoundRecord, simulate
+from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
+from privacy.cli import add_dp_arguments, privatizer_from_args, sampling_plan
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
 
@@ -62,6 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         flag = "--" + fname.rstrip("_").replace("_", "-")
         group.add_argument(flag, dest=f"cfg_{fname}", type=_bool if typ is bool else typ,
                            default=None, help=text.replace("%", "%%"))
+    add_dp_arguments(p, default="none")
     p.set_defaults(func=run)
 
 
@@ -115,21 +118,48 @@ def run(args: argparse.Namespace) -> int:
     ratings, data = _load(args.data, args.seed)
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction)
     per_round = run_cfg["per_round"] or fed.n_clients
+    privatizer = _privatizer(args, alg, cfg, fed, run_cfg["rounds"], per_round)
     t0 = time.perf_counter()
     result = simulate(alg, cfg, fed, rounds=run_cfg["rounds"], per_round=per_round,
-                      seed=args.seed, on_round=_printer(run_cfg["rounds"], args.quiet))
+                      seed=args.seed, privatizer=privatizer,
+                      on_round=_printer(run_cfg["rounds"], args.quiet))
     wall = time.perf_counter() - t0
     final = result.final
     print(f"{alg.name}: test RMSE {final.test_rmse:.4f}, MAE {final.test_mae:.4f} after "
           f"{final.round} rounds ({wall:.1f} s)")
+    privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer else \
+        {"mechanism": "none"}
+    if privatizer is not None:
+        print(f"privacy: {privacy['mechanism']}, epsilon max over tenants "
+              f"{privacy['epsilon_max']:.4g} at delta {privacy['delta']:.3g} "
+              f"(unit: a tenant's whole rating block); stopped: {privacy['stopped'] or 'none'}")
     if args.json:
         report: dict[str, Any] = {
             "algorithm": alg.name, "config": cfg.model_dump(), "data": data,
             "seed": args.seed, "test_fraction": args.test_fraction, **run_cfg,
             "n_ratings": len(ratings), "n_items": fed.n_items,
             "rounds_detail": [r.as_dict() for r in result.history],
+            "privacy": privacy,
             "final": {"test_rmse": final.test_rmse, "test_mae": final.test_mae,
                       "objective": final.objective, "wall_seconds": wall},
         }
         args.json.write_text(json.dumps(report, indent=2))
     return 0
+
+
+def _upload_size(alg, cfg, fed, seed: int) -> int:
+    """Values per upload (what the DP wrapper clips and noises), from one dry client step."""
+    server, glob, locs = initialise(alg, cfg, fed.train[:1], seed)
+    _, up = client_round(alg, cfg, 1, seed, 0, glob, locs[0], fed.train[0])
+    return 1 if up is None else int(sum(a.size for a in up.arrays().values()))
+
+
+def _privatizer(args, alg, cfg, fed, rounds: int, per_round: int):
+    """The DP wrapper of every upload, or None; refuses a run over budget before it starts."""
+    if args.dp == "none":
+        return None
+    plan = (sampling_plan(fed.n_clients, rounds, per_round, args.seed)
+            if alg.select is default_select else None)
+    n_users = sum(b.n_users for b in fed.train)
+    return privatizer_from_args(args, fed.n_clients, rounds, args.seed, n_users=n_users,
+                                plan=plan, n_entries=_upload_size(alg, cfg, fed, args.seed))

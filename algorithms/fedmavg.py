@@ -1,0 +1,338 @@
+r"""FedMAvg: federated matrix factorisation by model averaging, for matrix completion.
+
+Wang and Chang, "Federated matrix factorization: algorithm design and application to data
+clustering" (papers/fedmavg-fedmgs.md), Algorithm 1, eqs. (6)-(14), in the matrix-completion
+form recalled in papers/fedmc-admm.md Sec. 5.2. In fedrec notation the paper's shared
+W (M x K) is V^T (r x n items) and its local H_p is U_i^T (U_i: m_i users x r).
+
+Tenant i minimises f_i(U_i, V) = 1/2 ||P_Omega_i(M_i - U_i V)||^2 + R_U(U_i) and the
+federation adds R_V(V). Two forms of the ridge terms (``reg``):
+
+``"plain"`` (the papers')
+    R_U = lambda/2 ||U_i||^2, R_V = gamma/2 ||V||^2 (each tenant carries gamma/(2p) of it).
+``"per_rating"`` (fedrec's default, weighted-lambda ridge)
+    R_U = lambda/2 sum_t n_t ||u_t||^2 with n_t the ratings of user t, and
+    R_V = gamma/2 sum_j n_j ||v_j||^2 with n_j the ratings of item j, which splits exactly
+    over tenants by their local counts n_j^(i): scale-free, so one setting fits small and
+    large tenants, and the tenant's share of the objective is exact.
+
+Write Lam = diag(lambda weights of the rows of U_i) and Gam = diag(gamma weights of the
+items). One round k:
+
+* every running client takes Q1 gradient steps on U_i with V^k fixed (eq. 11)::
+
+      U <- U - (P_Omega(U V^k - M_i) (V^k)^T + Lam U) / c,
+      c = c_factor lambda_max(V V^T) + max Lam
+
+* then Q2^k gradient steps on W_i, restarting from V^k every round (eq. 13)::
+
+      W <- W - (s U^T P_Omega(U W - M_i) + W Gam) / d_i,
+      d_i = d_factor lambda_max(U^T U) + max Gam
+
+  with s = 1/p when ``scale_by_p`` (the formula of fedmc-admm.md Sec. 5.2) else 1 (the
+  paper's d_i has no max Gam term; it only matters when gamma is not negligible);
+  Q2^k = floor(Q_hat / k) + 1 when ``q_hat`` is set (diminishing Q2, Sec. III-A);
+* the server averages the uploaded W_i (eq. 9): V^{k+1} = (1/m) sum_{i in A^k} W_i.
+
+Two ways of using m < p clients per round (Sec. III-A):
+
+``participation="pcc"`` (partial client communication, the paper's scheme and default)
+    Every tenant runs the local updates every round (the ``select`` hook returns all
+    clients); only the m tenants of A^k upload. The server draws A^k uniformly without
+    replacement and names it in the global message by *tickets*: each tenant draws a random
+    64-bit ticket at initialisation and sends it with its uploads; in round 1 every tenant
+    uploads (A^0 = all, Algorithm 1), so from then on the server knows every ticket and
+    broadcasts the m tickets of A^k. A ticket is an opaque pseudonym of the client the
+    server already sees transmitting, never rating data. m is ``uploads_per_round`` (the
+    server step does not see the simulator's ``per_round``, which pcc ignores). Uniform
+    sampling is the MC comparison's (fedmc-admm.md Sec. 5.2); Algorithm 1 samples with
+    replacement by omega_p = N_p / N (see :mod:`algorithms.clustering`, which does).
+``participation="pcp"`` (partial participation)
+    Only the per-round sample S_k (the simulator's ``per_round``) runs and uploads.
+
+Predictions: U_i V plus, when ``center`` is set, the tenant's own mean training rating mu_i
+(kept locally and folded into the factors as a column of mu_i paired with a row of ones,
+so the federated split is untouched). No other bias terms are modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+from pydantic import Field
+
+from algorithms._messages import Message
+from algorithms._rng import sample_clients
+from algorithms.base import Algorithm, AlgorithmConfig, default_select
+from algorithms.block import RatingBlock
+
+
+class FedMAvgConfig(AlgorithmConfig):
+    """FedMAvg hyper-parameters; defaults are fedrec's recommended setting."""
+
+    rank: int = Field(10, ge=1, description="rank r of U_i V")
+    q1: int = Field(10, ge=1, description="Q1: gradient steps on U_i per round")
+    q2: int = Field(10, ge=1, description="Q2: gradient steps on W_i per round (constant)")
+    q_hat: int | None = Field(None, ge=0, description="diminishing Q2^k = floor(q_hat/k)+1")
+    lam: float = Field(0.1, ge=0, description="lambda: ridge weight on U_i")
+    gamma: float = Field(0.1, ge=0, description="gamma: ridge weight on V (on W_i locally)")
+    reg: Literal["plain", "per_rating"] = Field(
+        "per_rating", description="ridge form: plain, or weighted by rating counts")
+    c_factor: float = Field(1.0, gt=0, description="U step 1/c, c = c_factor*lmax(VV^T)+lam")
+    d_factor: float = Field(5.0, gt=0, description="W step 1/d_i, d_i = d_factor*lmax(U^TU)")
+    scale_by_p: bool = Field(False, description="divide the W data gradient by p (Sec. 5.2)")
+    participation: Literal["pcc", "pcp"] = Field(
+        "pcc", description="pcc: all update, m upload; pcp: only the sampled run")
+    uploads_per_round: int = Field(10, ge=1, description="m: uploads per round under pcc")
+    init: Literal["normal", "uniform"] = Field("normal", description="distribution of U, V")
+    init_scale: float = Field(0.1, gt=0, description="std (normal) or upper bound (uniform)")
+    center: bool = Field(True, description="predict U V + the tenant's mean training rating")
+
+
+def paper_settings(rank: int = 5) -> FedMAvgConfig:
+    """The FedMAvg baseline exactly as fedmc-admm.md Sec. 5.2 states it.
+
+    Q1 = Q2 = 10, lambda = gamma = 1e-6, d_i = 5 lambda_max(U^T U), the W gradient divided
+    by p, U and V drawn from Uniform[0, 1], no centring, all tenants update and 10 upload
+    (rank 5 is the paper's ML-1M rank). c^k is not given there: we use lambda_max(V V^T).
+    """
+    return FedMAvgConfig(rank=rank, q1=10, q2=10, lam=1e-6, gamma=1e-6, reg="plain",
+                         c_factor=1.0,
+                         d_factor=5.0, scale_by_p=True, participation="pcc",
+                         uploads_per_round=10, init="uniform", init_scale=1.0, center=False)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclasses.dataclass(frozen=True)
+class FedMAvgGlobal(Message):
+    """Broadcast of round k: V^k, the round index, p and the tickets of A^k (pcc)."""
+
+    v: np.ndarray
+    round: int
+    n_clients: int
+    pcc: bool  # partial client communication: every client runs, only A^k uploads
+    upload_tickets: np.ndarray  # int64; empty: every running client uploads
+
+
+@dataclasses.dataclass(frozen=True)
+class FedMAvgServer(Message):
+    """Server state: V^k, the round index and the last ticket of each client (0: unseen)."""
+
+    v: np.ndarray
+    round: int
+    tickets: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class FedMAvgLocal(Message):
+    """Tenant state, never uploaded: U_i, its ticket and its mean training rating."""
+
+    u: np.ndarray
+    ticket: int
+    mean: float
+
+
+@dataclasses.dataclass(frozen=True)
+class FedMAvgUpload(Message):
+    """W_i after Q1 + Q2 local steps, and the tenant's ticket."""
+
+    w: np.ndarray
+    ticket: int
+
+
+# --------------------------------------------------------------------------- pure maths
+
+
+def draw_factor(shape: tuple[int, int], cfg: FedMAvgConfig,
+                rng: np.random.Generator) -> np.ndarray:
+    """An initial factor: N(0, init_scale^2) or Uniform[0, init_scale] entries."""
+    if cfg.init == "normal":
+        return rng.normal(0.0, cfg.init_scale, size=shape)
+    return rng.uniform(0.0, cfg.init_scale, size=shape)
+
+
+def residual_matrix(u: np.ndarray, v: np.ndarray, block: RatingBlock,
+                    offset: float = 0.0) -> sp.csr_array:
+    """P_Omega(U V + offset - M) as a CSR array with the pattern of ``block.csr``."""
+    csr = block.csr
+    rows = np.repeat(np.arange(block.n_users), np.diff(csr.indptr))
+    pred = np.einsum("ij,ji->i", u[rows], v[:, csr.indices])
+    return sp.csr_array((pred + offset - csr.data, csr.indices, csr.indptr), shape=block.shape)
+
+
+def lambda_max(a: np.ndarray) -> float:
+    """Largest eigenvalue of A^T A (0 for an empty A)."""
+    if a.size == 0:
+        return 0.0
+    return float(np.linalg.eigvalsh(a.T @ a)[-1])
+
+
+def penalties(block: RatingBlock, cfg) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge weights of the rows of U_i (m_i,) and of the items in W_i (n,).
+
+    plain: lambda and gamma everywhere; per_rating: lambda n_t and gamma n_j^(i).
+    """
+    if cfg.reg == "plain":
+        return np.full(block.n_users, cfg.lam), np.full(block.n_items, cfg.gamma)
+    n_t = np.bincount(block.rows, minlength=block.n_users).astype(float)
+    n_j = np.bincount(block.cols, minlength=block.n_items).astype(float)
+    return cfg.lam * n_t, cfg.gamma * n_j
+
+
+def u_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
+            lam_rows: np.ndarray, c_factor: float, offset: float = 0.0) -> np.ndarray:
+    """Q1 gradient steps on U with V fixed (eq. 11; fedmc-admm.md Sec. 5.2).
+
+    U <- U - (P_Omega(U V - M) V^T + Lam U) / c, c = c_factor lambda_max(V V^T) + max Lam,
+    Lam = diag(lam_rows).
+    """
+    c = c_factor * lambda_max(v.T) + (float(lam_rows.max()) if lam_rows.size else 0.0)
+    if c == 0.0:
+        return u.copy()
+    for _ in range(steps):
+        u = u - (residual_matrix(u, v, block, offset) @ v.T + lam_rows[:, None] * u) / c
+    return u
+
+
+def w_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
+            gamma_cols: np.ndarray, d_factor: float, scale: float, offset: float = 0.0
+            ) -> np.ndarray:
+    """Q2 gradient steps on W_i starting from V^k with U fixed (eq. 13).
+
+    W <- W - (scale U^T P_Omega(U W - M) + W Gam) / d, d = d_factor lambda_max(U^T U)
+    + max Gam, Gam = diag(gamma_cols).
+    """
+    d = d_factor * lambda_max(u) + float(gamma_cols.max())
+    w = v.copy()
+    if d == 0.0:
+        return w
+    for _ in range(steps):
+        grad = scale * (residual_matrix(u, w, block, offset).T @ u).T + w * gamma_cols
+        w = w - grad / d
+    return w
+
+
+def q2_schedule(round_: int, cfg: FedMAvgConfig) -> int:
+    """Q2^k: constant ``q2``, or floor(q_hat / k) + 1 when ``q_hat`` is set (Sec. III-A)."""
+    if cfg.q_hat is None:
+        return cfg.q2
+    return cfg.q_hat // max(round_, 1) + 1
+
+
+def average(ws: list[np.ndarray]) -> np.ndarray:
+    """Model averaging (eq. 9): the plain mean of the uploaded W_i."""
+    return np.mean(np.stack(ws), axis=0)
+
+
+def local_objective(u: np.ndarray, v: np.ndarray, block: RatingBlock, cfg,
+                    n_clients: int, offset: float = 0.0) -> float:
+    """Tenant i's share of the training objective: f_i(U_i, V) + its part of R_V(V).
+
+    plain: gamma/(2p) ||V||^2; per_rating: gamma/2 sum_j n_j^(i) ||v_j||^2.
+    """
+    res = residual_matrix(u, v, block, offset).data
+    lam_rows, gamma_cols = penalties(block, cfg)
+    v_sq = np.sum(v * v, axis=0)
+    r_v = cfg.gamma * v_sq.sum() / n_clients if cfg.reg == "plain" else gamma_cols @ v_sq
+    return float(0.5 * res @ res + 0.5 * lam_rows @ np.sum(u * u, axis=1) + 0.5 * r_v)
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def init_server(n_items: int, n_clients: int, cfg: FedMAvgConfig,
+                rng: np.random.Generator) -> tuple[FedMAvgServer, FedMAvgGlobal]:
+    """V^0 drawn on the server; no ticket known yet, so round 1 has everybody upload."""
+    v = draw_factor((cfg.rank, n_items), cfg, rng)
+    server = FedMAvgServer(v, 0, np.zeros(n_clients, dtype=np.int64))
+    pcc = cfg.participation == "pcc"
+    return server, FedMAvgGlobal(v, 0, n_clients, pcc, np.zeros(0, dtype=np.int64))
+
+
+def init_client(block: RatingBlock, global_msg: FedMAvgGlobal, cfg: FedMAvgConfig,
+                rng: np.random.Generator) -> FedMAvgLocal:
+    """U_i^0, a random non-zero ticket and the local mean rating (0 without centring)."""
+    u = draw_factor((block.n_users, cfg.rank), cfg, rng)
+    ticket = int(rng.integers(1, 2**62))
+    mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
+    return FedMAvgLocal(u, ticket, mean)
+
+
+def client_step(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,
+                cfg: FedMAvgConfig, rng: np.random.Generator
+                ) -> tuple[FedMAvgLocal, FedMAvgUpload | None]:
+    """Q1 steps on U_i, then (if this tenant uploads) Q2^k steps on W_i from V^k."""
+    v, offset = global_msg.v, local.mean
+    lam_rows, gamma_cols = penalties(block, cfg)
+    u = u_steps(local.u, v, block, cfg.q1, lam_rows, cfg.c_factor, offset)
+    new_local = local.replace(u=u)
+    tickets = global_msg.upload_tickets
+    if tickets.size and local.ticket not in tickets:
+        return new_local, None  # pcc: W_i restarts from V^{k+1} next round, unseen
+    scale = 1.0 / global_msg.n_clients if cfg.scale_by_p else 1.0
+    q2 = q2_schedule(global_msg.round + 1, cfg)
+    w = w_steps(u, v, block, q2, gamma_cols, cfg.d_factor, scale, offset)
+    return new_local, FedMAvgUpload(w, local.ticket)
+
+
+def choose_uploaders(tickets: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """A^k for pcc: the tickets of m clients drawn uniformly without replacement.
+
+    Empty (everybody uploads) while some ticket is unknown or when m >= p.
+    """
+    if np.any(tickets == 0) or m >= tickets.size:
+        return np.zeros(0, dtype=np.int64)
+    return np.sort(tickets[sample_clients(rng, tickets.size, m)])
+
+
+def server_step(server: FedMAvgServer, uploads: Mapping[int, FedMAvgUpload],
+                cfg: FedMAvgConfig, rng: np.random.Generator
+                ) -> tuple[FedMAvgServer, FedMAvgGlobal]:
+    """V^{k+1} = mean of the uploaded W_i (eq. 9); under pcc also draw A^{k+1}."""
+    tickets = server.tickets.copy()
+    for i, up in uploads.items():
+        tickets[i] = up.ticket
+    v = average([uploads[i].w for i in sorted(uploads)]) if uploads else server.v
+    pcc = cfg.participation == "pcc"
+    chosen = np.zeros(0, dtype=np.int64)
+    if pcc:
+        chosen = choose_uploaders(tickets, cfg.uploads_per_round, rng)
+    k = server.round + 1
+    return FedMAvgServer(v, k, tickets), FedMAvgGlobal(v, k, tickets.size, pcc, chosen)
+
+
+def select(global_msg: FedMAvgGlobal, n_clients: int, per_round: int,
+           rng: np.random.Generator) -> np.ndarray:
+    """Who runs ``client_step``: everybody under pcc, else S_k uniform without replacement.
+
+    The participation mode is read from the global message: pcc broadcasts tickets (or,
+    before every ticket is known, nobody is excluded), so all clients run.
+    """
+    return np.arange(n_clients) if global_msg.pcc else default_select(
+        global_msg, n_clients, per_round, rng)
+
+
+def factors(global_msg: FedMAvgGlobal, local: FedMAvgLocal) -> tuple[np.ndarray, np.ndarray]:
+    """(A, B) with A @ B = U_i V + mu_i: the mean as a column of A and a row of ones in B."""
+    a = np.hstack([local.u, np.full((local.u.shape[0], 1), local.mean)])
+    b = np.vstack([global_msg.v, np.ones((1, global_msg.v.shape[1]))])
+    return a, b
+
+
+def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,
+              cfg: FedMAvgConfig) -> float:
+    """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V)."""
+    return local_objective(local.u, global_msg.v, block, cfg, global_msg.n_clients,
+                           local.mean)
+
+
+ALGORITHM = Algorithm(
+    name="fedmavg", config=FedMAvgConfig, init_server=init_server, init_client=init_client,
+    client_step=client_step, server_step=server_step, factors=factors, objective=objective,
+    select=select)

@@ -1,0 +1,252 @@
+r"""Felb and Felb-MU: federated Boolean matrix factorisation by proximal gradients.
+
+Dalleiger, Vreeken and Kamp, *Federated Binary Matrix Factorization using Proximal
+Optimization* (papers/felb.txt): Algorithm 1, eqs. 3 and 6-10, settings of Appendix D.
+
+Data. Tenant i holds a Boolean matrix A_i (m_i users x n items) as a :class:`RatingBlock`
+listing its 1s (``vals`` are used as given, normally all 1); every entry not listed is 0.
+The matrix is fully observed, as the paper treats binarised ratings (MovieLens: rating
+>= 3.5 -> 1, any other rating and every unrated pair -> 0). Kernels touch only the listed
+entries and k x k / k x n dense products; no dense m_i x n matrix is formed.
+
+Objective of tenant i (eq. 4, with the 1/2 loss convention of the gradient steps)
+
+.. math:: \tfrac12\|A_i - U_i V_i\|_F^2 + R(U_i) + R(V_i) + \tfrac{\gamma}{2}\|V_i-\hat V\|_F^2,
+
+:math:`R(x) = \min\{\kappa|x| + \tfrac{\lambda}{2}x^2,\ \kappa|x-1| + \tfrac{\lambda}{2}(x-1)^2\}`
+element-wise on the box [0, 1] (eq. 3; the lambda/2 scaling makes eq. 6 its exact prox).
+
+One round t (one "iteration" of Appendix D). Client: V_i <- V_hat, then T local steps of
+eq. 8 (a U step, then a V step; iPALM extrapolation x + beta (x - x_prev) before each)
+with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambda_t/C}(mean
+V_i), the exact minimiser of eq. 10. Steps: Felb 1/L with L = ||V V^T||_2 resp.
+||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
+the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from algorithms._messages import Message
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.block import RatingBlock
+
+_EPS = 1e-12
+_MAX_LOG_GROWTH = 50.0  # lambda_t stops growing at lambda e^50: already fully Boolean
+
+
+class FelbConfig(AlgorithmConfig):
+    """Felb hyper-parameters; defaults are the paper's (Appendix D)."""
+
+    rank: int = Field(20, ge=1)
+    """k, the number of Boolean components."""
+    kappa: float = Field(0.001, ge=0)
+    """kappa, the l1 weight of the Elb regulariser (eq. 3)."""
+    lam: float = Field(0.1, ge=0)
+    """lambda, the initial l2 weight of the Elb regulariser (eq. 3)."""
+    lambda_growth: float = Field(1.05, ge=1, le=2)
+    """lambda_t = lambda * lambda_growth**t, t the communication round (Theorem 2)."""
+    inertia: float = Field(0.001, ge=0, lt=1)
+    """beta, the iPALM inertial parameter."""
+    proximity: float = Field(1.0, ge=0)
+    """gamma, the weight of the proximity penalty gamma/2 ||V_i - V_hat||^2 (eq. 7)."""
+    local_steps: int = Field(10, ge=1)
+    """T, local steps between synchronisations (the paper uses 1, 10 or 50)."""
+    step: Literal["lipschitz", "mu"] = "lipschitz"
+    """'lipschitz' (Felb) or 'mu' (Felb-MU, Lee-Seung multiplicative step sizes)."""
+
+
+class FelbMUConfig(FelbConfig):
+    """Felb-MU: Felb with Lee-Seung multiplicative step sizes."""
+
+    step: Literal["lipschitz", "mu"] = "mu"
+
+
+@dataclasses.dataclass(frozen=True)
+class FelbGlobal(Message):
+    v_hat: np.ndarray  #: (k, n) relaxed shared coefficients in [0, 1]
+    round: int  #: t of the next round (sets lambda_t)
+
+
+@dataclasses.dataclass(frozen=True)
+class FelbServer(Message):
+    v_hat: np.ndarray
+    round: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FelbLocal(Message):
+    u: np.ndarray  #: (m_i, k) relaxed U_i, never leaves the tenant
+    u_prev: np.ndarray  #: U_i of the previous local step (iPALM inertia)
+
+
+@dataclasses.dataclass(frozen=True)
+class FelbUpload(Message):
+    v: np.ndarray  #: (k, n) local V_i after T steps
+
+
+# ----------------------------------------------------------------------------- maths
+
+def elb_regulariser(x: np.ndarray, kappa, lam) -> np.ndarray:
+    """R(x) of eq. 3, element-wise: the smaller of two elastic nets centred at 0 and 1."""
+    return np.minimum(kappa * np.abs(x) + 0.5 * lam * x**2,
+                      kappa * np.abs(x - 1) + 0.5 * lam * (x - 1) ** 2)
+
+
+def elb_prox(x: np.ndarray, kappa, lam) -> np.ndarray:
+    """argmin_y 1/2 (x - y)^2 + R(y) over y in [0, 1], element-wise (eq. 6).
+
+    Eq. 6 is ``(x - kappa sign x) / (1 + lambda)`` for x <= 1/2 and
+    ``(x - kappa sign(x-1) + lambda) / (1 + lambda)`` otherwise; the exact minimiser
+    also soft-thresholds (no sign flip within kappa of the centre) and clips to the box.
+    ``kappa`` and ``lam`` may be arrays (the Felb-MU element-wise steps).
+    """
+    # On the box both branches reduce to a shrinkage of the distance to the nearer centre:
+    # x <= 1/2 -> max(x - kappa, 0) / (1 + lambda), x > 1/2 -> 1 - max(1 - x - kappa, 0) / (..)
+    below = x <= 0.5
+    q = np.maximum(np.minimum(x, 1.0 - x) - kappa, 0.0) / (1.0 + lam)
+    return np.where(below, q, 1.0 - q)
+
+
+def proximity_prox(v: np.ndarray, v_hat: np.ndarray, weight) -> np.ndarray:
+    """argmin_y 1/2 ||v - y||^2 + weight/2 ||y - v_hat||^2 = (v + w v_hat)/(1 + w) (eq. 7)."""
+    return (v + weight * v_hat) / (1.0 + weight)
+
+
+def grown_lambda(lam: float, growth: float, t: int) -> float:
+    """lambda_t = lambda * growth^t (Appendix D), capped at lambda e^50 (Boolean by then)."""
+    return lam * math.exp(min(t * math.log(growth), _MAX_LOG_GROWTH))
+
+
+def prox_grad_step(x, x_prev, gram, cross, kappa, lam, inertia, mu):
+    """One iPALM proximal-gradient step on X for 1/2 ||A - X F||^2 + R(X) (eq. 8).
+
+    ``gram`` = F F^T (k x k) and ``cross`` = A F^T, so the gradient at the extrapolated
+    point Y = X + beta (X - X_prev) is ``Y gram - cross``. Returns (X_new, eta), eta the
+    step: 1 / ||gram||_2 (Felb) or the Lee-Seung matrix Y / (Y gram) (Felb-MU).
+    """
+    y = x + inertia * (x - x_prev)
+    if mu:  # Lee-Seung steps are only defined at a non-negative point
+        y = np.maximum(y, 0.0)
+    y_gram = y @ gram
+    if mu:
+        eta = y / np.maximum(y_gram, _EPS)
+    else:
+        eta = 1.0 / max(float(np.linalg.norm(gram, 2)), _EPS)
+    return elb_prox(y - eta * (y_gram - cross), eta * kappa, eta * lam), eta
+
+
+def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, mu):
+    """``steps`` alternating updates of eq. 8 from V_i = v; returns (U, U_prev, V).
+
+    The V step works on V^T (the same kernel as U) and ends with the proximity prox
+    towards ``v_hat`` with weight eta * gamma; ``proximity=0`` gives the plain Elbmf step.
+    """
+    vt, vt_prev = v.T, v.T
+    for _ in range(steps):
+        u_new, _ = prox_grad_step(u, u_prev, vt.T @ vt, a @ vt, kappa, lam, inertia, mu)
+        u, u_prev = u_new, u
+        vt_new, eta = prox_grad_step(vt, vt_prev, u.T @ u, a.T @ u, kappa, lam, inertia, mu)
+        if proximity:
+            vt_new = proximity_prox(vt_new, v_hat.T, eta * proximity)
+        vt, vt_prev = vt_new, vt
+    return u, u_prev, np.ascontiguousarray(vt.T)
+
+
+def squared_error(u: np.ndarray, v: np.ndarray, block: RatingBlock) -> float:
+    """1/2 ||A - U V||_F^2 from the listed entries only: ||A||^2 - 2<A, UV> + <U'U, VV'>."""
+    fitted = np.einsum("ij,ji->i", u[block.rows], v[:, block.cols])
+    inner = float(block.vals @ fitted)
+    return 0.5 * (float(block.vals @ block.vals) - 2.0 * inner + float(
+        np.sum((u.T @ u) * (v @ v.T))))
+
+
+def boolean(x: np.ndarray) -> np.ndarray:
+    """A relaxed factor rounded at 1/2 (the final Boolean factors of Sec. 3)."""
+    return np.asarray(x) >= 0.5
+
+
+def boolean_product(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """(U o V)_ij = OR_l (U_il AND V_lj) of Boolean factors, as a bool array."""
+    return (u.astype(np.float64) @ v.astype(np.float64)) > 0.5
+
+
+# --------------------------------------------------------------------- the contract
+
+def init_server(n_items: int, n_clients: int, cfg: FelbConfig, rng: np.random.Generator):
+    """V_hat^0 uniform on [0, 1] (Algorithm 1, line 1)."""
+    v_hat = rng.uniform(0.0, 1.0, size=(cfg.rank, n_items))
+    return FelbServer(v_hat, 0), FelbGlobal(v_hat, 0)
+
+
+def init_client(block: RatingBlock, global_msg: FelbGlobal, cfg: FelbConfig,
+                rng: np.random.Generator) -> FelbLocal:
+    """U_i^0 uniform on [0, 1] (Algorithm 1, line 1)."""
+    u = rng.uniform(0.0, 1.0, size=(block.n_users, cfg.rank))
+    return FelbLocal(u, u.copy())
+
+
+def client_step(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,
+                cfg: FelbConfig, rng: np.random.Generator):
+    """V_i <- V_hat, T local steps of eq. 8 at lambda_t, upload V_i (Algorithm 1, 3-9)."""
+    lam_t = grown_lambda(cfg.lam, cfg.lambda_growth, global_msg.round)
+    u, u_prev, v = local_steps(block.csr, local.u, local.u_prev, global_msg.v_hat,
+                               global_msg.v_hat, cfg.local_steps, cfg.kappa, lam_t,
+                               cfg.inertia, cfg.proximity, cfg.step == "mu")
+    return FelbLocal(u, u_prev), FelbUpload(v)
+
+
+def server_step(state: FelbServer, uploads, cfg: FelbConfig, rng: np.random.Generator):
+    """V_hat <- prox_{kappa/C, lambda_t/C}(mean of the C uploaded V_i) (eq. 10).
+
+    argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2 ||Y - mean||^2 + R(Y), so the
+    exact solution of eq. 10 is the Elb prox of the mean with step eta_V_hat = 1/C
+    (Algorithm 1, line 16 leaves the step implicit). No upload: V_hat is kept.
+    """
+    v_hat = state.v_hat
+    if uploads:
+        c = len(uploads)
+        lam_t = grown_lambda(cfg.lam, cfg.lambda_growth, state.round)
+        mean = np.mean(np.stack([uploads[i].v for i in sorted(uploads)]), axis=0)
+        v_hat = elb_prox(mean, cfg.kappa / c, lam_t / c)
+    return FelbServer(v_hat, state.round + 1), FelbGlobal(v_hat, state.round + 1)
+
+
+def factors(global_msg: FelbGlobal, local: FelbLocal) -> tuple[np.ndarray, np.ndarray]:
+    """A = [B(U_i), eps U_i], B = [B(V_hat); V_hat] with B() rounding at 1/2, eps = 1/(4k).
+
+    ``A @ B`` is the number of Boolean components covering (t, j) plus eps times the
+    relaxed score: >= 1 exactly where the Boolean product U_i o V_hat is 1 and < 1/4
+    elsewhere (so rounding at 1/2, or clipping to [0, 1] and rounding, gives the Boolean
+    product); the relaxed term only breaks ties when ranking.
+    """
+    k = local.u.shape[1]
+    eps = 1.0 / (4.0 * k)
+    a = np.hstack([boolean(local.u).astype(np.float64), eps * local.u])
+    b = np.vstack([boolean(global_msg.v_hat).astype(np.float64), global_msg.v_hat])
+    return a, b
+
+
+def objective(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,
+              cfg: FelbConfig) -> float:
+    """1/2 ||A_i - U_i V_hat||_F^2 with the relaxed factors (regularisers left out: they
+    grow with lambda_t by design, so they would hide progress of the fit)."""
+    return squared_error(local.u, global_msg.v_hat, block)
+
+
+def _algorithm(name: str, config: type[FelbConfig]) -> Algorithm:
+    return Algorithm(name=name, config=config, init_server=init_server,
+                     init_client=init_client, client_step=client_step,
+                     server_step=server_step, factors=factors, objective=objective,
+                     data_kind="binary")
+
+
+ALGORITHM = _algorithm("felb", FelbConfig)
+FELB_MU = _algorithm("felb-mu", FelbMUConfig)
+ALGORITHMS = {"felb": ALGORITHM, "felb-mu": FELB_MU}

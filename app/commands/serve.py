@@ -1,0 +1,38 @@
+"""``fedrec serve``: migrate the database, then run the API with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from app.config import get_settings, resolve_admin_token
+from app.db import migrate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve", help="run the HTTP API (migrates the database first)",
+        description="Run the API on FEDREC_DATABASE_URL/DATABASE_URL (default: SQLite file "
+                    "./fedrec.db); tasks go to FEDREC_BROKER_URL/REDIS_URL, or run in-process.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="uvicorn worker processes (needs FEDREC_ADMIN_TOKEN when > 1)")
+    parser.add_argument("--no-migrate", action="store_true",
+                        help="do not run the Alembic migrations before starting")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    settings = get_settings()
+    if args.workers > 1 and resolve_admin_token(settings)[1]:
+        raise ValueError("--workers > 1 needs FEDREC_ADMIN_TOKEN (each worker would "
+                         "generate its own development token)")
+    if not args.no_migrate:
+        migrate(settings.database_url)
+    uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
+                workers=args.workers)
+    return 0

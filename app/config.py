@@ -1,0 +1,90 @@
+"""Service settings: one pydantic-settings class, read from the environment.
+
+Every variable has the prefix ``FEDREC_``; ``DATABASE_URL`` and ``REDIS_URL`` are also
+accepted unprefixed because container platforms set them. Nothing is read at import time:
+call :func:`get_settings` (cached) or build ``Settings(...)`` explicitly in tests.
+"""
+
+from __future__ import annotations
+
+import secrets
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIN_ADMIN_TOKEN_LENGTH = 32
+TOKEN_RECIPE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+WEAK_TOKENS = {"changeme", "change-me", "admin", "secret", "password", "token", "test"}
+
+
+class Settings(BaseSettings):
+    """Configuration of the API, the worker and the CLI."""
+
+    model_config = SettingsConfigDict(env_prefix="FEDREC_", extra="ignore", frozen=True,
+                                      hide_input_in_errors=True)  # never echo secrets
+
+    env: Literal["development", "production"] = "development"
+    """``production`` refuses to start without a strong explicit admin token."""
+    database_url: str = Field(
+        "sqlite:///./fedrec.db",
+        validation_alias=AliasChoices("FEDREC_DATABASE_URL", "DATABASE_URL", "database_url"))
+    """SQLAlchemy URL; ``postgresql://`` is served by psycopg 3. Default: SQLite file in cwd."""
+    broker_url: str | None = Field(
+        None, validation_alias=AliasChoices("FEDREC_BROKER_URL", "REDIS_URL", "broker_url"))
+    """Celery broker (Redis). Unset: tasks run in-process inside the API."""
+    result_backend: str | None = None
+    """Celery result backend; defaults to the broker URL."""
+    task_queue: str = "fedrec"
+    """Celery queue the API sends to and the worker consumes."""
+    admin_token: SecretStr | None = None
+    """Bearer token of the admin endpoints. Development: generated at start-up if unset."""
+    max_upload_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    """Largest accepted upload body (bytes); larger bodies get 413."""
+    max_reported_errors: int = Field(100, gt=0)
+    """At most this many offending rows are listed in a 422; the rest are counted."""
+    max_page_size: int = Field(1000, gt=0)
+    """Largest ``limit`` accepted by list endpoints."""
+    stats_refresh_seconds: float = Field(3600.0, gt=0)
+    """Beat period of the refresh of every tenant's rating statistics."""
+    retrain_seconds: float = Field(86400.0, ge=0)
+    """Beat period of the retraining check (a new job when ratings changed); 0 disables."""
+    stalled_job_seconds: float = Field(600.0, gt=0)
+    """A running job with no progress for this long is resumed by beat's watchdog."""
+
+    @model_validator(mode="after")
+    def _refuse_weak_admin_token(self) -> Settings:
+        if self.env == "production":
+            problem = admin_token_problem(self.admin_token)
+            if problem:
+                raise ValueError(f"FEDREC_ENV=production: FEDREC_ADMIN_TOKEN {problem}; "
+                                 f"generate one with: {TOKEN_RECIPE}")
+        return self
+
+
+def admin_token_problem(token: SecretStr | None) -> str | None:
+    """Why ``token`` is unacceptable in production, or None when it is strong enough."""
+    if token is None or not token.get_secret_value():
+        return "must be set"
+    value = token.get_secret_value()
+    if len(value) < MIN_ADMIN_TOKEN_LENGTH:
+        return f"must be at least {MIN_ADMIN_TOKEN_LENGTH} characters"
+    if value.lower() in WEAK_TOKENS or len(set(value)) < 8:
+        return "is too weak (too few distinct characters or a well-known word)"
+    return None
+
+
+def resolve_admin_token(settings: Settings) -> tuple[str, bool]:
+    """The admin token to enforce and whether it was generated (development only)."""
+    if settings.admin_token is not None and settings.admin_token.get_secret_value():
+        return settings.admin_token.get_secret_value(), False
+    if settings.env == "production":  # unreachable: the validator refused already
+        raise ValueError("FEDREC_ENV=production: FEDREC_ADMIN_TOKEN must be set")
+    return secrets.token_urlsafe(32), True
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()

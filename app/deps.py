@@ -1,0 +1,75 @@
+"""FastAPI dependencies as ``Annotated`` aliases: session, settings, admin, tenant."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.models import ApiKey, Tenant
+from app.security import key_prefix, same_secret
+
+admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
+                          description="The admin token (FEDREC_ADMIN_TOKEN).")
+tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
+                           description="A tenant API key issued by an admin.")
+TENANT_NOT_FOUND = "Tenant not found"
+
+
+def _unauthorized(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail,
+                         headers={"WWW-Authenticate": "Bearer"})
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with request.app.state.sessions() as session:
+        yield session
+
+
+def get_settings_dep(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+Credentials = HTTPAuthorizationCredentials | None
+
+
+def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_bearer)]) -> None:
+    """401 unless the request carries the admin token."""
+    if creds is None:
+        raise _unauthorized("Admin token required")
+    if not same_secret(creds.credentials, request.app.state.admin_token, hashed=False):
+        raise _unauthorized("Invalid admin token")
+
+
+def current_tenant(session: SessionDep,
+                   creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
+    """The tenant owning the presented, unrevoked API key; 401 otherwise."""
+    if creds is None:
+        raise _unauthorized("API key required")
+    prefix = key_prefix(creds.credentials)
+    key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) if prefix else None
+    if key is None or key.revoked_at is not None or not same_secret(creds.credentials,
+                                                                     key.key_hash):
+        raise _unauthorized("Invalid API key")
+    return session.get(Tenant, key.tenant_id)
+
+
+TenantDep = Annotated[Tenant, Depends(current_tenant)]
+
+
+def own_tenant(tenant: TenantDep, tenant_id: Annotated[int, Path()]) -> Tenant:
+    """The caller's tenant when the path names it; 404 (never 403) for any other tenant."""
+    if tenant.id != tenant_id:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+    return tenant
+
+
+AdminDep = Annotated[None, Depends(require_admin)]
+OwnTenantDep = Annotated[Tenant, Depends(own_tenant)]

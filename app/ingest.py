@@ -1,0 +1,284 @@
+"""Parsing and validation of rating uploads. Pure: no HTTP, no SQL.
+
+An upload is JSON ``{"ratings": [{"user", "item", "rating", "timestamp"?}, ...]}`` or CSV
+``user,item,rating[,timestamp]`` with an optional header line. Every row is checked before
+anything is stored; :class:`UploadRejected` carries every offending row (line, field,
+reason). ``line`` is the CSV line number (the header counts) or, for JSON, the 1-based
+position in ``ratings``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as dt
+import io
+import json
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+MAX_KEY_LENGTH = 255
+CSV_HEADERS = (("user", "item", "rating"), ("user", "item", "rating", "timestamp"))
+
+
+@dataclasses.dataclass(frozen=True)
+class RowError:
+    """One offending row of an upload."""
+
+    line: int
+    field: str
+    reason: str
+
+
+class UploadRejected(Exception):
+    """The upload is invalid; nothing may be stored."""
+
+    def __init__(self, errors: list[RowError], message: str | None = None):
+        self.errors = sorted(errors, key=lambda e: e.line)
+        super().__init__(message or f"{len(errors)} invalid row(s); nothing was stored")
+
+
+@dataclasses.dataclass(frozen=True)
+class RawRows:
+    """Unvalidated columns of an upload, one entry per row; ``lines`` numbers them."""
+
+    lines: list[int]
+    users: list[object]
+    items: list[object]
+    ratings: list[object]
+    timestamps: list[object]
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """Validated, de-duplicated ratings ready to store (parallel lists)."""
+
+    users: list[str]
+    items: list[str]
+    values: list[float]
+    timestamps: list[dt.datetime | None]
+    lines: list[int]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def _is_header(fields: list[str]) -> bool:
+    return tuple(f.strip().lower() for f in fields) in CSV_HEADERS
+
+
+def parse_csv(data: bytes) -> RawRows:
+    """Split a CSV body into raw columns; malformed lines raise :class:`UploadRejected`."""
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UploadRejected([], f"CSV body is not valid UTF-8 (byte {exc.start})") from None
+    rows = csv.reader(io.StringIO(text, newline=""))
+    lines, users, items, ratings, stamps = [], [], [], [], []
+    errors: list[RowError] = []
+    for number, fields in enumerate(rows, start=1):
+        if not fields or (number == 1 and _is_header(fields)):
+            continue
+        if len(fields) not in (3, 4):
+            errors.append(RowError(number, "row", f"expected 3 or 4 fields, got {len(fields)}"))
+            continue
+        lines.append(number)
+        users.append(fields[0])
+        items.append(fields[1])
+        ratings.append(fields[2])
+        stamps.append(fields[3] if len(fields) == 4 and fields[3] != "" else None)
+    if errors:
+        raise UploadRejected(errors)
+    return RawRows(lines, users, items, ratings, stamps)
+
+
+def parse_json(data: bytes) -> RawRows:
+    """Read ``{"ratings": [...]}``; a body of the wrong shape raises :class:`UploadRejected`."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UploadRejected([], f"body is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("ratings"), list):
+        raise UploadRejected([], 'JSON body must be an object {"ratings": [...]}')
+    lines, users, items, ratings, stamps = [], [], [], [], []
+    errors: list[RowError] = []
+    for number, row in enumerate(doc["ratings"], start=1):
+        if not isinstance(row, dict):
+            errors.append(RowError(number, "row", "must be an object"))
+            continue
+        unknown = set(row) - {"user", "item", "rating", "timestamp"}
+        if unknown:
+            names = ", ".join(sorted(map(str, unknown)))
+            errors.append(RowError(number, "row", f"unknown field(s): {names}"))
+            continue
+        lines.append(number)
+        users.append(row.get("user"))
+        items.append(row.get("item"))
+        ratings.append(row.get("rating"))
+        stamps.append(row.get("timestamp"))
+    if errors:
+        raise UploadRejected(errors)
+    return RawRows(lines, users, items, ratings, stamps)
+
+
+def parse_key(value: object) -> str:
+    """An external user or item key: a non-empty string (or integer) without control chars."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ValueError("must be a string or an integer" if value is not None else "is missing")
+    key = str(value).strip()
+    if not key:
+        raise ValueError("must not be empty")
+    if len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"longer than {MAX_KEY_LENGTH} characters")
+    if not key.isprintable():
+        raise ValueError("contains control characters")
+    return key
+
+
+def parse_rating(value: object, scale: tuple[float, float]) -> float:
+    """A finite number inside the tenant's rating scale [min, max]."""
+    if value is None:
+        raise ValueError("is missing")
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError("must be a number")
+    try:
+        rating = float(value)
+    except ValueError:
+        raise ValueError(f"{str(value)[:40]!r} is not a number") from None
+    if not math.isfinite(rating):
+        raise ValueError("must be a finite number (NaN and infinity are rejected)")
+    if not scale[0] <= rating <= scale[1]:
+        raise ValueError(f"{rating:g} is outside the tenant's scale [{scale[0]:g}, {scale[1]:g}]")
+    return rating
+
+
+def parse_timestamp(value: object) -> dt.datetime | None:
+    """Unix seconds (number or numeric string) or ISO 8601; naive times are taken as UTC."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError("must be Unix seconds or an ISO 8601 string")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = None
+    try:
+        if seconds is not None:
+            if not math.isfinite(seconds):
+                raise ValueError
+            return dt.datetime.fromtimestamp(seconds, dt.UTC)
+        stamp = dt.datetime.fromisoformat(str(value))
+    except (ValueError, OverflowError, OSError):
+        raise ValueError(f"{str(value)[:40]!r} is not Unix seconds or ISO 8601") from None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
+
+
+def _check(errors: list[RowError], line: int, field: str, parse, *args):
+    try:
+        return parse(*args)
+    except ValueError as exc:
+        errors.append(RowError(line, field, f"{field} {exc}"))
+        return None
+
+
+def validate(raw: RawRows, scale: tuple[float, float]) -> Batch:
+    """Check every row and drop exact duplicates; raise :class:`UploadRejected` on any error.
+
+    The same (user, item) twice with the same rating is kept once (the later timestamp
+    wins); with different ratings it is an error naming the earlier line. A vectorised
+    fast path accepts the common all-valid upload; anything else takes the row-by-row
+    path, which lists every offending row.
+    """
+    batch, errors = check_rows(raw, scale)
+    if errors:
+        raise UploadRejected(errors)
+    return batch
+
+
+def check_rows(raw: RawRows, scale: tuple[float, float]) -> tuple[Batch, list[RowError]]:
+    """The valid, de-duplicated rows of ``raw`` and the errors of the others."""
+    fast = _validate_fast(raw, scale)
+    return (fast, []) if fast is not None else _validate_rows(raw, scale)
+
+
+def _fast_keys(values: list[object]) -> list[str] | None:
+    if not all(type(v) is str for v in values):
+        return None
+    keys = [v.strip() for v in values]
+    ok = all(0 < len(k) <= MAX_KEY_LENGTH and k.isprintable() for k in keys)
+    return keys if ok else None
+
+
+def _validate_fast(raw: RawRows, scale: tuple[float, float]) -> Batch | None:
+    """The all-valid, no-duplicate, no-timestamp upload in vectorised form, else None."""
+    if any(t is not None for t in raw.timestamps):
+        return None
+    users, items = _fast_keys(raw.users), _fast_keys(raw.items)
+    if users is None or items is None:
+        return None
+    if len({u + "\x1f" + i for u, i in zip(users, items, strict=True)}) != len(users):
+        return None
+    if not all(type(r) is str or type(r) in (int, float) for r in raw.ratings):
+        return None
+    try:
+        values = np.asarray(raw.ratings, dtype=np.float64)
+    except ValueError:
+        return None
+    if not (np.all(np.isfinite(values)) and np.all((values >= scale[0]) & (values <= scale[1]))):
+        return None
+    return Batch(users, items, values.tolist(), [None] * len(users), list(raw.lines))
+
+
+def _validate_rows(raw: RawRows, scale: tuple[float, float]) -> tuple[Batch, list[RowError]]:
+    errors: list[RowError] = []
+    seen: dict[tuple[str, str], int] = {}
+    users, items, values, stamps, lines = [], [], [], [], []
+    for i, line in enumerate(raw.lines):
+        user = _check(errors, line, "user", parse_key, raw.users[i])
+        item = _check(errors, line, "item", parse_key, raw.items[i])
+        rating = _check(errors, line, "rating", parse_rating, raw.ratings[i], scale)
+        stamp = _check(errors, line, "timestamp", parse_timestamp, raw.timestamps[i])
+        if user is None or item is None or rating is None:
+            continue
+        first = seen.setdefault((user, item), len(values))
+        if first != len(values):
+            if values[first] != rating:
+                reason = (f"conflicts with line {lines[first]} for the same user and item "
+                          f"({values[first]:g} vs {rating:g})")
+                errors.append(RowError(line, "rating", reason))
+            elif stamp is not None:
+                stamps[first] = stamp
+            continue
+        users.append(user)
+        items.append(item)
+        values.append(rating)
+        stamps.append(stamp)
+        lines.append(line)
+    return Batch(users, items, values, stamps, lines), errors
+
+
+def unknown_item_errors(batch: Batch, known: Iterable[str]) -> list[RowError]:
+    """One error per row whose item is not in the catalogue ``known``."""
+    known = set(known)
+    return [RowError(line, "item", f"item {item!r} is not in the catalogue")
+            for line, item in zip(batch.lines, batch.items, strict=True) if item not in known]
+
+
+def parse_body(data: bytes, content_type: str) -> RawRows:
+    """Parse a CSV or JSON upload according to its media type (JSON when none is given)."""
+    media = content_type.split(";", 1)[0].strip().lower()
+    if media in ("text/csv", "application/csv"):
+        return parse_csv(data)
+    if media in ("application/json", ""):
+        return parse_json(data)
+    raise UnsupportedMediaType(media)
+
+
+class UnsupportedMediaType(Exception):
+    """The upload is neither JSON nor CSV."""
+
+    def __init__(self, media: str):
+        self.media = media
+        super().__init__(f"unsupported Content-Type {media!r}; use application/json or text/csv")

@@ -1,0 +1,41 @@
+"""The FastAPI application factory: ``uvicorn --factory app.main:create_app``."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from app.config import Settings, get_settings, resolve_admin_token
+from app.db import make_engine, session_factory
+from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
+from app.training.snapshots import FactorCache
+from worker.celery_app import create_celery_app
+
+log = logging.getLogger("fedrec")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API from ``settings`` (default: the environment). Does not migrate."""
+    settings = settings or get_settings()
+    token, generated = resolve_admin_token(settings)
+    if generated:
+        log.warning("FEDREC_ADMIN_TOKEN is not set; development admin token for this "
+                    "process: %s", token)
+    engine = make_engine(settings.database_url)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        engine.dispose()
+
+    app = FastAPI(title="fedrec", version="0.1.0", lifespan=lifespan,
+                  description="Privacy-focused federated recommender: tenants, items, ratings.")
+    app.state.settings, app.state.admin_token, app.state.engine = settings, token, engine
+    app.state.sessions = session_factory(engine)
+    app.state.celery = create_celery_app(settings)
+    app.state.factor_cache = FactorCache()
+    for module in (health, tenants, items, ratings, stats, jobs, recommendations):
+        app.include_router(module.router)
+    return app

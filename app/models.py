@@ -1,0 +1,138 @@
+"""SQLAlchemy 2 ORM models. The schema itself is created by the Alembic migrations.
+
+Later issues add training jobs, rounds, factor snapshots and the privacy ledger as new
+classes on the same :class:`Base` plus a new migration.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+KEY_LENGTH = 255
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    # Float (double precision on PostgreSQL), as the migrations declare it.
+    type_annotation_map = {dt.datetime: sa.DateTime(timezone=True), dict[str, Any]: sa.JSON,
+                           float: sa.Float()}
+
+
+class Tenant(Base):
+    """An organisation holding a private block of ratings."""
+
+    __tablename__ = "tenants"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(KEY_LENGTH), unique=True)
+    rating_min: Mapped[float]
+    rating_max: Mapped[float]
+    privacy_budget: Mapped[float]
+    auto_create_items: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    privacy_delta: Mapped[float] = mapped_column(default=1e-5, server_default="1e-05")
+    """The delta of the tenant's (epsilon, delta) budget (migration 0002)."""
+    ratings_version: Mapped[int] = mapped_column(default=0, server_default="0")
+    """Bumped by every upload or deletion; retraining starts only when it changed."""
+
+    __table_args__ = (
+        sa.CheckConstraint("rating_min < rating_max", name="ck_tenants_scale"),
+        sa.CheckConstraint("privacy_budget > 0", name="ck_tenants_budget"),
+    )
+
+
+class ApiKey(Base):
+    """A tenant API key: only a SHA-256 of the full key is stored; ``prefix`` finds it."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    prefix: Mapped[str] = mapped_column(sa.String(16), unique=True)
+    key_hash: Mapped[str] = mapped_column(sa.String(64))
+    name: Mapped[str | None] = mapped_column(sa.String(KEY_LENGTH))
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[dt.datetime | None]
+
+
+class Item(Base):
+    """The shared item catalogue; ``key`` is the external id tenants use."""
+
+    __tablename__ = "items"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(KEY_LENGTH), unique=True)
+    title: Mapped[str | None] = mapped_column(sa.Text)
+
+
+class User(Base):
+    """A tenant's end user, known by the tenant's external key; never shared across tenants.
+
+    Ratings point at this integer id, which keeps the rating index small and fast to
+    build; deleting the user (right to be forgotten) cascades to the ratings.
+    """
+
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(sa.String(KEY_LENGTH))
+
+    __table_args__ = (sa.UniqueConstraint("tenant_id", "key", name="uq_users_tenant_key"),)
+
+
+class Rating(Base):
+    """One rating; re-uploading the same (user, item) updates value and timestamp.
+
+    The composite primary key is the uniqueness rule and the index for per-user queries.
+    ``item_id`` has no foreign key and no index, on purpose: items are never deleted and
+    uploads resolve item ids from the catalogue in the same transaction, while the per-row
+    foreign-key check would cost about a third of a 1M-row upload (measured on PostgreSQL).
+    """
+
+    __tablename__ = "ratings"
+
+    user_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    item_id: Mapped[int] = mapped_column(primary_key=True)
+    value: Mapped[float] = mapped_column(sa.Float)
+    rated_at: Mapped[dt.datetime | None]
+
+
+class IdempotencyRecord(Base):
+    """The stored response of a request made with an ``Idempotency-Key`` header."""
+
+    __tablename__ = "idempotency_records"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(sa.String(KEY_LENGTH))
+    request_hash: Mapped[str] = mapped_column(sa.String(64))
+    status_code: Mapped[int]
+    response: Mapped[dict[str, Any]]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (sa.UniqueConstraint("tenant_id", "key", name="uq_idempotency_tenant_key"),)
+
+
+class RatingStats(Base):
+    """Statistics of a tenant's rating block, computed by the Celery task."""
+
+    __tablename__ = "rating_stats"
+
+    tenant_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    n_ratings: Mapped[int]
+    n_users: Mapped[int]
+    n_items: Mapped[int]
+    mean: Mapped[float | None]
+    histogram: Mapped[dict[str, Any]]
+    computed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,36 @@
+"""Admin: the shared item catalogue."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy import func, select
+
+from app import store
+from app.deps import SessionDep, SettingsDep, require_admin
+from app.models import Item
+from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted
+
+router = APIRouter(prefix="/admin/items", tags=["admin: items"],
+                   dependencies=[Depends(require_admin)])
+
+
+@router.put("", response_model=ItemsUpserted)
+def upsert_items(session: SessionDep, body: ItemsUpsert) -> ItemsUpserted:
+    """Add items to the catalogue or update their titles (keyed by external key)."""
+    latest = {item.key: item.title for item in body.items}
+    store.upsert_items(session, sorted(latest.items()))
+    session.commit()
+    return ItemsUpserted(upserted=len(latest))
+
+
+@router.get("", response_model=ItemsPublic)
+def read_items(session: SessionDep, settings: SettingsDep,
+               offset: Annotated[int, Query(ge=0)] = 0,
+               limit: Annotated[int, Query(ge=1)] = 100) -> ItemsPublic:
+    """A page of the catalogue in id order; ``count`` is the catalogue size."""
+    limit = min(limit, settings.max_page_size)
+    items = session.scalars(select(Item).order_by(Item.id).offset(offset).limit(limit)).all()
+    count = int(session.scalar(select(func.count()).select_from(Item)))
+    return ItemsPublic(data=[ItemPublic.model_validate(i) for i in items], count=count)

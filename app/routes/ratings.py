@@ -1,0 +1,104 @@
+"""Tenant: upload, list, count and delete its own ratings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+
+from app import store
+from app.deps import OwnTenantDep, SessionDep, SettingsDep
+from app.ingest import UnsupportedMediaType, UploadRejected
+from app.schemas import (
+    RatingPublic,
+    RatingsCount,
+    RatingsPublic,
+    RatingsUpload,
+    UploadRejection,
+    UploadResult,
+    UserRatingsDeleted,
+)
+from app.uploads import IdempotencyConflict, upload_ratings
+
+router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"])
+
+TOO_LARGE = "Request body exceeds the upload limit of {} bytes (FEDREC_MAX_UPLOAD_BYTES)"
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": RatingsUpload.model_json_schema()},
+    "text/csv": {"schema": {"type": "string", "example": "user,item,rating,timestamp\n"
+                                                         "u1,1193,5,978300760\nu1,661,3\n"}},
+}}}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, TOO_LARGE.format(limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, TOO_LARGE.format(limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _rejection(exc: UploadRejected, cap: int) -> dict:
+    errors = [{"line": e.line, "field": e.field, "reason": e.reason} for e in exc.errors[:cap]]
+    return {"message": str(exc), "errors": errors, "omitted": max(0, len(exc.errors) - cap)}
+
+
+@router.post("/ratings", response_model=UploadResult, openapi_extra=UPLOAD_BODY, responses={
+    413: {"description": "Body over the size limit."},
+    415: {"description": "Neither JSON nor CSV."},
+    422: {"description": "Offending rows; nothing stored.", "model": UploadRejection}})
+async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
+                         settings: SettingsDep,
+                         idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
+    """Upload ratings as JSON or CSV; all rows are stored or none."""
+    body = await read_body(request, settings.max_upload_bytes)
+    content_type = request.headers.get("content-type", "")
+    try:
+        outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
+                                          idempotency_key)
+    except UploadRejected as exc:
+        detail = _rejection(exc, settings.max_reported_errors)
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail) from None
+    except IdempotencyConflict as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    except UnsupportedMediaType as exc:
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, str(exc)) from None
+    headers = {"Idempotency-Replayed": "true"} if outcome.replayed else {}
+    return JSONResponse(outcome.body, status_code=outcome.status_code, headers=headers)
+
+
+@router.get("/ratings", response_model=RatingsPublic)
+def read_ratings(tenant: OwnTenantDep, session: SessionDep, settings: SettingsDep,
+                 user: str | None = None, offset: Annotated[int, Query(ge=0)] = 0,
+                 limit: Annotated[int, Query(ge=1)] = 100) -> RatingsPublic:
+    """A page of the tenant's ratings (one user's with ``?user=``); ``count`` is the total."""
+    rows = store.list_ratings(session, tenant.id, user, min(limit, settings.max_page_size),
+                              offset)
+    data = [RatingPublic(user=u, item=i, rating=v, timestamp=t) for u, i, v, t in rows]
+    return RatingsPublic(data=data, count=store.count_ratings(session, tenant.id, user))
+
+
+@router.get("/ratings/count", response_model=RatingsCount)
+def count_ratings(tenant: OwnTenantDep, session: SessionDep) -> RatingsCount:
+    """How many ratings and distinct users the tenant has."""
+    return RatingsCount(count=store.count_ratings(session, tenant.id),
+                        users=store.count_users(session, tenant.id))
+
+
+@router.delete("/users/{user}/ratings", response_model=UserRatingsDeleted)
+def delete_user_ratings(tenant: OwnTenantDep, session: SessionDep,
+                        user: str) -> UserRatingsDeleted:
+    """Forget a user: delete all their ratings (404 if the tenant has none for them)."""
+    deleted = store.delete_user(session, tenant.id, user)
+    if deleted is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "User not found")
+    session.commit()
+    return UserRatingsDeleted(user=user, deleted=deleted)

@@ -1,0 +1,93 @@
+"""Tenant: top-k recommendations for its users, and its training report."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import sqlalchemy as sa
+from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+
+from app.deps import OwnTenantDep, SessionDep
+from app.models import Tenant
+from app.training import reports
+from app.training.models import JobClient, TrainingJob
+from app.training.schemas import (
+    BatchRecommendationsPublic,
+    BatchRecommendationsRequest,
+    Recommendation,
+    RecommendationsPublic,
+    TenantReport,
+)
+from app.training.serving import Ranked, UnknownUser, item_labels, recommend
+
+router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"])
+UNKNOWN_USER = "User {!r} not found: no ratings and no factors in this tenant"
+NO_JOB = "No training job has included this tenant yet"
+
+
+def _public(s, user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPublic:
+    labels = item_labels(s, [i for i, _ in ranked.items])
+    data = [Recommendation(item=labels[i][0], title=labels[i][1], score=score)
+            for i, score in ranked.items]
+    return RecommendationsPublic(user=user, source=ranked.source, job_id=ranked.job_id,
+                                 data=data, k=k, offset=offset)
+
+
+@router.get("/users/{user_key}/recommendations", response_model=RecommendationsPublic)
+def read_recommendations(user_key: str, request: Request, tenant: OwnTenantDep,
+                         session: SessionDep,
+                         k: Annotated[int, Query(ge=1, le=1000)] = 10,
+                         offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+                         include_rated: bool = False) -> RecommendationsPublic:
+    """Top-k items for one user, excluding those already rated unless include_rated."""
+    try:
+        ranked = recommend(session, request.app.state.factor_cache, tenant, user_key, k,
+                           offset, include_rated)
+    except UnknownUser:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, UNKNOWN_USER.format(user_key)) from None
+    return _public(session, user_key, ranked, k, offset)
+
+
+@router.post("/recommendations", response_model=BatchRecommendationsPublic)
+def create_batch_recommendations(body: BatchRecommendationsRequest, request: Request,
+                                 tenant: OwnTenantDep,
+                                 session: SessionDep) -> BatchRecommendationsPublic:
+    """Top-k for many users at once; unknown users are listed in not_found."""
+    data, missing = [], []
+    for user in dict.fromkeys(body.users):
+        try:
+            ranked = recommend(session, request.app.state.factor_cache, tenant, user, body.k,
+                               0, body.include_rated)
+        except UnknownUser:
+            missing.append(user)
+            continue
+        data.append(_public(session, user, ranked, body.k, 0))
+    return BatchRecommendationsPublic(data=data, not_found=missing)
+
+
+def _latest_job(session, tenant: Tenant) -> TrainingJob | None:
+    return session.scalar(sa.select(TrainingJob).join(
+        JobClient, JobClient.job_id == TrainingJob.id).where(JobClient.tenant_id == tenant.id)
+        .order_by(TrainingJob.id.desc()).limit(1))
+
+
+@router.get("/report", response_model=TenantReport)
+def read_tenant_report(tenant: OwnTenantDep, session: SessionDep) -> TenantReport:
+    """This tenant's curve in its latest job and its privacy spent and remaining."""
+    job = _latest_job(session, tenant)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, NO_JOB)
+    rounds = reports.curve(session, job.id)
+    return TenantReport(tenant_id=tenant.id, job_id=job.id,
+                        curve=reports.tenant_curve(rounds, tenant.id),
+                        privacy=reports.privacy_of_job(session, job, [tenant.id]))
+
+
+@router.get("/report/plot.png", response_class=Response,
+            responses={200: {"content": {"image/png": {}}}})
+def read_tenant_plot(tenant: OwnTenantDep, session: SessionDep) -> Response:
+    """PNG plot of this tenant's test RMSE per round in its latest job."""
+    job = _latest_job(session, tenant)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, NO_JOB)
+    return Response(reports.plot_png(session, job, tenant.id), media_type="image/png")

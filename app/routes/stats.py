@@ -1,0 +1,31 @@
+"""Tenant: the rating-block statistics computed by the Celery task."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request, status
+
+from app.deps import OwnTenantDep, SessionDep
+from app.models import RatingStats
+from app.queue import RECOMPUTE_RATING_STATS, enqueue
+from app.schemas import RatingStatsPublic, TaskEnqueued
+
+router = APIRouter(prefix="/tenants/{tenant_id}/stats", tags=["tenant: statistics"])
+
+
+@router.post("", response_model=TaskEnqueued, status_code=status.HTTP_202_ACCEPTED)
+def create_stats_task(request: Request, tenant: OwnTenantDep,
+                      session: SessionDep) -> TaskEnqueued:
+    """Recompute the statistics in the background (in-process when no broker is set)."""
+    session.commit()  # end the read transaction: the task writes through its own session
+    task_id, state = enqueue(request.app.state.celery, RECOMPUTE_RATING_STATS, [tenant.id])
+    return TaskEnqueued(task_id=task_id, status=state)
+
+
+@router.get("", response_model=RatingStatsPublic)
+def read_stats(tenant: OwnTenantDep, session: SessionDep) -> RatingStats:
+    """The last computed statistics."""
+    stats = session.get(RatingStats, tenant.id)
+    if stats is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND,
+                            "Statistics not computed yet; POST to this URL to compute them")
+    return stats

@@ -1,0 +1,94 @@
+"""Admin: tenants and their API keys."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, status
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from app.deps import TENANT_NOT_FOUND, SessionDep, require_admin
+from app.models import ApiKey, Tenant, utcnow
+from app.schemas import (
+    ApiKeyCreate,
+    ApiKeyCreated,
+    ApiKeyPublic,
+    ApiKeysPublic,
+    TenantCreate,
+    TenantPublic,
+    TenantsPublic,
+)
+from app.security import generate_key
+
+router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"],
+                   dependencies=[Depends(require_admin)])
+
+
+def _tenant(session: SessionDep, tenant_id: int) -> Tenant:
+    tenant = session.get(Tenant, tenant_id)
+    if tenant is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+    return tenant
+
+
+@router.post("", response_model=TenantPublic, status_code=status.HTTP_201_CREATED)
+def create_tenant(session: SessionDep, body: TenantCreate) -> Tenant:
+    """Create a tenant."""
+    tenant = Tenant(**body.model_dump())
+    session.add(tenant)
+    try:
+        session.commit()
+    except IntegrityError:
+        session.rollback()
+        raise HTTPException(status.HTTP_409_CONFLICT,
+                            f"A tenant named {body.name!r} already exists") from None
+    return tenant
+
+
+@router.get("", response_model=TenantsPublic)
+def read_tenants(session: SessionDep) -> TenantsPublic:
+    """List all tenants."""
+    tenants = session.scalars(select(Tenant).order_by(Tenant.id)).all()
+    return TenantsPublic(data=[TenantPublic.model_validate(t) for t in tenants],
+                         count=len(tenants))
+
+
+@router.get("/{tenant_id}", response_model=TenantPublic)
+def read_tenant(session: SessionDep, tenant_id: int) -> Tenant:
+    """One tenant."""
+    return _tenant(session, tenant_id)
+
+
+@router.post("/{tenant_id}/api-keys", response_model=ApiKeyCreated,
+             status_code=status.HTTP_201_CREATED)
+def create_api_key(session: SessionDep, tenant_id: int,
+                   body: ApiKeyCreate | None = None) -> ApiKeyCreated:
+    """Issue an API key; the secret is in this response only."""
+    _tenant(session, tenant_id)
+    key, prefix, key_hash = generate_key()
+    record = ApiKey(tenant_id=tenant_id, prefix=prefix, key_hash=key_hash,
+                    name=body.name if body else None)
+    session.add(record)
+    session.commit()
+    return ApiKeyCreated(**ApiKeyPublic.model_validate(record).model_dump(), key=key)
+
+
+@router.get("/{tenant_id}/api-keys", response_model=ApiKeysPublic)
+def read_api_keys(session: SessionDep, tenant_id: int) -> ApiKeysPublic:
+    """List a tenant's keys (prefixes only, never secrets)."""
+    _tenant(session, tenant_id)
+    keys = session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id)
+                           .order_by(ApiKey.id)).all()
+    return ApiKeysPublic(data=[ApiKeyPublic.model_validate(k) for k in keys], count=len(keys))
+
+
+@router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic)
+def revoke_api_key(session: SessionDep, tenant_id: int, key_id: int) -> ApiKey:
+    """Revoke a key; it stops working at once."""
+    key = session.get(ApiKey, key_id)
+    if key is None or key.tenant_id != tenant_id:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "API key not found")
+    if key.revoked_at is None:
+        key.revoked_at = utcnow()
+        session.commit()
+    return key
+

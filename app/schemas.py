@@ -1,0 +1,186 @@
+"""Request and response bodies (``XCreate`` / ``XPublic`` / ``XsPublic(data, count)``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+Key = Field(min_length=1, max_length=255)
+
+
+def _as_utc(value: dt.datetime) -> dt.datetime:
+    """SQLite returns naive datetimes; everything fedrec stores is UTC."""
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+UtcDatetime = Annotated[dt.datetime, AfterValidator(_as_utc)]
+
+
+class TenantCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Key
+    rating_min: float = 1.0
+    rating_max: float = 5.0
+    privacy_budget: float = Field(gt=0, description="Total epsilon the tenant may spend.")
+    auto_create_items: bool = Field(
+        False, description="Add unknown items to the catalogue on upload instead of rejecting.")
+
+    @model_validator(mode="after")
+    def _scale(self) -> TenantCreate:
+        if not self.rating_min < self.rating_max:
+            raise ValueError("rating_min must be smaller than rating_max")
+        return self
+
+
+class TenantPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    rating_min: float
+    rating_max: float
+    privacy_budget: float
+    auto_create_items: bool
+    created_at: UtcDatetime
+
+
+class TenantsPublic(BaseModel):
+    data: list[TenantPublic]
+    count: int
+
+
+class ApiKeyCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, max_length=255)
+
+
+class ApiKeyPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    tenant_id: int
+    prefix: str
+    name: str | None
+    created_at: UtcDatetime
+    revoked_at: UtcDatetime | None
+
+
+class ApiKeyCreated(ApiKeyPublic):
+    key: str = Field(description="The secret key. Shown once; only its hash is stored.")
+
+
+class ApiKeysPublic(BaseModel):
+    data: list[ApiKeyPublic]
+    count: int
+
+
+class ItemIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Key
+    title: str | None = None
+
+
+class ItemsUpsert(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[ItemIn] = Field(min_length=1)
+
+
+class ItemPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    key: str
+    title: str | None
+
+
+class ItemsPublic(BaseModel):
+    data: list[ItemPublic]
+    count: int
+
+
+class ItemsUpserted(BaseModel):
+    upserted: int
+
+
+class RatingIn(BaseModel):
+    """One rating of an upload (documentation of the JSON body)."""
+
+    user: str
+    item: str
+    rating: float
+    timestamp: float | str | None = Field(None, description="Unix seconds or ISO 8601.")
+
+
+class RatingsUpload(BaseModel):
+    ratings: list[RatingIn]
+
+
+class RatingPublic(BaseModel):
+    user: str
+    item: str
+    rating: float
+    timestamp: UtcDatetime | None
+
+
+class RatingsPublic(BaseModel):
+    data: list[RatingPublic]
+    count: int
+
+
+class RatingsCount(BaseModel):
+    count: int
+    users: int
+
+
+class UploadResult(BaseModel):
+    stored: int = Field(description="Rows inserted or updated (exact duplicates counted once).")
+
+
+class RowErrorPublic(BaseModel):
+    line: int = Field(description="CSV line number (header counts), or 1-based JSON position.")
+    field: str
+    reason: str
+
+
+class UploadRejection(BaseModel):
+    message: str
+    errors: list[RowErrorPublic]
+    omitted: int = Field(description="Offending rows not listed (the list is capped).")
+
+
+class UserRatingsDeleted(BaseModel):
+    user: str
+    deleted: int
+
+
+class TaskEnqueued(BaseModel):
+    task_id: str
+    status: str
+
+
+class RatingStatsPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    tenant_id: int
+    n_ratings: int
+    n_users: int
+    n_items: int
+    mean: float | None
+    histogram: dict[str, int]
+    computed_at: UtcDatetime
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not ready"]
+    database: str
+    broker: str

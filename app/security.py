@@ -1,0 +1,41 @@
+"""API keys and the admin token. Keys are random; only their SHA-256 is stored.
+
+A key reads ``fk_<prefix>_<secret>``: the 12-character prefix is stored in clear and finds
+the row, the SHA-256 of the whole key is compared in constant time. Keys carry 256 bits of
+entropy, so a fast hash is enough (no password-stretching needed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+KEY_PREFIX = "fk"
+PREFIX_LENGTH = 12
+
+
+def hash_key(key: str) -> str:
+    """Hex SHA-256 of an API key."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def generate_key() -> tuple[str, str, str]:
+    """A new key as ``(full_key, prefix, key_hash)``."""
+    prefix = secrets.token_hex(PREFIX_LENGTH // 2)
+    key = f"{KEY_PREFIX}_{prefix}_{secrets.token_urlsafe(32)}"
+    return key, prefix, hash_key(key)
+
+
+def key_prefix(key: str) -> str | None:
+    """The lookup prefix of a well-formed key, else None."""
+    parts = key.split("_", 2)
+    if len(parts) != 3 or parts[0] != KEY_PREFIX or len(parts[1]) != PREFIX_LENGTH:
+        return None
+    return parts[1]
+
+
+def same_secret(given: str, expected_hash_or_token: str, hashed: bool = True) -> bool:
+    """Constant-time comparison of a presented secret with a stored hash or token."""
+    candidate = hash_key(given) if hashed else given
+    return hmac.compare_digest(candidate.encode(), expected_hash_or_token.encode())

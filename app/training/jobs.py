@@ -1,0 +1,147 @@
+"""Creating, cancelling and reporting training jobs (the admin side of training)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from algorithms import RatingBlock, registry
+from algorithms.base import Algorithm
+from algorithms.data import federation_from_tenants
+from algorithms.simulate import client_round, initialise
+from app import store
+from app.models import Item, Tenant
+from app.training.ledger import load_ledger
+from app.training.models import JobClient, TrainingJob
+from app.training.pipeline import item_ids_bytes, planned_transmissions
+from privacy.ledger import BudgetExceeded, check_plan
+from privacy.wrapper import DPSpec, event_for, n_entries
+
+
+class JobRefused(Exception):
+    """A job cannot be created; ``status`` is the HTTP status the API answers with."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    algorithm: str
+    tenant_ids: list[int]
+    rounds: int
+    per_round: int
+    seed: int
+    config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    dp: dict[str, Any] = dataclasses.field(default_factory=dict)
+    test_fraction: float = 0.2
+    allow_not_private: bool = False
+    parent_job_id: int | None = None
+
+
+def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
+    try:
+        alg = registry.get(spec.algorithm)
+    except KeyError as exc:
+        raise JobRefused(422, str(exc.args[0])) from None
+    if alg.data_kind != "ratings":
+        raise JobRefused(422, f"algorithm {alg.name} is for binary data; the service trains "
+                              "rating models")
+    try:
+        cfg = alg.config(**spec.config)
+        dp = DPSpec(**spec.dp)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        msg = first["msg"].removeprefix("Value error, ")
+        raise JobRefused(422, f"invalid {where}: {msg}") from None
+    if not alg.privacy_preserving and not spec.allow_not_private:
+        raise JobRefused(422, f"{alg.name} is not privacy-preserving (its uploads reveal "
+                              "ratings); set allow_not_private to run it anyway")
+    if len(set(spec.tenant_ids)) != len(spec.tenant_ids) or not spec.tenant_ids:
+        raise JobRefused(422, "tenant_ids must be a non-empty list without duplicates")
+    return alg, cfg, dp
+
+
+def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
+                                                                 list[np.ndarray], np.ndarray]:
+    """Every tenant's ratings, sorted by (user, item) so the split is reproducible."""
+    blocks, keys = [], []
+    for t in tenants:
+        block, user_keys = store.load_block(s, t.id)
+        if block.nnz == 0:
+            raise JobRefused(422, f"tenant {t.id} ({t.name}) has no ratings to train on")
+        order = np.lexsort((block.cols, block.rows))
+        blocks.append(RatingBlock(block.rows[order], block.cols[order], block.vals[order],
+                                  block.n_users, block.n_items))
+        keys.append(user_keys)
+    item_ids = np.fromiter(s.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
+    return blocks, keys, item_ids
+
+
+def create_job(s: Session, spec: JobSpec) -> TrainingJob:
+    """Validate, check every tenant's budget, snapshot the ratings and initialise the job.
+
+    The ratings of all tenants are read in one REPEATABLE READ transaction on PostgreSQL,
+    so the job trains on one consistent snapshot while uploads continue.
+    """
+    alg, cfg, dp = _validated(spec)
+    if s.get_bind().dialect.name == "postgresql":
+        s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+    tenants = [s.get(Tenant, t) for t in spec.tenant_ids]
+    missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
+    if missing:
+        raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
+    blocks, user_keys, item_ids = _snapshot_blocks(s, tenants)
+    scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
+    fed = federation_from_tenants(blocks, user_keys, item_ids, spec.seed, spec.test_fraction,
+                                  scale)
+    server, glob, locals_ = initialise(alg, cfg, fed.train, spec.seed)
+    per_round = spec.per_round or len(tenants)
+    if dp.mechanism != "none":
+        _check_budgets(s, alg, cfg, spec, dp, fed, glob, locals_, per_round)
+    job = TrainingJob(
+        status="queued", algorithm=alg.name, config=cfg.model_dump(), dp=dp.model_dump(),
+        rounds=spec.rounds, per_round=per_round, seed=spec.seed,
+        test_fraction=spec.test_fraction, tenant_ids=list(spec.tenant_ids),
+        item_ids=item_ids_bytes(item_ids), current_round=0, global_msg=glob.to_bytes(),
+        server_state=server.to_bytes(), parent_job_id=spec.parent_job_id,
+        ratings_version={str(t.id): t.ratings_version for t in tenants})
+    s.add(job)
+    s.flush()
+    for i, t in enumerate(tenants):
+        s.add(JobClient(job_id=job.id, client_index=i, tenant_id=t.id,
+                        user_keys=[str(k) for k in user_keys[i]],
+                        train_block=fed.train[i].to_bytes(), test_block=fed.test[i].to_bytes(),
+                        local_state=locals_[i].to_bytes(), transmissions=0))
+    s.commit()
+    return job
+
+
+def _check_budgets(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec, dp: DPSpec, fed,
+                   glob, locals_, per_round: int) -> None:
+    """409 unless every tenant can afford its planned transmissions (on top of past jobs)."""
+    _, upload = client_round(alg, cfg, 1, spec.seed, 0, glob, locals_[0], fed.train[0])
+    size = n_entries(upload) if upload is not None else 1
+    plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(locals_), glob)
+    tenant_plan = {spec.tenant_ids[i]: n for i, n in plan.items() if n}
+    try:
+        check_plan(load_ledger(s, spec.tenant_ids), tenant_plan, event_for(dp, size))
+    except BudgetExceeded as exc:
+        raise JobRefused(409, str(exc)) from None
+
+
+def cancel_job(s: Session, job: TrainingJob) -> bool:
+    """Stop a queued or running job after its current round; False if already finished."""
+    if job.status not in ("queued", "running", "failed"):
+        return False
+    job.status = "cancelled"
+    s.commit()
+    return True
+

@@ -1,0 +1,142 @@
+"""Tables of training jobs, their per-tenant state, rounds, ledger and factor snapshots.
+
+Durability rules (DESIGN.md, invariants 2-4):
+
+* A client step stores its new local state, its (privatised) upload and the privacy
+  charge of that upload in one transaction (:class:`RoundUpload` + :class:`LedgerEntry`);
+  re-running it for the same (job, round, client) overwrites identical bytes and never
+  charges twice (unique key).
+* A round completes in one transaction: server state, global message, every staged
+  local state, the round's metrics and ``current_round`` move together, so a crash loses
+  at most the round in flight.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.models import Base, utcnow
+
+JOB_STATUSES = ("queued", "running", "completed", "failed", "cancelled")
+
+
+class TrainingJob(Base):
+    """A federated training run over a fixed snapshot of some tenants' ratings."""
+
+    __tablename__ = "training_jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    algorithm: Mapped[str] = mapped_column(sa.String(32))
+    config: Mapped[dict[str, Any]]
+    dp: Mapped[dict[str, Any]]
+    rounds: Mapped[int]
+    per_round: Mapped[int]
+    seed: Mapped[int]
+    test_fraction: Mapped[float]
+    tenant_ids: Mapped[list[int]] = mapped_column(sa.JSON)
+    item_ids: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    """int64 ids of the items (columns of V), as raw bytes."""
+    current_round: Mapped[int] = mapped_column(default=0)
+    """Number of completed rounds."""
+    global_msg: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    server_state: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    stopped_tenants: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    """tenant id -> why it stopped transmitting (budget exhausted mid-run)."""
+    parent_job_id: Mapped[int | None] = mapped_column(sa.ForeignKey("training_jobs.id"))
+    ratings_version: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
+    """tenant id -> the tenant's ratings_version when the snapshot was taken."""
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    finished_at: Mapped[dt.datetime | None]
+
+
+class JobClient(Base):
+    """Tenant ``tenant_id`` as client ``client_index`` of a job, with its private state."""
+
+    __tablename__ = "job_clients"
+
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    client_index: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"),
+                                           index=True)
+    user_keys: Mapped[list[str]] = mapped_column(sa.JSON)
+    train_block: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    test_block: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    local_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    transmissions: Mapped[int] = mapped_column(default=0)
+
+
+class RoundUpload(Base):
+    """What a client step produced in a round, staged until the round is aggregated."""
+
+    __tablename__ = "round_uploads"
+
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    round: Mapped[int] = mapped_column(primary_key=True)
+    client_index: Mapped[int] = mapped_column(primary_key=True)
+    local_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    upload: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    """The privatised upload; None when nothing was sent (or the budget refused it)."""
+    refused: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class JobRound(Base):
+    """Metrics of one completed round (the training curve)."""
+
+    __tablename__ = "job_rounds"
+
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    round: Mapped[int] = mapped_column(primary_key=True)
+    objective: Mapped[float | None]
+    test_rmse: Mapped[float | None]
+    test_mae: Mapped[float | None]
+    per_tenant: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    """tenant id -> {"test_rmse", "test_mae", "n_test"}."""
+    participants: Mapped[list[int]] = mapped_column(sa.JSON)
+    uploads: Mapped[int]
+    seconds: Mapped[float]
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class LedgerEntry(Base):
+    """One privacy charge: a noisy transmission of a tenant in a round of a job."""
+
+    __tablename__ = "privacy_ledger"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"),
+                                           index=True)
+    job_id: Mapped[int] = mapped_column(sa.ForeignKey("training_jobs.id", ondelete="CASCADE"))
+    round: Mapped[int]
+    event: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (sa.UniqueConstraint("tenant_id", "job_id", "round",
+                                          name="uq_privacy_ledger_charge"),)
+
+
+class FactorSnapshot(Base):
+    """The latest serving factors of a tenant from a job: scores = A[user] @ B."""
+
+    __tablename__ = "factor_snapshots"
+
+    tenant_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    round: Mapped[int]
+    user_keys: Mapped[list[str]] = mapped_column(sa.JSON)
+    factors: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    """npz with A (users x r'), B (r' x items) and item_ids."""
+    updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)

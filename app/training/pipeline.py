@@ -1,0 +1,317 @@
+"""The round pipeline of a training job.
+
+``start_round(k)`` samples S_k from the job seed and sends one ``client_step(k, i)`` per
+sampled tenant; each client step stages its new local state and its privatised upload,
+charging the ledger in the same transaction; the client step that completes the round
+sends ``aggregate(k)``, which runs the server step on the uploads, evaluates, and commits
+the round (states, metrics, ``current_round``) in one transaction before sending
+``start_round(k + 1)``. Every task takes ids only and is idempotent: running it twice, or
+after a crash, changes nothing that was committed, and every random draw derives from
+(job seed, round, client), so a resumed job ends bit-identical to an uninterrupted one.
+
+Tasks are sent through a :class:`Dispatcher`: Celery (``worker.tasks``) when a broker is
+configured, or :class:`InlineDispatcher`, which runs them in this process.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any, Protocol
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from algorithms import Message, RatingBlock, registry
+from algorithms._rng import client_noise_rng
+from algorithms.base import Algorithm, default_select
+from algorithms.simulate import (
+    client_round,
+    combine_errors,
+    select_clients,
+    server_round,
+    tenant_errors,
+)
+from app import queue
+from app.models import Tenant, utcnow
+from app.training.ledger import load_ledger
+from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
+from privacy.wrapper import DPSpec, event_for, n_entries, privatize
+
+TASK_START = queue.TRAINING_START_ROUND
+TASK_CLIENT = queue.TRAINING_CLIENT_STEP
+TASK_AGGREGATE = queue.TRAINING_AGGREGATE
+TASK_RETRAIN = queue.TRAINING_RETRAIN
+TASK_WATCHDOG = queue.TRAINING_RESUME_STALLED
+
+Sessions = sessionmaker
+
+
+class Dispatcher(Protocol):
+    """Sends a task by name with integer arguments."""
+
+    def send(self, task: str, *args: int) -> None: ...
+
+
+class InlineDispatcher:
+    """Runs the pipeline's tasks in this process, in order (no broker configured).
+
+    A queue, not recursion: a 1,000-round job does not grow the stack.
+    """
+
+    def __init__(self, sessions: Sessions) -> None:
+        self.sessions = sessions
+        self._queue: collections.deque[tuple[str, tuple[int, ...]]] = collections.deque()
+
+    def send(self, task: str, *args: int) -> None:
+        self._queue.append((task, args))
+
+    def drain(self) -> None:
+        while self._queue:
+            task, args = self._queue.popleft()
+            TASKS[task](self.sessions, self, *args)
+
+
+def algorithm_of(job: TrainingJob) -> tuple[Algorithm, Any]:
+    alg = registry.get(job.algorithm)
+    return alg, alg.config(**job.config)
+
+
+@lru_cache(maxsize=4096)
+def _block(blob: bytes) -> RatingBlock:
+    """Blocks are immutable per job: decompress each once per process."""
+    return RatingBlock.from_bytes(blob)
+
+
+def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
+                ) -> TrainingJob | None:
+    """The job if round ``round_`` is the next one to run, else None (stale task)."""
+    q = sa.select(TrainingJob).where(TrainingJob.id == job_id)
+    job = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
+    if job is None or job.status not in ("queued", "running"):
+        return None
+    return job if job.current_round == round_ - 1 else None
+
+
+def _selected(job: TrainingJob, alg: Algorithm, round_: int) -> list[int]:
+    glob = Message.from_bytes(job.global_msg)
+    return [int(i) for i in select_clients(alg, glob, len(job.tenant_ids), job.per_round,
+                                           job.seed, round_)]
+
+
+def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int) -> None:
+    """Mark the round started and send one client step per sampled tenant."""
+    with sessions() as s:
+        job = _active_job(s, job_id, round_)
+        if job is None:
+            return
+        alg, _ = algorithm_of(job)
+        selected = _selected(job, alg, round_)
+        job.status = "running"
+        job.latest_metrics = {**(job.latest_metrics or {}), "round_started": time.time()}
+        s.commit()
+    for i in selected:
+        dispatch.send(TASK_CLIENT, job_id, round_, i)
+    if not selected:
+        dispatch.send(TASK_AGGREGATE, job_id, round_)
+
+
+def _privatise(s: Session, job: TrainingJob, tenant_id: int, client: int, round_: int,
+               upload: Message) -> tuple[Message | None, list | None, str | None]:
+    """(noisy upload, ledger event, refusal reason) for one transmission of a tenant.
+
+    The tenant row is locked so two jobs cannot both spend the last of its budget.
+    """
+    spec = DPSpec(**job.dp)
+    if spec.mechanism == "none":
+        return upload, None, None
+    s.execute(sa.select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
+    ledger = load_ledger(s, [tenant_id])
+    event = event_for(spec, n_entries(upload))
+    if not ledger.can_afford(tenant_id, event):
+        spent = ledger.spent(tenant_id).epsilon
+        cap = ledger.budget(tenant_id).epsilon_max
+        return None, None, (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, "
+                            f"one more transmission would exceed epsilon_max {cap:.4g}")
+    noisy, event = privatize(upload, spec, client_noise_rng(job.seed, round_, client))
+    return noisy, event.as_list(), None
+
+
+def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int,
+                client: int) -> None:
+    """Run tenant ``client``'s step of the round and stage its result (idempotent)."""
+    with sessions() as s:
+        job = _active_job(s, job_id, round_)
+        if job is None:
+            return
+        alg, cfg = algorithm_of(job)
+        if s.get(RoundUpload, (job_id, round_, client)) is None:
+            jc = s.get(JobClient, (job_id, client))
+            local, upload = client_round(
+                alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
+                Message.from_bytes(jc.local_state), _block(jc.train_block))
+            event = refused = None
+            if upload is not None:
+                upload, event, refused = _privatise(s, job, jc.tenant_id, client, round_,
+                                                     upload)
+            s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
+                              local_state=local.to_bytes(), refused=refused,
+                              upload=None if upload is None else upload.to_bytes()))
+            if event is not None:  # charged in the same transaction that stores the upload
+                s.add(LedgerEntry(tenant_id=jc.tenant_id, job_id=job_id, round=round_,
+                                  event={"event": event, "dp": job.dp}))
+            try:
+                s.commit()
+            except IntegrityError:  # a duplicate delivery of this task got there first
+                s.rollback()
+        staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
+            RoundUpload.job_id == job_id, RoundUpload.round == round_))
+        complete = staged >= len(_selected(job, alg, round_))
+    if complete:
+        dispatch.send(TASK_AGGREGATE, job_id, round_)
+
+
+def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Message,
+              clients: list[JobClient], locals_: dict[int, bytes]) -> dict[str, Any]:
+    """Training objective and test RMSE/MAE, overall and per tenant (same arithmetic as
+    :func:`algorithms.simulate.evaluate`, so a job matches a simulation number for number).
+
+    This reads each tenant's local state and held-out block: it is the tenants' own
+    evaluation reported to the job, not part of the server step, which sees uploads only.
+    """
+    scales = {t: (lo, hi) for t, lo, hi in s.execute(
+        sa.select(Tenant.id, Tenant.rating_min, Tenant.rating_max)
+        .where(Tenant.id.in_(job.tenant_ids)))}
+    parts, per_tenant, objective = [], {}, 0.0
+    for jc in clients:
+        state = Message.from_bytes(locals_[jc.client_index])
+        part = tenant_errors(alg, glob, state, _block(jc.test_block), scales[jc.tenant_id])
+        objective += float(alg.objective(glob, state, _block(jc.train_block), cfg))
+        parts.append(part)
+        rmse, mae = combine_errors([part])
+        per_tenant[str(jc.tenant_id)] = {"test_rmse": _num(rmse), "test_mae": _num(mae),
+                                         "n_test": part[2]}
+    rmse, mae = combine_errors(parts)
+    return {"objective": _num(objective), "test_rmse": _num(rmse), "test_mae": _num(mae),
+            "per_tenant": per_tenant}
+
+
+def _num(x: float) -> float | None:
+    return None if not np.isfinite(x) else float(x)
+
+
+def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int) -> None:
+    """Server step on the staged uploads; commit the whole round in one transaction."""
+    with sessions() as s:
+        job = _active_job(s, job_id, round_, lock=True)
+        if job is None:
+            return
+        alg, cfg = algorithm_of(job)
+        selected = _selected(job, alg, round_)
+        staged = {r.client_index: r for r in s.scalars(sa.select(RoundUpload).where(
+            RoundUpload.job_id == job_id, RoundUpload.round == round_))}
+        if any(i not in staged for i in selected):
+            return  # not complete yet: a later client step sends aggregate again
+        uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
+                   if staged[i].upload is not None}
+        server, glob = server_round(alg, cfg, round_, job.seed,
+                                    Message.from_bytes(job.server_state), uploads)
+        clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
+                                 .order_by(JobClient.client_index)))
+        for jc in clients:
+            if jc.client_index in staged:
+                jc.local_state = staged[jc.client_index].local_state
+                jc.transmissions += staged[jc.client_index].upload is not None
+        metrics = _evaluate(s, job, alg, cfg, glob,
+                            clients, {jc.client_index: jc.local_state for jc in clients})
+        started = (job.latest_metrics or {}).get("round_started", time.time())
+        seconds = max(0.0, time.time() - started)
+        s.add(JobRound(job_id=job_id, round=round_, objective=metrics["objective"],
+                       test_rmse=metrics["test_rmse"], test_mae=metrics["test_mae"],
+                       per_tenant=metrics["per_tenant"], participants=selected,
+                       uploads=len(uploads), seconds=seconds))
+        refused = {str(job.tenant_ids[i]): r.refused for i, r in staged.items() if r.refused}
+        if refused:
+            job.stopped_tenants = {**refused, **(job.stopped_tenants or {})}
+        job.global_msg, job.server_state = glob.to_bytes(), server.to_bytes()
+        job.current_round = round_
+        job.latest_metrics = {"round": round_, "objective": metrics["objective"],
+                              "test_rmse": metrics["test_rmse"],
+                              "test_mae": metrics["test_mae"], "seconds": seconds}
+        s.execute(sa.delete(RoundUpload).where(RoundUpload.job_id == job_id,
+                                               RoundUpload.round == round_))
+        done = round_ >= job.rounds
+        if done:
+            _finish(s, job, alg, glob, clients)
+        s.commit()
+    if not done:
+        dispatch.send(TASK_START, job_id, round_ + 1)
+
+
+def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
+            clients: list[JobClient]) -> None:
+    """Mark the job completed and publish every tenant's serving factors."""
+    from app.training.snapshots import write_snapshot
+
+    job.status = "completed"
+    job.finished_at = utcnow()
+    for jc in clients:
+        a, b = alg.factors(glob, Message.from_bytes(jc.local_state))
+        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b)
+
+
+TASKS: dict[str, Callable[..., None]] = {
+    TASK_START: start_round,
+    TASK_CLIENT: client_step,
+    TASK_AGGREGATE: aggregate,
+}
+
+
+def resume(sessions: Sessions, dispatch: Dispatcher, job_id: int) -> bool:
+    """Re-send the next round of an unfinished job (after a crash); False if nothing to do.
+
+    Safe to call while the round is still running: every task is idempotent.
+    """
+    with sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        if job is None or job.status not in ("queued", "running", "failed"):
+            return False
+        if job.status == "failed":
+            job.status, job.error = "running", None
+            s.commit()
+        next_round = job.current_round + 1
+    dispatch.send(TASK_START, job_id, next_round)
+    return True
+
+
+def planned_transmissions(alg: Algorithm, job_rounds: int, per_round: int, seed: int,
+                          n_clients: int, global_msg: Message) -> dict[int, int]:
+    """How often each client index will transmit at most (the budget check's plan).
+
+    With the default sampler the schedule is a function of the seed only, so the counts
+    are exact; algorithms with their own ``select`` get the worst case, every round.
+    """
+    if alg.select is not default_select:
+        return {i: job_rounds for i in range(n_clients)}
+    counts = dict.fromkeys(range(n_clients), 0)
+    for k in range(1, job_rounds + 1):
+        for i in select_clients(alg, global_msg, n_clients, per_round, seed, k):
+            counts[int(i)] += 1
+    return counts
+
+
+def item_ids_bytes(ids: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(ids, dtype=np.int64), allow_pickle=False)
+    return buf.getvalue()
+
+
+def item_ids_from_bytes(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+

@@ -1,0 +1,67 @@
+"""Scheduled retraining and the stalled-job watchdog (run by Celery beat).
+
+``retrain_if_changed`` starts a new job from the settings of the latest completed job when
+any of its tenants' ratings changed since (``ratings_version``), never while another job
+runs and never past a budget: the new job goes through the same budget check as any other
+and is simply not created when it would exceed one. ``resume_stalled`` re-sends the next
+round of running jobs that made no progress for a while (a crashed worker whose task was
+lost); every pipeline step is idempotent, so a false alarm costs nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import sqlalchemy as sa
+
+from app.models import Tenant, utcnow
+from app.training import pipeline
+from app.training.jobs import JobRefused, JobSpec, create_job
+from app.training.models import TrainingJob
+
+log = logging.getLogger("fedrec.training")
+
+
+def _changed(s, job: TrainingJob) -> list[int]:
+    versions = dict(s.execute(sa.select(Tenant.id, Tenant.ratings_version)
+                              .where(Tenant.id.in_(job.tenant_ids))).all())
+    return [t for t in job.tenant_ids
+            if t in versions and versions[t] != job.ratings_version.get(str(t))]
+
+
+def retrain_if_changed(sessions, dispatch: pipeline.Dispatcher) -> int | None:
+    """Start a retraining job if due; returns its id, or None (with the reason logged)."""
+    with sessions() as s:
+        if s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)
+                    .where(TrainingJob.status.in_(("queued", "running")))):
+            log.info("retraining skipped: a job is running")
+            return None
+        last = s.scalar(sa.select(TrainingJob).where(TrainingJob.status == "completed")
+                        .order_by(TrainingJob.id.desc()).limit(1))
+        if last is None:
+            return None
+        changed = _changed(s, last)
+        if not changed:
+            return None
+        alive = [t for t in last.tenant_ids if s.get(Tenant, t) is not None]
+        spec = JobSpec(last.algorithm, alive, last.rounds, last.per_round, last.seed,
+                       last.config, last.dp, last.test_fraction, allow_not_private=True,
+                       parent_job_id=last.id)
+        try:
+            job = create_job(s, spec)
+        except JobRefused as exc:
+            log.warning("retraining after job %s refused: %s", last.id, exc.detail)
+            return None
+        log.info("retraining job %s started (ratings changed for tenants %s)", job.id, changed)
+    dispatch.send(pipeline.TASK_START, job.id, 1)
+    return job.id
+
+
+def resume_stalled(sessions, dispatch: pipeline.Dispatcher, stalled_after: float) -> list[int]:
+    """Resume running jobs not updated for ``stalled_after`` seconds; returns their ids."""
+    cutoff = utcnow() - dt.timedelta(seconds=stalled_after)
+    with sessions() as s:
+        ids = list(s.scalars(sa.select(TrainingJob.id).where(
+            TrainingJob.status.in_(("queued", "running")), TrainingJob.updated_at < cutoff)))
+    return [j for j in ids if pipeline.resume(sessions, dispatch, j)]

@@ -1,0 +1,128 @@
+"""Bodies of the training, recommendation and report endpoints."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.schemas import UtcDatetime
+
+
+class DPSettings(BaseModel):
+    """Differential privacy of every upload (see the README's privacy section)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    mechanism: Literal["none", "laplace", "gaussian"] = "gaussian"
+    norm: Literal["l2", "l1", "value"] | None = None
+    clip: float = Field(1.0, gt=0)
+    noise_multiplier: float | None = Field(None, gt=0)
+    noise_scale: float | None = Field(None, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: str = Field("fedmc-admm", description="fedmc-admm, fedmavg, rfrec, rfrecf, "
+                                                     "or fedmgs (not private)")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="Algorithm options (e.g. rank); defaults are "
+                                               "the algorithm's recommended settings.")
+    tenant_ids: list[int] | None = Field(None, description="Participants; default: all.")
+    rounds: int = Field(50, ge=1, le=10_000)
+    per_round: int = Field(0, ge=0, description="Tenants sampled per round; 0 = all.")
+    seed: int = Field(0, ge=0)
+    dp: DPSettings = Field(default_factory=lambda: DPSettings(noise_multiplier=1.0))
+    test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
+    allow_not_private: bool = False
+
+
+class JobPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    status: str
+    algorithm: str
+    config: dict[str, Any]
+    dp: dict[str, Any]
+    rounds: int
+    per_round: int
+    seed: int
+    tenant_ids: list[int]
+    current_round: int
+    progress: float
+    latest_metrics: dict[str, Any] | None
+    stopped_tenants: dict[str, Any] | None
+    error: str | None
+    parent_job_id: int | None
+    created_at: UtcDatetime
+    finished_at: UtcDatetime | None
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+class RoundPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    round: int
+    objective: float | None
+    test_rmse: float | None
+    test_mae: float | None
+    uploads: int
+    seconds: float
+
+
+class TenantRoundPublic(BaseModel):
+    round: int
+    test_rmse: float | None
+    test_mae: float | None
+    n_test: int
+
+
+class JobReport(BaseModel):
+    job: JobPublic
+    curve: list[RoundPublic]
+    per_tenant: dict[str, list[TenantRoundPublic]]
+    privacy: dict[str, Any]
+
+
+class Recommendation(BaseModel):
+    item: str
+    title: str | None
+    score: float
+
+
+class RecommendationsPublic(BaseModel):
+    user: str
+    source: Literal["model", "popularity"] = Field(
+        description="'model': the tenant's learned factors; 'popularity': cold-start "
+                    "fallback (user unknown to the model), the damped mean rating.")
+    job_id: int | None
+    data: list[Recommendation]
+    k: int
+    offset: int
+
+
+class BatchRecommendationsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    users: list[str] = Field(min_length=1, max_length=1000)
+    k: int = Field(10, ge=1, le=1000)
+    include_rated: bool = False
+
+
+class BatchRecommendationsPublic(BaseModel):
+    data: list[RecommendationsPublic]
+    not_found: list[str]
+
+
+class TenantReport(BaseModel):
+    tenant_id: int
+    job_id: int | None
+    curve: list[TenantRoundPublic]
+    privacy: dict[str, Any]

@@ -1,0 +1,77 @@
+"""Top-k recommendations from the cached factors, with a popularity fallback."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from algorithms.recommend import popularity_scores, top_k
+from app.models import Item, Rating, Tenant, User
+from app.training.snapshots import FactorCache, ServingFactors
+
+
+class UnknownUser(LookupError):
+    """The user has neither factors nor ratings in this tenant."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranked:
+    source: str  # "model" | "popularity"
+    job_id: int | None
+    items: list[tuple[int, float]]  # (item id, score)
+
+
+def _rated_item_ids(s: Session, tenant_id: int, user_key: str) -> np.ndarray:
+    return np.fromiter(s.scalars(sa.select(Rating.item_id).join(User, User.id == Rating.user_id)
+                                 .where(User.tenant_id == tenant_id, User.key == user_key)),
+                       dtype=np.int64)
+
+
+def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
+    """(item ids, damped mean rating) over the tenant's own ratings."""
+    rows = s.execute(sa.select(Rating.item_id, sa.func.count(), sa.func.sum(Rating.value))
+                     .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant.id)
+                     .group_by(Rating.item_id).order_by(Rating.item_id)).all()
+    if not rows:
+        return np.empty(0, dtype=np.int64), np.empty(0)
+    ids, counts, sums = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
+    return ids.astype(np.int64), popularity_scores(counts, sums)
+
+
+def recommend(s: Session, cache: FactorCache, tenant: Tenant, user_key: str, k: int,
+              offset: int = 0, include_rated: bool = False) -> Ranked:
+    """The user's top-k (from ``offset``): model scores when the user has factors, else
+    the tenant's popularity ranking (cold start). Raises :class:`UnknownUser`."""
+    factors = cache.get(s, tenant.id)
+    rated = _rated_item_ids(s, tenant.id, user_key)
+    row = None if factors is None else factors.user_index.get(user_key)
+    if row is not None:
+        return _from_model(factors, row, rated, k, offset, include_rated)
+    if rated.size == 0:
+        raise UnknownUser(user_key)
+    ids, scores = _popularity(s, tenant)
+    exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
+    idx, vals = top_k(scores, k, exclude, offset)
+    return Ranked("popularity", None, list(zip(ids[idx].tolist(), vals.tolist(), strict=True)))
+
+
+def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: int,
+                include_rated: bool) -> Ranked:
+    scores = f.a[row] @ f.b
+    exclude = None
+    if not include_rated and rated.size:
+        exclude = np.flatnonzero(np.isin(f.item_ids, rated))
+    idx, vals = top_k(scores, k, exclude, offset)
+    return Ranked("model", f.job_id, list(zip(f.item_ids[idx].tolist(), vals.tolist(),
+                                              strict=True)))
+
+
+def item_labels(s: Session, ids: list[int]) -> dict[int, tuple[str, str | None]]:
+    """Item id -> (external key, title)."""
+    if not ids:
+        return {}
+    rows = s.execute(sa.select(Item.id, Item.key, Item.title).where(Item.id.in_(ids))).all()
+    return {i: (key, title) for i, key, title in rows}

@@ -1,0 +1,73 @@
+"""Serving factors: written when a job completes, cached in memory per process.
+
+A tenant's scores for its user t are ``A[t] @ B``; the cache keeps one entry per tenant and
+reloads it when a newer snapshot (later ``updated_at``) exists in the database.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import threading
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from app.training.models import FactorSnapshot, TrainingJob
+
+
+def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list[str],
+                   a: np.ndarray, b: np.ndarray) -> None:
+    """Upsert the tenant's snapshot from ``job`` (one row per tenant and job)."""
+    buf = io.BytesIO()
+    np.savez(buf, A=np.ascontiguousarray(a), B=np.ascontiguousarray(b),
+             item_ids=np.frombuffer(job.item_ids, dtype=np.uint8))
+    row = s.get(FactorSnapshot, (tenant_id, job.id))
+    if row is None:
+        row = FactorSnapshot(tenant_id=tenant_id, job_id=job.id)
+        s.add(row)
+    row.round, row.user_keys, row.factors = job.current_round, list(user_keys), buf.getvalue()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ServingFactors:
+    """One tenant's factors, ready for top-k: ``B`` is C-contiguous (r' x n)."""
+
+    job_id: int
+    round: int
+    version: str
+    user_index: dict[str, int]
+    a: np.ndarray
+    b: np.ndarray
+    item_ids: np.ndarray
+
+
+class FactorCache:
+    """Per-process cache of the latest snapshot of each tenant."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_tenant: dict[int, ServingFactors] = {}
+
+    def get(self, s: Session, tenant_id: int) -> ServingFactors | None:
+        """The latest snapshot; one cheap query checks freshness, the blob loads on change."""
+        head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
+                         .where(FactorSnapshot.tenant_id == tenant_id)
+                         .order_by(FactorSnapshot.updated_at.desc(),
+                                   FactorSnapshot.job_id.desc()).limit(1)).first()
+        if head is None:
+            return None
+        version = f"{head.job_id}:{head.updated_at.isoformat()}"
+        cached = self._by_tenant.get(tenant_id)
+        if cached is not None and cached.version == version:
+            return cached
+        row = s.get(FactorSnapshot, (tenant_id, head.job_id))
+        with np.load(io.BytesIO(row.factors), allow_pickle=False) as z:
+            item_ids = np.load(io.BytesIO(z["item_ids"].tobytes()), allow_pickle=False)
+            fresh = ServingFactors(row.job_id, row.round, version,
+                                   {k: i for i, k in enumerate(row.user_keys)},
+                                   z["A"], np.ascontiguousarray(z["B"]), item_ids)
+        with self._lock:
+            self._by_tenant[tenant_id] = fresh
+        return fresh

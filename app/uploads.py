@@ -1,0 +1,97 @@
+"""An upload end to end: parse, validate, resolve items, store, record idempotency.
+
+Everything happens in one transaction: either every row and the idempotency record are
+committed, or nothing is. Errors are domain exceptions; the route maps them to HTTP.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app import store
+from app.ingest import UploadRejected, check_rows, parse_body, unknown_item_errors
+from app.models import IdempotencyRecord, Tenant
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+class IdempotencyConflict(Exception):
+    """The key was used before with a different request."""
+
+    def __init__(self, key: str):
+        super().__init__(f"Idempotency-Key {key[:40]!r} was already used with a different "
+                         "request body; use a new key for a new upload")
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """The response of an upload and whether it is a replay of a stored one."""
+
+    status_code: int
+    body: dict
+    replayed: bool = False
+
+
+def request_hash(content_type: str, body: bytes) -> str:
+    """SHA-256 over the media type and the body: what must match for a replay."""
+    digest = hashlib.sha256(content_type.split(";", 1)[0].strip().lower().encode())
+    digest.update(b"\0")
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def _replay(session: Session, tenant_id: int, key: str, digest: str) -> Outcome | None:
+    record = session.scalar(select(IdempotencyRecord).where(
+        IdempotencyRecord.tenant_id == tenant_id, IdempotencyRecord.key == key))
+    if record is None:
+        return None
+    if record.request_hash != digest:
+        raise IdempotencyConflict(key)
+    return Outcome(record.status_code, record.response, replayed=True)
+
+
+def _store(session: Session, tenant: Tenant, body: bytes, content_type: str) -> int:
+    raw = parse_body(body, content_type)
+    batch, errors = check_rows(raw, (tenant.rating_min, tenant.rating_max))
+    ids = store.item_ids(session, batch.items)
+    if tenant.auto_create_items and len(ids) < len(set(batch.items)):
+        store.create_missing_items(session, set(batch.items) - ids.keys())
+        ids = store.item_ids(session, batch.items)
+    errors += unknown_item_errors(batch, ids)
+    if errors:
+        raise UploadRejected(errors)
+    stored = store.upsert_ratings(session, tenant.id, batch, ids)
+    store.bump_ratings_version(session, tenant.id)
+    return stored
+
+
+def upload_ratings(session: Session, tenant: Tenant, body: bytes, content_type: str,
+                   idempotency_key: str | None) -> Outcome:
+    """Store an upload atomically, or replay the stored outcome of the same keyed request."""
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
+        raise UploadRejected([], f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
+    digest = request_hash(content_type, body)
+    if idempotency_key and (done := _replay(session, tenant.id, idempotency_key, digest)):
+        return done
+    try:
+        outcome = Outcome(200, {"stored": _store(session, tenant, body, content_type)})
+        if idempotency_key:
+            session.add(IdempotencyRecord(tenant_id=tenant.id, key=idempotency_key,
+                                          request_hash=digest, status_code=outcome.status_code,
+                                          response=outcome.body))
+        session.commit()
+    except IntegrityError:
+        session.rollback()  # a concurrent request with the same key committed first
+        done = _replay(session, tenant.id, idempotency_key, digest) if idempotency_key else None
+        if done is None:
+            raise
+        return done
+    except BaseException:
+        session.rollback()
+        raise
+    return outcome

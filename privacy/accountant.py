@@ -1,0 +1,164 @@
+"""Privacy accounting: compose a tenant's transmissions in Renyi DP and convert to (eps, delta).
+
+A tenant's history is a list of :class:`Event` runs ``(mechanism, noise_multiplier, count)``
+(the shape of opacus' ``RDPAccountant.history``), one per group of identical transmissions.
+The noise multiplier is the noise relative to the sensitivity of the release: sigma / Delta_2
+for "gaussian", b / Delta_1 for "laplace" (see :mod:`privacy.wrapper` for Delta).
+
+* Gaussian runs: ``opacus.accountants.analysis.rdp.compute_rdp`` with sampling rate q = 1.
+  The server sees which tenants transmit, so client sampling gives no amplification
+  against it: every transmission counts in full, and rounds in which a tenant did not
+  transmit cost it nothing.
+* Laplace runs: the closed-form RDP of Mironov (2017), Prop. 6 (:func:`laplace_rdp`), on
+  the same orders.
+* The RDP curves add up (Mironov 2017, Prop. 1, adaptive composition) and are converted to
+  (epsilon, delta) by ``opacus.accountants.analysis.rdp.get_privacy_spent`` (Balle et al.
+  2020, Thm. 21).
+* For Laplace-only histories, basic composition of pure DP (sum of 1/z) is also a valid
+  (epsilon, 0) guarantee; the reported epsilon is the smaller of the two.
+
+Worked example: 100 Gaussian transmissions at z = 10, delta = 1e-5 give epsilon = 4.7285
+(optimal order 5.4; dp_accounting's RdpAccountant on the same orders agrees to 1e-9);
+100 Laplace transmissions at z = 10 give 4.5327 by RDP against 10.0 by basic composition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from opacus.accountants import RDPAccountant
+from opacus.accountants.analysis import rdp as opacus_rdp
+
+from privacy.laplace import laplace_rdp
+
+MECHANISMS: tuple[str, ...] = ("gaussian", "laplace")
+
+#: opacus' default orders, extended upwards so that large budgets (Laplace, few rounds)
+#: do not hit the largest order.
+ORDERS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS) + (
+    64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048, 4096)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """``count`` identical transmissions of one mechanism at one noise multiplier."""
+
+    mechanism: str
+    noise_multiplier: float
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"unknown mechanism {self.mechanism!r}; "
+                             f"expected one of {', '.join(MECHANISMS)}")
+        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+            raise ValueError(f"noise multiplier must be positive, got {self.noise_multiplier!r}")
+        if self.count < 0:
+            raise ValueError(f"count must be non-negative, got {self.count!r}")
+
+    def times(self, count: int) -> Event:
+        """The same event repeated ``count`` times."""
+        return dataclasses.replace(self, count=int(count))
+
+    def as_list(self) -> list:
+        return [self.mechanism, float(self.noise_multiplier), int(self.count)]
+
+    @staticmethod
+    def from_list(item: Sequence) -> Event:
+        return Event(str(item[0]), float(item[1]), int(item[2]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Spend:
+    """What a history costs at one delta."""
+
+    epsilon: float          #: the reported figure: min(epsilon_rdp, epsilon_pure)
+    epsilon_rdp: float      #: RDP composition converted by opacus
+    epsilon_pure: float     #: basic composition of pure DP (inf unless Laplace only)
+    order: float | None     #: the optimal Renyi order (None for an empty history)
+    transmissions: int
+
+
+def compose(history: Iterable[Event]) -> list[Event]:
+    """Merge consecutive runs of the same mechanism and noise; drop empty runs."""
+    out: list[Event] = []
+    for ev in history:
+        if ev.count == 0:
+            continue
+        if out and (out[-1].mechanism, out[-1].noise_multiplier) == (
+                ev.mechanism, ev.noise_multiplier):
+            out[-1] = out[-1].times(out[-1].count + ev.count)
+        else:
+            out.append(ev)
+    return out
+
+
+def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.ndarray:
+    """Total Renyi DP of ``history`` at each order (sum over events)."""
+    total = np.zeros(len(orders))
+    for ev in history:
+        if ev.mechanism == "gaussian":
+            total += np.asarray(opacus_rdp.compute_rdp(
+                q=1.0, noise_multiplier=ev.noise_multiplier, steps=ev.count,
+                orders=list(orders)))
+        else:
+            total += ev.count * laplace_rdp(ev.noise_multiplier, np.asarray(orders))
+    return total
+
+
+def pure_epsilon(history: Iterable[Event]) -> float:
+    """Basic composition of pure DP: sum of count / z over Laplace runs (inf if any Gaussian)."""
+    eps = 0.0
+    for ev in history:
+        if ev.mechanism != "laplace":
+            return math.inf
+        eps += ev.count / ev.noise_multiplier
+    return eps
+
+
+def spend(history: Iterable[Event], delta: float, orders: Sequence[float] = ORDERS) -> Spend:
+    """(epsilon, delta) of a tenant's whole history (see the module docstring)."""
+    history = compose(history)
+    n = sum(ev.count for ev in history)
+    if n == 0:
+        return Spend(0.0, 0.0, 0.0, None, 0)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    with warnings.catch_warnings():
+        # "optimal order is the largest/smallest alpha": still a valid (looser) bound
+        warnings.simplefilter("ignore", UserWarning)
+        eps_rdp, order = opacus_rdp.get_privacy_spent(
+            orders=list(orders), rdp=rdp_curve(history, orders), delta=delta)
+    eps_pure = pure_epsilon(history)
+    return Spend(float(min(eps_rdp, eps_pure)), float(eps_rdp), float(eps_pure),
+                 float(order), n)
+
+
+def noise_for_epsilon(mechanism: str, target_epsilon: float, delta: float,
+                      transmissions: int, rtol: float = 1e-6) -> float:
+    """Smallest noise multiplier z with ``spend([Event(mechanism, z, T)], delta) <= target``.
+
+    Bisection on log z (epsilon decreases as z grows); the upper end is returned so the
+    target is met. ``transmissions`` is the number of uploads the tenant may make.
+    """
+    if not target_epsilon > 0:
+        raise ValueError(f"target epsilon must be positive, got {target_epsilon!r}")
+    if transmissions <= 0:
+        raise ValueError(f"transmissions must be positive, got {transmissions!r}")
+
+    def eps(z: float) -> float:
+        return spend([Event(mechanism, z, transmissions)], delta).epsilon
+
+    lo, hi = 1e-3, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2.0
+    while eps(lo) <= target_epsilon:
+        lo, hi = lo / 2.0, lo
+    while hi / lo - 1.0 > rtol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if eps(mid) > target_epsilon else (lo, mid)
+    return hi

@@ -1,0 +1,109 @@
+"""Command-line options of differential privacy, shared by ``fedrec simulate`` and the service.
+
+Defaults give a meaningful guarantee: with ``--dp gaussian`` (the default) or ``--dp laplace``
+and no noise option, the noise is solved so that every tenant spends at most
+``DEFAULT_EPSILON`` over the whole run (worst case: it transmits in every round), at
+delta = min(1e-5, 1 / number of users), protecting its whole rating block; the budget is
+set to the same epsilon, so the ledger stops any tenant that would exceed it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Hashable, Mapping
+
+from algorithms._rng import SAMPLING, derive_rng, sample_clients
+from privacy.accountant import noise_for_epsilon
+from privacy.ledger import Budget, Ledger, plan_from_schedule, worst_case_plan
+from privacy.wrapper import DPPrivatizer, DPSpec
+
+DEFAULT_EPSILON = 8.0
+DEFAULT_DELTA = 1e-5
+
+
+def add_dp_arguments(parser: argparse.ArgumentParser, *, default: str = "gaussian"
+                     ) -> argparse.ArgumentParser:
+    """Add ``--dp``, ``--dp-norm``, ``--dp-clip``, the noise options, ``--dp-delta``, budget."""
+    g = parser.add_argument_group("differential privacy (unit: a tenant's whole rating block)")
+    g.add_argument("--dp", choices=["none", "laplace", "gaussian"], default=default,
+                   help=f"noise mechanism on every upload (default: {default})")
+    g.add_argument("--dp-norm", choices=["l2", "l1", "value"], default=None,
+                   help="clip: L2 norm, L1 norm or element-wise value clip (RFRec eq. 9); "
+                        "default l2 for gaussian, l1 for laplace")
+    g.add_argument("--dp-clip", type=float, default=1.0,
+                   help="clip bound C of the whole upload (entry bound for value; default 1)")
+    noise = g.add_mutually_exclusive_group()
+    noise.add_argument("--dp-noise", type=float, default=None,
+                       help="noise multiplier: sigma (gaussian) or b (laplace) / sensitivity 2C")
+    noise.add_argument("--dp-scale", type=float, default=None,
+                       help="absolute per-entry noise sigma or b (e.g. RFRec's s)")
+    noise.add_argument("--dp-epsilon", type=float, default=None,
+                       help="target epsilon per tenant over the whole run; the noise is solved "
+                            f"for it (default when no noise option is given: {DEFAULT_EPSILON})")
+    g.add_argument("--dp-delta", type=float, default=None,
+                   help="delta (default: min(1e-5, 1 / number of users))")
+    g.add_argument("--budget-epsilon", type=float, default=None,
+                   help="each tenant's epsilon_max (default: the target epsilon when the noise "
+                        "is solved for one, else unlimited)")
+    return parser
+
+
+def default_delta(n_users: int | None) -> float:
+    """min(1e-5, 1 / n_users): below one over the population, as DP requires."""
+    return DEFAULT_DELTA if not n_users else min(DEFAULT_DELTA, 1.0 / n_users)
+
+
+def sampling_plan(n_clients: int, rounds: int, per_round: int, seed: int) -> dict[str, int]:
+    """Exact transmissions per tenant under the default sampling (``default_select``).
+
+    The schedule is derived from the job seed (``derive_rng(seed, k, SAMPLING)``), not from
+    data, so planning with it leaks nothing. Valid only for algorithms using
+    ``algorithms.base.default_select``; if a tenant transmits more than planned, the ledger
+    stops it, so a wrong plan can cost utility but never the guarantee. Tenants never
+    selected are listed with 0.
+    """
+    plan = {str(i): 0 for i in range(n_clients)}
+    plan.update(plan_from_schedule(
+        sample_clients(derive_rng(seed, k, SAMPLING), n_clients, per_round).tolist()
+        for k in range(1, rounds + 1)))
+    return plan
+
+
+def spec_from_args(args: argparse.Namespace, transmissions: int, n_users: int | None = None
+                   ) -> tuple[DPSpec, float | None]:
+    """The DP spec of ``args`` and the target epsilon it was solved for (None if not solved)."""
+    if args.dp == "none":
+        return DPSpec(mechanism="none"), None
+    delta = args.dp_delta if args.dp_delta is not None else default_delta(n_users)
+    common = dict(mechanism=args.dp, norm=args.dp_norm, clip=args.dp_clip, delta=delta)
+    if args.dp_noise is not None:
+        return DPSpec(noise_multiplier=args.dp_noise, **common), None
+    if args.dp_scale is not None:
+        return DPSpec(noise_scale=args.dp_scale, **common), None
+    target = args.dp_epsilon if args.dp_epsilon is not None else DEFAULT_EPSILON
+    z = noise_for_epsilon(args.dp, target, delta, max(transmissions, 1))
+    return DPSpec(noise_multiplier=z, **common), target
+
+
+def privatizer_from_args(args: argparse.Namespace, n_clients: int, rounds: int, seed: int, *,
+                         n_users: int | None = None, plan: Mapping[Hashable, int] | None = None,
+                         ledger: Ledger | None = None, n_entries: int | None = None
+                         ) -> DPPrivatizer:
+    """A :class:`DPPrivatizer` for a run of ``rounds`` rounds over ``n_clients`` tenants.
+
+    ``plan`` maps tenant -> planned transmissions (default: worst case, every round);
+    ``ledger`` carries earlier spend (default: a fresh one with ``--budget-epsilon``).
+    Raises ``BudgetExceeded`` (a ``ValueError``) before the run if a planned tenant would
+    exceed its budget. Call ``.report()`` on the result after the run.
+    """
+    plan = dict(plan) if plan is not None else worst_case_plan(range(n_clients), rounds)
+    spec, target = spec_from_args(args, max(plan.values(), default=rounds), n_users)
+    if ledger is None:
+        cap = args.budget_epsilon if args.budget_epsilon is not None else target
+        budget = Budget(math.inf if cap is None else cap, spec.delta if spec.mechanism != "none"
+                        else default_delta(n_users))
+        ledger = Ledger.open({i: budget for i in range(n_clients)})
+    priv = DPPrivatizer(spec, ledger, seed)
+    priv.check_plan(plan, n_entries)
+    return priv

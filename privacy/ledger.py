@@ -1,0 +1,197 @@
+"""Privacy budgets and the ledger that charges every transmission against them.
+
+A tenant has a budget (epsilon_max, delta). The :class:`Ledger` records, per tenant, every
+charged transmission (as :class:`privacy.accountant.Event` runs) and the rounds in which it
+transmitted; its whole state is a plain JSON-ready dict (:meth:`Ledger.to_dict`), which the
+service persists per tenant and the simulator keeps in memory.
+
+Two checks keep the budgets (DESIGN.md, invariant 2 "accounting first"):
+
+* before a run, :func:`check_plan` computes each participating tenant's projected spend
+  (what it already spent plus its planned transmissions) and refuses the run with
+  :class:`BudgetExceeded`, naming the tenant and the numbers;
+* during a run, :meth:`Ledger.can_afford` is asked before every transmission; a tenant that
+  cannot afford one more stops transmitting (:meth:`Ledger.stop`) and the run reports it.
+
+Planned transmissions: by default the worst case, every round (:func:`worst_case_plan`).
+With client sampling the server sees who transmits, so a sampled tenant pays in full for
+each transmission (no amplification by sampling) and pays nothing for rounds it sits out;
+its true count is at most ``rounds``. The worst case is the safe basis for refusing a run.
+When the sampling schedule is known in advance (it is derived from the job's seed),
+:func:`plan_from_schedule` gives the exact counts; if a tenant then transmits more than
+planned, the in-run check still stops it, so the guarantee never depends on the plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Hashable, Iterable, Mapping
+from typing import Any
+
+from privacy.accountant import Event, Spend, compose, spend
+
+LEDGER_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A tenant's privacy budget: total epsilon over all its transmissions, at ``delta``."""
+
+    epsilon_max: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        if not self.epsilon_max > 0:
+            raise ValueError(f"epsilon_max must be positive, got {self.epsilon_max!r}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+
+
+class BudgetExceeded(ValueError):
+    """A tenant's projected spend exceeds its budget; the run is refused."""
+
+    def __init__(self, tenant: str, projected: float, budget: Budget, spent: float,
+                 planned: int, others: int = 0) -> None:
+        self.tenant, self.projected, self.budget = tenant, projected, budget
+        self.spent, self.planned = spent, planned
+        msg = (f"privacy budget exceeded: tenant {tenant} would spend epsilon "
+               f"{projected:.4g} ({spent:.4g} already spent + {planned} planned "
+               f"transmissions) > epsilon_max {budget.epsilon_max:.4g} at delta "
+               f"{budget.delta:.3g}")
+        if others:
+            msg += f"; {others} other tenant(s) too"
+        super().__init__(msg)
+
+
+def _key(tenant: Hashable) -> str:
+    return str(tenant)
+
+
+class Ledger:
+    """Per-tenant budgets and charged events. State = :meth:`to_dict` (plain, JSON-ready)."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != LEDGER_VERSION:
+            raise ValueError(f"unsupported ledger version {state.get('version')!r}")
+        self._state = copy.deepcopy(dict(state))
+
+    @classmethod
+    def open(cls, budgets: Mapping[Hashable, Budget]) -> Ledger:
+        """A fresh ledger with one account per tenant (no spend yet)."""
+        tenants = {_key(t): {"epsilon_max": _eps_to_json(b.epsilon_max), "delta": b.delta,
+                             "history": [], "rounds": [], "stopped_at": None}
+                   for t, b in budgets.items()}
+        return cls({"version": LEDGER_VERSION, "tenants": tenants})
+
+    def to_dict(self) -> dict[str, Any]:
+        """A deep copy of the state (lists, dicts, floats, ints, str, None only)."""
+        return copy.deepcopy(self._state)
+
+    @classmethod
+    def from_dict(cls, state: Mapping[str, Any]) -> Ledger:
+        return cls(state)
+
+    def tenants(self) -> list[str]:
+        return list(self._state["tenants"])
+
+    def _account(self, tenant: Hashable) -> dict[str, Any]:
+        try:
+            return self._state["tenants"][_key(tenant)]
+        except KeyError:
+            raise KeyError(f"tenant {tenant} has no privacy budget in this ledger") from None
+
+    def budget(self, tenant: Hashable) -> Budget:
+        acc = self._account(tenant)
+        return Budget(_eps_from_json(acc["epsilon_max"]), float(acc["delta"]))
+
+    def history(self, tenant: Hashable) -> list[Event]:
+        return [Event.from_list(e) for e in self._account(tenant)["history"]]
+
+    def rounds(self, tenant: Hashable) -> list[int]:
+        """The rounds in which the tenant transmitted (and was charged)."""
+        return list(self._account(tenant)["rounds"])
+
+    def stopped(self) -> dict[str, int]:
+        """Tenants whose budget ran out, with the first round they could not transmit."""
+        return {t: a["stopped_at"] for t, a in self._state["tenants"].items()
+                if a["stopped_at"] is not None}
+
+    def spent(self, tenant: Hashable) -> Spend:
+        """What the tenant has spent so far, at its budget's delta."""
+        return spend(self.history(tenant), self.budget(tenant).delta)
+
+    def projected(self, tenant: Hashable, event: Event) -> Spend:
+        """What the tenant would have spent after ``event`` (count transmissions) more."""
+        return spend(self.history(tenant) + [event], self.budget(tenant).delta)
+
+    def can_afford(self, tenant: Hashable, event: Event) -> bool:
+        return self.projected(tenant, event).epsilon <= self.budget(tenant).epsilon_max
+
+    def charge(self, tenant: Hashable, event: Event, round_: int) -> Spend:
+        """Record one transmission (``event.count`` must be 1); refuse it if unaffordable."""
+        if event.count != 1:
+            raise ValueError("charge one transmission at a time (event.count == 1)")
+        after = self.projected(tenant, event)
+        if after.epsilon > self.budget(tenant).epsilon_max:
+            raise BudgetExceeded(_key(tenant), after.epsilon, self.budget(tenant),
+                                 self.spent(tenant).epsilon, 1)
+        acc = self._account(tenant)
+        acc["history"] = [e.as_list() for e in compose(self.history(tenant) + [event])]
+        acc["rounds"].append(int(round_))
+        return after
+
+    def stop(self, tenant: Hashable, round_: int) -> None:
+        """Record that the tenant stopped transmitting in ``round_`` (first stop is kept)."""
+        acc = self._account(tenant)
+        if acc["stopped_at"] is None:
+            acc["stopped_at"] = int(round_)
+
+
+def worst_case_plan(tenants: Iterable[Hashable], rounds: int) -> dict[str, int]:
+    """Every tenant transmits in every round: the safe plan for refusing a run."""
+    return {_key(t): int(rounds) for t in tenants}
+
+
+def plan_from_schedule(schedule: Iterable[Iterable[Hashable]]) -> dict[str, int]:
+    """Exact counts from the tenants selected in each round (a known sampling schedule)."""
+    plan: dict[str, int] = {}
+    for selected in schedule:
+        for t in selected:
+            plan[_key(t)] = plan.get(_key(t), 0) + 1
+    return plan
+
+
+def projected_spend(ledger: Ledger, plan: Mapping[Hashable, int], event: Event
+                    ) -> dict[str, Spend]:
+    """Each planned tenant's spend after its planned transmissions of ``event``."""
+    return {_key(t): ledger.projected(t, event.times(n)) for t, n in plan.items()}
+
+
+def check_plan(ledger: Ledger, plan: Mapping[Hashable, int], event: Event) -> dict[str, Spend]:
+    """Refuse a run that would take any tenant over budget; returns the projections.
+
+    Raises
+    ------
+    BudgetExceeded
+        Naming the first tenant over budget (and how many others are), with its projected
+        epsilon, what it already spent, its planned transmissions and its budget.
+    """
+    counts = {_key(t): int(n) for t, n in plan.items()}
+    proj = projected_spend(ledger, counts, event)
+    over = [t for t, s in proj.items() if s.epsilon > ledger.budget(t).epsilon_max]
+    if over:
+        t = over[0]
+        raise BudgetExceeded(t, proj[t].epsilon, ledger.budget(t), ledger.spent(t).epsilon,
+                             counts[t], len(over) - 1)
+    return proj
+
+
+def _eps_to_json(eps: float) -> float | None:
+    """JSON has no infinity: an unlimited budget is stored as None."""
+    return None if math.isinf(eps) else float(eps)
+
+
+def _eps_from_json(eps: float | None) -> float:
+    return math.inf if eps is None else float(eps)

@@ -1,0 +1,243 @@
+"""Differential privacy as a wrapper around a client step's upload.
+
+The algorithms never see it: :class:`DPPrivatizer` is the ``privatizer(upload, client,
+round_)`` callable of :func:`algorithms.simulate.simulate` (and of the service's client-step
+task). For each upload it (1) checks that the tenant can afford one more transmission, else
+records the stop and returns ``None``; (2) clips every array of the upload jointly and adds
+noise drawn from ``client_noise_rng(seed, round_, client)``; (3) charges the ledger; and only
+then (4) returns the noisy upload.
+
+Unit protected: a tenant's whole rating block (all its users' ratings). Neighbouring inputs
+are *any block replaced by any other* (replace-one), because the adversary is the curious
+server that receives each tenant's upload individually and sees who transmits: a tenant's
+presence cannot be hidden (add/remove is observable from the transmission itself), so what
+DP can protect is the content. Whatever the block, the clipped upload lies in the ball of
+radius C, so two blocks move it by at most the ball's diameter:
+
+* ``norm="l2"`` (clip of the concatenation's Frobenius norm to C): Delta_2 = 2C, and
+  Delta_1 = 2C sqrt(d) for d entries;
+* ``norm="l1"``: Delta_1 = 2C (and Delta_2 <= 2C);
+* ``norm="value"`` (RFRec eq. 9, entries in [-C, C]): Delta_1 = 2C d, Delta_2 = 2C sqrt(d).
+
+(Under add/remove of a tenant whose absence sends a fixed upload, e.g. zero, the
+sensitivity would be C; that relation does not fit a server that sees who transmits.)
+Gaussian noise is calibrated to Delta_2, Laplace to Delta_1. Multi-array uploads (FedMC-ADMM
+sends W_i and Y_i) are clipped *jointly*: the norm of the concatenation is at most C, so one
+sensitivity covers the whole upload and both arrays get the same noise scale.
+
+Scalar (non-array) fields of an upload pass through unchanged and are NOT covered; they must
+not depend on the ratings (:func:`unprotected_fields` lists them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Hashable, Mapping
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from algorithms._messages import Message
+from algorithms._rng import client_noise_rng
+from privacy.accountant import Event
+from privacy.clipping import clip_arrays
+from privacy.gaussian import gaussian_noise
+from privacy.laplace import laplace_noise, rfrec_entry_epsilon
+from privacy.ledger import Ledger, check_plan
+
+UNIT_TENANT = ("tenant: a tenant's whole rating block; neighbouring = the block replaced "
+               "by any other block (replace-one), sensitivity = diameter of the clip ball")
+
+
+class DPSpec(BaseModel):
+    """How uploads are privatised. Frozen; impossible values raise ``ValueError``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mechanism: Literal["none", "laplace", "gaussian"] = "gaussian"
+    #: clip norm; None = "l2" for Gaussian, "l1" for Laplace (the norm each is calibrated to)
+    norm: Literal["l2", "l1", "value"] | None = None
+    #: clip bound C (norm bound of the concatenated upload, or entry bound for "value")
+    clip: float = Field(1.0, gt=0, allow_inf_nan=False)
+    #: noise relative to the sensitivity: sigma / Delta_2 (Gaussian) or b / Delta_1 (Laplace)
+    noise_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False)
+    #: absolute per-entry noise: sigma (Gaussian) or b (Laplace), e.g. RFRec's s
+    noise_scale: float | None = Field(None, gt=0, allow_inf_nan=False)
+    #: the delta at which epsilon is reported (and of the tenants' budgets)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    #: the unit protected; only the tenant's whole block has a sensitivity from the clip
+    unit: Literal["tenant"] = "tenant"
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> DPSpec:
+        given = (self.noise_multiplier is not None) + (self.noise_scale is not None)
+        if self.mechanism != "none" and given != 1:
+            raise ValueError("give exactly one of noise_multiplier and noise_scale")
+        return self
+
+    @property
+    def clip_norm(self) -> str:
+        if self.norm is not None:
+            return self.norm
+        return "l1" if self.mechanism == "laplace" else "l2"
+
+
+def sensitivity(spec: DPSpec, n_entries: int) -> float:
+    """Replace-one sensitivity of the clipped upload in the mechanism's norm (see module)."""
+    c, norm = spec.clip, spec.clip_norm
+    if spec.mechanism == "laplace":
+        return {"l1": 2 * c, "l2": 2 * c * math.sqrt(n_entries), "value": 2 * c * n_entries}[norm]
+    return {"l2": 2 * c, "l1": 2 * c, "value": 2 * c * math.sqrt(n_entries)}[norm]
+
+
+def event_for(spec: DPSpec, n_entries: int) -> Event:
+    """The privacy event of one transmission of ``n_entries`` values under ``spec``."""
+    if spec.mechanism == "none":
+        raise ValueError("mechanism 'none' has no privacy event")
+    z = spec.noise_multiplier
+    if z is None:
+        z = spec.noise_scale / sensitivity(spec, n_entries)
+    return Event(spec.mechanism, float(z), 1)
+
+
+def noise_scale(spec: DPSpec, n_entries: int) -> float:
+    """Per-entry noise: sigma (Gaussian) or b (Laplace) = noise multiplier x sensitivity."""
+    if spec.noise_scale is not None:
+        return spec.noise_scale
+    return spec.noise_multiplier * sensitivity(spec, n_entries)
+
+
+def n_entries(upload: Message) -> int:
+    """The number of values the wrapper clips and noises."""
+    return int(sum(a.size for a in upload.arrays().values()))
+
+
+def unprotected_fields(upload: Message) -> list[str]:
+    """Scalar fields of ``upload``: passed through unchanged, not covered by the guarantee."""
+    return [f.name for f in dataclasses.fields(upload)
+            if not isinstance(getattr(upload, f.name), np.ndarray)]
+
+
+def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
+              ) -> tuple[Message, Event]:
+    """Clip all arrays of ``upload`` jointly and add noise; return (noisy copy, event).
+
+    Noise is drawn array by array in field order, so a seed reproduces it exactly.
+    """
+    arrays = upload.arrays()
+    for name, a in arrays.items():
+        if not np.issubdtype(a.dtype, np.floating):
+            raise TypeError(f"cannot add noise to {type(upload).__name__}.{name} "
+                            f"of dtype {a.dtype}: uploads must be floating point")
+    d = n_entries(upload)
+    event, scale = event_for(spec, d), noise_scale(spec, d)
+    draw = gaussian_noise if spec.mechanism == "gaussian" else laplace_noise
+    clipped = clip_arrays(arrays, spec.clip, spec.clip_norm)
+    noisy = {k: (v + draw(v.shape, scale, rng)).astype(arrays[k].dtype)
+             for k, v in clipped.items()}
+    return upload.replace(**noisy), event
+
+
+class DPPrivatizer:
+    """The simulator's / service's ``privatizer(upload, client, round_)``.
+
+    Stateful only through :attr:`ledger` (a :class:`Ledger`, whose state is a plain dict);
+    the ledger passed in is copied, never mutated. ``seed`` is the job seed: the noise of
+    client i in round k comes from ``client_noise_rng(seed, k, i)``.
+    """
+
+    def __init__(self, spec: DPSpec, ledger: Ledger, seed: int) -> None:
+        self.spec, self.seed = spec, int(seed)
+        self.ledger = Ledger.from_dict(ledger.to_dict())
+
+    def __call__(self, upload: Message, client: int, round_: int) -> Message | None:
+        if self.spec.mechanism == "none":
+            return upload
+        event = event_for(self.spec, n_entries(upload))
+        if str(client) in self.ledger.stopped() or not self.ledger.can_afford(client, event):
+            self.ledger.stop(client, round_)
+            return None
+        noisy, event = privatize(upload, self.spec,
+                                 client_noise_rng(self.seed, round_, client))
+        self.ledger.charge(client, event, round_)
+        return noisy
+
+    def check_plan(self, plan: Mapping[Hashable, int], n_entries: int | None = None) -> None:
+        """Refuse (``BudgetExceeded``) a run whose planned transmissions exceed a budget.
+
+        ``n_entries`` (values per upload) is needed only when the noise is given as an
+        absolute scale with ``norm="value"`` (the sensitivity then depends on it).
+        """
+        if self.spec.mechanism == "none":
+            return
+        if n_entries is None and self.spec.noise_scale is not None and (
+                self.spec.clip_norm == "value" or self.spec.mechanism == "laplace"
+                and self.spec.clip_norm == "l2"):
+            raise ValueError("n_entries is needed to account an absolute noise scale "
+                             f"with the {self.spec.clip_norm} clip")
+        check_plan(self.ledger, plan, event_for(self.spec, n_entries or 1))
+
+    def report(self, n_entries: int | None = None) -> dict[str, Any]:
+        """JSON-ready summary: epsilon spent per tenant and its maximum, delta, unit, method."""
+        return privacy_report(self.spec, self.ledger, n_entries)
+
+
+ACCOUNTING = {
+    "gaussian": "Renyi DP of the Gaussian mechanism (opacus.accountants.analysis.rdp."
+                "compute_rdp, q=1: no amplification by client sampling, the server sees who "
+                "transmits), composed over the rounds each tenant transmitted, converted to "
+                "(epsilon, delta) by opacus get_privacy_spent",
+    "laplace": "Renyi DP of the Laplace mechanism (closed form, Mironov 2017 Prop. 6) on "
+               "opacus' orders, composed over the rounds each tenant transmitted, converted "
+               "by opacus get_privacy_spent; reported epsilon = min(that, basic composition "
+               "of pure epsilon)",
+}
+
+
+def privacy_report(spec: DPSpec, ledger: Ledger, n_entries: int | None = None
+                   ) -> dict[str, Any]:
+    """JSON-ready report of a run's privacy (see the README's privacy section)."""
+    if spec.mechanism == "none":
+        return {"mechanism": "none", "epsilon_per_tenant": None, "epsilon_max": None,
+                "delta": None, "unit": None,
+                "accounting": "none: uploads are sent without noise (no DP guarantee)"}
+    spends = {t: ledger.spent(t) for t in ledger.tenants()}
+    eps = {t: s.epsilon for t, s in spends.items()}
+    out: dict[str, Any] = {
+        "mechanism": spec.mechanism, "norm": spec.clip_norm, "clip": spec.clip,
+        "delta": spec.delta, "unit": UNIT_TENANT, "accounting": ACCOUNTING[spec.mechanism],
+        "epsilon_per_tenant": eps, "epsilon_max": max(eps.values(), default=0.0),
+        "transmissions_per_tenant": {t: s.transmissions for t, s in spends.items()},
+        "budget_epsilon_max": _budget_summary(ledger), "stopped": ledger.stopped(),
+    }
+    out.update(_noise_summary(spec, n_entries))
+    if spec.mechanism == "laplace":
+        out["epsilon_pure_per_tenant"] = {t: s.epsilon_pure for t, s in spends.items()}
+    return out
+
+
+def _noise_summary(spec: DPSpec, n_entries: int | None) -> dict[str, Any]:
+    """Noise multiplier, per-entry scale and sensitivity, where they are determined."""
+    d_free = spec.clip_norm != "value" and not (
+        spec.mechanism == "laplace" and spec.clip_norm == "l2")
+    if not d_free and n_entries is None:
+        return {"noise_multiplier": spec.noise_multiplier, "noise_scale": spec.noise_scale}
+    d = n_entries or 1
+    out = {"noise_multiplier": event_for(spec, d).noise_multiplier,
+           "noise_scale": noise_scale(spec, d), "sensitivity": sensitivity(spec, d)}
+    if spec.mechanism == "laplace" and spec.clip_norm == "value":
+        out["rfrec_entry_epsilon_per_transmission"] = rfrec_entry_epsilon(
+            spec.clip, noise_scale(spec, d))
+    return out
+
+
+def _budget_summary(ledger: Ledger) -> float | None | dict[str, float | None]:
+    """The common epsilon_max of all tenants (None = unlimited), or one per tenant."""
+    caps = {t: ledger.budget(t).epsilon_max for t in ledger.tenants()}
+    vals = {c for c in caps.values()}
+    if len(vals) == 1:
+        (cap,) = vals
+        return None if math.isinf(cap) else cap
+    return {t: (None if math.isinf(c) else c) for t, c in caps.items()}

@@ -1,0 +1,182 @@
+"""FedMAvg (algorithms/fedmavg.py) against direct dense evaluations of its update rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from algorithms import RatingBlock, messages_equal
+from algorithms import fedmavg as fm
+from algorithms.data import Federation
+from algorithms.simulate import initialise, run_round, simulate
+
+
+def _block(seed: int = 0, m: int = 4, n: int = 6, density: float = 0.6) -> RatingBlock:
+    rng = np.random.default_rng(seed)
+    mask = rng.random((m, n)) < density
+    mask[0, 0] = True
+    rows, cols = np.nonzero(mask)
+    vals = rng.integers(1, 6, size=rows.size).astype(float)
+    return RatingBlock(rows, cols, vals, m, n)
+
+
+def _dense(block: RatingBlock) -> tuple[np.ndarray, np.ndarray]:
+    m = np.zeros(block.shape)
+    mask = np.zeros(block.shape)
+    m[block.rows, block.cols] = block.vals
+    mask[block.rows, block.cols] = 1.0
+    return m, mask
+
+
+def _dense_u_step(u, v, m, mask, lam_rows, offset):
+    c = np.linalg.eigvalsh(v @ v.T).max() + lam_rows.max()
+    return u - ((mask * (u @ v + offset - m)) @ v.T + lam_rows[:, None] * u) / c
+
+
+def _dense_w_step(u, w, m, mask, gamma_cols, d_factor, scale, offset):
+    d = d_factor * np.linalg.eigvalsh(u.T @ u).max() + gamma_cols.max()
+    return w - (scale * u.T @ (mask * (u @ w + offset - m)) + w * gamma_cols[None, :]) / d
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_u_steps_match_dense_gradient_steps(steps):
+    block = _block()
+    m, mask = _dense(block)
+    rng = np.random.default_rng(1)
+    u, v = rng.normal(size=(4, 2)), rng.normal(size=(2, 6))
+    lam_rows = np.array([0.1, 0.4, 0.2, 0.3])
+    expected = u
+    for _ in range(steps):
+        expected = _dense_u_step(expected, v, m, mask, lam_rows, 0.5)
+    got = fm.u_steps(u, v, block, steps, lam_rows, 1.0, offset=0.5)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_w_steps_restart_from_v_and_match_dense_steps():
+    block = _block(2)
+    m, mask = _dense(block)
+    rng = np.random.default_rng(3)
+    u, v = rng.normal(size=(4, 2)), rng.normal(size=(2, 6))
+    gamma_cols = np.linspace(0.0, 0.5, 6)
+    expected = v
+    for _ in range(4):
+        expected = _dense_w_step(u, expected, m, mask, gamma_cols, 5.0, 0.25, -0.3)
+    got = fm.w_steps(u, v, block, 4, gamma_cols, 5.0, 0.25, offset=-0.3)
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_penalties_per_rating_are_local_counts_times_weights():
+    block = _block(4)
+    _, mask = _dense(block)
+    cfg = fm.FedMAvgConfig(lam=0.5, gamma=0.25, reg="per_rating")
+    lam_rows, gamma_cols = fm.penalties(block, cfg)
+    np.testing.assert_array_equal(lam_rows, 0.5 * mask.sum(axis=1))
+    np.testing.assert_array_equal(gamma_cols, 0.25 * mask.sum(axis=0))
+    plain = fm.penalties(block, cfg.model_copy(update={"reg": "plain"}))
+    np.testing.assert_array_equal(plain[0], np.full(4, 0.5))
+    np.testing.assert_array_equal(plain[1], np.full(6, 0.25))
+
+
+@pytest.mark.parametrize("reg", ["plain", "per_rating"])
+def test_objective_share_matches_dense_evaluation(reg):
+    block = _block(5)
+    m, mask = _dense(block)
+    rng = np.random.default_rng(6)
+    u, v = rng.normal(size=(4, 3)), rng.normal(size=(3, 6))
+    cfg = fm.FedMAvgConfig(rank=3, lam=0.3, gamma=0.7, reg=reg)
+    loss = 0.5 * np.sum((mask * (u @ v + 3.0 - m)) ** 2)
+    if reg == "plain":
+        expected = loss + 0.15 * np.sum(u * u) + 0.35 * np.sum(v * v) / 5
+    else:
+        expected = (loss + 0.15 * mask.sum(1) @ np.sum(u * u, 1)
+                    + 0.35 * mask.sum(0) @ np.sum(v * v, 0))
+    got = fm.local_objective(u, v, block, cfg, n_clients=5, offset=3.0)
+    assert got == pytest.approx(expected, rel=1e-12)
+
+
+def test_diminishing_q2_schedule():
+    cfg = fm.FedMAvgConfig(q_hat=10)
+    assert [fm.q2_schedule(k, cfg) for k in (1, 2, 3, 5, 10, 11, 50)] == [11, 6, 4, 3, 2, 1, 1]
+    assert fm.q2_schedule(7, fm.FedMAvgConfig(q2=4)) == 4
+
+
+def _federation(n_clients: int = 5) -> Federation:
+    blocks = [_block(10 + i, m=3 + i % 2, n=6, density=0.7) for i in range(n_clients)]
+    return Federation(blocks, blocks, [np.arange(b.n_users) for b in blocks], np.arange(6),
+                      (1.0, 5.0))
+
+
+def test_client_step_is_q1_u_steps_then_q2_w_steps_from_v():
+    """Upload of one client = dense Q1 U-steps against V^k, then dense Q2 W-steps from V^k."""
+    cfg = fm.paper_settings(rank=2).model_copy(update={"q1": 3, "q2": 2})
+    fed = _federation()
+    server, glob, locs = initialise(fm.ALGORITHM, cfg, fed.train, 0)
+    block = fed.train[1]
+    m, mask = _dense(block)
+    lam_rows, gamma_cols = fm.penalties(block, cfg)
+    u = locs[1].u
+    for _ in range(3):
+        u = _dense_u_step(u, glob.v, m, mask, lam_rows, 0.0)
+    w = glob.v
+    for _ in range(2):
+        w = _dense_w_step(u, w, m, mask, gamma_cols, 5.0, 1.0 / 5, 0.0)  # W grad / p
+    new_local, up = fm.client_step(glob, locs[1], block, cfg, np.random.default_rng(0))
+    np.testing.assert_allclose(new_local.u, u, rtol=1e-10)
+    np.testing.assert_allclose(up.w, w, rtol=1e-10)
+    assert up.ticket == locs[1].ticket
+
+
+def test_server_averages_uploads_and_pcc_has_exactly_m_uploaders():
+    cfg = fm.FedMAvgConfig(rank=2, participation="pcc", uploads_per_round=2)
+    fed = _federation(5)
+    server, glob, locs = initialise(fm.ALGORITHM, cfg, fed.train, 0)
+    glob, server, new_locs, selected, uploads = run_round(fm.ALGORITHM, cfg, 1, 0, 2, glob,
+                                                          server, locs, fed.train)
+    assert len(selected) == 5 and sorted(uploads) == [0, 1, 2, 3, 4]  # A^0: everybody
+    np.testing.assert_allclose(glob.v, np.mean([u.w for u in uploads.values()], axis=0))
+    assert glob.upload_tickets.size == 2
+    locs = new_locs
+    for k in range(2, 5):
+        glob, server, new_locs, selected, uploads = run_round(fm.ALGORITHM, cfg, k, 0, 2, glob,
+                                                              server, locs, fed.train)
+        assert len(selected) == 5 and len(uploads) == 2
+        # every tenant updated U_i (partial communication, not partial participation)
+        assert all(not np.array_equal(a.u, b.u) for a, b in zip(locs, new_locs, strict=True))
+        np.testing.assert_allclose(glob.v, np.mean([u.w for u in uploads.values()], axis=0))
+        locs = new_locs
+
+
+def test_pcp_runs_only_the_sampled_clients():
+    cfg = fm.FedMAvgConfig(rank=2, participation="pcp")
+    fed = _federation(5)
+    server, glob, locs = initialise(fm.ALGORITHM, cfg, fed.train, 0)
+    glob, server, new_locs, selected, uploads = run_round(fm.ALGORITHM, cfg, 1, 0, 2, glob,
+                                                          server, locs, fed.train)
+    assert len(selected) == 2 and sorted(uploads) == sorted(int(i) for i in selected)
+    untouched = [i for i in range(5) if i not in uploads]
+    assert all(messages_equal(locs[i], new_locs[i]) for i in untouched)
+
+
+def test_fedmavg_fits_a_low_rank_federation():
+    rng = np.random.default_rng(0)
+    full = rng.uniform(0.5, 1.5, (30, 2)) @ rng.uniform(0.5, 1.5, (2, 12))
+    blocks, tests = [], []
+    for t in range(3):
+        obs = rng.random((10, 12)) < 0.7
+        r, c = np.nonzero(obs)
+        blocks.append(RatingBlock(r, c, full[10 * t:10 * t + 10][r, c], 10, 12))
+        r, c = np.nonzero(~obs)
+        tests.append(RatingBlock(r, c, full[10 * t:10 * t + 10][r, c], 10, 12))
+    fed = Federation(blocks, tests, [np.arange(10)] * 3, np.arange(12), (0.0, 10.0))
+    cfg = fm.FedMAvgConfig(rank=2, lam=1e-4, gamma=1e-4, center=False, d_factor=1.0)
+    res = simulate(fm.ALGORITHM, cfg, fed, rounds=120, per_round=3, seed=0,
+                   evaluate_every=120)
+    assert res.final.test_rmse < 0.05 * full.std()
+
+
+def test_config_rejects_impossible_values():
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        fm.FedMAvgConfig(q1=0)
+    with pytest.raises(ValidationError, match="Input should be 'pcc' or 'pcp'"):
+        fm.FedMAvgConfig(participation="all")

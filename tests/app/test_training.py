@@ -1,0 +1,312 @@
+"""Training jobs through the API on embedded defaults (SQLite, in-process pipeline).
+
+The expected numbers come from independent computations: the in-process simulator on the
+same data, split and seed, and the privacy accountant on the charged events.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from algorithms import Message, registry
+from algorithms.simulate import simulate
+from app.config import Settings
+from app.db import migrate
+from app.main import create_app
+from app.models import Item
+from app.training import pipeline
+from app.training.models import JobClient, LedgerEntry, TrainingJob
+from app.training.runner import run_inline
+from privacy.accountant import Event, spend
+from privacy.ledger import Budget, Ledger
+from privacy.wrapper import DPPrivatizer, DPSpec
+from tests.training_helpers import (
+    CONFIG,
+    N_ITEMS,
+    csv_body,
+    federation_of,
+    make_tenants,
+    submit_job,
+    wait_job,
+)
+
+
+@pytest.fixture
+def env(tmp_path):
+    url = f"sqlite:///{tmp_path}/train.db"
+    migrate(url)
+    token = secrets.token_urlsafe(32)
+    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None))
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        yield app, client
+
+
+def test_job_reports_exactly_what_the_simulator_computes(env):
+    app, client = env
+    make_tenants(client)
+    r = submit_job(client)
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["id"])
+    assert job["status"] == "completed" and job["current_round"] == 4 and job["progress"] == 1
+    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    fed, _ = federation_of(app, job["id"])
+    alg = registry.get("fedmc-admm")
+    sim = simulate(alg, alg.config(**CONFIG), fed, rounds=4, per_round=2, seed=11)
+    assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
+    assert [c["test_mae"] for c in report["curve"]] == [h.test_mae for h in sim.history]
+    assert set(report["per_tenant"]) == {str(t) for t in job["tenant_ids"]}
+    assert report["privacy"]["mechanism"] == "none"
+
+
+def test_dp_job_charges_each_transmission_once_and_reports_the_accountants_epsilon(env):
+    app, client = env
+    tenants = make_tenants(client)
+    dp = {"mechanism": "gaussian", "noise_multiplier": 3.0, "clip": 2.0}
+    job = wait_job(client, submit_job(client, dp=dp, per_round=1, rounds=5).json()["id"])
+    assert job["status"] == "completed"
+    with app.state.sessions() as s:
+        charges = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)).all()
+    participants = [p for c in client.get(f"/admin/jobs/{job['id']}/report").json()["curve"]
+                    for p in [c]]
+    assert len(charges) == 5 == len(participants)  # one tenant per round, charged once
+    assert len(set(charges)) == 5
+    report = client.get(f"/admin/jobs/{job['id']}/report").json()["privacy"]
+    for tid, _ in tenants:
+        n = sum(1 for t, _ in charges if t == tid)
+        expected = spend([Event("gaussian", 3.0, n)], 1e-5).epsilon if n else 0.0
+        assert report["epsilon_per_tenant"].get(str(tid), 0.0) == pytest.approx(expected)
+    # and the noisy numbers equal the simulator run with the same privatizer and seed
+    fed, _ = federation_of(app, job["id"])
+    alg = registry.get("fedmc-admm")
+    priv = DPPrivatizer(DPSpec(**dp), Ledger.open({0: Budget(1e3, 1e-5),
+                                                   1: Budget(1e3, 1e-5)}), seed=11)
+    sim = simulate(alg, alg.config(**CONFIG), fed, rounds=5, per_round=1, seed=11,
+                   privatizer=priv)
+    curve = client.get(f"/admin/jobs/{job['id']}/report").json()["curve"]
+    assert curve[-1]["test_rmse"] == sim.final.test_rmse
+
+
+def test_job_over_budget_is_refused_with_the_numbers_and_creates_nothing(env):
+    app, client = env
+    (tid, _), _ = make_tenants(client, budget=0.5)
+    r = submit_job(client, dp={"mechanism": "gaussian", "noise_multiplier": 1.0}, rounds=20)
+    assert r.status_code == 409
+    detail = r.json()["detail"]
+    assert detail.startswith(f"privacy budget exceeded: tenant {tid} would spend epsilon ")
+    assert "> epsilon_max 0.5 at delta 1e-05" in detail and "20 planned transmissions" in detail
+    with app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)) == 0
+
+
+def test_job_validation_errors_name_the_field(env):
+    _, client = env
+    make_tenants(client)
+    r = submit_job(client, algorithm="nope")
+    assert r.status_code == 422 and r.json()["detail"].startswith("unknown algorithm 'nope'")
+    r = submit_job(client, config={"rank": -1})
+    assert r.status_code == 422 and r.json()["detail"].startswith("invalid ")
+    assert "rank" in r.json()["detail"]
+    r = submit_job(client, dp={"mechanism": "gaussian"})
+    assert r.status_code == 422
+    assert "give exactly one of noise_multiplier and noise_scale" in r.json()["detail"]
+    r = submit_job(client, tenant_ids=[99])
+    assert r.status_code == 404 and r.json()["detail"] == "unknown tenant id(s): 99"
+    r = submit_job(client, algorithm="fedmgs")
+    assert r.status_code == 422 and "not privacy-preserving" in r.json()["detail"]
+
+
+def _trained(client, app):
+    tenants = make_tenants(client)
+    job = wait_job(client, submit_job(client).json()["id"])
+    return tenants, job
+
+
+def test_recommendations_rank_by_the_learned_factors_and_skip_rated_items(env):
+    app, client = env
+    tenants, job = _trained(client, app)
+    tid, key = tenants[0]
+    auth = {"Authorization": f"Bearer {key}"}
+    with app.state.sessions() as s:
+        jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job["id"],
+                                                  JobClient.tenant_id == tid)).one()
+        glob = Message.from_bytes(s.get(TrainingJob, job["id"]).global_msg)
+        a, b = registry.get("fedmc-admm").factors(glob, Message.from_bytes(jc.local_state))
+        user, row = jc.user_keys[0], 0
+        ids = pipeline.item_ids_from_bytes(s.get(TrainingJob, job["id"]).item_ids)
+        key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
+        column_key = [key_of[int(i)] for i in ids]
+    rated = {r["item"] for r in client.get(f"/tenants/{tid}/ratings",
+                                           params={"user": user, "limit": 1000},
+                                           headers=auth).json()["data"]}
+    scores = a[row] @ b
+    expected = [column_key[j] for j in sorted(range(N_ITEMS), key=lambda j: (-scores[j], j))
+                if column_key[j] not in rated]
+    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", params={"k": 5},
+                   headers=auth).json()
+    assert r["source"] == "model" and r["job_id"] == job["id"]
+    assert [x["item"] for x in r["data"]] == expected[:5]
+    assert r["data"][0]["title"] == f"Title {expected[0][1:]}"
+    assert [x["score"] for x in r["data"]] == [scores[column_key.index(k)] for k in expected[:5]]
+    page2 = client.get(f"/tenants/{tid}/users/{user}/recommendations",
+                       params={"k": 5, "offset": 5}, headers=auth).json()
+    assert [x["item"] for x in page2["data"]] == expected[5:10]
+    with_rated = client.get(f"/tenants/{tid}/users/{user}/recommendations",
+                            params={"k": N_ITEMS, "include_rated": True}, headers=auth).json()
+    assert len(with_rated["data"]) == N_ITEMS
+
+
+def test_unknown_user_404_cold_start_popularity_and_batch(env):
+    app, client = env
+    tenants, _ = _trained(client, app)
+    tid, key = tenants[0]
+    auth = {"Authorization": f"Bearer {key}"}
+    r = client.get(f"/tenants/{tid}/users/ghost/recommendations", headers=auth)
+    assert r.status_code == 404
+    assert r.json()["detail"] == "User 'ghost' not found: no ratings and no factors in this tenant"
+    client.post(f"/tenants/{tid}/ratings", content=csv_body([("newbie", "i0", 4.0)]),
+                headers={**auth, "Content-Type": "text/csv"}).raise_for_status()
+    cold = client.get(f"/tenants/{tid}/users/newbie/recommendations", headers=auth).json()
+    assert cold["source"] == "popularity" and cold["job_id"] is None
+    assert "i0" not in [x["item"] for x in cold["data"]]
+    batch = client.post(f"/tenants/{tid}/recommendations",
+                        json={"users": ["newbie", "ghost"], "k": 3}, headers=auth).json()
+    assert [d["user"] for d in batch["data"]] == ["newbie"] and batch["not_found"] == ["ghost"]
+
+
+def test_tenants_never_see_each_others_recommendations_or_reports(env):
+    app, client = env
+    (a_id, a_key), (b_id, b_key) = _trained(client, app)[0]
+    with app.state.sessions() as s:
+        b_user = s.scalars(sa.select(JobClient.user_keys).where(JobClient.tenant_id == b_id)
+                           ).first()[0]
+    a_auth = {"Authorization": f"Bearer {a_key}"}
+    for path in (f"/tenants/{b_id}/users/{b_user}/recommendations", f"/tenants/{b_id}/report",
+                 f"/tenants/{b_id}/report/plot.png"):
+        r = client.get(path, headers=a_auth)
+        assert r.status_code == 404 and r.json()["detail"] == "Tenant not found"
+    # B's user is unknown in A's tenant, even though it exists in B
+    r = client.get(f"/tenants/{a_id}/users/{b_user}/recommendations", headers=a_auth)
+    assert r.status_code in (200, 404)
+    if r.status_code == 200:  # only if A happens to have a user with the same key
+        assert r.json()["source"] in ("model", "popularity")
+    own = client.get(f"/tenants/{a_id}/report", headers=a_auth).json()
+    assert list(own["privacy"]["epsilon_per_tenant"] or {}) in ([], [str(a_id)])
+    assert client.get("/admin/jobs", headers=a_auth).status_code == 401
+    png = client.get(f"/tenants/{a_id}/report/plot.png", headers=a_auth)
+    assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashingDispatcher(pipeline.InlineDispatcher):
+    """Runs tasks until ``budget`` have run, then 'kills the worker' mid-round."""
+
+    def __init__(self, sessions, budget):
+        super().__init__(sessions)
+        self.budget = budget
+
+    def drain(self):
+        while self._queue:
+            if self.budget == 0:
+                raise _Crash
+            self.budget -= 1
+            task, args = self._queue.popleft()
+            pipeline.TASKS[task](self.sessions, self, *args)
+
+
+def test_a_crashed_job_resumes_and_ends_bit_identical(env):
+    app, client = env
+    make_tenants(client)
+    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
+    body = {"config": CONFIG, "rounds": 5, "per_round": 1, "dp": dp}
+    straight = wait_job(client, submit_job(client, **body).json()["id"])
+    from app.training.jobs import JobSpec, create_job
+
+    with app.state.sessions() as s:
+        tids = s.get(TrainingJob, straight["id"]).tenant_ids
+        crashed = create_job(s, JobSpec("fedmc-admm", tids, 5, 1, 11, CONFIG, dp)).id
+    # 1 start + 1 client + 1 aggregate per round: crash inside round 3, after its client step
+    crasher = _CrashingDispatcher(app.state.sessions, budget=3 * 2 + 2)
+    crasher.send(pipeline.TASK_START, crashed, 1)
+    with pytest.raises(_Crash):
+        crasher.drain()
+    with app.state.sessions() as s:
+        assert s.get(TrainingJob, crashed).current_round == 2
+        staged = s.execute(sa.text("select count(*) from round_uploads")).scalar()
+        assert staged == 1  # round 3's client step is staged, its charge already made
+    run_inline(app.state.sessions, crashed, resume=True)
+    with app.state.sessions() as s:
+        a, b = s.get(TrainingJob, straight["id"]), s.get(TrainingJob, crashed)
+        assert b.status == "completed" and b.current_round == 5
+        assert a.global_msg == b.global_msg
+        la = s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == a.id)
+                       .order_by(JobClient.client_index)).all()
+        lb = s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == b.id)
+                       .order_by(JobClient.client_index)).all()
+        assert la == lb
+        charges = s.execute(sa.select(LedgerEntry.round).where(LedgerEntry.job_id == b.id)
+                            ).scalars().all()
+        assert sorted(charges) == [1, 2, 3, 4, 5]  # round 3 charged once, not twice
+
+
+def test_cancel_and_resume_answer_409_when_nothing_to_do(env):
+    app, client = env
+    _, job = _trained(client, app)
+    r = client.post(f"/admin/jobs/{job['id']}/cancel")
+    assert r.status_code == 409 and r.json()["detail"] == f"Job {job['id']} is already completed"
+    r = client.post(f"/admin/jobs/{job['id']}/resume")
+    assert r.status_code == 409
+    assert client.get("/admin/jobs/999").json()["detail"] == "Training job not found"
+
+
+def test_retraining_starts_only_after_ratings_change_and_within_budget(env):
+    from app.models import Tenant
+    from app.training.schedule import retrain_if_changed
+
+    app, client = env
+    tenants, job = _trained(client, app)
+    dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    assert retrain_if_changed(app.state.sessions, dispatch) is None  # nothing changed
+    tid, key = tenants[1]
+    with app.state.sessions() as s:
+        before = s.get(Tenant, tid).ratings_version
+    client.post(f"/tenants/{tid}/ratings", content=csv_body([("late", "i1", 3.0)]),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
+                ).raise_for_status()
+    with app.state.sessions() as s:
+        assert s.get(Tenant, tid).ratings_version == before + 1
+    new = retrain_if_changed(app.state.sessions, dispatch)
+    assert new is not None
+    dispatch.drain()
+    child = client.get(f"/admin/jobs/{new}").json()
+    assert child["parent_job_id"] == job["id"] and child["status"] == "completed"
+    assert child["config"] == job["config"] and child["rounds"] == job["rounds"]
+    assert retrain_if_changed(app.state.sessions, dispatch) is None  # up to date again
+    client.delete(f"/tenants/{tid}/users/late/ratings",
+                  headers={"Authorization": f"Bearer {key}"}).raise_for_status()
+    with app.state.sessions() as s:
+        assert s.get(Tenant, tid).ratings_version == before + 2
+
+
+def test_retraining_never_exceeds_a_budget(env):
+    from app.training.schedule import retrain_if_changed
+
+    app, client = env
+    tenants = make_tenants(client, budget=7.0)  # 6 transmissions at z = 2 cost 5.98, 12 cost 9.01
+    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
+    first = wait_job(client, submit_job(client, dp=dp, rounds=6).json()["id"])
+    assert first["status"] == "completed"
+    tid, key = tenants[0]
+    client.post(f"/tenants/{tid}/ratings", content=csv_body([("late", "i1", 3.0)]),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
+                ).raise_for_status()
+    assert retrain_if_changed(app.state.sessions, pipeline.InlineDispatcher(
+        app.state.sessions)) is None
+    assert client.get("/admin/jobs").json()["count"] == 1

@@ -1,0 +1,185 @@
+"""The DP wrapper: clip + noise every array of an upload, charge first, stop when broke."""
+
+import dataclasses
+import json
+import math
+
+import numpy as np
+import pytest
+
+from algorithms._messages import Message
+from algorithms._rng import client_noise_rng
+from privacy.accountant import Event, spend
+from privacy.ledger import Budget, BudgetExceeded, Ledger, worst_case_plan
+from privacy.wrapper import (
+    DPPrivatizer,
+    DPSpec,
+    event_for,
+    privacy_report,
+    privatize,
+    sensitivity,
+    unprotected_fields,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyUpload(Message):
+    """Two arrays like an ADMM upload (W_i, Y_i) and one scalar."""
+
+    W: np.ndarray
+    Y: np.ndarray
+    tag: int = 0
+
+
+def _upload():
+    return TinyUpload(W=np.array([[3.0, 0.0], [0.0, 0.0]]), Y=np.array([0.0, 4.0, 0.0]), tag=7)
+
+
+def _ledger(cap=math.inf, n=3, delta=1e-5):
+    return Ledger.open({i: Budget(cap, delta) for i in range(n)})
+
+
+def test_gaussian_privatize_is_joint_clip_plus_noise_of_scale_z_times_2c():
+    spec = DPSpec(mechanism="gaussian", clip=0.5, noise_multiplier=2.0)
+    out, event = privatize(_upload(), spec, np.random.default_rng(11))
+    rng = np.random.default_rng(11)  # independent evaluation: norm 5 -> factor 0.1
+    sigma = 2.0 * (2 * 0.5)
+    want_w = np.array([[0.3, 0.0], [0.0, 0.0]]) + rng.normal(0.0, sigma, (2, 2))
+    want_y = np.array([0.0, 0.4, 0.0]) + rng.normal(0.0, sigma, 3)
+    np.testing.assert_allclose(out.W, want_w, rtol=1e-12)
+    np.testing.assert_allclose(out.Y, want_y, rtol=1e-12)
+    assert event == Event("gaussian", 2.0, 1) and out.tag == 7
+
+
+def test_laplace_privatize_uses_the_l1_clip_by_default():
+    spec = DPSpec(mechanism="laplace", clip=1.4, noise_multiplier=3.0)
+    out, event = privatize(_upload(), spec, np.random.default_rng(2))
+    rng = np.random.default_rng(2)  # L1 norm 7 -> factor 0.2; b = 3 * 2 * 1.4
+    want_w = 0.2 * _upload().W + rng.laplace(0.0, 8.4, (2, 2))
+    want_y = 0.2 * _upload().Y + rng.laplace(0.0, 8.4, 3)
+    np.testing.assert_allclose(out.W, want_w, rtol=1e-12)
+    np.testing.assert_allclose(out.Y, want_y, rtol=1e-12)
+    assert event == Event("laplace", 3.0, 1)
+
+
+def test_rfrec_value_clip_with_an_absolute_scale():
+    # RFRec eq. 9: Clip(V, 0.2) + Laplace(0, 0.04); whole-message Delta_1 = 2 * 0.2 * d
+    spec = DPSpec(mechanism="laplace", norm="value", clip=0.2, noise_scale=0.04)
+    out, event = privatize(_upload(), spec, np.random.default_rng(4))
+    rng = np.random.default_rng(4)
+    np.testing.assert_allclose(out.W, np.clip(_upload().W, -0.2, 0.2)
+                               + rng.laplace(0.0, 0.04, (2, 2)), rtol=1e-12)
+    assert event.noise_multiplier == pytest.approx(0.04 / (2 * 0.2 * 7))
+    assert 1 / event.noise_multiplier == pytest.approx(7 * 10.0)  # d x RFRec's 2 delta / s
+
+
+@pytest.mark.parametrize("mechanism,norm,want", [
+    ("gaussian", "l2", 2.0), ("gaussian", "l1", 2.0), ("gaussian", "value", 2.0 * 3.0),
+    ("laplace", "l1", 2.0), ("laplace", "l2", 2.0 * 3.0), ("laplace", "value", 2.0 * 9.0),
+])
+def test_replace_one_sensitivity_is_the_diameter_of_the_clip_ball(mechanism, norm, want):
+    spec = DPSpec(mechanism=mechanism, norm=norm, clip=1.0, noise_multiplier=1.0)
+    assert sensitivity(spec, n_entries=9) == pytest.approx(want)
+
+
+def test_privatize_refuses_integer_arrays():
+    @dataclasses.dataclass(frozen=True)
+    class Bad(Message):
+        idx: np.ndarray
+
+    with pytest.raises(TypeError, match="cannot add noise to Bad.idx of dtype int64"):
+        privatize(Bad(np.arange(3)), DPSpec(noise_multiplier=1.0), np.random.default_rng(0))
+
+
+def test_scalar_fields_are_listed_as_unprotected():
+    assert unprotected_fields(_upload()) == ["tag"]
+
+
+def test_spec_needs_exactly_one_noise():
+    with pytest.raises(ValueError, match="give exactly one of noise_multiplier and noise_scale"):
+        DPSpec(mechanism="gaussian")
+    with pytest.raises(ValueError, match="give exactly one of noise_multiplier and noise_scale"):
+        DPSpec(noise_multiplier=1.0, noise_scale=1.0)
+    assert DPSpec(mechanism="none").mechanism == "none"
+
+
+def test_privatizer_draws_from_the_client_noise_stream_and_charges():
+    spec = DPSpec(noise_multiplier=1.5)
+    priv = DPPrivatizer(spec, _ledger(), seed=42)
+    out = priv(_upload(), client=2, round_=5)
+    want, _ = privatize(_upload(), spec, client_noise_rng(42, 5, 2))
+    np.testing.assert_array_equal(out.W, want.W)
+    assert priv.ledger.rounds(2) == [5] and priv.ledger.history(2) == [Event("gaussian", 1.5)]
+    assert priv.ledger.rounds(0) == []
+
+
+def test_privatizer_does_not_mutate_the_ledger_it_was_given():
+    led = _ledger()
+    DPPrivatizer(DPSpec(noise_multiplier=1.0), led, seed=0)(_upload(), 0, 1)
+    assert led.history(0) == []
+
+
+def test_privatizer_stops_a_tenant_whose_budget_runs_out():
+    ev = Event("gaussian", 3.0)
+    cap = spend([ev.times(2)], 1e-5).epsilon
+    priv = DPPrivatizer(DPSpec(noise_multiplier=3.0), _ledger(cap=cap), seed=1)
+    sent = [priv(_upload(), 0, k) is not None for k in range(1, 5)]
+    assert sent == [True, True, False, False]
+    assert priv.ledger.stopped() == {"0": 3} and priv.ledger.rounds(0) == [1, 2]
+    assert priv.ledger.spent(0).epsilon <= cap
+
+
+def test_privatizer_state_is_its_ledger_dict():
+    spec = DPSpec(noise_multiplier=1.0)
+    a = DPPrivatizer(spec, _ledger(), seed=3)
+    a(_upload(), 1, 1)
+    b = DPPrivatizer(spec, Ledger.from_dict(json.loads(json.dumps(a.ledger.to_dict()))), 3)
+    np.testing.assert_array_equal(a(_upload(), 1, 2).W, b(_upload(), 1, 2).W)
+    assert a.ledger.to_dict() == b.ledger.to_dict()
+
+
+def test_mechanism_none_passes_uploads_through_uncharged():
+    priv = DPPrivatizer(DPSpec(mechanism="none"), _ledger(), seed=0)
+    up = _upload()
+    assert priv(up, 0, 1) is up and priv.ledger.rounds(0) == []
+    assert priv.report()["epsilon_per_tenant"] is None
+
+
+def test_check_plan_refuses_before_the_run():
+    priv = DPPrivatizer(DPSpec(noise_multiplier=1.0), _ledger(cap=5.0), seed=0)
+    with pytest.raises(BudgetExceeded, match="tenant 0 would spend epsilon"):
+        priv.check_plan(worst_case_plan(range(3), 100))
+
+
+def test_check_plan_needs_the_upload_size_for_a_value_clip_scale():
+    spec = DPSpec(mechanism="laplace", norm="value", clip=0.2, noise_scale=0.04)
+    priv = DPPrivatizer(spec, _ledger(), seed=0)
+    with pytest.raises(ValueError, match="n_entries is needed to account an absolute noise "
+                                         "scale with the value clip"):
+        priv.check_plan({0: 1})
+    priv.check_plan({0: 1}, n_entries=7)
+
+
+def test_report_is_json_ready_and_complete():
+    cap = spend([Event("gaussian", 2.0, 2)], 1e-5).epsilon
+    priv = DPPrivatizer(DPSpec(noise_multiplier=2.0, clip=0.5), _ledger(cap=cap), seed=0)
+    for k in (1, 2, 3):
+        priv(_upload(), 0, k)
+    priv(_upload(), 1, 1)
+    rep = json.loads(json.dumps(priv.report(), allow_nan=False))
+    assert rep["epsilon_per_tenant"] == {
+        "0": pytest.approx(cap), "1": pytest.approx(spend([Event("gaussian", 2.0)], 1e-5).epsilon),
+        "2": 0.0}
+    assert rep["epsilon_max"] == pytest.approx(cap)
+    assert rep["transmissions_per_tenant"] == {"0": 2, "1": 1, "2": 0}
+    assert rep["stopped"] == {"0": 3} and rep["delta"] == 1e-5
+    assert rep["unit"].startswith("tenant: a tenant's whole rating block")
+    assert rep["sensitivity"] == 1.0 and rep["noise_scale"] == 2.0
+    assert "opacus" in rep["accounting"]
+
+
+def test_report_gives_rfrecs_figure_labelled_per_entry_per_transmission():
+    spec = DPSpec(mechanism="laplace", norm="value", clip=0.2, noise_scale=0.04)
+    rep = privacy_report(spec, _ledger(), n_entries=7)
+    assert rep["rfrec_entry_epsilon_per_transmission"] == pytest.approx(10.0)
+    assert rep["noise_multiplier"] == pytest.approx(event_for(spec, 7).noise_multiplier)

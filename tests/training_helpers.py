@@ -1,0 +1,82 @@
+"""Shared steps of the training tests: tenants with ratings, jobs, and the simulator's view
+of a job's data (rebuilt independently from the stored blocks)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+import sqlalchemy as sa
+
+from algorithms import RatingBlock
+from algorithms.data import federation_from_tenants
+from algorithms.synthetic import generate_ratings
+from app.training import pipeline
+from app.training.models import JobClient, TrainingJob
+
+N_USERS, N_ITEMS = 90, 40
+CONFIG = {"rank": 3}
+
+
+def csv_body(rows) -> bytes:
+    buf = io.StringIO()
+    buf.write("user,item,rating\n")
+    for u, i, v in rows:
+        buf.write(f"{u},{i},{v:g}\n")
+    return buf.getvalue().encode()
+
+
+def make_tenants(client, n=2, budget=1000.0, seed=0):
+    """n tenants, each with its own users over one shared catalogue; returns [(id, key)]."""
+    r = generate_ratings(N_USERS, N_ITEMS, 1800, rank=3, seed=seed)
+    client.put("/admin/items", json={"items": [{"key": f"i{j}", "title": f"Title {j}"}
+                                               for j in range(N_ITEMS)]}).raise_for_status()
+    out = []
+    for t in range(n):
+        tid = client.post("/admin/tenants", json={"name": f"t{t}", "privacy_budget": budget}
+                          ).json()["id"]
+        key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+        mine = r.users % n == t
+        rows = zip((f"u{u}" for u in r.users[mine]), (f"i{i}" for i in r.items[mine]),
+                   r.values[mine], strict=True)
+        res = client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+                          headers={"Content-Type": "text/csv", "Authorization": f"Bearer {key}"})
+        assert res.status_code == 200, res.text
+        out.append((tid, key))
+    return out
+
+
+def wait_job(client, job_id, timeout=60.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        job = client.get(f"/admin/jobs/{job_id}").json()
+        if job["status"] not in ("queued", "running"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish: {job}")
+
+
+def submit_job(client, **overrides):
+    body = {"algorithm": "fedmc-admm", "config": CONFIG, "rounds": 4, "per_round": 0,
+            "seed": 11, "dp": {"mechanism": "none"}, **overrides}
+    return client.post("/admin/jobs", json=body)
+
+
+def federation_of(app, job_id):
+    """The job's stored blocks rebuilt into the simulator's federation, independently."""
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        clients = s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
+                            .order_by(JobClient.client_index)).all()
+        blocks, keys = [], []
+        for c in clients:
+            tr, te = RatingBlock.from_bytes(c.train_block), RatingBlock.from_bytes(c.test_block)
+            both = RatingBlock(np.r_[tr.rows, te.rows], np.r_[tr.cols, te.cols],
+                               np.r_[tr.vals, te.vals], tr.n_users, tr.n_items)
+            order = np.lexsort((both.cols, both.rows))
+            blocks.append(both.subset(order))
+            keys.append(np.array(c.user_keys))
+        items = pipeline.item_ids_from_bytes(job.item_ids)
+        return federation_from_tenants(blocks, keys, items, job.seed, job.test_fraction,
+                                       (1.0, 5.0)), job

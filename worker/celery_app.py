@@ -1,0 +1,63 @@
+"""The Celery app, built from the settings on first use (never at import time).
+
+``celery -A worker.celery_app worker`` finds ``app`` through the module ``__getattr__``.
+With FEDREC_BROKER_URL (or REDIS_URL) set, tasks go through that broker to workers; without
+one, the app is eager: tasks run in the calling process (the embedded default).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+
+from app.config import Settings, get_settings
+from app.queue import REFRESH_ALL_RATING_STATS, TRAINING_RESUME_STALLED, TRAINING_RETRAIN
+
+
+def create_celery_app(settings: Settings | None = None) -> Celery:
+    """A Celery app wired to the settings' broker, or eager when there is none."""
+    settings = settings or get_settings()
+    celery = Celery("fedrec", include=["worker.tasks", "worker.training_tasks"],
+                    set_as_current=False)
+    celery.conf.update(
+        fedrec_database_url=settings.database_url,
+        task_default_queue=settings.task_queue,
+        task_serializer="json", result_serializer="json", accept_content=["json"],
+        task_acks_late=True, worker_prefetch_multiplier=1, timezone="UTC",
+        broker_connection_retry_on_startup=True,
+        beat_schedule=_beat_schedule(settings),
+        fedrec_stalled_job_seconds=settings.stalled_job_seconds,
+    )
+    if settings.broker_url:
+        celery.conf.update(broker_url=settings.broker_url,
+                           result_backend=settings.result_backend or settings.broker_url,
+                           result_expires=24 * 3600)
+    else:
+        celery.conf.update(broker_url="memory://", task_always_eager=True,
+                           task_eager_propagates=False, task_store_eager_result=False)
+    return celery
+
+
+def _beat_schedule(settings: Settings) -> dict:
+    schedule = {
+        "refresh-rating-stats": {"task": REFRESH_ALL_RATING_STATS,
+                                 "schedule": settings.stats_refresh_seconds},
+        "resume-stalled-jobs": {"task": TRAINING_RESUME_STALLED,
+                                "schedule": min(60.0, settings.stalled_job_seconds)},
+    }
+    if settings.retrain_seconds:
+        schedule["retrain"] = {"task": TRAINING_RETRAIN, "schedule": settings.retrain_seconds}
+    return schedule
+
+
+@lru_cache
+def get_celery_app() -> Celery:
+    """The process-wide app built from :func:`app.config.get_settings`."""
+    return create_celery_app()
+
+
+def __getattr__(name: str) -> Celery:
+    if name in ("app", "celery"):
+        return get_celery_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

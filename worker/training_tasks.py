@@ -1,0 +1,54 @@
+"""Celery tasks of the training pipeline: ids in, one call into app.training.pipeline.
+
+``acks_late`` with ``reject_on_worker_lost``: a task whose worker dies is redelivered, and
+every pipeline step is idempotent, so a redelivery (or an operator's resume) repeats only
+the round in flight.
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from app.db import engine_for, session_factory
+from app.training import pipeline, schedule
+from app.training.runner import CeleryDispatcher
+
+_OPTIONS = {"bind": True, "acks_late": True, "reject_on_worker_lost": True}
+
+
+def _run(task, step, *args: int) -> None:
+    sessions = session_factory(engine_for(task.app.conf.fedrec_database_url))
+    step(sessions, CeleryDispatcher(task.app), *args)
+
+
+@shared_task(name=pipeline.TASK_START, **_OPTIONS)
+def start_round(self, job_id: int, round_: int) -> None:
+    """Sample the round's tenants and send their client steps."""
+    _run(self, pipeline.start_round, job_id, round_)
+
+
+@shared_task(name=pipeline.TASK_CLIENT, **_OPTIONS)
+def client_step(self, job_id: int, round_: int, client: int) -> None:
+    """One tenant's privatised client step; stages its upload and ledger charge."""
+    _run(self, pipeline.client_step, job_id, round_, client)
+
+
+@shared_task(name=pipeline.TASK_AGGREGATE, **_OPTIONS)
+def aggregate(self, job_id: int, round_: int) -> None:
+    """The server step on the round's uploads; commits the round."""
+    _run(self, pipeline.aggregate, job_id, round_)
+
+
+@shared_task(name=pipeline.TASK_RETRAIN, bind=True)
+def retrain(self) -> int | None:
+    """Beat: start a job from the last one's settings when ratings changed since."""
+    sessions = session_factory(engine_for(self.app.conf.fedrec_database_url))
+    return schedule.retrain_if_changed(sessions, CeleryDispatcher(self.app))
+
+
+@shared_task(name=pipeline.TASK_WATCHDOG, bind=True)
+def resume_stalled(self) -> list[int]:
+    """Beat: resume jobs whose round made no progress for FEDREC_STALLED_JOB_SECONDS."""
+    sessions = session_factory(engine_for(self.app.conf.fedrec_database_url))
+    return schedule.resume_stalled(sessions, CeleryDispatcher(self.app),
+                                   self.app.conf.fedrec_stalled_job_seconds)
