@@ -14,6 +14,7 @@ _MODULES: dict[str, str] = {
     "rfrecf": "algorithms.rfrecf",
     "felb": "algorithms.felb",
     "felb-mu": "algorithms.felb_mu",
+    "binary-baseline": "algorithms.binary_baseline",
 }
 
 

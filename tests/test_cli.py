@@ -73,3 +73,19 @@ def test_synthetic_data_when_asked(tmp_path):
     report = json.loads(out.read_text())
     assert report["data"].startswith("synthetic") and report["n_ratings"] == 100_000
     assert np.isfinite(report["final"]["test_rmse"])
+
+
+def test_simulate_binary_algorithm_reports_the_papers_metrics(tmp_path, ratings_csv):
+    from algorithms.binary_metrics import binarise, binary_report
+
+    out = tmp_path / "felb.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "felb",
+                 "--clients", "4", "--rounds", "3", "--rank", "3", "--quiet",
+                 "--json", str(out)]) == 0
+    got = json.loads(out.read_text())["binary"]
+    alg = registry.get("felb")
+    fed = build_federation(load_ratings(ratings_csv), 4, 0)
+    res = simulate(alg, alg.config(rank=3), binarise(fed, 3.5), rounds=3,
+                   per_round=alg.run_defaults["per_round"] or 4, seed=0)
+    want = binary_report(alg, res, binarise(fed, 3.5), seen=fed.train).as_dict()
+    assert got == want
