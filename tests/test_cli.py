@@ -89,3 +89,10 @@ def test_simulate_binary_algorithm_reports_the_papers_metrics(tmp_path, ratings_
                    per_round=alg.run_defaults["per_round"] or 4, seed=0)
     want = binary_report(alg, res, binarise(fed, 3.5), seen=fed.train).as_dict()
     assert got == want
+
+
+def test_simulate_stops_with_a_clear_error_when_training_diverges(ratings_csv, capsys):
+    code = main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec",
+                 "--clients", "4", "--rounds", "40", "--alpha", "50", "--quiet"])
+    assert code == 2
+    assert "training diverged in round" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import typing
@@ -101,6 +102,12 @@ def _printer(rounds: int, quiet: bool):
               f"{'sec':>7} {'uploads':>7}")
 
     def on_round(rec: RoundRecord) -> None:
+        if not (math.isfinite(rec.objective) and math.isfinite(rec.test_rmse)):
+            if tty:
+                print(file=sys.stderr)
+            raise ValueError(f"training diverged in round {rec.round} (objective "
+                             f"{rec.objective}); lower the step size or change the "
+                             "optimiser (see the algorithm's options with --help)")
         if tty:
             done = int(30 * rec.round / rounds)
             print(f"\r[{'#' * done}{'.' * (30 - done)}] {rec.round}/{rounds}", end="",
