@@ -170,6 +170,9 @@ def lambda_max(a: np.ndarray) -> float:
     """Largest eigenvalue of A^T A (0 for an empty A)."""
     if a.size == 0:
         return 0.0
+    if not np.all(np.isfinite(a)):
+        raise ValueError("factors are no longer finite: training diverged (with DP, the "
+                         "noise overwhelmed the updates; raise the clip or lower the noise)")
     return float(np.linalg.eigvalsh(a.T @ a)[-1])
 
 

@@ -147,6 +147,8 @@ def grad_v(v: np.ndarray, gram: np.ndarray, cross: np.ndarray, gamma: float) -> 
 def server_gd(v: np.ndarray, gram: np.ndarray, cross: np.ndarray, gamma: float,
               steps: int, d_factor: float) -> np.ndarray:
     """Q2 gradient steps on V (eq. 32), step 1/d with d = d_factor (max_j lmax(G_j) + gamma)."""
+    if not np.all(np.isfinite(gram)):
+        raise ValueError("aggregated statistics are no longer finite: training diverged")
     top = float(np.linalg.eigvalsh(gram)[:, -1].max()) if gram.shape[0] else 0.0
     d = d_factor * (top + gamma)
     if d == 0.0:

@@ -28,6 +28,8 @@ def _config_fields() -> dict[str, tuple[type, str]]:
     for name in registry.names():
         for fname, f in registry.get(name).config.model_fields.items():
             ann = f.annotation
+            if typing.get_origin(ann) is typing.Literal and len(typing.get_args(ann)) == 1:
+                continue  # a fixed, informational field (FedMGS' privacy_preserving=False)
             args = [a for a in typing.get_args(ann) if a is not type(None)]
             typ = args[0] if typing.get_origin(ann) is not None and args else ann
             typ = typ if typ in (int, float, str, bool) else str

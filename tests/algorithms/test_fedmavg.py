@@ -180,3 +180,14 @@ def test_config_rejects_impossible_values():
         fm.FedMAvgConfig(q1=0)
     with pytest.raises(ValidationError, match="Input should be 'pcc' or 'pcp'"):
         fm.FedMAvgConfig(participation="all")
+
+
+def test_lambda_max_names_divergence_instead_of_a_linalg_error():
+    import numpy as np
+    import pytest
+
+    from algorithms.fedmavg import lambda_max
+
+    assert lambda_max(np.array([[3.0, 0.0], [0.0, 4.0]])) == pytest.approx(16.0)
+    with pytest.raises(ValueError, match="training diverged"):
+        lambda_max(np.array([[np.inf, 0.0], [0.0, 1.0]]))
