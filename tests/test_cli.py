@@ -96,3 +96,15 @@ def test_simulate_stops_with_a_clear_error_when_training_diverges(ratings_csv, c
                  "--clients", "4", "--rounds", "40", "--alpha", "50", "--quiet"])
     assert code == 2
     assert "training diverged in round" in capsys.readouterr().err
+
+
+def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--tenants", "2", "--rounds", "3", "--synthetic-ratings", "6000",
+                 "--epsilon", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "6000 ratings for 2 tenants" in out
+    assert out.count("epsilon spent    5.000, remaining    5.000") == 2  # budget 2 x 5
+    assert "Sample recommendations:" in out and "(model)" in out
+    assert "Privacy cost: DP raised the final test RMSE by" in out
+    assert (tmp_path / "fedrec-demo.db").is_file()
