@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -98,11 +100,18 @@ def test_simulate_stops_with_a_clear_error_when_training_diverges(ratings_csv, c
     assert "training diverged in round" in capsys.readouterr().err
 
 
-def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--tenants", "2", "--rounds", "3", "--synthetic-ratings", "6000",
-                 "--epsilon", "5"]) == 0
-    out = capsys.readouterr().out
+def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
+    """The README's first command, as a real process (it serves HTTP on a free port)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "demo", "--tenants", "2", "--rounds", "3",
+         "--synthetic-ratings", "6000", "--epsilon", "5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
     assert "6000 ratings for 2 tenants" in out
     assert out.count("epsilon spent    5.000, remaining    5.000") == 2  # budget 2 x 5
     assert "Sample recommendations:" in out and "(model)" in out
