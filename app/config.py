@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     """Largest ``limit`` accepted by list endpoints."""
     stats_refresh_seconds: float = Field(3600.0, gt=0)
     """Beat period of the refresh of every tenant's rating statistics."""
+    serving_cache_seconds: float = Field(1.0, ge=0)
+    """How stale a process may serve: verified API keys, the latest-snapshot check and each
+    tenant's ratings version are re-read at most this often (0: every request)."""
     retrain_seconds: float = Field(86400.0, ge=0)
     """Beat period of the retraining check (a new job when ratings changed); 0 disables."""
     stalled_job_seconds: float = Field(600.0, gt=0)

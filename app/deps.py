@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Annotated
 
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import ApiKey, Tenant
-from app.security import key_prefix, same_secret
+from app.security import hash_key, key_prefix, same_secret
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                           description="The admin token (FEDREC_ADMIN_TOKEN).")
@@ -48,17 +49,26 @@ def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_
         raise _unauthorized("Invalid admin token")
 
 
-def current_tenant(session: SessionDep,
+def current_tenant(request: Request, session: SessionDep,
                    creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
-    """The tenant owning the presented, unrevoked API key; 401 otherwise."""
+    """The tenant owning the presented, unrevoked API key; 401 otherwise (verified keys
+    are cached per process for FEDREC_SERVING_CACHE_SECONDS, see KeyCache)."""
     if creds is None:
         raise _unauthorized("API key required")
+    cache, now = request.app.state.key_cache, time.monotonic()
+    digest = hash_key(creds.credentials)
+    cached = cache.get(digest, now)
+    if cached is not None:
+        return cached
     prefix = key_prefix(creds.credentials)
     key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) if prefix else None
     if key is None or key.revoked_at is not None or not same_secret(creds.credentials,
                                                                      key.key_hash):
         raise _unauthorized("Invalid API key")
-    return session.get(Tenant, key.tenant_id)
+    tenant = session.get(Tenant, key.tenant_id)
+    session.expunge(tenant)  # a read-only copy, shared by this process's requests
+    cache.put(digest, tenant, now)
+    return tenant
 
 
 TenantDep = Annotated[Tenant, Depends(current_tenant)]

@@ -10,6 +10,8 @@ from fastapi import FastAPI
 from app.config import Settings, get_settings, resolve_admin_token
 from app.db import make_engine, session_factory
 from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
+from app.security import KeyCache
+from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
 from worker.celery_app import create_celery_app
 
@@ -35,7 +37,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings, app.state.admin_token, app.state.engine = settings, token, engine
     app.state.sessions = session_factory(engine)
     app.state.celery = create_celery_app(settings)
-    app.state.factor_cache = FactorCache()
+    app.state.factor_cache = FactorCache(settings.serving_cache_seconds)
+    app.state.key_cache = KeyCache(settings.serving_cache_seconds)
+    app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations):
         app.include_router(module.router)
     return app

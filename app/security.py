@@ -39,3 +39,29 @@ def same_secret(given: str, expected_hash_or_token: str, hashed: bool = True) ->
     """Constant-time comparison of a presented secret with a stored hash or token."""
     candidate = hash_key(given) if hashed else given
     return hmac.compare_digest(candidate.encode(), expected_hash_or_token.encode())
+
+
+class KeyCache:
+    """Per-process cache of verified API keys: key hash -> (tenant, expiry).
+
+    A key is looked up in the database at most once every ``ttl`` seconds per process, so
+    serving does not pay a query per request. A revocation is immediate in the process
+    that made it (:meth:`forget`) and reaches the other processes within ``ttl`` seconds.
+    """
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._entries: dict[str, tuple[object, float]] = {}
+
+    def get(self, key_hash: str, now: float) -> object | None:
+        hit = self._entries.get(key_hash)
+        return hit[0] if hit is not None and hit[1] > now else None
+
+    def put(self, key_hash: str, tenant: object, now: float) -> None:
+        if self.ttl > 0:
+            if len(self._entries) > 100_000:
+                self._entries.clear()
+            self._entries[key_hash] = (tenant, now + self.ttl)
+
+    def forget(self) -> None:
+        self._entries.clear()

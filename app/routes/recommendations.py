@@ -18,17 +18,20 @@ from app.training.schemas import (
     RecommendationsPublic,
     TenantReport,
 )
-from app.training.serving import Ranked, UnknownUser, item_labels, recommend
+from app.training.serving import Ranked, UnknownUser, recommend
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"])
 UNKNOWN_USER = "User {!r} not found: no ratings and no factors in this tenant"
 NO_JOB = "No training job has included this tenant yet"
 
 
-def _public(s, user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPublic:
-    labels = item_labels(s, [i for i, _ in ranked.items])
-    data = [Recommendation(item=labels[i][0], title=labels[i][1], score=score)
-            for i, score in ranked.items]
+def _caches(request: Request):
+    return request.app.state.factor_cache, request.app.state.ratings_cache
+
+
+def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPublic:
+    data = [Recommendation(item=key, title=title, score=score)
+            for key, title, score in ranked.items]
     return RecommendationsPublic(user=user, source=ranked.source, job_id=ranked.job_id,
                                  data=data, k=k, offset=offset)
 
@@ -41,11 +44,11 @@ def read_recommendations(user_key: str, request: Request, tenant: OwnTenantDep,
                          include_rated: bool = False) -> RecommendationsPublic:
     """Top-k items for one user, excluding those already rated unless include_rated."""
     try:
-        ranked = recommend(session, request.app.state.factor_cache, tenant, user_key, k,
-                           offset, include_rated)
+        ranked = recommend(session, *_caches(request), tenant, user_key, k, offset,
+                           include_rated)
     except UnknownUser:
         raise HTTPException(status.HTTP_404_NOT_FOUND, UNKNOWN_USER.format(user_key)) from None
-    return _public(session, user_key, ranked, k, offset)
+    return _public(user_key, ranked, k, offset)
 
 
 @router.post("/recommendations", response_model=BatchRecommendationsPublic)
@@ -56,12 +59,12 @@ def create_batch_recommendations(body: BatchRecommendationsRequest, request: Req
     data, missing = [], []
     for user in dict.fromkeys(body.users):
         try:
-            ranked = recommend(session, request.app.state.factor_cache, tenant, user, body.k,
-                               0, body.include_rated)
+            ranked = recommend(session, *_caches(request), tenant, user, body.k, 0,
+                               body.include_rated)
         except UnknownUser:
             missing.append(user)
             continue
-        data.append(_public(session, user, ranked, body.k, 0))
+        data.append(_public(user, ranked, body.k, 0))
     return BatchRecommendationsPublic(data=data, not_found=missing)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, status
+from fastapi import APIRouter, Depends, HTTPException, Request, status
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
@@ -82,13 +82,15 @@ def read_api_keys(session: SessionDep, tenant_id: int) -> ApiKeysPublic:
 
 
 @router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic)
-def revoke_api_key(session: SessionDep, tenant_id: int, key_id: int) -> ApiKey:
-    """Revoke a key; it stops working at once."""
+def revoke_api_key(request: Request, session: SessionDep, tenant_id: int,
+                   key_id: int) -> ApiKey:
+    """Revoke a key: refused at once by this process, by others within the serving cache."""
     key = session.get(ApiKey, key_id)
     if key is None or key.tenant_id != tenant_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "API key not found")
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         session.commit()
+    request.app.state.key_cache.forget()
     return key
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 import sqlalchemy as sa
@@ -21,7 +22,47 @@ class UnknownUser(LookupError):
 class Ranked:
     source: str  # "model" | "popularity"
     job_id: int | None
-    items: list[tuple[int, float]]  # (item id, score)
+    items: list[tuple[str, str | None, float]]  # (item key, title, score)
+
+
+class RatingsCache:
+    """Per-process cache of each tenant's rated-item sets and popularity ranking.
+
+    Entries are valid for one ``ratings_version`` of the tenant (every upload or deletion
+    bumps it), re-read from the database at most once every ``ttl`` seconds, so what is
+    served is never older than that.
+    """
+
+    def __init__(self, ttl: float = 1.0, max_users: int = 200_000) -> None:
+        self.ttl, self.max_users = ttl, max_users
+        self._tenants: dict[int, dict] = {}
+
+    def _entry(self, s: Session, tenant_id: int) -> dict:
+        now = time.monotonic()
+        entry = self._tenants.get(tenant_id)
+        if entry is None or now - entry["checked"] >= self.ttl:
+            version = s.scalar(sa.select(Tenant.ratings_version).where(Tenant.id == tenant_id))
+            if entry is None or entry["version"] != version:
+                entry = {"version": version, "rated": {}, "popularity": None}
+            entry["checked"] = now
+            self._tenants[tenant_id] = entry
+        return entry
+
+    def rated(self, s: Session, tenant_id: int, user_key: str) -> np.ndarray:
+        rated = self._entry(s, tenant_id)["rated"]
+        items = rated.get(user_key)
+        if items is None:
+            items = _rated_item_ids(s, tenant_id, user_key)
+            if len(rated) >= self.max_users:
+                rated.clear()
+            rated[user_key] = items
+        return items
+
+    def popularity(self, s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
+        entry = self._entry(s, tenant.id)
+        if entry["popularity"] is None:
+            entry["popularity"] = _popularity(s, tenant)
+        return entry["popularity"]
 
 
 def _rated_item_ids(s: Session, tenant_id: int, user_key: str) -> np.ndarray:
@@ -41,21 +82,23 @@ def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int64), popularity_scores(counts, sums)
 
 
-def recommend(s: Session, cache: FactorCache, tenant: Tenant, user_key: str, k: int,
-              offset: int = 0, include_rated: bool = False) -> Ranked:
+def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Tenant,
+              user_key: str, k: int, offset: int = 0, include_rated: bool = False) -> Ranked:
     """The user's top-k (from ``offset``): model scores when the user has factors, else
     the tenant's popularity ranking (cold start). Raises :class:`UnknownUser`."""
     factors = cache.get(s, tenant.id)
-    rated = _rated_item_ids(s, tenant.id, user_key)
+    rated = ratings.rated(s, tenant.id, user_key)
     row = None if factors is None else factors.user_index.get(user_key)
     if row is not None:
         return _from_model(factors, row, rated, k, offset, include_rated)
     if rated.size == 0:
         raise UnknownUser(user_key)
-    ids, scores = _popularity(s, tenant)
+    ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
-    return Ranked("popularity", None, list(zip(ids[idx].tolist(), vals.tolist(), strict=True)))
+    labels = item_labels(s, ids[idx].tolist())
+    return Ranked("popularity", None, [(*labels[i], v) for i, v in
+                                       zip(ids[idx].tolist(), vals.tolist(), strict=True)])
 
 
 def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: int,
@@ -65,8 +108,8 @@ def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: 
     if not include_rated and rated.size:
         exclude = np.flatnonzero(np.isin(f.item_ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
-    return Ranked("model", f.job_id, list(zip(f.item_ids[idx].tolist(), vals.tolist(),
-                                              strict=True)))
+    return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
+                                      zip(idx.tolist(), vals.tolist(), strict=True)])
 
 
 def item_labels(s: Session, ids: list[int]) -> dict[int, tuple[str, str | None]]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import threading
+import time
 
 import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from app.models import Item
 from app.training.models import FactorSnapshot, TrainingJob
 
 
@@ -41,33 +43,56 @@ class ServingFactors:
     a: np.ndarray
     b: np.ndarray
     item_ids: np.ndarray
+    item_keys: list[str]
+    titles: list[str | None]
+
+
+def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFactors:
+    row = s.get(FactorSnapshot, (tenant_id, job_id))
+    with np.load(io.BytesIO(row.factors), allow_pickle=False) as z:
+        item_ids = np.load(io.BytesIO(z["item_ids"].tobytes()), allow_pickle=False)
+        a, b = z["A"], np.ascontiguousarray(z["B"])
+    labels = dict((i, (k, t)) for i, k, t in s.execute(
+        sa.select(Item.id, Item.key, Item.title).where(Item.id.in_(item_ids.tolist()))))
+    return ServingFactors(row.job_id, row.round, version,
+                          {k: i for i, k in enumerate(row.user_keys)}, a, b, item_ids,
+                          [labels[int(i)][0] for i in item_ids],
+                          [labels[int(i)][1] for i in item_ids])
 
 
 class FactorCache:
-    """Per-process cache of the latest snapshot of each tenant."""
+    """Per-process cache of the latest snapshot of each tenant.
 
-    def __init__(self) -> None:
+    The database is asked whether a newer snapshot exists at most once every ``ttl``
+    seconds per tenant (one small query); the factors and item labels load only when it
+    does.
+    """
+
+    def __init__(self, ttl: float = 1.0) -> None:
+        self.ttl = ttl
         self._lock = threading.Lock()
-        self._by_tenant: dict[int, ServingFactors] = {}
+        self._by_tenant: dict[int, tuple[ServingFactors | None, float]] = {}
 
     def get(self, s: Session, tenant_id: int) -> ServingFactors | None:
-        """The latest snapshot; one cheap query checks freshness, the blob loads on change."""
+        cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
+        if time.monotonic() - checked < self.ttl:
+            return cached
+        with self._lock:  # one thread refreshes; the others then find it fresh
+            return self._refresh(s, tenant_id)
+
+    def _refresh(self, s: Session, tenant_id: int) -> ServingFactors | None:
+        now = time.monotonic()
+        cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
+        if now - checked < self.ttl:
+            return cached
         head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
                          .where(FactorSnapshot.tenant_id == tenant_id)
                          .order_by(FactorSnapshot.updated_at.desc(),
                                    FactorSnapshot.job_id.desc()).limit(1)).first()
-        if head is None:
-            return None
-        version = f"{head.job_id}:{head.updated_at.isoformat()}"
-        cached = self._by_tenant.get(tenant_id)
-        if cached is not None and cached.version == version:
-            return cached
-        row = s.get(FactorSnapshot, (tenant_id, head.job_id))
-        with np.load(io.BytesIO(row.factors), allow_pickle=False) as z:
-            item_ids = np.load(io.BytesIO(z["item_ids"].tobytes()), allow_pickle=False)
-            fresh = ServingFactors(row.job_id, row.round, version,
-                                   {k: i for i, k in enumerate(row.user_keys)},
-                                   z["A"], np.ascontiguousarray(z["B"]), item_ids)
-        with self._lock:
-            self._by_tenant[tenant_id] = fresh
+        fresh = None
+        if head is not None:
+            version = f"{head.job_id}:{head.updated_at.isoformat()}"
+            fresh = cached if cached is not None and cached.version == version else \
+                _load(s, tenant_id, head.job_id, version)
+        self._by_tenant[tenant_id] = (fresh, now)
         return fresh
