@@ -310,3 +310,22 @@ def test_retraining_never_exceeds_a_budget(env):
     assert retrain_if_changed(app.state.sessions, pipeline.InlineDispatcher(
         app.state.sessions)) is None
     assert client.get("/admin/jobs").json()["count"] == 1
+
+
+def test_factor_cache_sees_a_newer_snapshot_only_after_its_ttl(env):
+    from app.training.snapshots import FactorCache
+
+    app, client = env
+    _trained(client, app)
+    tid = client.get("/admin/jobs").json()["data"][0]["tenant_ids"][0]
+    slow, eager = FactorCache(ttl=3600.0), FactorCache(ttl=0.0)
+    with app.state.sessions() as s:
+        first = slow.get(s, tid).job_id
+        assert eager.get(s, tid).job_id == first
+    second = wait_job(client, submit_job(client, seed=12).json()["id"])
+    assert second["id"] != first
+    with app.state.sessions() as s:
+        assert slow.get(s, tid).job_id == first  # within its TTL: the cached snapshot
+        fresh = eager.get(s, tid)
+        assert fresh.job_id == second["id"]
+        assert len(fresh.item_keys) == fresh.b.shape[1] == N_ITEMS
