@@ -321,11 +321,16 @@ def select(global_msg: FedMAvgGlobal, n_clients: int, per_round: int,
         global_msg, n_clients, per_round, rng)
 
 
+def mean_offset_factors(u: np.ndarray, mean: float, v: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """(A, B) with A @ B = U V + mean: the mean as a column of A and a row of ones in B."""
+    return (np.hstack([u, np.full((u.shape[0], 1), mean)]),
+            np.vstack([v, np.ones((1, v.shape[1]))]))
+
+
 def factors(global_msg: FedMAvgGlobal, local: FedMAvgLocal) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B) with A @ B = U_i V + mu_i: the mean as a column of A and a row of ones in B."""
-    a = np.hstack([local.u, np.full((local.u.shape[0], 1), local.mean)])
-    b = np.vstack([global_msg.v, np.ones((1, global_msg.v.shape[1]))])
-    return a, b
+    """(A, B) with A @ B = U_i V + mu_i."""
+    return mean_offset_factors(local.u, local.mean, global_msg.v)
 
 
 def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,

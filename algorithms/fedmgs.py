@@ -47,7 +47,13 @@ from pydantic import Field
 from algorithms._messages import Message
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
-from algorithms.fedmavg import draw_factor, local_objective, penalties, u_steps
+from algorithms.fedmavg import (
+    draw_factor,
+    local_objective,
+    mean_offset_factors,
+    penalties,
+    u_steps,
+)
 
 
 class FedMGSConfig(AlgorithmConfig):
@@ -232,9 +238,7 @@ def select(global_msg: FedMGSGlobal, n_clients: int, per_round: int,
 
 def factors(global_msg: FedMGSGlobal, local: FedMGSLocal) -> tuple[np.ndarray, np.ndarray]:
     """(A, B) with A @ B = U_i V + mu_i."""
-    a = np.hstack([local.u, np.full((local.u.shape[0], 1), local.mean)])
-    b = np.vstack([global_msg.v, np.ones((1, global_msg.v.shape[1]))])
-    return a, b
+    return mean_offset_factors(local.u, local.mean, global_msg.v)
 
 
 def objective(global_msg: FedMGSGlobal, local: FedMGSLocal, block: RatingBlock,
