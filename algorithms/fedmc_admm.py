@@ -285,6 +285,10 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
                 cfg: FedMCADMMConfig, rng: np.random.Generator
                 ) -> tuple[LocalState, Upload]:
     """Step 4 of Algorithm 1 for one sampled tenant; deterministic (``rng`` unused)."""
+    if state.U.shape[0] != block.n_users or global_msg.V.shape[1] != block.n_items:
+        # the compiled kernels do not check bounds: refuse a mismatch before entering them
+        raise ValueError(f"block of shape {block.shape} does not match U with "
+                         f"{state.U.shape[0]} rows and V with {global_msg.V.shape[1]} items")
     anchor = state if cfg.u_anchor == "local" else state.replace(W=global_msg.V)
     u = u_update(anchor, block, cfg)
     w, y = w_update(u, global_msg.V, global_msg.n_clients, state, block, cfg)

@@ -16,10 +16,10 @@ configured, or :class:`InlineDispatcher`, which runs them in this process.
 from __future__ import annotations
 
 import collections
+import hashlib
 import io
 import time
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -82,10 +82,24 @@ def algorithm_of(job: TrainingJob) -> tuple[Algorithm, Any]:
     return alg, alg.config(**job.config)
 
 
-@lru_cache(maxsize=4096)
-def _block(blob: bytes) -> RatingBlock:
-    """Blocks are immutable per job: decompress each once per process."""
-    return RatingBlock.from_bytes(blob)
+_BLOCKS: collections.OrderedDict[tuple[int, int, str], RatingBlock] = collections.OrderedDict()
+_BLOCK_CACHE_SIZE = 512
+
+
+def _block(jc: JobClient, which: str) -> RatingBlock:
+    """A job's blocks never change: decompress each once per process (LRU keyed by a digest
+    of the stored bytes, so a cache never confuses two databases' jobs with the same id)."""
+    blob = jc.train_block if which == "train" else jc.test_block
+    key = (jc.job_id, jc.client_index, hashlib.blake2b(blob, digest_size=16).hexdigest())
+    block = _BLOCKS.get(key)
+    if block is None:
+        block = RatingBlock.from_bytes(blob)
+        _BLOCKS[key] = block
+        if len(_BLOCKS) > _BLOCK_CACHE_SIZE:
+            _BLOCKS.popitem(last=False)
+    else:
+        _BLOCKS.move_to_end(key)
+    return block
 
 
 def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
@@ -154,7 +168,7 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             jc = s.get(JobClient, (job_id, client))
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
-                Message.from_bytes(jc.local_state), _block(jc.train_block))
+                Message.from_bytes(jc.local_state), _block(jc, "train"))
             event = refused = None
             if upload is not None:
                 upload, event, refused = _privatise(s, job, jc.tenant_id, client, round_,
@@ -190,8 +204,8 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
     parts, per_tenant, objective = [], {}, 0.0
     for jc in clients:
         state = Message.from_bytes(locals_[jc.client_index])
-        part = tenant_errors(alg, glob, state, _block(jc.test_block), scales[jc.tenant_id])
-        objective += float(alg.objective(glob, state, _block(jc.train_block), cfg))
+        part = tenant_errors(alg, glob, state, _block(jc, "test"), scales[jc.tenant_id])
+        objective += float(alg.objective(glob, state, _block(jc, "train"), cfg))
         parts.append(part)
         rmse, mae = combine_errors([part])
         per_tenant[str(jc.tenant_id)] = {"test_rmse": _num(rmse), "test_mae": _num(mae),

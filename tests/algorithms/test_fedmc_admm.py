@@ -270,3 +270,19 @@ def test_without_numba_auto_falls_back_to_numpy(monkeypatch):
     assert not F.FedMCADMMConfig().use_numba()
     with pytest.raises(ValueError, match="kernel='numba' needs numba installed"):
         F.FedMCADMMConfig(kernel="numba")
+
+
+def test_client_step_refuses_a_block_that_does_not_match_its_state():
+    import numpy as np
+    import pytest
+
+    from algorithms import RatingBlock, registry
+    from algorithms.simulate import initialise
+
+    alg = registry.get("fedmc-admm")
+    cfg = alg.config(rank=2)
+    block = RatingBlock([0, 1, 2], [0, 1, 2], [1.0, 2.0, 3.0], 3, 4)
+    _, glob, (state,) = initialise(alg, cfg, [block], 0)
+    other = RatingBlock([0, 4], [0, 1], [1.0, 2.0], 5, 4)
+    with pytest.raises(ValueError, match=r"block of shape \(5, 4\) does not match U with 3"):
+        alg.client_step(glob, state, other, cfg, np.random.default_rng(0))
