@@ -20,6 +20,7 @@ from app.schemas import (
     UploadResult,
     UserRatingsDeleted,
 )
+from app.training.forget import forget_user
 from app.uploads import IdempotencyConflict, upload_ratings
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"])
@@ -96,9 +97,10 @@ def count_ratings(tenant: OwnTenantDep, session: SessionDep) -> RatingsCount:
 @router.delete("/users/{user}/ratings", response_model=UserRatingsDeleted)
 def delete_user_ratings(tenant: OwnTenantDep, session: SessionDep,
                         user: str) -> UserRatingsDeleted:
-    """Forget a user: delete all their ratings (404 if the tenant has none for them)."""
+    """Forget a user: their ratings, and their rows in trained snapshots and job data."""
     deleted = store.delete_user(session, tenant.id, user)
     if deleted is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "User not found")
+    forget_user(session, tenant.id, user)
     session.commit()
     return UserRatingsDeleted(user=user, deleted=deleted)

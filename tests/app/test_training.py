@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -329,3 +330,34 @@ def test_factor_cache_sees_a_newer_snapshot_only_after_its_ttl(env):
         fresh = eager.get(s, tid)
         assert fresh.job_id == second["id"]
         assert len(fresh.item_keys) == fresh.b.shape[1] == N_ITEMS
+
+
+def test_a_forgotten_user_leaves_no_ratings_or_factors_behind(env):
+    from algorithms import RatingBlock
+    from app.training.models import FactorSnapshot
+
+    app, client = env
+    tenants, job = _trained(client, app)
+    tid, key = tenants[0]
+    auth = {"Authorization": f"Bearer {key}"}
+    with app.state.sessions() as s:
+        jc = s.scalars(sa.select(JobClient).where(JobClient.tenant_id == tid)).one()
+        user, other = jc.user_keys[0], jc.user_keys[1]
+        before = RatingBlock.from_bytes(jc.train_block)
+    other_recs = client.get(f"/tenants/{tid}/users/{other}/recommendations", headers=auth)
+    r = client.delete(f"/tenants/{tid}/users/{user}/ratings", headers=auth)
+    assert r.status_code == 200 and r.json()["deleted"] > 0
+    app.state.factor_cache.ttl = 0.0  # do not wait for the serving cache
+    gone = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+    assert gone.status_code == 404
+    with app.state.sessions() as s:
+        jc = s.scalars(sa.select(JobClient).where(JobClient.tenant_id == tid)).one()
+        snap = s.scalars(sa.select(FactorSnapshot).where(FactorSnapshot.tenant_id == tid)).one()
+        assert user not in jc.user_keys and jc.user_keys[0] == ""
+        assert user not in snap.user_keys and len(snap.user_keys) == len(jc.user_keys) - 1
+        after = RatingBlock.from_bytes(jc.train_block)
+        assert not np.any(after.rows == 0)
+        assert after.nnz == before.nnz - int(np.sum(before.rows == 0))
+    # everybody else is served exactly as before
+    again = client.get(f"/tenants/{tid}/users/{other}/recommendations", headers=auth)
+    assert again.json()["data"] == other_recs.json()["data"]
