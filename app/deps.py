@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -49,25 +50,51 @@ def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_
         raise _unauthorized("Invalid admin token")
 
 
+def _verified_tenant(request: Request, session: Session, presented: str) -> Tenant:
+    """The tenant of an unrevoked key (cached per process, see KeyCache); 401 otherwise."""
+    cache, now = request.app.state.key_cache, time.monotonic()
+    digest = hash_key(presented)
+    cached = cache.get(digest, now)
+    if cached is not None:
+        return cached
+    prefix = key_prefix(presented)
+    try:
+        key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) if prefix else None
+        if key is None or key.revoked_at is not None or not same_secret(presented,
+                                                                         key.key_hash):
+            raise _unauthorized("Invalid API key")
+        tenant = session.get(Tenant, key.tenant_id)
+    except BaseException:
+        cache.drop(digest)
+        raise
+    session.expunge(tenant)  # a read-only copy, shared by this process's requests
+    cache.put(digest, tenant, now)
+    return tenant
+
+
 def current_tenant(request: Request, session: SessionDep,
                    creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
     """The tenant owning the presented, unrevoked API key; 401 otherwise (verified keys
     are cached per process for FEDREC_SERVING_CACHE_SECONDS, see KeyCache)."""
     if creds is None:
         raise _unauthorized("API key required")
-    cache, now = request.app.state.key_cache, time.monotonic()
-    digest = hash_key(creds.credentials)
-    cached = cache.get(digest, now)
-    if cached is not None:
-        return cached
-    prefix = key_prefix(creds.credentials)
-    key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) if prefix else None
-    if key is None or key.revoked_at is not None or not same_secret(creds.credentials,
-                                                                     key.key_hash):
-        raise _unauthorized("Invalid API key")
-    tenant = session.get(Tenant, key.tenant_id)
-    session.expunge(tenant)  # a read-only copy, shared by this process's requests
-    cache.put(digest, tenant, now)
+    return _verified_tenant(request, session, creds.credentials)
+
+
+async def serving_tenant(request: Request, tenant_id: Annotated[int, Path()],
+                         creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
+    """:func:`own_tenant` for the serving hot path: on the event loop when the key is
+    cached, one threadpool call with its own session when it is not."""
+    if creds is None:
+        raise _unauthorized("API key required")
+    tenant = request.app.state.key_cache.get(hash_key(creds.credentials), time.monotonic())
+    if tenant is None:
+        def verify() -> Tenant:
+            with request.app.state.sessions() as session:
+                return _verified_tenant(request, session, creds.credentials)
+        tenant = await run_in_threadpool(verify)
+    if tenant.id != tenant_id:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
     return tenant
 
 
@@ -83,3 +110,4 @@ def own_tenant(tenant: TenantDep, tenant_id: Annotated[int, Path()]) -> Tenant:
 
 AdminDep = Annotated[None, Depends(require_admin)]
 OwnTenantDep = Annotated[Tenant, Depends(own_tenant)]
+ServingTenantDep = Annotated[Tenant, Depends(serving_tenant)]

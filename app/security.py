@@ -42,26 +42,42 @@ def same_secret(given: str, expected_hash_or_token: str, hashed: bool = True) ->
 
 
 class KeyCache:
-    """Per-process cache of verified API keys: key hash -> (tenant, expiry).
+    """Per-process cache of verified API keys: key hash -> (tenant, last check).
 
-    A key is looked up in the database at most once every ``ttl`` seconds per process, so
-    serving does not pay a query per request. A revocation is immediate in the process
-    that made it (:meth:`forget`) and reaches the other processes within ``ttl`` seconds.
+    A key is re-verified against the database about once every ``ttl`` seconds per process
+    (by one request, while the others keep using it; see :mod:`app.cache`), so serving does
+    not pay a query per request. A revocation is immediate in the process that made it
+    (:meth:`forget`) and reaches the other processes within a few ``ttl``.
     """
 
     def __init__(self, ttl: float) -> None:
+        from app.cache import SingleFlight
+
         self.ttl = ttl
+        self._flight = SingleFlight(ttl)
         self._entries: dict[str, tuple[object, float]] = {}
 
     def get(self, key_hash: str, now: float) -> object | None:
+        """The cached tenant, or None when the caller must verify the key (then ``put``
+        or ``drop``)."""
+        from app.cache import REFRESH
+
         hit = self._entries.get(key_hash)
-        return hit[0] if hit is not None and hit[1] > now else None
+        if hit is None or self._flight.state(key_hash, hit[1], now) == REFRESH:
+            return None
+        return hit[0]
 
     def put(self, key_hash: str, tenant: object, now: float) -> None:
         if self.ttl > 0:
             if len(self._entries) > 100_000:
                 self._entries.clear()
-            self._entries[key_hash] = (tenant, now + self.ttl)
+            self._entries[key_hash] = (tenant, now)
+        self._flight.done(key_hash)
+
+    def drop(self, key_hash: str) -> None:
+        """A verification failed: never serve this key from memory again."""
+        self._entries.pop(key_hash, None)
+        self._flight.done(key_hash)
 
     def forget(self) -> None:
         self._entries.clear()

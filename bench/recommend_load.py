@@ -79,12 +79,13 @@ end
 """)
 
 
-def _serve(env: dict[str, str], port: int, log: Path) -> subprocess.Popen:
+def _serve(env: dict[str, str], port: int, log: Path, access_log: bool) -> subprocess.Popen:
     """``fedrec serve --workers 2``; its output goes to a file (an unread pipe would fill
     up and block the workers)."""
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port",
-                                 str(port), "--workers", "2", "--no-migrate"], cwd=ROOT,
+                                 str(port), "--workers", "2", "--no-migrate",
+                                 *([] if access_log else ["--no-access-log"])], cwd=ROOT,
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
     for _ in range(200):
         try:
@@ -115,6 +116,8 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=30)
     parser.add_argument("--rank", type=int, default=20)
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="run the server without uvicorn's per-request access log")
     parser.add_argument("--profile", type=Path, default=None,
                         help="record a py-spy flame graph of one worker during the run")
     args = parser.parse_args()
@@ -133,7 +136,7 @@ def main() -> None:
     log = Path(tempfile.mkstemp(prefix="fedrec-serve-", suffix=".log")[1])
     try:
         migrate(url)
-        server = _serve(env, args.port, log)
+        server = _serve(env, args.port, log, not args.no_access_log)
         base = f"http://127.0.0.1:{args.port}"
         admin = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=base, timeout=300, headers=admin) as api:

@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes (needs FEDREC_ADMIN_TOKEN when > 1)")
+    parser.add_argument("--no-access-log", action="store_true",
+                        help="do not log every request (uvicorn's access log)")
     parser.add_argument("--no-migrate", action="store_true",
                         help="do not run the Alembic migrations before starting")
     parser.set_defaults(func=run)
@@ -34,5 +36,5 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_migrate:
         migrate(settings.database_url)
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers)
+                workers=args.workers, access_log=not args.no_access_log)
     return 0

@@ -6,8 +6,9 @@ from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 
-from app.deps import OwnTenantDep, SessionDep
+from app.deps import OwnTenantDep, ServingTenantDep, SessionDep
 from app.models import Tenant
 from app.training import reports
 from app.training.models import JobClient, TrainingJob
@@ -18,7 +19,7 @@ from app.training.schemas import (
     RecommendationsPublic,
     TenantReport,
 )
-from app.training.serving import Ranked, UnknownUser, recommend
+from app.training.serving import Ranked, UnknownUser, recommend, recommend_from_memory
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"])
 UNKNOWN_USER = "User {!r} not found: no ratings and no factors in this tenant"
@@ -37,17 +38,23 @@ def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPu
 
 
 @router.get("/users/{user_key}/recommendations", response_model=RecommendationsPublic)
-def read_recommendations(user_key: str, request: Request, tenant: OwnTenantDep,
-                         session: SessionDep,
-                         k: Annotated[int, Query(ge=1, le=1000)] = 10,
-                         offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
-                         include_rated: bool = False) -> RecommendationsPublic:
+async def read_recommendations(user_key: str, request: Request, tenant: ServingTenantDep,
+                               k: Annotated[int, Query(ge=1, le=1000)] = 10,
+                               offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
+                               include_rated: bool = False) -> RecommendationsPublic:
     """Top-k items for one user, excluding those already rated unless include_rated."""
-    try:
-        ranked = recommend(session, *_caches(request), tenant, user_key, k, offset,
-                           include_rated)
-    except UnknownUser:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, UNKNOWN_USER.format(user_key)) from None
+    ranked = recommend_from_memory(*_caches(request), tenant, user_key, k, offset,
+                                   include_rated)
+    if ranked is None:  # a cache miss: one threadpool call with its own session
+        def load() -> Ranked:
+            with request.app.state.sessions() as session:
+                return recommend(session, *_caches(request), tenant, user_key, k, offset,
+                                 include_rated)
+        try:
+            ranked = await run_in_threadpool(load)
+        except UnknownUser:
+            raise HTTPException(status.HTTP_404_NOT_FOUND,
+                                UNKNOWN_USER.format(user_key)) from None
     return _public(user_key, ranked, k, offset)
 
 

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from algorithms.recommend import popularity_scores, top_k
+from app.cache import REFRESH, SingleFlight
 from app.models import Item, Rating, Tenant, User
 from app.training.snapshots import FactorCache, ServingFactors
 
@@ -35,18 +36,31 @@ class RatingsCache:
 
     def __init__(self, ttl: float = 1.0, max_users: int = 200_000) -> None:
         self.ttl, self.max_users = ttl, max_users
+        self._flight = SingleFlight(ttl)
         self._tenants: dict[int, dict] = {}
 
     def _entry(self, s: Session, tenant_id: int) -> dict:
         now = time.monotonic()
         entry = self._tenants.get(tenant_id)
         if entry is None or now - entry["checked"] >= self.ttl:
-            version = s.scalar(sa.select(Tenant.ratings_version).where(Tenant.id == tenant_id))
-            if entry is None or entry["version"] != version:
-                entry = {"version": version, "rated": {}, "popularity": None}
-            entry["checked"] = now
-            self._tenants[tenant_id] = entry
+            try:
+                version = s.scalar(sa.select(Tenant.ratings_version)
+                                   .where(Tenant.id == tenant_id))
+                if entry is None or entry["version"] != version:
+                    entry = {"version": version, "rated": {}, "popularity": None}
+                entry["checked"] = now
+                self._tenants[tenant_id] = entry
+            finally:
+                self._flight.done(tenant_id)
         return entry
+
+    def peek_rated(self, tenant_id: int, user_key: str) -> np.ndarray | None:
+        """The user's rated items from memory, if known and usable (see :mod:`app.cache`)."""
+        entry = self._tenants.get(tenant_id)
+        if entry is None or self._flight.state(tenant_id, entry["checked"],
+                                                time.monotonic()) == REFRESH:
+            return None
+        return entry["rated"].get(user_key)
 
     def rated(self, s: Session, tenant_id: int, user_key: str) -> np.ndarray:
         rated = self._entry(s, tenant_id)["rated"]
@@ -80,6 +94,21 @@ def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
         return np.empty(0, dtype=np.int64), np.empty(0)
     ids, counts, sums = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
     return ids.astype(np.int64), popularity_scores(counts, sums)
+
+
+def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Tenant,
+                          user_key: str, k: int, offset: int = 0,
+                          include_rated: bool = False) -> Ranked | None:
+    """:func:`recommend` without the database, when everything it needs is cached and
+    fresh; None otherwise (then call :func:`recommend`). Same answer either way."""
+    fresh, factors = cache.peek(tenant.id)
+    if not fresh or factors is None or user_key not in factors.user_index:
+        return None
+    rated = ratings.peek_rated(tenant.id, user_key)
+    if rated is None:
+        return None
+    return _from_model(factors, factors.user_index[user_key], rated, k, offset,
+                       include_rated)
 
 
 def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Tenant,

@@ -15,6 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from app.cache import REFRESH, SingleFlight
 from app.models import Item
 from app.training.models import FactorSnapshot, TrainingJob
 
@@ -63,22 +64,31 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
 class FactorCache:
     """Per-process cache of the latest snapshot of each tenant.
 
-    The database is asked whether a newer snapshot exists at most once every ``ttl``
-    seconds per tenant (one small query); the factors and item labels load only when it
-    does.
+    The database is asked whether a newer snapshot exists about once every ``ttl``
+    seconds per tenant (one small query, by one request while the others keep serving,
+    see :mod:`app.cache`); the factors and item labels load only when it does.
     """
 
     def __init__(self, ttl: float = 1.0) -> None:
         self.ttl = ttl
         self._lock = threading.Lock()
+        self._flight = SingleFlight(ttl)
         self._by_tenant: dict[int, tuple[ServingFactors | None, float]] = {}
+
+    def peek(self, tenant_id: int) -> tuple[bool, ServingFactors | None]:
+        """(usable, factors) from memory only; not usable means: call :meth:`get`."""
+        cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
+        return self._flight.state(tenant_id, checked, time.monotonic()) != REFRESH, cached
 
     def get(self, s: Session, tenant_id: int) -> ServingFactors | None:
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
         if time.monotonic() - checked < self.ttl:
             return cached
         with self._lock:  # one thread refreshes; the others then find it fresh
-            return self._refresh(s, tenant_id)
+            try:
+                return self._refresh(s, tenant_id)
+            finally:
+                self._flight.done(tenant_id)
 
     def _refresh(self, s: Session, tenant_id: int) -> ServingFactors | None:
         now = time.monotonic()
