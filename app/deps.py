@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from typing import Annotated
@@ -50,11 +52,13 @@ def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_
         raise _unauthorized("Invalid admin token")
 
 
-def _verified_tenant(request: Request, session: Session, presented: str) -> Tenant:
-    """The tenant of an unrevoked key (cached per process, see KeyCache); 401 otherwise."""
+def _verified_tenant(request: Request, session: Session, presented: str,
+                     force: bool = False) -> Tenant:
+    """The tenant of an unrevoked key (cached per process, see KeyCache); 401 otherwise.
+    ``force`` re-verifies against the database even when the key is cached."""
     cache, now = request.app.state.key_cache, time.monotonic()
     digest = hash_key(presented)
-    cached = cache.get(digest, now)
+    cached = None if force else cache.get(digest, now)
     if cached is not None:
         return cached
     prefix = key_prefix(presented)
@@ -81,18 +85,40 @@ def current_tenant(request: Request, session: SessionDep,
     return _verified_tenant(request, session, creds.credentials)
 
 
+def in_background(request: Request, fn) -> None:
+    """Run ``fn`` in the threadpool without making the request wait; failures are logged
+    (a failed key re-verification has already dropped the key from the cache)."""
+    tasks = request.app.state.background_tasks
+
+    async def run() -> None:
+        try:
+            await run_in_threadpool(fn)
+        except Exception as exc:  # noqa: BLE001 - logged, the request already answered
+            if not isinstance(exc, HTTPException):
+                logging.getLogger("fedrec").exception("background refresh failed")
+
+    task = asyncio.get_running_loop().create_task(run())
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+
+
 async def serving_tenant(request: Request, tenant_id: Annotated[int, Path()],
                          creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
     """:func:`own_tenant` for the serving hot path: on the event loop when the key is
     cached, one threadpool call with its own session when it is not."""
     if creds is None:
         raise _unauthorized("API key required")
-    tenant = request.app.state.key_cache.get(hash_key(creds.credentials), time.monotonic())
+
+    def verify() -> Tenant:
+        with request.app.state.sessions() as session:
+            return _verified_tenant(request, session, creds.credentials, force=True)
+
+    tenant, recheck = request.app.state.key_cache.lookup(hash_key(creds.credentials),
+                                                         time.monotonic())
     if tenant is None:
-        def verify() -> Tenant:
-            with request.app.state.sessions() as session:
-                return _verified_tenant(request, session, creds.credentials)
         tenant = await run_in_threadpool(verify)
+    elif recheck:  # due for re-verification: done in the background, this request proceeds
+        in_background(request, verify)
     if tenant.id != tenant_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
     return tenant

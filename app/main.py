@@ -39,6 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.celery = create_celery_app(settings)
     app.state.factor_cache = FactorCache(settings.serving_cache_seconds)
     app.state.key_cache = KeyCache(settings.serving_cache_seconds)
+    app.state.background_tasks = set()
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations):
         app.include_router(module.router)

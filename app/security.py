@@ -67,6 +67,15 @@ class KeyCache:
             return None
         return hit[0]
 
+    def lookup(self, key_hash: str, now: float) -> tuple[object | None, bool]:
+        """(cached tenant or None, whether this caller should re-verify the key)."""
+        from app.cache import REFRESH
+
+        hit = self._entries.get(key_hash)
+        if hit is None:
+            return None, True
+        return hit[0], self._flight.state(key_hash, hit[1], now) == REFRESH
+
     def put(self, key_hash: str, tenant: object, now: float) -> None:
         if self.ttl > 0:
             if len(self._entries) > 100_000:

@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from app.deps import OwnTenantDep, ServingTenantDep, SessionDep
+from app.deps import OwnTenantDep, ServingTenantDep, SessionDep, in_background
 from app.models import Tenant
 from app.training import reports
 from app.training.models import JobClient, TrainingJob
@@ -19,7 +19,13 @@ from app.training.schemas import (
     RecommendationsPublic,
     TenantReport,
 )
-from app.training.serving import Ranked, UnknownUser, recommend, recommend_from_memory
+from app.training.serving import (
+    Ranked,
+    UnknownUser,
+    recommend,
+    recommend_from_memory,
+    refresh_caches,
+)
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"])
 UNKNOWN_USER = "User {!r} not found: no ratings and no factors in this tenant"
@@ -43,8 +49,13 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
                                offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
                                include_rated: bool = False) -> RecommendationsPublic:
     """Top-k items for one user, excluding those already rated unless include_rated."""
-    ranked = recommend_from_memory(*_caches(request), tenant, user_key, k, offset,
-                                   include_rated)
+    ranked, due = recommend_from_memory(*_caches(request), tenant, user_key, k, offset,
+                                        include_rated)
+    if ranked is not None and due:  # answer now; re-check snapshot and ratings meanwhile
+        def refresh() -> None:
+            with request.app.state.sessions() as session:
+                refresh_caches(session, *_caches(request), tenant.id)
+        in_background(request, refresh)
     if ranked is None:  # a cache miss: one threadpool call with its own session
         def load() -> Ranked:
             with request.app.state.sessions() as session:

@@ -54,13 +54,18 @@ class RatingsCache:
                 self._flight.done(tenant_id)
         return entry
 
-    def peek_rated(self, tenant_id: int, user_key: str) -> np.ndarray | None:
-        """The user's rated items from memory, if known and usable (see :mod:`app.cache`)."""
+    def peek_rated(self, tenant_id: int, user_key: str) -> tuple[np.ndarray | None, bool]:
+        """(the user's rated items from memory or None, whether the tenant's entry is due
+        for a refresh by this caller: see :meth:`refresh`)."""
         entry = self._tenants.get(tenant_id)
-        if entry is None or self._flight.state(tenant_id, entry["checked"],
-                                                time.monotonic()) == REFRESH:
-            return None
-        return entry["rated"].get(user_key)
+        if entry is None:
+            return None, True
+        due = self._flight.state(tenant_id, entry["checked"], time.monotonic()) == REFRESH
+        return entry["rated"].get(user_key), due
+
+    def refresh(self, s: Session, tenant_id: int) -> None:
+        """Re-check the tenant's ratings version now (drops its entries if it changed)."""
+        self._entry(s, tenant_id)
 
     def rated(self, s: Session, tenant_id: int, user_key: str) -> np.ndarray:
         rated = self._entry(s, tenant_id)["rated"]
@@ -98,17 +103,24 @@ def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
 
 def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Tenant,
                           user_key: str, k: int, offset: int = 0,
-                          include_rated: bool = False) -> Ranked | None:
-    """:func:`recommend` without the database, when everything it needs is cached and
-    fresh; None otherwise (then call :func:`recommend`). Same answer either way."""
-    fresh, factors = cache.peek(tenant.id)
-    if not fresh or factors is None or user_key not in factors.user_index:
-        return None
-    rated = ratings.peek_rated(tenant.id, user_key)
-    if rated is None:
-        return None
+                          include_rated: bool = False) -> tuple[Ranked | None, bool]:
+    """(:func:`recommend` answered from memory, or None when something is not cached;
+    whether a cache is due for a refresh, which the caller runs in the background with
+    :func:`refresh_caches`). Same answer as :func:`recommend` on the same cache state."""
+    known, factors_due, factors = cache.peek(tenant.id)
+    rated, ratings_due = ratings.peek_rated(tenant.id, user_key)
+    due = factors_due or ratings_due
+    if not known or factors is None or rated is None or user_key not in factors.user_index:
+        return None, due
     return _from_model(factors, factors.user_index[user_key], rated, k, offset,
-                       include_rated)
+                       include_rated), due
+
+
+def refresh_caches(s: Session, cache: FactorCache, ratings: RatingsCache,
+                   tenant_id: int) -> None:
+    """Re-check the tenant's snapshot and ratings version (the background refresh)."""
+    cache.get(s, tenant_id)
+    ratings.refresh(s, tenant_id)
 
 
 def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Tenant,

@@ -75,10 +75,13 @@ class FactorCache:
         self._flight = SingleFlight(ttl)
         self._by_tenant: dict[int, tuple[ServingFactors | None, float]] = {}
 
-    def peek(self, tenant_id: int) -> tuple[bool, ServingFactors | None]:
-        """(usable, factors) from memory only; not usable means: call :meth:`get`."""
-        cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
-        return self._flight.state(tenant_id, checked, time.monotonic()) != REFRESH, cached
+    def peek(self, tenant_id: int) -> tuple[bool, bool, ServingFactors | None]:
+        """(known, due, factors) from memory only: ``known`` is False before the first
+        :meth:`get`; ``due`` means this caller should refresh (call :meth:`get`)."""
+        if tenant_id not in self._by_tenant:
+            return False, True, None
+        cached, checked = self._by_tenant[tenant_id]
+        return True, self._flight.state(tenant_id, checked, time.monotonic()) == REFRESH, cached
 
     def get(self, s: Session, tenant_id: int) -> ServingFactors | None:
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))

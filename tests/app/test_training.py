@@ -7,6 +7,7 @@ same data, split and seed, and the privacy accountant on the charged events.
 from __future__ import annotations
 
 import secrets
+import time
 
 import numpy as np
 import pytest
@@ -361,3 +362,56 @@ def test_a_forgotten_user_leaves_no_ratings_or_factors_behind(env):
     # everybody else is served exactly as before
     again = client.get(f"/tenants/{tid}/users/{other}/recommendations", headers=auth)
     assert again.json()["data"] == other_recs.json()["data"]
+
+
+@pytest.fixture
+def fast_env(tmp_path):
+    """The API with a 0.2 s serving cache, so staleness bounds can be observed."""
+    url = f"sqlite:///{tmp_path}/fast.db"
+    migrate(url)
+    token = secrets.token_urlsafe(32)
+    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None,
+                              serving_cache_seconds=0.2))
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        yield app, client
+
+
+def _eventually(fn, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def test_served_recommendations_follow_a_new_snapshot_within_the_cache_bound(fast_env):
+    app, client = fast_env
+    (tid, key), _ = make_tenants(client)
+    first = wait_job(client, submit_job(client).json()["id"])
+    with app.state.sessions() as s:
+        user = s.scalars(sa.select(JobClient.user_keys).where(
+            JobClient.tenant_id == tid)).first()[0]
+    url, auth = f"/tenants/{tid}/users/{user}/recommendations", {"Authorization": f"Bearer {key}"}
+    assert client.get(url, headers=auth).json()["job_id"] == first["id"]
+    second = wait_job(client, submit_job(client, seed=5).json()["id"])
+    _eventually(lambda: client.get(url, headers=auth).json()["job_id"] == second["id"])
+
+
+def test_a_key_revoked_by_another_process_stops_working_within_the_cache_bound(fast_env):
+    from app.models import ApiKey, utcnow
+
+    app, client = fast_env
+    (tid, key), _ = make_tenants(client)
+    wait_job(client, submit_job(client).json()["id"])
+    auth = {"Authorization": f"Bearer {key}"}
+    assert client.get(f"/tenants/{tid}/report", headers=auth).status_code == 200
+    with app.state.sessions() as s:  # as another API process would: no local cache reset
+        for k in s.scalars(sa.select(ApiKey).where(ApiKey.tenant_id == tid)):
+            k.revoked_at = utcnow()
+        s.commit()
+    url = f"/tenants/{tid}/users/nobody/recommendations"
+    _eventually(lambda: client.get(url, headers=auth).status_code == 401)
+    assert client.get(url, headers=auth).json()["detail"] == "Invalid API key"
