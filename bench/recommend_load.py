@@ -179,7 +179,11 @@ def main() -> None:
     finally:
         if server is not None:
             server.terminate()
-            server.wait(20)
+            try:
+                server.wait(20)
+            except subprocess.TimeoutExpired:
+                server.kill()  # never leave a server (or its database) behind
+                server.wait(10)
             print(f"server log: {log} ({log.stat().st_size} bytes)")
         from app.db import engine_for
         engine_for.cache_clear()
