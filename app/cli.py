@@ -13,6 +13,7 @@ COMMANDS = [
     "app.commands.migrate",
     "app.commands.demo",
     "app.commands.cluster",
+    "app.commands.bench",
 ]
 
 

@@ -1,0 +1,80 @@
+"""`fedrec bench`: every experiment runs at its --quick size, and the results table is
+built from the result files, never typed."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from algorithms.data import data_dir
+from app.commands.bench import experiments
+from bench import _experiment as E
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = experiments()
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_experiment_runs_at_quick_size(name, tmp_path):
+    if getattr(EXPERIMENTS[name], "NEEDS_DATA", False) and data_dir() is None:
+        if os.environ.get("CI"):
+            pytest.fail("the MovieLens folder is missing (set FEDREC_DATA_DIR)")
+        pytest.skip("MovieLens data not found (set FEDREC_DATA_DIR)")
+    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", name, "--quick",
+                          "--seeds", "1", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads((tmp_path / f"{name}.json").read_text())
+    assert doc["experiment"] == name and doc["quick"] is True
+    assert doc["command"].startswith(f"fedrec bench {name} --quick")
+    assert doc["machine"]["cores"] == os.cpu_count()
+    for row in doc.get("comparisons", []):
+        assert row["runs"] >= 1, row
+        assert math.isfinite(row["mean"]), row
+
+
+def test_every_experiment_declares_itself():
+    for name, module in EXPERIMENTS.items():
+        assert module.EXPERIMENT.strip(), name
+        assert callable(module.main), name
+
+
+def test_comparison_mean_std_and_difference():
+    row = E.comparison("ML-100k", "RMSE", 0.93, [0.91, 0.95, float("nan"), 0.92])
+    assert row["runs"] == 3 and row["diverged"] == 1
+    assert row["mean"] == pytest.approx(statistics.fmean([0.91, 0.95, 0.92]))
+    assert row["std"] == pytest.approx(statistics.stdev([0.91, 0.95, 0.92]))
+    assert row["diff"] == pytest.approx(row["mean"] - 0.93)
+
+
+def test_table_skips_quick_runs_and_rewrites_between_markers(tmp_path):
+    full = E.comparison("ML-1M", "RMSE", 0.8831, [0.8811, 0.8820])
+    E.write_result(tmp_path, "demo", ["--seeds", "2"], False, {"comparisons": [full]})
+    quick = E.comparison("tiny", "RMSE", 1.0, [2.0])
+    E.write_result(tmp_path, "zz_quick", ["--quick"], True, {"comparisons": [quick]})
+    table = E.results_table(tmp_path)
+    assert "| demo | ML-1M | RMSE | 0.8831 | 0.8816 ± 0.0006 | 2 | -0.0015 |" in table
+    assert "zz_quick" not in table and "`fedrec bench demo --seeds 2`" in table
+    md = tmp_path / "B.md"
+    md.write_text(f"before\n{E.TABLE_START}\nold\n{E.TABLE_END}\nafter\n")
+    E.write_table(md, tmp_path)
+    text = md.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    assert table in text
+    md.write_text("no markers")
+    with pytest.raises(ValueError, match="lacks the markers"):
+        E.write_table(md, tmp_path)
+
+
+def test_unknown_experiment_is_refused_with_the_choices():
+    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", "nope"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "unknown experiment 'nope'; choose from:" in run.stderr
