@@ -42,6 +42,16 @@ class Settings(BaseSettings):
     """Bearer token of the admin endpoints. Development: generated at start-up if unset."""
     max_upload_bytes: int = Field(64 * 1024 * 1024, gt=0)
     """Largest accepted upload body (bytes); larger bodies get 413."""
+    max_upload_rows: int = Field(2_000_000, gt=0)
+    """Most rating rows in one upload (CSV data lines or JSON ``ratings`` entries); more
+    get 413. The default fits MovieLens 1M (1,000,209 ratings) in one upload."""
+    max_job_tenants: int = Field(1000, gt=0)
+    """Most tenants in one training job (explicit ``tenant_ids`` or, when omitted, all
+    tenants); more get 422."""
+    max_job_rounds: int = Field(10_000, gt=0)
+    """Largest ``rounds`` of a training job; larger get 422."""
+    max_top_k: int = Field(1000, gt=0)
+    """Largest ``k`` of the recommendation endpoints (single and batch); larger get 422."""
     max_reported_errors: int = Field(100, gt=0)
     """At most this many offending rows are listed in a 422; the rest are counted."""
     max_page_size: int = Field(1000, gt=0)

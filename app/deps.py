@@ -6,11 +6,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Path, Request, status
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -25,9 +27,68 @@ tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
 TENANT_NOT_FOUND = "Tenant not found"
 
 
+class ErrorMessage(BaseModel):
+    """The body of every refusal that is not a request-validation error."""
+
+    detail: str
+
+
+ERROR_DESCRIPTIONS = {
+    400: "The body could not be decoded.",
+    401: "Missing or invalid credentials.",
+    404: "Not found (for a tenant route: any tenant but the key's own).",
+    409: "Conflicts with the current state.",
+}
+
+
+class FieldError(BaseModel):
+    """One entry of FastAPI's request-validation error list."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class ValidationErrors(BaseModel):
+    """FastAPI's 422 body: ``{"detail": [FieldError, ...]}``."""
+
+    detail: list[FieldError]
+
+
+UNPROCESSABLE = {422: {"model": ValidationErrors | ErrorMessage,
+                       "description": "A validation error list, or a message."}}
+
+
+def errors(*codes: int) -> dict[int | str, dict]:
+    """OpenAPI ``responses`` documenting refusals with an :class:`ErrorMessage` body."""
+    return {code: {"model": ErrorMessage, "description": ERROR_DESCRIPTIONS[code]}
+            for code in codes}
+
+
 def _unauthorized(detail: str) -> HTTPException:
     return HTTPException(status.HTTP_401_UNAUTHORIZED, detail,
                          headers={"WWW-Authenticate": "Bearer"})
+
+
+def over_limit(loc: tuple[str, ...], value: int, bound: int, setting: str,
+               unit: str = "") -> RequestValidationError:
+    """A 422 in FastAPI's validation-error shape for ``value`` above a configured bound."""
+    field = loc[-1]
+    bounded = f"list at most {bound} {unit}" if unit else f"be at most {bound}"
+    msg = f"{field} must {bounded} ({setting}); got {value}"
+    kind, ctx = ("too_long", {"max_length": bound}) if unit else ("less_than_equal",
+                                                                    {"le": bound})
+    return RequestValidationError([{"type": kind, "loc": loc, "msg": msg, "input": value,
+                                    "ctx": ctx}])
+
+
+def check_limit(loc: tuple[str, ...], value: int, bound: int, setting: str,
+                unit: str = "") -> None:
+    """Raise :func:`over_limit` when ``value > bound``."""
+    if value > bound:
+        raise over_limit(loc, value, bound, setting, unit)
 
 
 def get_session(request: Request) -> Iterator[Session]:

@@ -15,7 +15,7 @@ import datetime as dt
 import io
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -38,6 +38,14 @@ class UploadRejected(Exception):
     def __init__(self, errors: list[RowError], message: str | None = None):
         self.errors = sorted(errors, key=lambda e: e.line)
         super().__init__(message or f"{len(errors)} invalid row(s); nothing was stored")
+
+
+class TooManyRows(Exception):
+    """The upload has more rows than allowed; nothing may be stored."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        super().__init__(f"Upload exceeds the limit of {limit} rows (FEDREC_MAX_UPLOAD_ROWS)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,8 +77,9 @@ def _is_header(fields: list[str]) -> bool:
     return tuple(f.strip().lower() for f in fields) in CSV_HEADERS
 
 
-def parse_csv(data: bytes) -> RawRows:
-    """Split a CSV body into raw columns; malformed lines raise :class:`UploadRejected`."""
+def parse_csv(data: bytes, max_rows: int | None = None) -> RawRows:
+    """Split a CSV body into raw columns; malformed lines raise :class:`UploadRejected`,
+    more than ``max_rows`` data lines :class:`TooManyRows`."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -78,9 +87,13 @@ def parse_csv(data: bytes) -> RawRows:
     rows = csv.reader(io.StringIO(text, newline=""))
     lines, users, items, ratings, stamps = [], [], [], [], []
     errors: list[RowError] = []
-    for number, fields in enumerate(rows, start=1):
+    seen = 0
+    for number, fields in _csv_rows(rows):
         if not fields or (number == 1 and _is_header(fields)):
             continue
+        seen += 1
+        if max_rows is not None and seen > max_rows:
+            raise TooManyRows(max_rows)
         if len(fields) not in (3, 4):
             errors.append(RowError(number, "row", f"expected 3 or 4 fields, got {len(fields)}"))
             continue
@@ -94,14 +107,34 @@ def parse_csv(data: bytes) -> RawRows:
     return RawRows(lines, users, items, ratings, stamps)
 
 
-def parse_json(data: bytes) -> RawRows:
-    """Read ``{"ratings": [...]}``; a body of the wrong shape raises :class:`UploadRejected`."""
+def _csv_rows(rows) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, fields)`` of a csv reader; a line the csv module refuses (a field
+    over its size limit) raises :class:`UploadRejected` naming that line."""
+    number = 0
+    while True:
+        number += 1
+        try:
+            fields = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise UploadRejected([RowError(number, "row", f"unreadable CSV: {exc}")]) from None
+        yield number, fields
+
+
+def parse_json(data: bytes, max_rows: int | None = None) -> RawRows:
+    """Read ``{"ratings": [...]}``; a body of the wrong shape raises :class:`UploadRejected`,
+    more than ``max_rows`` entries :class:`TooManyRows`."""
     try:
         doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UploadRejected([], f"body is not valid JSON: {exc}") from None
+    except ValueError as exc:  # invalid JSON or UTF-8, or an integer of > 4300 digits
+        raise UploadRejected([], f"body is not valid JSON: {str(exc)[:200]}") from None
+    except RecursionError:
+        raise UploadRejected([], "body is not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("ratings"), list):
         raise UploadRejected([], 'JSON body must be an object {"ratings": [...]}')
+    if max_rows is not None and len(doc["ratings"]) > max_rows:
+        raise TooManyRows(max_rows)
     lines, users, items, ratings, stamps = [], [], [], [], []
     errors: list[RowError] = []
     for number, row in enumerate(doc["ratings"], start=1):
@@ -147,6 +180,8 @@ def parse_rating(value: object, scale: tuple[float, float]) -> float:
         rating = float(value)
     except ValueError:
         raise ValueError(f"{str(value)[:40]!r} is not a number") from None
+    except OverflowError:  # an integer too large for a float
+        raise ValueError("is too large") from None
     if not math.isfinite(rating):
         raise ValueError("must be a finite number (NaN and infinity are rejected)")
     if not scale[0] <= rating <= scale[1]:
@@ -164,6 +199,8 @@ def parse_timestamp(value: object) -> dt.datetime | None:
         seconds = float(value)
     except ValueError:
         seconds = None
+    except OverflowError:  # an integer too large for a float
+        raise ValueError("is out of range") from None
     try:
         if seconds is not None:
             if not math.isfinite(seconds):
@@ -224,7 +261,7 @@ def _validate_fast(raw: RawRows, scale: tuple[float, float]) -> Batch | None:
         return None
     try:
         values = np.asarray(raw.ratings, dtype=np.float64)
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
     if not (np.all(np.isfinite(values)) and np.all((values >= scale[0]) & (values <= scale[1]))):
         return None
@@ -266,13 +303,17 @@ def unknown_item_errors(batch: Batch, known: Iterable[str]) -> list[RowError]:
             for line, item in zip(batch.lines, batch.items, strict=True) if item not in known]
 
 
-def parse_body(data: bytes, content_type: str) -> RawRows:
-    """Parse a CSV or JSON upload according to its media type (JSON when none is given)."""
+def parse_body(data: bytes, content_type: str, max_rows: int | None = None) -> RawRows:
+    """Parse a CSV or JSON upload according to its media type (JSON when none is given).
+
+    Raises only :class:`UploadRejected`, :class:`TooManyRows` (over ``max_rows``) and
+    :class:`UnsupportedMediaType`, whatever the bytes.
+    """
     media = content_type.split(";", 1)[0].strip().lower()
     if media in ("text/csv", "application/csv"):
-        return parse_csv(data)
+        return parse_csv(data, max_rows)
     if media in ("application/json", ""):
-        return parse_json(data)
+        return parse_json(data, max_rows)
     raise UnsupportedMediaType(media)
 
 

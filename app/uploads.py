@@ -55,8 +55,9 @@ def _replay(session: Session, tenant_id: int, key: str, digest: str) -> Outcome 
     return Outcome(record.status_code, record.response, replayed=True)
 
 
-def _store(session: Session, tenant: Tenant, body: bytes, content_type: str) -> int:
-    raw = parse_body(body, content_type)
+def _store(session: Session, tenant: Tenant, body: bytes, content_type: str,
+           max_rows: int | None) -> int:
+    raw = parse_body(body, content_type, max_rows)
     batch, errors = check_rows(raw, (tenant.rating_min, tenant.rating_max))
     ids = store.item_ids(session, batch.items)
     if tenant.auto_create_items and len(ids) < len(set(batch.items)):
@@ -71,15 +72,17 @@ def _store(session: Session, tenant: Tenant, body: bytes, content_type: str) -> 
 
 
 def upload_ratings(session: Session, tenant: Tenant, body: bytes, content_type: str,
-                   idempotency_key: str | None) -> Outcome:
-    """Store an upload atomically, or replay the stored outcome of the same keyed request."""
+                   idempotency_key: str | None, max_rows: int | None = None) -> Outcome:
+    """Store an upload atomically, or replay the stored outcome of the same keyed request.
+
+    More than ``max_rows`` rows raise :class:`app.ingest.TooManyRows` and store nothing."""
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
         raise UploadRejected([], f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
     digest = request_hash(content_type, body)
     if idempotency_key and (done := _replay(session, tenant.id, idempotency_key, digest)):
         return done
     try:
-        outcome = Outcome(200, {"stored": _store(session, tenant, body, content_type)})
+        outcome = Outcome(200, {"stored": _store(session, tenant, body, content_type, max_rows)})
         if idempotency_key:
             session.add(IdempotencyRecord(tenant_id=tenant.id, key=idempotency_key,
                                           request_hash=digest, status_code=outcome.status_code,

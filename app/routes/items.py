@@ -8,15 +8,15 @@ from fastapi import APIRouter, Depends, Query
 from sqlalchemy import func, select
 
 from app import store
-from app.deps import SessionDep, SettingsDep, require_admin
+from app.deps import SessionDep, SettingsDep, errors, require_admin
 from app.models import Item
 from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted
 
 router = APIRouter(prefix="/admin/items", tags=["admin: items"],
-                   dependencies=[Depends(require_admin)])
+                   dependencies=[Depends(require_admin)], responses=errors(401))
 
 
-@router.put("", response_model=ItemsUpserted)
+@router.put("", response_model=ItemsUpserted, responses=errors(400))
 def upsert_items(session: SessionDep, body: ItemsUpsert) -> ItemsUpserted:
     """Add items to the catalogue or update their titles (keyed by external key)."""
     latest = {item.key: item.title for item in body.items}

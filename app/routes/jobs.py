@@ -7,7 +7,7 @@ from typing import Annotated
 import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 
-from app.deps import AdminDep, SessionDep
+from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.models import Tenant
 from app.training import reports
 from app.training.jobs import JobRefused, JobSpec, cancel_job, create_job
@@ -16,7 +16,7 @@ from app.training.runner import resume_job as resume
 from app.training.runner import start_job
 from app.training.schemas import JobCreate, JobPublic, JobReport, JobsPublic
 
-router = APIRouter(prefix="/admin/jobs", tags=["admin: training"])
+router = APIRouter(prefix="/admin/jobs", tags=["admin: training"], responses=errors(401))
 JOB_NOT_FOUND = "Training job not found"
 
 
@@ -32,12 +32,17 @@ def _job(session, job_id: int) -> TrainingJob:
     return job
 
 
-@router.post("", response_model=JobPublic, status_code=status.HTTP_202_ACCEPTED)
+@router.post("", response_model=JobPublic, status_code=status.HTTP_202_ACCEPTED,
+             responses={**errors(400, 404, 409), **UNPROCESSABLE})
 def create_training_job(body: JobCreate, request: Request, session: SessionDep,
-                        _: AdminDep) -> JobPublic:
+                        settings: SettingsDep, _: AdminDep) -> JobPublic:
     """Check budgets, snapshot the ratings and start training (409 if over budget)."""
+    check_limit(("body", "rounds"), body.rounds, settings.max_job_rounds,
+                "FEDREC_MAX_JOB_ROUNDS")
     tenant_ids = body.tenant_ids or list(session.scalars(sa.select(Tenant.id)
                                                          .order_by(Tenant.id)))
+    check_limit(("body", "tenant_ids"), len(tenant_ids), settings.max_job_tenants,
+                "FEDREC_MAX_JOB_TENANTS", unit="tenants")
     spec = JobSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
                    per_round=body.per_round, seed=body.seed, config=body.config,
                    dp=body.dp.model_dump(exclude_none=True), test_fraction=body.test_fraction,
@@ -62,13 +67,13 @@ def read_jobs(session: SessionDep, _: AdminDep,
     return JobsPublic(data=[_public(j) for j in jobs], count=count)
 
 
-@router.get("/{job_id}", response_model=JobPublic)
+@router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
 def read_job(job_id: int, session: SessionDep, _: AdminDep) -> JobPublic:
     """Status, current round, progress and latest metrics of a job."""
     return _public(_job(session, job_id))
 
 
-@router.post("/{job_id}/cancel", response_model=JobPublic)
+@router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(404, 409))
 def cancel_training_job(job_id: int, session: SessionDep, _: AdminDep) -> JobPublic:
     """Stop a job after its current round (409 if it already finished)."""
     job = _job(session, job_id)
@@ -77,7 +82,8 @@ def cancel_training_job(job_id: int, session: SessionDep, _: AdminDep) -> JobPub
     return _public(job)
 
 
-@router.post("/{job_id}/resume", response_model=JobPublic, status_code=202)
+@router.post("/{job_id}/resume", response_model=JobPublic, status_code=202,
+             responses=errors(404, 409))
 def resume_training_job(job_id: int, request: Request, session: SessionDep,
                         _: AdminDep) -> JobPublic:
     """Re-send the next round of an interrupted job; completed rounds are kept."""
@@ -90,7 +96,7 @@ def resume_training_job(job_id: int, request: Request, session: SessionDep,
     return _public(job)
 
 
-@router.get("/{job_id}/report", response_model=JobReport)
+@router.get("/{job_id}/report", response_model=JobReport, responses=errors(404))
 def read_job_report(job_id: int, session: SessionDep, _: AdminDep) -> JobReport:
     """Training curve (overall and per tenant), final figures and privacy spent."""
     job = _job(session, job_id)
@@ -98,7 +104,7 @@ def read_job_report(job_id: int, session: SessionDep, _: AdminDep) -> JobReport:
 
 
 @router.get("/{job_id}/plot.png", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}})
+            responses={200: {"content": {"image/png": {}}}, **errors(404)})
 def read_job_plot(job_id: int, session: SessionDep, _: AdminDep) -> Response:
     """PNG plot of the test RMSE per round, overall and per tenant."""
     job = _job(session, job_id)

@@ -7,10 +7,19 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 
 from app import store
-from app.deps import OwnTenantDep, SessionDep, SettingsDep
-from app.ingest import UnsupportedMediaType, UploadRejected
+from app.deps import (
+    ErrorMessage,
+    OwnTenantDep,
+    SessionDep,
+    SettingsDep,
+    ValidationErrors,
+    errors,
+)
+from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
+from app.limits import too_large
 from app.schemas import (
     RatingPublic,
     RatingsCount,
@@ -23,9 +32,16 @@ from app.schemas import (
 from app.training.forget import forget_user
 from app.uploads import IdempotencyConflict, upload_ratings
 
-router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"])
+router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"],
+                   responses=errors(401, 404))
 
-TOO_LARGE = "Request body exceeds the upload limit of {} bytes (FEDREC_MAX_UPLOAD_BYTES)"
+
+class UploadRejectionBody(BaseModel):
+    """The 422 of an upload with offending rows."""
+
+    detail: UploadRejection
+
+
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": RatingsUpload.model_json_schema()},
     "text/csv": {"schema": {"type": "string", "example": "user,item,rating,timestamp\n"
@@ -37,12 +53,12 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, TOO_LARGE.format(limit))
+        raise too_large(limit)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, TOO_LARGE.format(limit))
+            raise too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -53,9 +69,12 @@ def _rejection(exc: UploadRejected, cap: int) -> dict:
 
 
 @router.post("/ratings", response_model=UploadResult, openapi_extra=UPLOAD_BODY, responses={
-    413: {"description": "Body over the size limit."},
-    415: {"description": "Neither JSON nor CSV."},
-    422: {"description": "Offending rows; nothing stored.", "model": UploadRejection}})
+    413: {"description": "Body over the size limit or more rows than allowed.",
+          "model": ErrorMessage},
+    415: {"description": "Neither JSON nor CSV.", "model": ErrorMessage},
+    422: {"description": "Offending rows (nothing stored), a bad Idempotency-Key, or an "
+                         "invalid path.",
+          "model": UploadRejectionBody | ErrorMessage | ValidationErrors}})
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
                          idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
@@ -64,12 +83,14 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
     content_type = request.headers.get("content-type", "")
     try:
         outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
-                                          idempotency_key)
+                                          idempotency_key, settings.max_upload_rows)
     except UploadRejected as exc:
         detail = _rejection(exc, settings.max_reported_errors)
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail) from None
     except IdempotencyConflict as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+    except TooManyRows as exc:
+        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, str(exc)) from None
     except UnsupportedMediaType as exc:
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, str(exc)) from None
     headers = {"Idempotency-Replayed": "true"} if outcome.replayed else {}

@@ -8,7 +8,15 @@ import sqlalchemy as sa
 from fastapi import APIRouter, HTTPException, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from app.deps import OwnTenantDep, ServingTenantDep, SessionDep, in_background
+from app.deps import (
+    OwnTenantDep,
+    ServingTenantDep,
+    SessionDep,
+    SettingsDep,
+    check_limit,
+    errors,
+    in_background,
+)
 from app.models import Tenant
 from app.training import reports
 from app.training.models import JobClient, TrainingJob
@@ -27,9 +35,11 @@ from app.training.serving import (
     refresh_caches,
 )
 
-router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"])
+router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"],
+                   responses=errors(401, 404))
 UNKNOWN_USER = "User {!r} not found: no ratings and no factors in this tenant"
 NO_JOB = "No training job has included this tenant yet"
+K_DOC = "At most FEDREC_MAX_TOP_K (default 1000)."
 
 
 def _caches(request: Request):
@@ -45,10 +55,12 @@ def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPu
 
 @router.get("/users/{user_key}/recommendations", response_model=RecommendationsPublic)
 async def read_recommendations(user_key: str, request: Request, tenant: ServingTenantDep,
-                               k: Annotated[int, Query(ge=1, le=1000)] = 10,
+                               settings: SettingsDep,
+                               k: Annotated[int, Query(ge=1, description=K_DOC)] = 10,
                                offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
                                include_rated: bool = False) -> RecommendationsPublic:
     """Top-k items for one user, excluding those already rated unless include_rated."""
+    check_limit(("query", "k"), k, settings.max_top_k, "FEDREC_MAX_TOP_K")
     ranked, due = recommend_from_memory(*_caches(request), tenant, user_key, k, offset,
                                         include_rated)
     if ranked is not None and due:  # answer now; re-check snapshot and ratings meanwhile
@@ -69,11 +81,13 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
     return _public(user_key, ranked, k, offset)
 
 
-@router.post("/recommendations", response_model=BatchRecommendationsPublic)
+@router.post("/recommendations", response_model=BatchRecommendationsPublic,
+             responses=errors(400))
 def create_batch_recommendations(body: BatchRecommendationsRequest, request: Request,
-                                 tenant: OwnTenantDep,
-                                 session: SessionDep) -> BatchRecommendationsPublic:
+                                 tenant: OwnTenantDep, session: SessionDep,
+                                 settings: SettingsDep) -> BatchRecommendationsPublic:
     """Top-k for many users at once; unknown users are listed in not_found."""
+    check_limit(("body", "k"), body.k, settings.max_top_k, "FEDREC_MAX_TOP_K")
     data, missing = [], []
     for user in dict.fromkeys(body.users):
         try:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, status
 
-from app.deps import OwnTenantDep, SessionDep
+from app.deps import OwnTenantDep, SessionDep, errors
 from app.models import RatingStats
 from app.queue import RECOMPUTE_RATING_STATS, enqueue
 from app.schemas import RatingStatsPublic, TaskEnqueued
 
-router = APIRouter(prefix="/tenants/{tenant_id}/stats", tags=["tenant: statistics"])
+router = APIRouter(prefix="/tenants/{tenant_id}/stats", tags=["tenant: statistics"],
+                   responses=errors(401, 404))
 
 
 @router.post("", response_model=TaskEnqueued, status_code=status.HTTP_202_ACCEPTED)

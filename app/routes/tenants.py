@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request, status
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from app.deps import TENANT_NOT_FOUND, SessionDep, require_admin
+from app.deps import TENANT_NOT_FOUND, SessionDep, errors, require_admin
 from app.models import ApiKey, Tenant, utcnow
 from app.schemas import (
     ApiKeyCreate,
@@ -20,7 +20,7 @@ from app.schemas import (
 from app.security import generate_key
 
 router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"],
-                   dependencies=[Depends(require_admin)])
+                   dependencies=[Depends(require_admin)], responses=errors(401))
 
 
 def _tenant(session: SessionDep, tenant_id: int) -> Tenant:
@@ -30,7 +30,8 @@ def _tenant(session: SessionDep, tenant_id: int) -> Tenant:
     return tenant
 
 
-@router.post("", response_model=TenantPublic, status_code=status.HTTP_201_CREATED)
+@router.post("", response_model=TenantPublic, status_code=status.HTTP_201_CREATED,
+             responses=errors(400, 409))
 def create_tenant(session: SessionDep, body: TenantCreate) -> Tenant:
     """Create a tenant."""
     tenant = Tenant(**body.model_dump())
@@ -52,14 +53,14 @@ def read_tenants(session: SessionDep) -> TenantsPublic:
                          count=len(tenants))
 
 
-@router.get("/{tenant_id}", response_model=TenantPublic)
+@router.get("/{tenant_id}", response_model=TenantPublic, responses=errors(404))
 def read_tenant(session: SessionDep, tenant_id: int) -> Tenant:
     """One tenant."""
     return _tenant(session, tenant_id)
 
 
 @router.post("/{tenant_id}/api-keys", response_model=ApiKeyCreated,
-             status_code=status.HTTP_201_CREATED)
+             status_code=status.HTTP_201_CREATED, responses=errors(400, 404))
 def create_api_key(session: SessionDep, tenant_id: int,
                    body: ApiKeyCreate | None = None) -> ApiKeyCreated:
     """Issue an API key; the secret is in this response only."""
@@ -72,7 +73,7 @@ def create_api_key(session: SessionDep, tenant_id: int,
     return ApiKeyCreated(**ApiKeyPublic.model_validate(record).model_dump(), key=key)
 
 
-@router.get("/{tenant_id}/api-keys", response_model=ApiKeysPublic)
+@router.get("/{tenant_id}/api-keys", response_model=ApiKeysPublic, responses=errors(404))
 def read_api_keys(session: SessionDep, tenant_id: int) -> ApiKeysPublic:
     """List a tenant's keys (prefixes only, never secrets)."""
     _tenant(session, tenant_id)
@@ -81,7 +82,8 @@ def read_api_keys(session: SessionDep, tenant_id: int) -> ApiKeysPublic:
     return ApiKeysPublic(data=[ApiKeyPublic.model_validate(k) for k in keys], count=len(keys))
 
 
-@router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic)
+@router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic,
+               responses=errors(404))
 def revoke_api_key(request: Request, session: SessionDep, tenant_id: int,
                    key_id: int) -> ApiKey:
     """Revoke a key: refused at once by this process, by others within the serving cache."""

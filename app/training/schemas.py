@@ -30,8 +30,10 @@ class JobCreate(BaseModel):
     config: dict[str, Any] = Field(default_factory=dict,
                                    description="Algorithm options (e.g. rank); defaults are "
                                                "the algorithm's recommended settings.")
-    tenant_ids: list[int] | None = Field(None, description="Participants; default: all.")
-    rounds: int = Field(50, ge=1, le=10_000)
+    tenant_ids: list[int] | None = Field(
+        None, description="Participants; default: all. At most FEDREC_MAX_JOB_TENANTS "
+                          "(default 1000).")
+    rounds: int = Field(50, ge=1, description="At most FEDREC_MAX_JOB_ROUNDS (default 10000).")
     per_round: int = Field(0, ge=0, description="Tenants sampled per round; 0 = all.")
     seed: int = Field(0, ge=0)
     dp: DPSettings = Field(default_factory=lambda: DPSettings(noise_multiplier=1.0))
@@ -112,7 +114,7 @@ class BatchRecommendationsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     users: list[str] = Field(min_length=1, max_length=1000)
-    k: int = Field(10, ge=1, le=1000)
+    k: int = Field(10, ge=1, description="At most FEDREC_MAX_TOP_K (default 1000).")
     include_rated: bool = False
 
 

@@ -1,0 +1,57 @@
+"""The request-body size bound of every route (FEDREC_MAX_UPLOAD_BYTES), as ASGI middleware.
+
+A declared ``Content-Length`` over the bound is refused before anything is read; a chunked
+body is counted while it streams and refused as soon as it passes the bound. Either way the
+answer is a 413 with :data:`TOO_LARGE`, through FastAPI's ``HTTPException`` handling.
+"""
+
+from __future__ import annotations
+
+from fastapi import HTTPException, status
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+TOO_LARGE = "Request body exceeds the upload limit of {} bytes (FEDREC_MAX_UPLOAD_BYTES)"
+
+
+def too_large(limit: int) -> HTTPException:
+    """The 413 of a body over ``limit`` bytes."""
+    return HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, TOO_LARGE.format(limit))
+
+
+def declared_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length`` when it is a plain number."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length" and value.isdigit():
+            return int(value)
+    return None
+
+
+class BodyLimit:
+    """Refuse request bodies over ``app.state.settings.max_upload_bytes`` with 413."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = scope["app"].state.settings.max_upload_bytes
+        declared, seen = declared_length(scope), 0
+        if declared is not None and declared > limit:
+            response = JSONResponse({"detail": TOO_LARGE.format(limit)},
+                                    status.HTTP_413_CONTENT_TOO_LARGE)
+            await response(scope, receive, send)
+            return
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise too_large(limit)
+            return message
+
+        await self.app(scope, counted, send)
