@@ -2,14 +2,19 @@
 
 Power-law item popularity and user activity, a low-rank preference structure with user
 and item biases, and integer ratings 1-5 whose histogram matches MovieLens (quantile
-mapping). Vectorised over ratings: the Netflix shape (480,189 x 17,770, 10^8 ratings)
-takes memory linear in the number of ratings and never a dense users x items array.
+mapping). Vectorised over ratings, never a dense users x items array.
+:func:`generate_ratings` returns one flat list; :func:`generate_tenant_ratings` draws the
+same model tenant by tenant in a few tens of bytes per rating, for shapes up to Netflix's
+(480,189 x 17,770, 10^8 ratings; bench/scale.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from algorithms.block import RatingBlock
 from algorithms.data import Ratings
 
 #: ML-1M's rating histogram (1..5), used to map latent scores to stars.
@@ -84,3 +89,151 @@ def generate_ratings(n_users: int = 2000, n_items: int = 1500, n_ratings: int = 
     cuts = np.quantile(score, np.cumsum(MOVIELENS_HISTOGRAM)[:-1] / MOVIELENS_HISTOGRAM.sum())
     stars = 1.0 + np.searchsorted(cuts, score).astype(float)
     return Ratings(users.astype(np.int64), items.astype(np.int64), stars)
+
+
+def _group_quotas(sizes: np.ndarray, weights: np.ndarray, n_ratings: int, min_per_user: int,
+                  n_items: int, rng: np.random.Generator) -> np.ndarray:
+    """Ratings per user group: ``min_per_user`` per user plus a multinomial share of the
+    rest by the group's total activity, capped at the group's ``users x items`` pairs."""
+    cap = sizes * n_items
+    quota = sizes * min_per_user + rng.multinomial(n_ratings - int(sizes.sum()) * min_per_user,
+                                                   weights / weights.sum())
+    while np.any(quota > cap):
+        excess = int(np.maximum(quota - cap, 0).sum())
+        quota = np.minimum(quota, cap)
+        room = np.where(quota < cap, weights, 0.0)
+        quota += rng.multinomial(excess, room / room.sum())
+    return quota
+
+
+class _Sampler:
+    """Inverse-CDF sampling of indices with a guide table (Chen and Asau): the same index
+    as ``searchsorted(cdf, u, side='right')``, about twice as fast for large draws."""
+
+    def __init__(self, weights: np.ndarray, buckets: int = 1 << 18) -> None:
+        cdf = np.cumsum(weights)
+        self.cdf = cdf / cdf[-1]
+        self.buckets = buckets
+        grid = np.arange(buckets) / buckets
+        self.guide = np.searchsorted(self.cdf, grid, side="right").astype(np.int32)
+
+    def __call__(self, uniforms: np.ndarray) -> np.ndarray:
+        idx = self.guide[(uniforms * self.buckets).astype(np.int64)].astype(np.int64)
+        last = self.cdf.size - 1
+        while True:  # walk up to the first cdf entry above u (a pass or two)
+            step = self.cdf[np.minimum(idx, last)] <= uniforms
+            if not step.any():
+                return np.minimum(idx, last)
+            idx += step
+
+
+def _sample_group(n_local: int, n_items: int, quota: int, user_sampler: _Sampler,
+                  item_sampler: _Sampler, min_per_user: int, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``quota`` distinct (local user, item) pairs of one group, sorted by (user, item):
+    ``min_per_user`` draws per user, then users by activity x items by popularity, drawn
+    in batches (sized by the last batch's yield of new pairs) until the quota is reached;
+    the surplus is dropped at random from the last batch's new pairs (the first batch, the
+    per-user draws, never has a surplus since the quota is at least its size)."""
+    keys = np.empty(0, dtype=np.int64)
+    ratio = 1.0
+    users = np.repeat(np.arange(n_local, dtype=np.int64), min_per_user)
+    while keys.size < quota:
+        if keys.size:
+            users = user_sampler(rng.random(int((quota - keys.size) * 1.1 / ratio) + 16))
+        cand = np.sort(users * n_items + item_sampler(rng.random(users.size)))
+        cand = cand[np.concatenate([[True], cand[1:] != cand[:-1]])]
+        at = np.minimum(np.searchsorted(keys, cand), max(keys.size - 1, 0))
+        new = cand[keys[at] != cand] if keys.size else cand
+        ratio = max(new.size / users.size, 0.05)
+        if keys.size + new.size > quota:  # drop a random part of the last batch's surplus
+            new = np.sort(rng.choice(new, quota - keys.size, replace=False))
+        keys = np.sort(np.concatenate([keys, new]), kind="stable")
+    return keys // n_items, keys % n_items
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TenantRatings:
+    """Synthetic ratings already partitioned by user into tenants.
+
+    ``blocks[t]`` holds tenant t's ratings (local user rows, global item columns);
+    ``user_ids[t]`` maps its local rows to global user ids (a contiguous range).
+    """
+
+    blocks: list[RatingBlock]
+    user_ids: list[np.ndarray]
+    n_users: int
+    n_items: int
+
+    @property
+    def n_ratings(self) -> int:
+        return sum(b.nnz for b in self.blocks)
+
+
+def generate_tenant_ratings(n_users: int, n_items: int, n_ratings: int, n_tenants: int,
+                            rank: int = 10, noise: float = 0.5, *, seed: int = 0,
+                            user_exponent: float = 0.6, item_exponent: float = 0.9,
+                            min_per_user: int = 5) -> TenantRatings:
+    """The model of :func:`generate_ratings`, drawn tenant by tenant, for large shapes.
+
+    Same latent model (power-law activity and popularity, rank-``rank`` preferences with
+    user and item biases, Gaussian noise, stars by quantile mapping onto
+    :data:`MOVIELENS_HISTOGRAM`), but a different sampling order, so the numbers differ
+    from :func:`generate_ratings` for the same seed. Users are split into ``n_tenants``
+    contiguous id ranges; since the activity weights are randomly permuted this is a
+    uniformly random partition. Each tenant gets a multinomial share of the ratings by its
+    users' total activity and draws its distinct pairs on its own, so no global sort of
+    ``n_ratings`` keys is needed and the per-rating arrays are int32 rows and columns and
+    float64 scores, then stars (plus one concatenated copy of the scores for the
+    quantiles): Netflix's shape (480,189 x 17,770, 10^8 ratings) peaks at about 3.4 GB.
+
+    Parameters
+    ----------
+    n_users, n_items, n_ratings, rank, noise, seed, user_exponent, item_exponent, min_per_user
+        As in :func:`generate_ratings` (``min_per_user`` draws per user, duplicates merged).
+    n_tenants : int
+        Number of tenants (1 <= n_tenants <= n_users).
+    """
+    if min(n_users, n_items, rank) < 1 or n_ratings < 1:
+        raise ValueError("n_users, n_items, rank and n_ratings must be positive")
+    if n_ratings > n_users * n_items:
+        raise ValueError("n_ratings exceeds n_users * n_items")
+    if not 1 <= n_tenants <= n_users:
+        raise ValueError("n_tenants must be between 1 and n_users")
+    rng = np.random.default_rng(seed)
+    min_per_user = min(min_per_user, n_ratings // n_users, n_items)
+    pu = _power_law_weights(n_users, user_exponent, rng)
+    pi = _power_law_weights(n_items, item_exponent, rng)
+    u = rng.standard_normal((n_users, rank)) / np.sqrt(rank)
+    vt = rng.standard_normal((n_items, rank))
+    b_u = 0.5 * rng.standard_normal(n_users)
+    b_i = 0.7 * rng.standard_normal(n_items)
+    bounds = np.linspace(0, n_users, n_tenants + 1).round().astype(np.int64)
+    sizes = np.diff(bounds)
+    quotas = _group_quotas(sizes, np.add.reduceat(pu, bounds[:-1]), n_ratings, min_per_user,
+                           n_items, rng)
+    item_sampler = _Sampler(pi)
+    rows, cols, scores = [], [], []
+    for t in range(n_tenants):
+        lo, hi = int(bounds[t]), int(bounds[t + 1])
+        r, c = _sample_group(hi - lo, n_items, int(quotas[t]), _Sampler(pu[lo:hi], 1 << 14),
+                             item_sampler, min_per_user, rng)
+        g = r + lo
+        scores.append(np.einsum("ij,ij->i", u[g], vt[c]) + b_u[g] + b_i[c])
+        rows.append(r.astype(np.int32))
+        cols.append(c.astype(np.int32))
+    total = sum(s.size for s in scores)
+    mean = sum(float(s.sum()) for s in scores) / total
+    std = np.sqrt(sum(float(((s - mean) ** 2).sum()) for s in scores) / total)
+    for s in scores:
+        s += noise * std * rng.standard_normal(s.size)
+    cuts = np.quantile(np.concatenate(scores),
+                       np.cumsum(MOVIELENS_HISTOGRAM)[:-1] / MOVIELENS_HISTOGRAM.sum())
+    blocks = []
+    for t in range(n_tenants):
+        stars = 1.0 + np.searchsorted(cuts, scores[t]).astype(float)
+        scores[t] = None
+        blocks.append(RatingBlock(rows[t], cols[t], stars, int(sizes[t]), n_items))
+        rows[t] = cols[t] = None
+    uids = [np.arange(bounds[t], bounds[t + 1]) for t in range(n_tenants)]
+    return TenantRatings(blocks, uids, n_users, n_items)
