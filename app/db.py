@@ -5,13 +5,19 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+import psycopg
 import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).resolve().parents[1] / "migrations"
+
+# Errors meaning the database cannot be reached (restarting, network): the API answers
+# 503 and worker tasks retry, instead of a bare 500 or a dropped task.
+DATABASE_DOWN = (OperationalError, InterfaceError, psycopg.OperationalError)
 
 
 def normalise_url(url: str) -> str:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerDown
 
 from app.config import Settings, get_settings, resolve_admin_token
-from app.db import make_engine, session_factory
+from app.db import DATABASE_DOWN, make_engine, session_factory
+from app.limits import BodyLimit
 from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
 from app.security import KeyCache
 from app.training.serving import RatingsCache
@@ -16,6 +19,15 @@ from app.training.snapshots import FactorCache
 from worker.celery_app import create_celery_app
 
 log = logging.getLogger("fedrec")
+
+
+async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 (not a bare 500) when PostgreSQL or the broker cannot be reached; the request's
+    transaction was rolled back, so it can be retried (with its Idempotency-Key)."""
+    what = "broker" if isinstance(exc, BrokerDown) else "database"
+    log.warning("%s unavailable during %s %s: %s", what, request.method, request.url.path, exc)
+    return JSONResponse({"detail": f"The {what} is unavailable; retry the request later"},
+                        status_code=503, headers={"Retry-After": "5"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -43,4 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations):
         app.include_router(module.router)
+    for exc in (*DATABASE_DOWN, BrokerDown):
+        app.add_exception_handler(exc, unavailable)
+    app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
     return app

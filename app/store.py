@@ -98,8 +98,9 @@ COPY_UPSERT = [
     "CREATE TEMP TABLE fedrec_upload (user_key text, item_id integer, "
     "value double precision, rated_at timestamptz) ON COMMIT DROP",
     None,  # the COPY itself
+    # In key order, so concurrent uploads creating the same new users cannot deadlock.
     "INSERT INTO users (tenant_id, key) SELECT DISTINCT %(tenant)s, user_key "
-    "FROM fedrec_upload ON CONFLICT (tenant_id, key) DO NOTHING",
+    "FROM fedrec_upload ORDER BY user_key ON CONFLICT (tenant_id, key) DO NOTHING",
     # Sorted by the primary key, so the index is filled in order.
     "INSERT INTO ratings (user_id, item_id, value, rated_at) "
     "SELECT u.id, f.item_id, f.value, f.rated_at FROM fedrec_upload f "

@@ -80,3 +80,54 @@ def federation_of(app, job_id):
         items = pipeline.item_ids_from_bytes(job.item_ids)
         return federation_from_tenants(blocks, keys, items, job.seed, job.test_fraction,
                                        (1.0, 5.0)), job
+
+
+def job_ratings(sessions, job_id, tenant_id) -> dict[tuple[str, str], float]:
+    """{(user key, item key): rating} of one tenant as the job stored it (train + test)."""
+    from app.models import Item
+
+    with sessions() as s:
+        jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id,
+                                                  JobClient.tenant_id == tenant_id)).one()
+        job = s.get(TrainingJob, job_id)
+        item_keys = dict(s.execute(sa.select(Item.id, Item.key)).all())
+        columns = [item_keys[int(i)] for i in pipeline.item_ids_from_bytes(job.item_ids)]
+        out = {}
+        for blob in (jc.train_block, jc.test_block):
+            block = RatingBlock.from_bytes(blob)
+            for r, c, v in zip(block.rows, block.cols, block.vals, strict=True):
+                key = (jc.user_keys[int(r)], columns[int(c)])
+                assert key not in out, f"{key} stored twice in job {job_id}"
+                out[key] = float(v)
+    return out
+
+
+def job_round(sessions, job_id) -> int:
+    """The job's last committed round."""
+    with sessions() as s:
+        return s.get(TrainingJob, job_id).current_round
+
+
+def assert_same_run(sessions, reference, job_id, rounds) -> None:
+    """``job_id`` completed bit-identical to the undisturbed ``reference`` (global and
+    server state, every local state) with the same ledger charges, each (round, tenant)
+    once: none lost, none doubled."""
+    from app.training.models import LedgerEntry
+
+    with sessions() as s:
+        a, b = s.get(TrainingJob, reference), s.get(TrainingJob, job_id)
+        assert (b.status, b.current_round) == ("completed", rounds), (b.status, b.error)
+        assert a.global_msg == b.global_msg and a.server_state == b.server_state
+
+        def states(j):
+            return s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == j)
+                             .order_by(JobClient.client_index)).all()
+
+        assert states(reference) == states(job_id)
+        def charged(j):
+            return sorted(s.execute(sa.select(LedgerEntry.round, LedgerEntry.tenant_id)
+                                    .where(LedgerEntry.job_id == j)).all())
+
+        mine = charged(job_id)
+        assert len(set(mine)) == len(mine), "a transmission was charged twice"
+        assert mine == charged(reference)  # the undisturbed run's charges: none lost

@@ -2,18 +2,23 @@
 
 ``acks_late`` with ``reject_on_worker_lost``: a task whose worker dies is redelivered, and
 every pipeline step is idempotent, so a redelivery (or an operator's resume) repeats only
-the round in flight.
+the round in flight. A step that loses its database connection (PostgreSQL restarting) is
+retried with backoff (1, 2, 4, 8, then every 16 s; about six minutes in all) instead of
+being dropped, so the job carries on by itself once the database is back. Their results
+are not stored: the job's state is in the database.
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from app.db import engine_for, session_factory
+from app.db import DATABASE_DOWN, engine_for, session_factory
 from app.training import pipeline, schedule
 from app.training.runner import CeleryDispatcher
 
-_OPTIONS = {"bind": True, "acks_late": True, "reject_on_worker_lost": True}
+_OPTIONS = {"bind": True, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
+            "autoretry_for": DATABASE_DOWN, "retry_backoff": 1, "retry_backoff_max": 16,
+            "retry_jitter": False, "max_retries": 25}
 
 
 def _run(task, step, *args: int) -> None:

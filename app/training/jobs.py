@@ -93,8 +93,10 @@ def create_job(s: Session, spec: JobSpec) -> TrainingJob:
     """
     alg, cfg, dp = _validated(spec)
     if s.get_bind().dialect.name == "postgresql":
+        if s.in_transaction():  # the isolation level can only be chosen as one begins
+            s.commit()
         s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    tenants = [s.get(Tenant, t) for t in spec.tenant_ids]
+    tenants = [s.get(Tenant, t, populate_existing=True) for t in spec.tenant_ids]
     missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
     if missing:
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")

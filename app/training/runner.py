@@ -24,7 +24,10 @@ class CeleryDispatcher:
         self.celery = celery
 
     def send(self, task: str, *args: int) -> None:
-        self.celery.send_task(task, args=list(args), queue=self.celery.conf.task_default_queue)
+        """Publish; the pipeline keeps its state in the database, so no result is awaited
+        (and a broker outage fails fast with kombu's OperationalError: a 503 in the API)."""
+        self.celery.send_task(task, args=list(args), queue=self.celery.conf.task_default_queue,
+                              ignore_result=True)
 
 
 def run_inline(sessions, job_id: int, resume: bool = False) -> None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -89,6 +91,11 @@ class Worker:
 @pytest.fixture
 def services(pg_url, redis_url):
     """Settings for an API process and a factory of worker processes sharing one queue."""
+    yield from service_factory(pg_url, redis_url)
+
+
+def service_factory(pg_url: str, redis_url: str):
+    """(settings, worker factory) on ``pg_url`` and ``redis_url``; stops the workers after."""
     from app.config import Settings
 
     queue = f"fedrec-it-{uuid.uuid4().hex[:8]}"
@@ -118,3 +125,138 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("CI") or os.environ.get("FEDREC_REQUIRE_SERVICES"):
+        pytest.fail(f"{what}; the fault tests need it", pytrace=False)
+    pytest.skip(what)
+
+
+class PrivateRedis:
+    """A throw-away ``redis-server`` on its own port, without persistence: a restart loses
+    every queued message, as a crashed broker without AOF would."""
+
+    def __init__(self) -> None:
+        self.port, self.proc = free_port(), None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(self._up, 10, "the private Redis to accept connections")
+
+    def _up(self) -> bool:
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+class PrivatePostgres:
+    """A throw-away PostgreSQL cluster (initdb into a temporary directory, run as the
+    ``postgres`` OS user when we are root) that the fault tests may stop and restart."""
+
+    def __init__(self) -> None:
+        bins = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+        if not bins:
+            _missing("no PostgreSQL server binaries under /usr/lib/postgresql/*/bin")
+        self.bin = bins[-1].parent
+        self.port = free_port()
+        self.root = Path(tempfile.mkdtemp(prefix="fedrec-pg-"))
+        self.data = self.root / "data"
+        self.admin = f"host=127.0.0.1 port={self.port} user=postgres dbname=postgres"
+
+    def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        return subprocess.run([*prefix, str(self.bin / args[0]), *args[1:]], check=check,
+                              capture_output=True, text=True, timeout=120)
+
+    def init(self) -> None:
+        if os.geteuid() == 0:
+            import pwd
+
+            user = pwd.getpwnam("postgres")
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
+                  "-E", "UTF8", "--no-sync")
+        conf = (f"port = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.root}'\nfsync = off\n"
+                "full_page_writes = off\ntrack_commit_timestamp = on\nmax_connections = 60\n")
+        with open(self.data / "postgresql.conf", "a") as f:  # the file stays postgres's
+            f.write(conf)
+
+    def start(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-w",
+                  "-t", "60", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop",
+                  check=False)
+
+    def create_database(self) -> str:
+        """A new database, migrated to head; returns its SQLAlchemy URL."""
+        import psycopg
+
+        from app.db import migrate
+
+        name = f"fedrec_it_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+        migrate(url)
+        return url
+
+    def remove(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def private_pg():
+    """A private PostgreSQL cluster (fsync off, commit timestamps on), removed afterwards."""
+    if shutil.which("runuser") is None and os.geteuid() == 0:
+        _missing("runuser is needed to run initdb as the postgres user")
+    pg = PrivatePostgres()
+    try:
+        pg.init()
+        pg.start()
+    except subprocess.CalledProcessError as exc:
+        pg.remove()
+        _missing(f"could not start a private PostgreSQL: {exc.stderr or exc.stdout}")
+    yield pg
+    pg.remove()
+
+
+@pytest.fixture
+def private_redis():
+    """A private Redis server, stopped afterwards."""
+    if shutil.which("redis-server") is None:
+        _missing("redis-server is not installed")
+    redis = PrivateRedis()
+    redis.start()
+    yield redis
+    redis.stop()
+
+
+@pytest.fixture
+def private_services(private_pg, private_redis):
+    """:func:`services` on a private PostgreSQL database and a private Redis, which the
+    test may restart: (settings, worker factory, pg, redis)."""
+    url = private_pg.create_database()
+    for settings, worker in service_factory(url, private_redis.url):
+        yield settings, worker, private_pg, private_redis

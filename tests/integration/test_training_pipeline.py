@@ -15,12 +15,20 @@ from algorithms import registry
 from algorithms.simulate import simulate
 from app.main import create_app
 from app.training.jobs import JobSpec, create_job
-from app.training.models import JobClient, LedgerEntry, TrainingJob
+from app.training.models import JobClient, LedgerEntry
 from app.training.runner import run_inline
 from privacy.ledger import Budget, Ledger
 from privacy.wrapper import DPPrivatizer, DPSpec
 from tests.integration.conftest import wait_for
-from tests.training_helpers import CONFIG, federation_of, make_tenants, submit_job, wait_job
+from tests.training_helpers import (
+    CONFIG,
+    assert_same_run,
+    federation_of,
+    job_round,
+    make_tenants,
+    submit_job,
+    wait_job,
+)
 
 pytestmark = pytest.mark.integration
 DP = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
@@ -91,8 +99,7 @@ def test_killed_worker_loses_only_the_round_in_flight(api):
     start_job(app, job_id)
 
     def progress():
-        with app.state.sessions() as s:
-            return s.get(TrainingJob, job_id).current_round
+        return job_round(app.state.sessions, job_id)
 
     wait_for(lambda: progress() >= 3, 60, "three completed rounds")
     first.kill()
@@ -102,16 +109,4 @@ def test_killed_worker_loses_only_the_round_in_flight(api):
     r = client.post(f"/admin/jobs/{job_id}/resume")
     assert r.status_code == 202, r.text
     wait_for(lambda: progress() == rounds, 120, "the resumed job to finish")
-    with app.state.sessions() as s:
-        a, b = s.get(TrainingJob, reference), s.get(TrainingJob, job_id)
-        assert b.status == "completed"
-        assert a.global_msg == b.global_msg and a.server_state == b.server_state
-
-        def states(j):
-            return s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == j)
-                             .order_by(JobClient.client_index)).all()
-
-        assert states(reference) == states(job_id)
-        charged = s.scalars(sa.select(LedgerEntry.round).where(LedgerEntry.job_id == job_id)
-                            ).all()
-        assert sorted(charged) == list(range(1, rounds + 1))  # none lost, none doubled
+    assert_same_run(app.state.sessions, reference, job_id, rounds)
