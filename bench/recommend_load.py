@@ -17,23 +17,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import secrets
 import subprocess
-import sys
 import tempfile
-import time
-import uuid
 from pathlib import Path
 
 import httpx
 import numpy as np
-import psycopg
 
+from bench._server import ROOT, fresh_database, parse_wrk, serve, stop, worker_pids
 from bench.upload_ratings import catalogue, new_tenant, ratings_csv
-
-ROOT = Path(__file__).resolve().parents[1]
-ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=test"
 
 
 def _publish_snapshot(url: str, tenant_id: int, rank: int, seed: int) -> list[str]:
@@ -79,38 +72,6 @@ end
 """)
 
 
-def _serve(env: dict[str, str], port: int, log: Path, access_log: bool) -> subprocess.Popen:
-    """``fedrec serve --workers 2``; its output goes to a file (an unread pipe would fill
-    up and block the workers)."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port",
-                                 str(port), "--workers", "2", "--no-migrate",
-                                 *([] if access_log else ["--no-access-log"])], cwd=ROOT,
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-    for _ in range(200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("fedrec serve did not start: " + log.read_text()[-2000:])
-
-
-def _parse(out: str) -> dict[str, float]:
-    def ms(label: str) -> float:
-        m = re.search(rf"{label}\s+([\d.]+)(us|ms|s)\b", out)
-        value, unit = float(m.group(1)), m.group(2)
-        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
-
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    socket = re.search(r"Socket errors: (.*)", out)
-    return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
-            "p50_ms": ms("50%"), "p99_ms": ms("99%"),
-            "non_2xx": int(errors.group(1)) if errors else 0,
-            "socket_errors": socket.group(1) if socket else "none"}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--duration", type=int, default=30)
@@ -121,13 +82,12 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None,
                         help="record a py-spy flame graph of one worker during the run")
     args = parser.parse_args()
+    with fresh_database() as url:
+        run(args, url)
 
-    from app.db import migrate
 
-    name = f"fedrec_load_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+def run(args: argparse.Namespace, url: str) -> None:
+    """Upload, publish, serve and measure (the database is made and dropped by main)."""
     token = secrets.token_urlsafe(32)
     env = {**os.environ, "FEDREC_DATABASE_URL": url, "FEDREC_ADMIN_TOKEN": token,
            "FEDREC_BROKER_URL": "", "PYTHONPATH": str(ROOT)}
@@ -135,8 +95,7 @@ def main() -> None:
     server = None
     log = Path(tempfile.mkstemp(prefix="fedrec-serve-", suffix=".log")[1])
     try:
-        migrate(url)
-        server = _serve(env, args.port, log, not args.no_access_log)
+        server = serve(env, args.port, log, not args.no_access_log)
         base = f"http://127.0.0.1:{args.port}"
         admin = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=base, timeout=300, headers=admin) as api:
@@ -157,14 +116,11 @@ def main() -> None:
             wrk = ["wrk", "-t2", "-c32", "--latency", "-s", str(script), base]
             warm = subprocess.run([*wrk, "-d5s"], capture_output=True, text=True,
                                   check=True).stdout
-            print("warm-up (5 s, not counted):", _parse(warm))
+            print("warm-up (5 s, not counted):", parse_wrk(warm))
             spy = None
             if args.profile:
-                worker = subprocess.run(["pgrep", "-P", str(server.pid), "-f", "spawn_main"],
-                                        capture_output=True,
-                                        text=True).stdout.split()[0]
-                spy = subprocess.Popen(["py-spy", "record", "-p", worker, "-d",
-                                        str(args.duration), "-f", "raw", "-o",
+                spy = subprocess.Popen(["py-spy", "record", "-p", worker_pids(server)[0],
+                                        "-d", str(args.duration), "-f", "raw", "-o",
                                         str(args.profile)], stdout=subprocess.DEVNULL,
                                        stderr=subprocess.DEVNULL)
             out = subprocess.run([*wrk, f"-d{args.duration}s"], capture_output=True,
@@ -172,23 +128,14 @@ def main() -> None:
             if spy is not None:
                 spy.wait(60)
         print(out)
-        fig = _parse(out)
+        fig = parse_wrk(out)
         print(f"RESULT rps={fig['rps']:.0f} p50={fig['p50_ms']:.2f}ms "
               f"p99={fig['p99_ms']:.2f}ms non2xx={fig['non_2xx']} "
               f"socket_errors={fig['socket_errors']}")
     finally:
         if server is not None:
-            server.terminate()
-            try:
-                server.wait(20)
-            except subprocess.TimeoutExpired:
-                server.kill()  # never leave a server (or its database) behind
-                server.wait(10)
+            stop(server)  # never leave a server (or its database) behind
             print(f"server log: {log} ({log.stat().st_size} bytes)")
-        from app.db import engine_for
-        engine_for.cache_clear()
-        with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ class RatingsCache:
 
     Entries are valid for one ``ratings_version`` of the tenant (every upload or deletion
     bumps it), re-read from the database at most once every ``ttl`` seconds, so what is
-    served is never older than that.
+    served is never older than that. When the version changes, a user's cached rated set
+    is kept only if the user's rating count is unchanged (see :func:`_unchanged`), so a
+    small upload does not turn every other user's next request into a database query.
     """
 
     def __init__(self, ttl: float = 1.0, max_users: int = 200_000) -> None:
@@ -47,7 +49,8 @@ class RatingsCache:
                 version = s.scalar(sa.select(Tenant.ratings_version)
                                    .where(Tenant.id == tenant_id))
                 if entry is None or entry["version"] != version:
-                    entry = {"version": version, "rated": {}, "popularity": None}
+                    rated = {} if entry is None else _unchanged(s, tenant_id, entry["rated"])
+                    entry = {"version": version, "rated": rated, "popularity": None}
                 entry["checked"] = now
                 self._tenants[tenant_id] = entry
             finally:
@@ -61,7 +64,8 @@ class RatingsCache:
         if entry is None:
             return None, True
         due = self._flight.state(tenant_id, entry["checked"], time.monotonic()) == REFRESH
-        return entry["rated"].get(user_key), due
+        cached = entry["rated"].get(user_key)
+        return (None if cached is None else cached[1]), due
 
     def refresh(self, s: Session, tenant_id: int) -> None:
         """Re-check the tenant's ratings version now (drops its entries if it changed)."""
@@ -69,13 +73,13 @@ class RatingsCache:
 
     def rated(self, s: Session, tenant_id: int, user_key: str) -> np.ndarray:
         rated = self._entry(s, tenant_id)["rated"]
-        items = rated.get(user_key)
-        if items is None:
-            items = _rated_item_ids(s, tenant_id, user_key)
+        cached = rated.get(user_key)
+        if cached is None:
+            cached = _rated_item_ids(s, tenant_id, user_key)
             if len(rated) >= self.max_users:
                 rated.clear()
-            rated[user_key] = items
-        return items
+            rated[user_key] = cached
+        return cached[1]
 
     def popularity(self, s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
         entry = self._entry(s, tenant.id)
@@ -84,10 +88,35 @@ class RatingsCache:
         return entry["popularity"]
 
 
-def _rated_item_ids(s: Session, tenant_id: int, user_key: str) -> np.ndarray:
-    return np.fromiter(s.scalars(sa.select(Rating.item_id).join(User, User.id == Rating.user_id)
-                                 .where(User.tenant_id == tenant_id, User.key == user_key)),
-                       dtype=np.int64)
+def _rated_item_ids(s: Session, tenant_id: int,
+                    user_key: str) -> tuple[int | None, np.ndarray]:
+    """(the user's row id or None, the ids of the items the user rated)."""
+    rows = s.execute(sa.select(User.id, Rating.item_id).select_from(User)
+                     .outerjoin(Rating, Rating.user_id == User.id)
+                     .where(User.tenant_id == tenant_id, User.key == user_key)).all()
+    items = np.fromiter((i for _, i in rows if i is not None), dtype=np.int64)
+    return (rows[0][0] if rows else None), items
+
+
+def _unchanged(s: Session, tenant_id: int, rated: dict) -> dict:
+    """The cached rated sets, ``user key -> (user id, item ids)``, still exact now.
+
+    A user's ratings are only ever inserted or updated until the user row is deleted, and a
+    re-created user gets a new id, so the same user id with the same rating count means the
+    same set of rated items. One grouped query: over the cached users when they are few,
+    else over the whole tenant.
+    """
+    ids = [uid for uid, _ in rated.values() if uid is not None]
+    if not ids:
+        return {}
+    query = (sa.select(User.id, sa.func.count(Rating.item_id))
+             .join(Rating, Rating.user_id == User.id).where(User.tenant_id == tenant_id)
+             .group_by(User.id))
+    if len(ids) <= 1000:
+        query = query.where(User.id.in_(ids))
+    counts = dict(s.execute(query).all())
+    return {key: (uid, items) for key, (uid, items) in rated.items()
+            if uid is not None and counts.get(uid, 0) == items.size}
 
 
 def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
