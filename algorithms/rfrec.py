@@ -37,9 +37,16 @@ Representation. Every client starts from :math:`V_{(i)} = \bar V^0` (the paper d
 in every client; its value H (d x n) is a function of the broadcast :math:`\bar V` sequence
 alone. The global message carries H, and a client stores V_(i) only on the columns its
 users rated: the dense V_(i) (what it uploads) is H with those columns replaced. This is
-exact but needs every client to step every iteration (``select`` returns all clients; the
-simulator's ``per_round`` is ignored). :func:`run_batched` runs
-all clients at once on this representation (6,040 per-user clients on ML-1M).
+exact when every client steps every iteration (the paper's setting, ``per_round`` 0).
+With client sampling (``per_round`` < number of clients, the dropped devices of Sec. 3.3
+and Table 3) an absent client neither steps nor uploads and the server averages the
+uploads it got; on its return its never-rated columns are the broadcast H (they carry
+nothing of its data, so adopting H is a protocol choice of ours: the paper does not say
+what a returning device does), while its rated columns and U_i are as it left them.
+With ``optimizer='adam'`` its bias-correction step t stays the global count (iterations
+for RFRec, main updates for RFRecF), not the number of steps it took itself.
+:func:`run_batched` runs all clients at once on this representation (6,040 per-user
+clients on ML-1M).
 
 Options (defaults are the paper's Sec. 4.1.3 settings: d = 20, K = 100, alpha = 0.05 /
 0.025, lambda = 10, p = 0.5, N(0, 1e-4) init, lambda_u = 0.1):
@@ -56,6 +63,14 @@ Options (defaults are the paper's Sec. 4.1.3 settings: d = 20, K = 100, alpha = 
 ``link="sigmoid"``
     predict lo + (hi - lo) sigmoid(U_i V_bar) as the authors' code; ``factors`` then raises
     (not a matrix product): evaluate with :func:`run_batched` or :func:`predict_ratings`.
+``schedule="code"`` (RFRecF)
+    the authors' RFRecF notebook instead of Algorithm 2's schedule: every zeta = 0
+    iteration is a main update; after an aggregation it is preceded by the move to the
+    average at rate min(1, alpha lambda / p) (the notebook resets to V_bar). Algorithm 2
+    spends the first zeta = 0 iteration after each aggregation on the move alone, so only
+    about (1 - p)^2 of the iterations are main updates (25 of K = 100 at p = 0.5), which
+    leaves the model near its initialisation (BENCHMARKS.md). Communication is unchanged
+    (only when zeta changes).
 
 The paper's GD form at the paper's settings diverges on MovieLens (alpha = 0.05 violates
 the paper's own condition alpha <= 1/(L + lambda) of Theorem 3.4 once the factors grow);
@@ -77,7 +92,7 @@ import scipy.sparse as sp
 from pydantic import ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
-from algorithms._rng import SERVER, derive_rng
+from algorithms._rng import SAMPLING, SERVER, derive_rng, sample_clients
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
@@ -140,6 +155,11 @@ class RFRecFConfig(RFRecConfig):
     """Learning rate alpha (eq. 8)."""
     p: float = Field(0.5, gt=0, lt=1)
     """Probability of zeta = 1 (an aggregation iteration)."""
+    schedule: Literal["paper", "code"] = "paper"
+    """paper: Algorithm 2 as printed (the first zeta = 0 iteration after an aggregation only
+    moves to the average, at rate alpha lambda / p). code: the authors' notebook, where every
+    zeta = 0 iteration is a main update, preceded after an aggregation by the move to the
+    average at rate min(1, alpha lambda / p) (the notebook resets to V_bar, rate 1)."""
 
     @classmethod
     def paper_dp(cls) -> tuple[float, float]:
@@ -247,7 +267,8 @@ def rfrec_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
 def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
                        cfg: RFRecFConfig, rng: np.random.Generator
                        ) -> tuple[RFRecLocal, RFRecUpload | None]:
-    """Algorithm 2 lines 6-13 and 19-21 for one client (see the module docstring)."""
+    """Algorithm 2 lines 6-13 and 19-21 for one client, or the notebook's schedule with
+    ``schedule='code'`` (see the module docstring)."""
     zeta, prev = global_msg.zeta, global_msg.zeta_prev
     if zeta == 1:
         if prev == 1:
@@ -255,8 +276,9 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
         return local, RFRecUpload(dense_v(global_msg.h, local.v_rated, block.rated_items))
     if prev == 1:
         v_bar = global_msg.v_bar[:, block.rated_items]
-        moved = relax(local.v_rated, v_bar, cfg.alpha * cfg.lam / cfg.p)
-        return local.replace(v_rated=moved), None
+        local = local.replace(v_rated=relax(local.v_rated, v_bar, move_rate(cfg)))
+        if cfg.schedule == "paper":
+            return local, None
     lr, t = cfg.alpha / (1.0 - cfg.p), global_msg.steps + 1
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
@@ -271,17 +293,31 @@ def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
     v_bar = _mean(uploads, state.v_bar) if state.zeta == 1 else state.v_bar
     h = state.h
     if state.zeta == 0 and state.zeta_prev == 1:
-        h = relax(state.h, state.v_bar, cfg.alpha * cfg.lam / cfg.p)
-    main = state.zeta == 0 and state.zeta_prev == 0
+        h = relax(state.h, state.v_bar, move_rate(cfg))
+    main = state.zeta == 0 and (state.zeta_prev == 0 or cfg.schedule == "code")
     g = state.replace(v_bar=v_bar, h=h, k=state.k + 1, zeta=_coin(cfg, rng),
                       zeta_prev=state.zeta, steps=state.steps + int(main))
     return g, g
 
 
-def select_all(global_msg: Message, n_clients: int, per_round: int,
-               rng: np.random.Generator) -> np.ndarray:
-    """Every client steps every iteration (Algorithms 1-2); ``per_round`` is ignored."""
-    return np.arange(n_clients)
+def move_rate(cfg: RFRecFConfig) -> float:
+    """Rate of the move to the average: alpha lambda / p (Algorithm 2 line 12), capped at
+    1 (a full reset to V_bar, as the authors' notebook) with ``schedule='code'``."""
+    rate = cfg.alpha * cfg.lam / cfg.p
+    return min(1.0, rate) if cfg.schedule == "code" else rate
+
+
+def select(global_msg: Message, n_clients: int, per_round: int,
+           rng: np.random.Generator) -> np.ndarray:
+    """The clients that take part in an iteration (Sec. 3.3 and Table 3's dropped devices).
+
+    ``per_round`` <= 0 or >= n_clients: every client (Algorithms 1-2). Otherwise ``per_round``
+    clients drawn uniformly without replacement; the others neither step nor upload and
+    the server averages the uploads it received (Sec. 3.3).
+    """
+    if per_round <= 0 or per_round >= n_clients:
+        return np.arange(n_clients)
+    return sample_clients(rng, n_clients, per_round)
 
 
 def factors(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[np.ndarray, np.ndarray]:
@@ -376,10 +412,18 @@ def descend(x: np.ndarray, g: np.ndarray, moments: Moments, t: int, cfg: RFRecCo
     if cfg.optimizer == "gd":
         return x - lr * g, moments
     b1, b2 = cfg.adam_betas
-    m1 = b1 * moments[0] + (1.0 - b1) * g
-    m2 = b2 * moments[1] + (1.0 - b2) * (g * g)
-    step = (m1 / (1.0 - b1**t)) / (np.sqrt(m2 / (1.0 - b2**t)) + cfg.adam_eps)
-    return x - lr * step, (m1, m2)
+    m1 = b1 * moments[0]
+    m1 += (1.0 - b1) * g
+    m2 = g * g
+    m2 *= 1.0 - b2
+    m2 += b2 * moments[1]
+    # step = (m1 / (1 - b1^t)) / (sqrt(m2 / (1 - b2^t)) + eps), with fewer temporaries
+    den = m2 / (1.0 - b2**t)
+    np.sqrt(den, out=den)
+    den += cfg.adam_eps
+    np.divide(m1, den, out=den)
+    den *= lr / (1.0 - b1**t)
+    return x - den, (m1, m2)
 
 
 def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
@@ -487,12 +531,53 @@ def _batched_grad(lay: _Layout, c: _Clients, cfg: RFRecConfig
     return 2.0 * (mat @ c.p) + 2.0 * cfg.lam_u * c.u, 2.0 * (mat.T @ c.u)
 
 
-def _batched_mean(lay: _Layout, p: np.ndarray, h: np.ndarray, clip: float | None,
-                  noise_sum: np.ndarray | None) -> np.ndarray:
-    """Mean of the dense (clipped, noised) V_(i): n H + sum over pairs of (V_p - H_j)."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Active:
+    """Who takes part in an iteration: per client, per user row and per pair."""
+
+    n: int
+    users: np.ndarray | None   # None: everybody
+    pairs: np.ndarray | None
+
+
+def _active(lay: _Layout, chosen: np.ndarray) -> _Active:
+    """Masks of the chosen clients (no masks when every client is chosen)."""
     n_clients = lay.pair_start.shape[0] - 1
+    if chosen.shape[0] == n_clients:
+        return _Active(n_clients, None, None)
+    on = np.zeros(n_clients, dtype=bool)
+    on[chosen] = True
+    return _Active(int(chosen.shape[0]), np.repeat(on, np.diff(lay.user_start)),
+                   np.repeat(on, np.diff(lay.pair_start)))
+
+
+def _keep(new: np.ndarray | None, old: np.ndarray | None, mask: np.ndarray | None
+          ) -> np.ndarray | None:
+    """Rows of ``new`` where ``mask`` (the active clients), else the old rows."""
+    if mask is None or new is None:
+        return new
+    return np.where(mask[:, None], new, old)
+
+
+def _keep_all(lay_act: _Active, c: _Clients, u: np.ndarray, p: np.ndarray, u_m: Moments,
+              p_m: Moments) -> _Clients:
+    """The updated clients, with the absent clients' rows left as they were."""
+    mu, mp = lay_act.users, lay_act.pairs
+    return _Clients(_keep(u, c.u, mu), _keep(p, c.p, mp),
+                    (_keep(u_m[0], c.u_m[0], mu), _keep(u_m[1], c.u_m[1], mu)),
+                    (_keep(p_m[0], c.p_m[0], mp), _keep(p_m[1], c.p_m[1], mp)))
+
+
+def _batched_mean(lay: _Layout, p: np.ndarray, h: np.ndarray, clip: float | None,
+                  noise_sum: np.ndarray | None, act: _Active | None = None) -> np.ndarray:
+    """Mean of the active clients' dense (clipped, noised) V_(i):
+    (n_t H + sum over their pairs of (V_p - H_j)) / n_t."""
+    n_clients = lay.pair_start.shape[0] - 1 if act is None else act.n
     cl = (lambda x: x) if clip is None else (lambda x: np.clip(x, -clip, clip))
-    total = n_clients * cl(h) + (lay.by_item @ (cl(p) - cl(h[:, lay.pair_item].T))).T
+    diff = cl(p) - cl(h[:, lay.pair_item].T)
+    if act is not None and act.pairs is not None:
+        diff = diff * act.pairs[:, None]
+    total = n_clients * cl(h) + (lay.by_item @ diff).T
     if noise_sum is not None:
         total = total + noise_sum
     return total / n_clients
@@ -524,63 +609,72 @@ def _batched_objective(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConf
 
 
 def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
-                   privacy: tuple[float | None, np.ndarray | None]
+                   privacy: tuple[float | None, np.ndarray | None], act: _Active
                    ) -> tuple[RFRecGlobal, _Clients]:
-    """Algorithm 1 for every client and the server (the server's k is not advanced)."""
+    """Algorithm 1 for the active clients and the server (the server's k is not advanced)."""
     t = g.k + 1
     g_u, g_p = _batched_grad(lay, c, cfg)
     g_p = g_p + cfg.lam * (c.p - g.v_bar[:, lay.pair_item].T)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg)
+    c = _keep_all(act, c, u, p, u_m, p_m)
     h, (h_m1, h_m2) = _step_h(g, cfg)
-    v_bar = _batched_mean(lay, p, h, *privacy)
-    return g.replace(v_bar=v_bar, h=h, h_m1=h_m1, h_m2=h_m2), _Clients(u, p, u_m, p_m)
+    v_bar = _batched_mean(lay, c.p, h, *privacy, act)
+    return g.replace(v_bar=v_bar, h=h, h_m1=h_m1, h_m2=h_m2), c
 
 
 def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig,
-                    privacy: tuple[float | None, np.ndarray | None]
+                    privacy: tuple[float | None, np.ndarray | None], act: _Active
                     ) -> tuple[RFRecGlobal, _Clients]:
-    """Algorithm 2 for every client and the server (zeta not yet redrawn)."""
+    """Algorithm 2 for the active clients and the server (zeta not yet redrawn)."""
     if g.zeta == 1:
         if g.zeta_prev == 1:
             return g, c
-        return g.replace(v_bar=_batched_mean(lay, c.p, g.h, *privacy)), c
+        return g.replace(v_bar=_batched_mean(lay, c.p, g.h, *privacy, act)), c
     if g.zeta_prev == 1:
-        rate = cfg.alpha * cfg.lam / cfg.p
-        p = relax(c.p, g.v_bar[:, lay.pair_item].T, rate)
-        return g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
+        rate = move_rate(cfg)
+        p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p, act.pairs)
+        g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
+        if cfg.schedule == "paper":
+            return g, c
     lr, t = cfg.alpha / (1.0 - cfg.p), g.steps + 1
     g_u, g_p = _batched_grad(lay, c, cfg)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg, lr)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg, lr)
-    return g.replace(steps=t), _Clients(u, p, u_m, p_m)
+    return g.replace(steps=t), _keep_all(act, c, u, p, u_m, p_m)
 
 
 def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
                 clip: float | None = None,
                 noise: Callable[[int, int, tuple[int, int]], np.ndarray] | None = None,
-                evaluate_every: int = 1,
-                on_round: Callable[[RoundRecord], None] | None = None) -> SimulationResult:
+                evaluate_every: int = 1, per_round: int = 0,
+                on_round: Callable[[RoundRecord], None] | None = None,
+                on_global: Callable[[RFRecGlobal], None] | None = None) -> SimulationResult:
     """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
 
     Same seeds, draws and update equations as the generic driver (up to floating-point
     summation order), so it returns the same :class:`SimulationResult`; with ``clip`` and
     ``noise(round, client, shape)`` each upload is ``clip(V_(i)) + noise`` (a stand-in for
-    the privacy layer's element-wise wrapper). Per round O(nnz d + n d) plus the noise draws.
+    the privacy layer's element-wise wrapper). ``per_round`` is the simulator's: 0 (or at
+    least the number of clients) means everybody, otherwise that many clients drawn by
+    :func:`select` from the same stream. ``on_global`` sees the broadcast of every round
+    (e.g. for a stopping rule on V_bar). Per round O(nnz d + n d) plus the noise draws.
     """
     fast = isinstance(cfg, RFRecFConfig)
-    server, g, locals_ = initialise(ALGORITHMS["rfrecf" if fast else "rfrec"], cfg, fed.train,
-                                    seed)
+    alg = ALGORITHMS["rfrecf" if fast else "rfrec"]
+    server, g, locals_ = initialise(alg, cfg, fed.train, seed)
     lay, c = _layout(fed.train, cfg), _stack(locals_)
     history, n_clients = [], fed.n_clients
     for k in range(1, rounds + 1):
         t0 = time.perf_counter()
+        chosen = alg.select(g, n_clients, per_round, derive_rng(seed, k, SAMPLING))
+        act = _active(lay, chosen)
         sending = not fast or (g.zeta == 1 and g.zeta_prev == 0)
         noise_sum = None
         if noise is not None and sending:
-            noise_sum = sum(noise(k, i, g.v_bar.shape) for i in range(n_clients))
+            noise_sum = sum(noise(k, int(i), g.v_bar.shape) for i in chosen)
         step = _batched_rfrecf if fast else _batched_rfrec
-        g, c = step(lay, g, c, cfg, (clip, noise_sum))
+        g, c = step(lay, g, c, cfg, (clip, noise_sum), act)
         g = g.replace(k=g.k + 1, zeta=_coin(cfg, derive_rng(seed, k, SERVER)) if fast else 0,
                       zeta_prev=g.zeta)
         seconds = time.perf_counter() - t0
@@ -588,11 +682,13 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
         if k % evaluate_every == 0 or k == rounds:
             rmse, mae = _batched_eval(lay, g, c.u, fed.test, fed.scale)
             obj = _batched_objective(lay, g, c, cfg)
-        ups = n_clients if sending else 0
-        rec = RoundRecord(k, obj, rmse, mae, seconds, n_clients, ups, ups * g.v_bar.nbytes)
+        ups = act.n if sending else 0
+        rec = RoundRecord(k, obj, rmse, mae, seconds, act.n, ups, ups * g.v_bar.nbytes)
         history.append(rec)
         if on_round is not None:
             on_round(rec)
+        if on_global is not None:
+            on_global(g)
     return SimulationResult(history, g, g, _unpack(lay, c))
 
 
@@ -628,9 +724,9 @@ ALGORITHMS = {
     "rfrec": Algorithm(
         name="rfrec", config=RFRecConfig, init_server=init_server, init_client=init_client,
         client_step=rfrec_client_step, server_step=rfrec_server_step, factors=factors,
-        objective=objective, select=select_all, run_defaults=_RUN_DEFAULTS),
+        objective=objective, select=select, run_defaults=_RUN_DEFAULTS),
     "rfrecf": Algorithm(
         name="rfrecf", config=RFRecFConfig, init_server=init_server, init_client=init_client,
         client_step=rfrecf_client_step, server_step=rfrecf_server_step, factors=factors,
-        objective=objective, select=select_all, run_defaults=_RUN_DEFAULTS),
+        objective=objective, select=select, run_defaults=_RUN_DEFAULTS),
 }

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from algorithms import RatingBlock, messages_equal
-from algorithms._rng import SERVER, client_noise_rng, derive_rng
+from algorithms._rng import SAMPLING, SERVER, client_noise_rng, derive_rng
 from algorithms.data import Federation, build_federation, data_dir, load_movielens
 from algorithms.rfrec import (
     ALGORITHMS,
@@ -135,7 +135,7 @@ def test_rfrecf_communicates_only_when_zeta_changes():
     prev = 0
     for k in range(1, 41):
         assert (glob.zeta, glob.zeta_prev) == (zetas[k - 1], prev)
-        glob, server, locs, _, ups = run_round(RFRECF, cfg, k, seed, 1, glob, server, locs,
+        glob, server, locs, _, ups = run_round(RFRECF, cfg, k, seed, 0, glob, server, locs,
                                                fed.train)
         sending = zetas[k - 1] == 1 and prev == 0
         assert sorted(ups) == (list(range(4)) if sending else []), k
@@ -176,7 +176,7 @@ def test_lazy_representation_and_batched_path_match_dense_reference(fast):
     cfg = (RFRecFConfig if fast else RFRecConfig)(rank=2, alpha=0.01, lam=5.0)
     alg = RFRECF if fast else RFREC
     us, vs, v_bar = _dense_reference(fed, cfg, 25, 3, fast)
-    generic = simulate(alg, cfg, fed, rounds=25, per_round=1, seed=3)
+    generic = simulate(alg, cfg, fed, rounds=25, per_round=0, seed=3)
     batched = run_batched(cfg, fed, rounds=25, seed=3)
     for res in (generic, batched):
         np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
@@ -199,7 +199,7 @@ def test_batched_path_reproduces_generic_driver_with_clip_and_noise():
     def privatizer(up, client, round_):
         return up.replace(v=np.clip(up.v, -0.2, 0.2) + noise(round_, client, up.v.shape))
 
-    generic = simulate(RFREC, cfg, fed, rounds=6, per_round=1, seed=seed, privatizer=privatizer)
+    generic = simulate(RFREC, cfg, fed, rounds=6, per_round=0, seed=seed, privatizer=privatizer)
     batched = run_batched(cfg, fed, rounds=6, seed=seed, clip=0.2, noise=noise)
     np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
     assert np.abs(generic.global_msg.v_bar).max() > 0.2 / 4  # the noise really went in
@@ -288,7 +288,7 @@ def _moment(g, cfg, which):
 def test_adam_batched_path_matches_generic_driver():
     fed = _federation()
     cfg = RFRecConfig(rank=2, alpha=0.05, optimizer="adam")
-    generic = simulate(RFREC, cfg, fed, rounds=8, per_round=1, seed=2)
+    generic = simulate(RFREC, cfg, fed, rounds=8, per_round=0, seed=2)
     batched = run_batched(cfg, fed, rounds=8, seed=2)
     np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
     np.testing.assert_allclose(batched.global_msg.h_m2, generic.global_msg.h_m2, rtol=1e-9)
@@ -303,7 +303,7 @@ def test_rfrecf_adam_batched_path_matches_generic_and_moving_keeps_moments():
     cfg = RFRecFConfig(rank=2, alpha=0.05, optimizer="adam", link="sigmoid")
     server, glob, locs = initialise(RFRECF, cfg, fed.train, 6)
     for k in range(1, 13):  # generic driver (simulate's evaluation needs a linear link)
-        glob, server, locs, _, _ = run_round(RFRECF, cfg, k, 6, 1, glob, server, locs,
+        glob, server, locs, _, _ = run_round(RFRECF, cfg, k, 6, 0, glob, server, locs,
                                              fed.train)
     mains = sum(a == 0 and b == 0 for a, b in zip(_zetas(6, 12, cfg, 9), [0, *_zetas(
         6, 12, cfg, 9)[:-1]], strict=True))
@@ -347,3 +347,119 @@ def test_ml100k_authors_adam_sigmoid_variant_learns():
     cfg = RFRecConfig(alpha=0.1, lam=20.0, optimizer="adam", link="sigmoid")
     res = run_batched(cfg, _ml100k(200), rounds=60, seed=0, evaluate_every=60)
     assert res.final.test_rmse < 0.985
+
+
+# --------------------------------------------------------------- dropped clients, schedules
+
+
+def _chosen(seed, k, n_clients, per_round):
+    """The clients of iteration k, drawn like sample_clients from the sampling stream."""
+    rng = derive_rng(seed, k, SAMPLING)
+    return sorted(int(i) for i in rng.choice(n_clients, size=per_round, replace=False))
+
+
+def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round):
+    """Algorithm 1 with only the chosen clients stepping and uploading (Sec. 3.3): V_bar is
+    the mean of their dense V_(i); an absent client keeps U_i and V_(i), and on return its
+    never-rated columns are the common track H (h <- h - alpha lambda (h - V_bar))."""
+    _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
+    us = [s.u for s in locs]
+    vs = [glob.v_bar.copy() for _ in locs]
+    v_bar, h = glob.v_bar, glob.h
+    chosen_log = []
+    for k in range(1, rounds + 1):
+        chosen = _chosen(seed, k, len(vs), per_round)
+        chosen_log.append(chosen)
+        for i in chosen:
+            unrated = np.setdiff1d(np.arange(v_bar.shape[1]), fed.train[i].rated_items)
+            vs[i][:, unrated] = h[:, unrated]
+            gu, gv = _dense_grad_f(us[i], vs[i], *_dense(fed.train[i]), cfg)
+            us[i] = us[i] - cfg.alpha * gu
+            vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - v_bar))
+        h = h - cfg.alpha * cfg.lam * (h - v_bar)
+        v_bar = sum(vs[i] for i in chosen) / len(chosen)
+    return us, vs, v_bar, chosen_log
+
+
+def test_dropped_clients_neither_step_nor_upload_and_server_averages_the_rest():
+    fed, seed = _federation(), 8
+    cfg = RFRecConfig(rank=2, alpha=0.01, lam=5.0)
+    us, vs, v_bar, chosen = _dense_sampled_rfrec(fed, cfg, 12, seed, 2)
+    assert {len(c) for c in chosen} == {2} and len({tuple(c) for c in chosen}) > 1
+    generic = simulate(RFREC, cfg, fed, rounds=12, per_round=2, seed=seed)
+    batched = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2)
+    last = chosen[-1]
+    for res in (generic, batched):
+        np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+        assert [r.uploads for r in res.history] == [2] * 12
+        for i, (u, s) in enumerate(zip(us, res.local_states, strict=True)):
+            np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+            if i in last:  # a client's dense V_(i) is exact right after it stepped
+                np.testing.assert_allclose(
+                    dense_v(res.global_msg.h, s.v_rated, fed.train[i].rated_items), vs[i],
+                    rtol=1e-9, atol=1e-12)
+
+
+def test_select_takes_everybody_at_zero_or_full_and_a_uniform_sample_otherwise():
+    rng = np.random.default_rng(0)
+    assert list(RFREC.select(None, 5, 0, rng)) == [0, 1, 2, 3, 4]
+    assert list(RFREC.select(None, 5, 9, rng)) == [0, 1, 2, 3, 4]
+    picks = [tuple(RFRECF.select(None, 5, 2, np.random.default_rng(s))) for s in range(200)]
+    assert all(len(set(p)) == 2 and list(p) == sorted(p) for p in picks)
+    counts = np.bincount(np.concatenate(picks), minlength=5)
+    assert counts.sum() == 400 and counts.min() > 55  # each client ~80 times
+
+
+def _dense_code_schedule(fed, cfg, rounds, seed):
+    """RFRecF with the authors' notebook schedule, every V_(i) dense: every zeta = 0
+    iteration is a main update (step alpha/(1-p)), preceded after an aggregation by
+    V_(i) <- V_(i) - min(1, alpha lambda / p) (V_(i) - V_bar)."""
+    _, glob, locs = initialise(RFRECF, cfg, fed.train, seed)
+    us = [s.u for s in locs]
+    vs = [glob.v_bar.copy() for _ in locs]
+    v_bar, prev = glob.v_bar, 0
+    rate = min(1.0, cfg.alpha * cfg.lam / cfg.p)
+    for z in _zetas(seed, rounds, cfg, 9):
+        if z == 0:
+            if prev == 1:
+                vs = [v - rate * (v - v_bar) for v in vs]
+            grads = [_dense_grad_f(u, v, *_dense(b), cfg)
+                     for u, v, b in zip(us, vs, fed.train, strict=True)]
+            step = cfg.alpha / (1 - cfg.p)
+            us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
+            vs = [v - step * gv for v, (_, gv) in zip(vs, grads, strict=True)]
+        elif prev == 0:
+            v_bar = sum(vs) / len(vs)
+        prev = z
+    return us, vs, v_bar
+
+
+@pytest.mark.parametrize("lam", [3.0, 40.0])  # move rate 0.12 and capped at 1 (a reset)
+def test_rfrecf_code_schedule_matches_dense_reference(lam):
+    fed = _federation()
+    cfg = RFRecFConfig(rank=2, alpha=0.01, lam=lam, p=0.25, schedule="code")
+    us, vs, v_bar = _dense_code_schedule(fed, cfg, 30, 5)
+    generic = simulate(RFRECF, cfg, fed, rounds=30, per_round=0, seed=5)
+    batched = run_batched(cfg, fed, rounds=30, seed=5)
+    paper = run_batched(cfg.model_copy(update={"schedule": "paper"}), fed, rounds=30, seed=5)
+    assert not np.allclose(paper.global_msg.v_bar, v_bar)  # the schedules really differ
+    for res in (generic, batched):
+        np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+        for u, v, s, b in zip(us, vs, res.local_states, fed.train, strict=True):
+            np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(dense_v(res.global_msg.h, s.v_rated, b.rated_items), v,
+                                       rtol=1e-9, atol=1e-12)
+
+
+def test_batched_adam_code_schedule_with_dropped_clients_matches_generic_driver():
+    fed = _federation()
+    cfg = RFRecFConfig(rank=2, alpha=0.02, lam=10.0, p=0.4, optimizer="adam", schedule="code")
+    generic = simulate(RFRECF, cfg, fed, rounds=20, per_round=3, seed=4)
+    batched = run_batched(cfg, fed, rounds=20, seed=4, per_round=3)
+    np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
+    assert batched.global_msg.steps == generic.global_msg.steps > 0
+    for a, b in zip(generic.local_states, batched.local_states, strict=True):
+        np.testing.assert_allclose(b.u, a.u, rtol=1e-9)
+        np.testing.assert_allclose(b.v_m2, a.v_m2, rtol=1e-9, atol=1e-18)
+    assert [r.uploads for r in batched.history] == [r.uploads for r in generic.history]
+    assert {r.participants for r in batched.history} == {3}
