@@ -14,7 +14,10 @@ for "gaussian", b / Delta_1 for "laplace" (see :mod:`privacy.wrapper` for Delta)
 * The RDP curves add up (Mironov 2017, Prop. 1, adaptive composition) and are converted to
   (epsilon, delta) by ``opacus.accountants.analysis.rdp.get_privacy_spent`` (Balle et al.
   2020, Thm. 21).
-* For Laplace-only histories, basic composition of pure DP (sum of 1/z) is also a valid
+* Bernoulli (XOR) runs: a transmission whose bits are flipped with probability p is pure
+  eps-DP with eps = d ln((1-p)/p) over its d bits (noise multiplier z = 1 / eps); its RDP
+  is bounded by that of randomized response at eps (:func:`privacy.bernoulli.bernoulli_rdp`).
+* For Laplace/Bernoulli-only histories, basic composition of pure DP (sum of 1/z) is also a valid
   (epsilon, 0) guarantee; the reported epsilon is the smaller of the two.
 
 Worked example: 100 Gaussian transmissions at z = 10, delta = 1e-5 give epsilon = 4.7285
@@ -33,9 +36,12 @@ import numpy as np
 from opacus.accountants import RDPAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 
+from privacy.bernoulli import bernoulli_rdp
 from privacy.laplace import laplace_rdp
 
-MECHANISMS: tuple[str, ...] = ("gaussian", "laplace")
+MECHANISMS: tuple[str, ...] = ("gaussian", "laplace", "bernoulli")
+#: mechanisms that are pure epsilon-DP per transmission (epsilon = 1 / noise multiplier)
+PURE: tuple[str, ...] = ("laplace", "bernoulli")
 
 #: opacus' default orders, extended upwards so that large budgets (Laplace, few rounds)
 #: do not hit the largest order.
@@ -105,16 +111,19 @@ def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.
             total += np.asarray(opacus_rdp.compute_rdp(
                 q=1.0, noise_multiplier=ev.noise_multiplier, steps=ev.count,
                 orders=list(orders)))
+        elif ev.mechanism == "bernoulli":
+            total += ev.count * bernoulli_rdp(ev.noise_multiplier, np.asarray(orders))
         else:
             total += ev.count * laplace_rdp(ev.noise_multiplier, np.asarray(orders))
     return total
 
 
 def pure_epsilon(history: Iterable[Event]) -> float:
-    """Basic composition of pure DP: sum of count / z over Laplace runs (inf if any Gaussian)."""
+    """Basic composition of pure DP: sum of count / z over Laplace and Bernoulli runs (inf if
+    any Gaussian)."""
     eps = 0.0
     for ev in history:
-        if ev.mechanism != "laplace":
+        if ev.mechanism not in PURE:
             return math.inf
         eps += ev.count / ev.noise_multiplier
     return eps

@@ -38,3 +38,32 @@ def flip_prob_for_epsilon(epsilon: float, n_bits: int = 1) -> float:
     if not epsilon > 0:
         raise ValueError(f"epsilon must be positive, got {epsilon!r}")
     return 1.0 / (1.0 + math.exp(epsilon / n_bits))
+
+
+def bernoulli_rdp(noise_multiplier: float, orders: np.ndarray) -> np.ndarray:
+    """Renyi DP of one XOR release that is (1 / ``noise_multiplier``)-DP.
+
+    With eps = 1 / z the pure epsilon of one transmission (:func:`bernoulli_epsilon` over
+    its bits), the pair of output distributions of randomized response with that eps,
+    P = (e^eps, 1) / (1 + e^eps) and Q = (1, e^eps) / (1 + e^eps), dominates every eps-DP
+    mechanism (Zhu, Dong and Wang 2022, pure DP), so for alpha > 1
+
+        D_alpha <= 1/(alpha-1) log( (e^{alpha eps} + e^{(1-alpha) eps}) / (1 + e^eps) ),
+
+    exact for a single bit. It never exceeds eps (Mironov 2017, Prop. 3) and is about
+    alpha eps^2 / 2 for small eps. Evaluated with ``logaddexp`` to avoid overflow.
+    """
+    a = np.asarray(orders, dtype=np.float64)
+    if np.any(a <= 1):
+        raise ValueError("Renyi orders must be > 1")
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise multiplier must be positive, got {noise_multiplier!r}")
+    eps = 1.0 / float(noise_multiplier)
+    log_num = np.logaddexp(a * eps, (1.0 - a) * eps)
+    return (log_num - np.logaddexp(0.0, eps)) / (a - 1)
+
+
+def is_boolean(a: np.ndarray) -> bool:
+    """True for a bool array or a numeric one whose entries are all 0 or 1."""
+    a = np.asarray(a)
+    return a.dtype == np.bool_ or bool(np.all((a == 0) | (a == 1)))

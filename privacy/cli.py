@@ -26,8 +26,10 @@ def add_dp_arguments(parser: argparse.ArgumentParser, *, default: str = "gaussia
                      ) -> argparse.ArgumentParser:
     """Add ``--dp``, ``--dp-norm``, ``--dp-clip``, the noise options, ``--dp-delta``, budget."""
     g = parser.add_argument_group("differential privacy (unit: a tenant's whole rating block)")
-    g.add_argument("--dp", choices=["none", "laplace", "gaussian"], default=default,
-                   help=f"noise mechanism on every upload (default: {default})")
+    g.add_argument("--dp", choices=["none", "laplace", "gaussian", "bernoulli"],
+                   default=default,
+                   help=f"noise mechanism on every upload (default: {default}); bernoulli = "
+                        "XOR noise for Boolean uploads (e.g. the binary baseline's), no clip")
     g.add_argument("--dp-norm", choices=["l2", "l1", "value"], default=None,
                    help="clip: L2 norm, L1 norm or element-wise value clip (RFRec eq. 9); "
                         "default l2 for gaussian, l1 for laplace")
@@ -38,6 +40,9 @@ def add_dp_arguments(parser: argparse.ArgumentParser, *, default: str = "gaussia
                        help="noise multiplier: sigma (gaussian) or b (laplace) / sensitivity 2C")
     noise.add_argument("--dp-scale", type=float, default=None,
                        help="absolute per-entry noise sigma or b (e.g. RFRec's s)")
+    noise.add_argument("--dp-flip-prob", type=float, default=None,
+                       help="bernoulli: flip probability p of every bit, 0 < p < 0.5 "
+                            "(epsilon per transmission = d ln((1-p)/p) over d bits)")
     noise.add_argument("--dp-epsilon", type=float, default=None,
                        help="target epsilon per tenant over the whole run; the noise is solved "
                             f"for it (default when no noise option is given: {DEFAULT_EPSILON})")
@@ -77,6 +82,15 @@ def spec_from_args(args: argparse.Namespace, transmissions: int, n_users: int | 
         return DPSpec(mechanism="none"), None
     delta = args.dp_delta if args.dp_delta is not None else default_delta(n_users)
     common = dict(mechanism=args.dp, norm=args.dp_norm, clip=args.dp_clip, delta=delta)
+    flip = getattr(args, "dp_flip_prob", None)
+    if flip is not None and args.dp != "bernoulli":
+        raise ValueError("--dp-flip-prob applies to --dp bernoulli only")
+    if args.dp == "bernoulli":
+        if args.dp_scale is not None:
+            raise ValueError("--dp bernoulli has no noise scale: give --dp-flip-prob, "
+                             "--dp-noise or --dp-epsilon")
+        if flip is not None:
+            return DPSpec(flip_prob=flip, **common), None
     if args.dp_noise is not None:
         return DPSpec(noise_multiplier=args.dp_noise, **common), None
     if args.dp_scale is not None:

@@ -27,6 +27,13 @@ sensitivity covers the whole upload and both arrays get the same noise scale.
 
 Scalar (non-array) fields of an upload pass through unchanged and are NOT covered; they must
 not depend on the ratings (:func:`unprotected_fields` lists them).
+
+``mechanism="bernoulli"`` is the XOR noise of Felb (Sec. 4.1.3) for Boolean uploads (every
+entry 0 or 1, e.g. the rounded factors of the voting baseline): each bit is flipped with
+probability p, no clipping. Any block may change every one of the d bits, so one
+transmission is pure eps-DP with eps = d ln((1-p)/p) (:mod:`privacy.bernoulli`); its noise
+multiplier is z = 1 / eps, given directly or through ``flip_prob``. A non-Boolean upload is
+refused (``TypeError``).
 """
 
 from __future__ import annotations
@@ -42,6 +49,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from algorithms._messages import Message
 from algorithms._rng import client_noise_rng
 from privacy.accountant import Event
+from privacy.bernoulli import (
+    bernoulli_epsilon,
+    bernoulli_xor,
+    flip_prob_for_epsilon,
+    is_boolean,
+)
 from privacy.clipping import clip_arrays
 from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
@@ -56,7 +69,7 @@ class DPSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    mechanism: Literal["none", "laplace", "gaussian"] = "gaussian"
+    mechanism: Literal["none", "laplace", "gaussian", "bernoulli"] = "gaussian"
     #: clip norm; None = "l2" for Gaussian, "l1" for Laplace (the norm each is calibrated to)
     norm: Literal["l2", "l1", "value"] | None = None
     #: clip bound C (norm bound of the concatenated upload, or entry bound for "value")
@@ -65,6 +78,8 @@ class DPSpec(BaseModel):
     noise_multiplier: float | None = Field(None, gt=0, allow_inf_nan=False)
     #: absolute per-entry noise: sigma (Gaussian) or b (Laplace), e.g. RFRec's s
     noise_scale: float | None = Field(None, gt=0, allow_inf_nan=False)
+    #: Bernoulli only: the flip probability p of every bit (instead of noise_multiplier)
+    flip_prob: float | None = Field(None, gt=0, lt=0.5)
     #: the delta at which epsilon is reported (and of the tenants' budgets)
     delta: float = Field(1e-5, gt=0, lt=1)
     #: the unit protected; only the tenant's whole block has a sensitivity from the clip
@@ -72,6 +87,15 @@ class DPSpec(BaseModel):
 
     @model_validator(mode="after")
     def _one_noise(self) -> DPSpec:
+        if self.mechanism == "bernoulli":
+            if self.noise_scale is not None:
+                raise ValueError("bernoulli noise has no scale: give noise_multiplier "
+                                 "or flip_prob")
+            if (self.noise_multiplier is not None) + (self.flip_prob is not None) != 1:
+                raise ValueError("give exactly one of noise_multiplier and flip_prob")
+            return self
+        if self.flip_prob is not None:
+            raise ValueError("flip_prob applies to the bernoulli mechanism only")
         given = (self.noise_multiplier is not None) + (self.noise_scale is not None)
         if self.mechanism != "none" and given != 1:
             raise ValueError("give exactly one of noise_multiplier and noise_scale")
@@ -96,14 +120,30 @@ def event_for(spec: DPSpec, n_entries: int) -> Event:
     """The privacy event of one transmission of ``n_entries`` values under ``spec``."""
     if spec.mechanism == "none":
         raise ValueError("mechanism 'none' has no privacy event")
+    if spec.mechanism == "bernoulli":
+        z = spec.noise_multiplier
+        if z is None:
+            z = 1.0 / bernoulli_epsilon(spec.flip_prob, n_entries)
+        return Event("bernoulli", float(z), 1)
     z = spec.noise_multiplier
     if z is None:
         z = spec.noise_scale / sensitivity(spec, n_entries)
     return Event(spec.mechanism, float(z), 1)
 
 
+def flip_probability(spec: DPSpec, n_entries: int) -> float:
+    """Bernoulli: p given, or 1 / (1 + e^{eps/d}) with eps = 1 / noise multiplier."""
+    if spec.mechanism != "bernoulli":
+        raise ValueError(f"mechanism {spec.mechanism!r} has no flip probability")
+    if spec.flip_prob is not None:
+        return spec.flip_prob
+    return flip_prob_for_epsilon(1.0 / spec.noise_multiplier, n_entries)
+
+
 def noise_scale(spec: DPSpec, n_entries: int) -> float:
     """Per-entry noise: sigma (Gaussian) or b (Laplace) = noise multiplier x sensitivity."""
+    if spec.mechanism == "bernoulli":
+        raise ValueError("bernoulli noise has a flip probability, not a scale")
     if spec.noise_scale is not None:
         return spec.noise_scale
     return spec.noise_multiplier * sensitivity(spec, n_entries)
@@ -125,8 +165,11 @@ def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
     """Clip all arrays of ``upload`` jointly and add noise; return (noisy copy, event).
 
     Noise is drawn array by array in field order, so a seed reproduces it exactly.
+    Bernoulli: every entry must be 0 or 1; bits are XORed (no clipping), dtypes kept.
     """
     arrays = upload.arrays()
+    if spec.mechanism == "bernoulli":
+        return _privatize_bits(upload, spec, rng)
     for name, a in arrays.items():
         if not np.issubdtype(a.dtype, np.floating):
             raise TypeError(f"cannot add noise to {type(upload).__name__}.{name} "
@@ -138,6 +181,21 @@ def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
     noisy = {k: (v + draw(v.shape, scale, rng)).astype(arrays[k].dtype)
              for k, v in clipped.items()}
     return upload.replace(**noisy), event
+
+
+def _privatize_bits(upload: Message, spec: DPSpec, rng: np.random.Generator
+                    ) -> tuple[Message, Event]:
+    """XOR every bit of a Boolean upload with Bernoulli(p) (Felb Sec. 4.1.3)."""
+    arrays = upload.arrays()
+    for name, a in arrays.items():
+        if not is_boolean(a):
+            raise TypeError(f"Bernoulli (XOR) noise needs Boolean uploads: "
+                            f"{type(upload).__name__}.{name} has entries other than 0 and 1")
+    d = n_entries(upload)
+    p = flip_probability(spec, d)
+    noisy = {k: bernoulli_xor(v.astype(bool), p, rng).astype(v.dtype)
+             for k, v in arrays.items()}
+    return upload.replace(**noisy), event_for(spec, d)
 
 
 class DPPrivatizer:
@@ -172,6 +230,9 @@ class DPPrivatizer:
         """
         if self.spec.mechanism == "none":
             return
+        if n_entries is None and self.spec.flip_prob is not None:
+            raise ValueError("n_entries is needed to account a flip probability "
+                             "(epsilon = d ln((1-p)/p) over the d bits of an upload)")
         if n_entries is None and self.spec.noise_scale is not None and (
                 self.spec.clip_norm == "value" or self.spec.mechanism == "laplace"
                 and self.spec.clip_norm == "l2"):
@@ -193,6 +254,10 @@ ACCOUNTING = {
                "opacus' orders, composed over the rounds each tenant transmitted, converted "
                "by opacus get_privacy_spent; reported epsilon = min(that, basic composition "
                "of pure epsilon)",
+    "bernoulli": "XOR noise: each transmission of d bits flipped with probability p is pure "
+                 "d ln((1-p)/p)-DP; Renyi DP bounded by randomized response at that epsilon, "
+                 "composed over the rounds each tenant transmitted, converted by opacus "
+                 "get_privacy_spent; reported epsilon = min(that, basic composition)",
 }
 
 
@@ -206,20 +271,28 @@ def privacy_report(spec: DPSpec, ledger: Ledger, n_entries: int | None = None
     spends = {t: ledger.spent(t) for t in ledger.tenants()}
     eps = {t: s.epsilon for t, s in spends.items()}
     out: dict[str, Any] = {
-        "mechanism": spec.mechanism, "norm": spec.clip_norm, "clip": spec.clip,
+        "mechanism": spec.mechanism,
+        "norm": None if spec.mechanism == "bernoulli" else spec.clip_norm,
+        "clip": None if spec.mechanism == "bernoulli" else spec.clip,
         "delta": spec.delta, "unit": UNIT_TENANT, "accounting": ACCOUNTING[spec.mechanism],
         "epsilon_per_tenant": eps, "epsilon_max": max(eps.values(), default=0.0),
         "transmissions_per_tenant": {t: s.transmissions for t, s in spends.items()},
         "budget_epsilon_max": _budget_summary(ledger), "stopped": ledger.stopped(),
     }
     out.update(_noise_summary(spec, n_entries))
-    if spec.mechanism == "laplace":
+    if spec.mechanism in ("laplace", "bernoulli"):
         out["epsilon_pure_per_tenant"] = {t: s.epsilon_pure for t, s in spends.items()}
     return out
 
 
 def _noise_summary(spec: DPSpec, n_entries: int | None) -> dict[str, Any]:
     """Noise multiplier, per-entry scale and sensitivity, where they are determined."""
+    if spec.mechanism == "bernoulli":
+        if n_entries is None:
+            return {"noise_multiplier": spec.noise_multiplier, "flip_prob": spec.flip_prob}
+        return {"noise_multiplier": event_for(spec, n_entries).noise_multiplier,
+                "flip_prob": flip_probability(spec, n_entries),
+                "epsilon_per_transmission": 1.0 / event_for(spec, n_entries).noise_multiplier}
     d_free = spec.clip_norm != "value" and not (
         spec.mechanism == "laplace" and spec.clip_norm == "l2")
     if not d_free and n_entries is None:
