@@ -24,16 +24,20 @@ import json
 import math
 import os
 import platform
+import resource
 import shlex
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
 TABLE_START, TABLE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+#: when this module was first imported: every experiment imports it at start-up
+_STARTED = time.monotonic()
 
 
 def parser(name: str, doc: str | None, seeds: int = 3) -> argparse.ArgumentParser:
@@ -95,10 +99,23 @@ def write_result(out: Path, name: str, argv: list[str] | None, quick: bool,
     """Write ``<out>/<name>.json`` with the payload, the command and the machine."""
     out.mkdir(parents=True, exist_ok=True)
     doc = {"experiment": name, "command": command(name, argv), "quick": quick,
-           "machine": machine(), **payload}
+           "machine": machine(), "run_time": run_time(), **payload}
     path = out / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
     return path
+
+
+def run_time() -> dict[str, float]:
+    """Wall and CPU seconds of this run so far (CPU: this process and its waited-for children).
+
+    On a busy machine the wall time stretches with the load while the CPU time hardly
+    moves, so the CPU time is what says how long the run takes on an idle machine.
+    """
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return {"wall_seconds": round(time.monotonic() - _STARTED, 1),
+            "cpu_seconds": round(cpu, 1)}
 
 
 def _jsonable(value: Any) -> Any:
@@ -133,6 +150,24 @@ def results_table(folder: Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+def run_time_table(folder: Path = RESULTS) -> str:
+    """How long each full-size result took: wall and CPU minutes, and the machine's load."""
+    lines = ["| result file | command | wall min | CPU min | 1-min load at the end | date |",
+             "|---|---|---|---|---|---|"]
+    for path in sorted(folder.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("quick"):
+            continue
+        rt = doc.get("run_time") or {}
+        wall, cpu = rt.get("wall_seconds"), rt.get("cpu_seconds")
+        lines.append(" | ".join([
+            f"| {path.name}", f"`{doc['command']}`",
+            "n/a" if wall is None else f"{wall / 60:.1f}",
+            "n/a" if cpu is None else f"{cpu / 60:.1f}",
+            f"{doc['machine']['load_1min']}", f"{doc['machine']['date']} |"]))
+    return "\n".join(lines)
+
+
 def write_table(benchmarks: Path = ROOT / "BENCHMARKS.md", folder: Path = RESULTS) -> None:
     """Replace the generated table between the markers of BENCHMARKS.md."""
     text = benchmarks.read_text()
@@ -140,4 +175,7 @@ def write_table(benchmarks: Path = ROOT / "BENCHMARKS.md", folder: Path = RESULT
         raise ValueError(f"{benchmarks} lacks the markers {TABLE_START} ... {TABLE_END}")
     head, rest = text.split(TABLE_START, 1)
     _, tail = rest.split(TABLE_END, 1)
-    benchmarks.write_text(f"{head}{TABLE_START}\n{results_table(folder)}\n{TABLE_END}{tail}")
+    block = (f"{results_table(folder)}\n\nRun time of each result above (CPU minutes are what "
+             "an idle machine needs; the wall time stretches with the load; n/a: written "
+             "before run times were recorded):\n\n" f"{run_time_table(folder)}")
+    benchmarks.write_text(f"{head}{TABLE_START}\n{block}\n{TABLE_END}{tail}")

@@ -35,6 +35,7 @@ def test_experiment_runs_at_quick_size(name, tmp_path):
     assert doc["experiment"] == name and doc["quick"] is True
     assert doc["command"].startswith(f"fedrec bench {name} --quick")
     assert doc["machine"]["cores"] == os.cpu_count()
+    assert 0 < doc["run_time"]["wall_seconds"] and 0 < doc["run_time"]["cpu_seconds"]
     for row in doc.get("comparisons", []):
         assert row["runs"] >= 1, row
         assert math.isfinite(row["mean"]), row
@@ -68,6 +69,11 @@ def test_table_skips_quick_runs_and_rewrites_between_markers(tmp_path):
     text = md.read_text()
     assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
     assert table in text
+    times = E.run_time_table(tmp_path)
+    demo_row = next(line for line in times.splitlines() if line.startswith("| demo.json |"))
+    wall = json.loads((tmp_path / "demo.json").read_text())["run_time"]["wall_seconds"]
+    assert f"| {wall / 60:.1f} |" in demo_row and "zz_quick" not in times
+    assert times in text
     md.write_text("no markers")
     with pytest.raises(ValueError, match="lacks the markers"):
         E.write_table(md, tmp_path)
