@@ -20,6 +20,13 @@ latency and error figures are per type; any status outside 2xx counts as an erro
 every socket error. A warm-up (not counted) precedes the measured window. The job is polled
 every second through the window; the summary says whether it was running throughout.
 
+Two ways to load it. ``--rate R`` (default 100 requests/s) offers a Poisson stream of R
+requests/s spread over the connections and times each request from its scheduled send time
+(so a server that falls behind shows its queueing, as wrk2 measures): latency at a given
+load, the figure a service-level objective is about. ``--rate 0`` has every connection send
+as soon as it has its previous answer: the saturation throughput, where latency is mostly
+queueing (Little's law: about connections / throughput).
+
 It prints a JSON summary: throughput, p50/p90/p99/max latency and errors per type and in
 total, the job's rounds during the window, the 1-minute load average before and after, and
 the CPU time used by this benchmark's processes against the whole machine's.
@@ -105,14 +112,16 @@ def load_tenants(api: httpx.Client, n: int,
 # ---------------------------------------------------------------- training
 
 
-def start_worker(env: dict[str, str], queue: str, log: Path) -> subprocess.Popen:
+def start_worker(env: dict[str, str], queue: str, log: Path,
+                 nice: int = 0) -> subprocess.Popen:
     """A real ``celery worker --pool=solo`` consuming ``queue`` (the command line of
-    tests/integration/conftest.py's Worker)."""
+    tests/integration/conftest.py's Worker), at CPU priority ``nice`` (0: as the API)."""
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-             "--pool=solo", "-Q", queue, "--loglevel=WARNING", "--without-heartbeat",
-             "--without-gossip", "--without-mingle"],
+            [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "celery",
+             "-A", "worker.celery_app", "worker", "--pool=solo", "-Q", queue,
+             "--loglevel=WARNING", "--without-heartbeat", "--without-gossip",
+             "--without-mingle"],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -182,6 +191,7 @@ end
 local tenants = __TENANTS__
 local items = __ITEMS__
 local upload_share, rows_per_upload, seed, run_id = __SHARE__, __ROWS__, __SEED__, "__RUN__"
+local rate, connections = __RATE__, __CONNS__
 local out_path = "__OUT__"
 
 local threads, n_threads = {}, 0
@@ -221,6 +231,24 @@ local function recommendations(t)
                     {["Authorization"] = "Bearer " .. t.key})
 end
 
+-- Paced (rate > 0): each connection sends on its own Poisson schedule, rate / connections
+-- requests/s, so the whole load is a Poisson stream at ``rate``. Latency is timed from the
+-- scheduled send time, not from when wrk got round to sending (that would hide the queueing
+-- of a server that falls behind: coordinated omission, as wrk2 corrects it). wrk's delay()
+-- has whole milliseconds, so a request may leave up to 1 ms early; it is timed from then.
+local next_at = nil
+local function gap_us()
+  return -math.log(1 - math.random()) * connections * 1000000 / rate
+end
+if rate > 0 then
+  function delay()
+    if next_at == nil then return 0 end  -- wrk may ask before the first request
+    local wait = next_at - now_us()
+    if wait > 0 then return wait / 1000 end
+    return 0
+  end
+end
+
 function request()
   local t = tenants[math.random(#tenants)]
   local req
@@ -229,7 +257,14 @@ function request()
   else
     kind, req = 1, recommendations(t)
   end
-  started = now_us()
+  local now = now_us()
+  if rate > 0 then
+    if next_at == nil then next_at = now + gap_us() * math.random() end
+    started = math.min(now, next_at)
+    next_at = next_at + gap_us()
+  else
+    started = now
+  end
   return req
 end
 
@@ -261,13 +296,14 @@ def lua_list(values) -> str:
 
 
 def wrk_script(path: Path, out: Path, tenants: list[dict], items: list[str], share: float,
-               rows: int, seed: int) -> None:
+               rows: int, seed: int, rate: float = 0.0, connections: int = 1) -> None:
     ts = ", ".join(f'{{id = {t["id"]}, key = {json.dumps(t["key"])}, '
                    f'users = {lua_list(t["users"])}}}' for t in tenants)
     text = (LUA.replace("__TENANTS__", "{" + ts + "}").replace("__ITEMS__", lua_list(items))
             .replace("__SHARE__", repr(share)).replace("__ROWS__", str(rows))
             .replace("__SEED__", str(seed)).replace("__RUN__", uuid.uuid4().hex[:12])
-            .replace("__OUT__", str(out)))
+            .replace("__OUT__", str(out)).replace("__RATE__", repr(float(rate)))
+            .replace("__CONNS__", str(connections)))
     path.write_text(text)
 
 
@@ -388,7 +424,7 @@ def measure(args: argparse.Namespace, url: str) -> dict:
     server = worker = None
     try:
         server = serve(env, port, tmp / "serve.log", access_log=not args.no_access_log)
-        worker = start_worker(env, queue, tmp / "worker.log")
+        worker = start_worker(env, queue, tmp / "worker.log", args.worker_nice)
         with httpx.Client(base_url=base, timeout=300, headers=admin) as api:
             tenants, items = load_tenants(api, args.tenants, rng)
             note(f"{len(tenants)} tenants loaded; training the first model")
@@ -403,7 +439,8 @@ def measure(args: argparse.Namespace, url: str) -> dict:
             wait_job(api, long_job, lambda j: j["status"] == "running"
                      and j["current_round"] >= 1, 120)
             script, out = tmp / "mixed.lua", tmp / "records.txt"
-            wrk_script(script, out, tenants, items, args.upload_share, args.rows, args.seed)
+            wrk_script(script, out, tenants, items, args.upload_share, args.rows, args.seed,
+                       args.rate, args.connections)
             note(f"background job {long_job} running; warm-up")
             warm = run_wrk(base, script, out, args.connections, args.warmup)
             note(f"warm-up ({args.warmup} s, not counted): {warm['total']['rps']} "
@@ -438,7 +475,9 @@ def measure(args: argparse.Namespace, url: str) -> dict:
         _drop_queue(queue)
     fig.update({
         "command": "python -m bench.mixed_load " + " ".join(sys.argv[1:]),
-        "connections": args.connections, "warmup_s": args.warmup,
+        "offered_rps": args.rate or None, "worker_nice": args.worker_nice,
+        "connections": args.connections,
+        "warmup_s": args.warmup,
         "tenants": len(tenants), "users": sum(len(t["users"]) for t in tenants),
         "rows_per_upload": args.rows, "upload_share_target": args.upload_share,
         "job": {"id": long_job, "algorithm": "fedmc-admm", "config": TRAIN_CONFIG,
@@ -476,6 +515,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="5 s measured after 2 s of warm-up (for the tests)")
     parser.add_argument("--connections", type=int, default=16,
                         help="wrk connections, one per wrk thread")
+    parser.add_argument("--rate", type=float, default=100.0,
+                        help="offered requests/s, a Poisson stream spread over the "
+                             "connections, latency timed from each scheduled send; 0: every "
+                             "connection sends as soon as it has its answer (saturation)")
+    parser.add_argument("--worker-nice", type=int, default=0,
+                        help="run the Celery worker at this nice level (training is batch "
+                             "work; 0: the API's priority)")
     parser.add_argument("--upload-share", type=float, default=0.1)
     parser.add_argument("--rows", type=int, default=5, help="ratings per upload")
     parser.add_argument("--tenants", type=int, default=4)

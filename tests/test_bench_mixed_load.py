@@ -53,6 +53,9 @@ def test_quick_mixed_load_serves_both_types_without_errors(tmp_path):
     assert total["requests"] == recs["requests"] + ups["requests"]
     assert 0.0 < total["upload_share"] < 0.5
     assert 0 < recs["p50_ms"] <= recs["p99_ms"] <= recs["max_ms"]
+    # paced: a Poisson stream at the offered 100 requests/s, not the closed loop's hundreds
+    assert summary["offered_rps"] == 100.0
+    assert 50 < total["rps"] < 130, total
     job = summary["job"]
     assert job["running_throughout"] and job["statuses"] == ["running"], job
     assert job["round_at_end"] >= job["round_at_start"] >= 1
