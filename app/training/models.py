@@ -39,12 +39,14 @@ class TrainingJob(Base):
     seed: Mapped[int]
     test_fraction: Mapped[float]
     tenant_ids: Mapped[list[int]] = mapped_column(sa.JSON)
-    item_ids: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    item_ids: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
     """int64 ids of the items (columns of V), as raw bytes."""
     current_round: Mapped[int] = mapped_column(default=0)
     """Number of completed rounds."""
-    global_msg: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
-    server_state: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
+    # The three blobs are deferred (loaded on first access, or up front with ``undefer``):
+    # status polls, reports and client steps must not drag the server state around.
+    global_msg: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
+    server_state: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     error: Mapped[str | None] = mapped_column(sa.Text)
     stopped_tenants: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
@@ -68,8 +70,8 @@ class JobClient(Base):
     tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"),
                                            index=True)
     user_keys: Mapped[list[str]] = mapped_column(sa.JSON)
-    train_block: Mapped[bytes] = mapped_column(sa.LargeBinary)
-    test_block: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    train_block: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
+    test_block: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
     local_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
     transmissions: Mapped[int] = mapped_column(default=0)
 

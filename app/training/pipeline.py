@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import sqlalchemy as sa
+from sqlalchemy import orm
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -104,8 +105,14 @@ def _block(jc: JobClient, which: str) -> RatingBlock:
 
 def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
                 ) -> TrainingJob | None:
-    """The job if round ``round_`` is the next one to run, else None (stale task)."""
-    q = sa.select(TrainingJob).where(TrainingJob.id == job_id)
+    """The job if round ``round_`` is the next one to run, else None (stale task).
+
+    Loads the global message with it; the server state too when ``lock`` (the aggregate
+    step is the only one that reads it).
+    """
+    blobs = [TrainingJob.global_msg, *([TrainingJob.server_state] if lock else [])]
+    q = (sa.select(TrainingJob).where(TrainingJob.id == job_id)
+         .options(*(orm.undefer(c) for c in blobs)))
     job = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
     if job is None or job.status not in ("queued", "running"):
         return None
@@ -165,7 +172,8 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             return
         alg, cfg = algorithm_of(job)
         if s.get(RoundUpload, (job_id, round_, client)) is None:
-            jc = s.get(JobClient, (job_id, client))
+            jc = s.get(JobClient, (job_id, client),
+                       options=[orm.undefer(JobClient.train_block)])
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
                 Message.from_bytes(jc.local_state), _block(jc, "train"))
@@ -236,7 +244,9 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         server, glob = server_round(alg, cfg, round_, job.seed,
                                     Message.from_bytes(job.server_state), uploads)
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
-                                 .order_by(JobClient.client_index)))
+                                 .order_by(JobClient.client_index)
+                                 .options(orm.undefer(JobClient.train_block),
+                                          orm.undefer(JobClient.test_block))))
         for jc in clients:
             if jc.client_index in staged:
                 jc.local_state = staged[jc.client_index].local_state
