@@ -258,6 +258,54 @@ def test_a_crashed_job_resumes_and_ends_bit_identical(env):
         assert sorted(charges) == [1, 2, 3, 4, 5]  # round 3 charged once, not twice
 
 
+def test_only_the_aggregate_step_reads_the_server_state_and_test_blocks(env):
+    """Client steps and status polls must not drag the job's blobs around: the server
+    state (FedMC-ADMM: one contribution per tenant) is read by the aggregate step alone."""
+    app, client = env
+    make_tenants(client)
+    from app.training.jobs import JobSpec, create_job
+
+    with app.state.sessions() as s:
+        tids = [t["id"] for t in client.get("/admin/tenants").json()["data"]]
+        job_id = create_job(s, JobSpec("fedmc-admm", tids, 2, 0, 3, CONFIG,
+                                       {"mechanism": "none"})).id
+        engine = s.get_bind()
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        seen.append(statement.lower())
+
+    def run(task: str, *args: int) -> list[str]:
+        seen.clear()
+        pipeline.TASKS[task](app.state.sessions, dispatch, *args)
+        return [q for q in seen if q.lstrip().startswith("select")]
+
+    dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        reads = {"start": run(pipeline.TASK_START, job_id, 1)}
+        clients = [args for task, args in list(dispatch._queue) if task == pipeline.TASK_CLIENT]
+        assert len(clients) == len(tids)
+        dispatch._queue.clear()
+        reads["client"] = [q for args in clients for q in run(pipeline.TASK_CLIENT, *args)]
+        dispatch._queue.clear()  # the last client step queued the aggregate: run it below
+        seen.clear()
+        assert client.get(f"/admin/jobs/{job_id}").status_code == 200
+        reads["poll"] = [q for q in seen if q.lstrip().startswith("select")]
+        reads["aggregate"] = run(pipeline.TASK_AGGREGATE, job_id, 1)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    for step in ("start", "client", "poll"):
+        assert reads[step], step
+        assert not any("server_state" in q or "test_block" in q for q in reads[step]), step
+    assert not any("train_block" in q for q in reads["start"] + reads["poll"])
+    assert any("train_block" in q for q in reads["client"])
+    assert any("training_jobs.server_state" in q for q in reads["aggregate"])
+    assert any("job_clients.test_block" in q for q in reads["aggregate"])
+    with app.state.sessions() as s:
+        assert s.get(TrainingJob, job_id).current_round == 1
+
+
 def test_cancel_and_resume_answer_409_when_nothing_to_do(env):
     app, client = env
     _, job = _trained(client, app)
