@@ -118,6 +118,15 @@ def run_time() -> dict[str, float]:
             "cpu_seconds": round(cpu, 1)}
 
 
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Lay out, write and close a matplotlib figure (every experiment's PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
 def _jsonable(value: Any) -> Any:
     if hasattr(value, "tolist"):
         return value.tolist()

@@ -17,6 +17,7 @@ import numpy as np
 from algorithms.base import Algorithm
 from algorithms.data import Federation
 from algorithms.simulate import evaluate, initialise, run_round, tenant_errors, total_objective
+from bench import _experiment as E
 
 
 def data_term(alg: Algorithm, global_msg, local_states, fed: Federation) -> float:
@@ -122,6 +123,4 @@ def plot_against_time(results: dict[str, dict], panels: list[tuple[str, str, boo
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)

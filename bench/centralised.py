@@ -105,9 +105,7 @@ def plot(results: list[dict], path) -> None:
         ax.set_title(f"{res['data']}: validation RMSE of the ALS grid")
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def comparisons(results: list[dict]) -> list[dict]:

@@ -105,9 +105,7 @@ def plot(runs: list[dict], path) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("clustering accuracy (%)")
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

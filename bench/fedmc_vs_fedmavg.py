@@ -97,9 +97,7 @@ def plot(results: dict, ceiling: dict, path) -> None:
             ax.grid(alpha=0.3)
         row[1].legend(fontsize=8)
     fig.suptitle("FedMC-ADMM vs FedMAvg (fedmc-admm.md Fig. 2), mean ± std over seeds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def comparisons(results: dict, rounds: int) -> list[dict]:

@@ -66,9 +66,7 @@ def plot(runs: list[dict], clients, path) -> None:
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle(f"Felb Fig. 3 reproduction, {len(runs)} seeds (mean ± sd)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

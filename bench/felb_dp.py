@@ -114,9 +114,7 @@ def plot(runs: list[dict], eps, path) -> None:
     axes[0].set_ylabel("F1 (data)")
     fig.suptitle(f"Felb Fig. 4 reproduction: tiles, delta {DELTA}, {len(runs)} seeds",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,9 +59,7 @@ def plot(runs: list[dict], noise, path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"Felb Fig. 2 reproduction: tiles, {len(runs)} seeds (mean ± sd)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -69,9 +69,7 @@ def plot(runs: list[dict], path) -> None:
         ax.set_xticks(x, [LABELS[m] for m in PAPER], fontsize=8)
         ax.set_title(metric.upper())
     fig.suptitle("Felb Table 1, MovieLens: F1 / RMSD of the Boolean reconstruction")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    E.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

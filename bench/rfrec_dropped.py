@@ -82,9 +82,7 @@ def plot(data: str, cells: dict, rates: tuple[int, ...], path) -> None:
     ax.set_ylabel("test RMSE")
     ax.set_title("Robustness to dropped clients (Table 3)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _experiment.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -90,9 +90,7 @@ def plot(data: str, cells: dict, alphas, lams, path) -> None:
         ax.set_ylabel("alpha")
         ax.set_title(f"{C.METHOD[method]} on {C.DATA[data]} (paper ML-1M)")
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _experiment.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -86,9 +86,7 @@ def plot(traces: dict, eps: float, path) -> None:
     ax.set_ylabel("||V_t+1 - V_t|| / ||V_t||")
     ax.set_title("Stop criterion against communication rounds (Fig. 2)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _experiment.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,9 +94,7 @@ def plot(rows: list[dict], path) -> None:
     ax.set_ylim(lo, max(np.nanmax(np.asarray(r["rmse"], float)) for r in rows) + 0.05)
     ax.set_title(f"RFRec / RFRecF on {C.DATA[rows[0]['data']]}: fedrec vs Table 2")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _experiment.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
