@@ -44,7 +44,14 @@ uploads it got; on its return its never-rated columns are the broadcast H (they 
 nothing of its data, so adopting H is a protocol choice of ours: the paper does not say
 what a returning device does), while its rated columns and U_i are as it left them.
 With ``optimizer='adam'`` its bias-correction step t stays the global count (iterations
-for RFRec, main updates for RFRecF), not the number of steps it took itself.
+for RFRec, main updates for RFRecF), not the number of steps it took itself, and with
+``momentum_on_return='restart'`` (RFRec's default) a client that missed an iteration
+restarts its first moments (of U_i and V_(i)) at zero: RFRec's Adam step carries the
+proximal pull lambda (V_(i) - V_bar), and the momentum a returning client kept points at
+an average that has moved since, which with lambda = 20 made the shared factors drift
+(RMSE +0.34 at 50% dropped on ML-100k; +0.035 with the restart, BENCHMARKS.md). RFRecF's
+main update has no proximal term and keeps its moments (``'keep'``, its default: the
+restart cost it 0.07 RMSE at 50% dropped).
 :func:`run_batched` runs all clients at once on this representation (6,040 per-user
 clients on ML-1M).
 
@@ -131,6 +138,10 @@ class RFRecConfig(AlgorithmConfig):
     """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
+    momentum_on_return: Literal["restart", "keep"] = "restart"
+    """With ``optimizer='adam'`` and dropped clients: ``restart`` zeroes the first moments
+    of a client that missed an iteration before its next step; ``keep`` resumes them as it
+    left them. No effect when every client takes part in every iteration."""
 
     @model_validator(mode="after")
     def _check_options(self) -> RFRecConfig:
@@ -155,6 +166,9 @@ class RFRecFConfig(RFRecConfig):
     """Learning rate alpha (eq. 8)."""
     p: float = Field(0.5, gt=0, lt=1)
     """Probability of zeta = 1 (an aggregation iteration)."""
+    momentum_on_return: Literal["restart", "keep"] = "keep"
+    """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
+    the restart measurably hurts it with dropped clients (module docstring)."""
     schedule: Literal["paper", "code"] = "paper"
     """paper: Algorithm 2 as printed (the first zeta = 0 iteration after an aggregation only
     moves to the average, at rate alpha lambda / p). code: the authors' notebook, where every
@@ -202,7 +216,8 @@ class RFRecGlobal(Message):
 @dataclasses.dataclass(frozen=True)
 class RFRecLocal(Message):
     """Tenant state: U_i (m_i x d) and V_(i) on the tenant's rated items (d x |rated|),
-    with their Adam moments when ``optimizer='adam'`` (None with gd)."""
+    with their Adam moments when ``optimizer='adam'`` (None with gd); ``last`` is the last
+    iteration the client took part in (0 before the first)."""
 
     u: np.ndarray
     v_rated: np.ndarray
@@ -210,6 +225,7 @@ class RFRecLocal(Message):
     u_m2: np.ndarray | None = None
     v_m1: np.ndarray | None = None
     v_m2: np.ndarray | None = None
+    last: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,12 +262,13 @@ def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingB
                       ) -> tuple[RFRecLocal, RFRecUpload]:
     """Algorithm 1 lines 7-8: one step on f_i + lambda psi_i, then upload V_(i)."""
     items, t = block.rated_items, global_msg.k + 1
+    local = _on_return(local, global_msg.k, cfg)
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
     g_v = g_v + cfg.lam * (local.v_rated - global_msg.v_bar[:, items])
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
     h, _ = _step_h(global_msg, cfg)
-    return RFRecLocal(u, v, *u_m, *v_m), RFRecUpload(dense_v(h, v, items))
+    return RFRecLocal(u, v, *u_m, *v_m, last=t), RFRecUpload(dense_v(h, v, items))
 
 
 def rfrec_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
@@ -270,6 +287,7 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
     """Algorithm 2 lines 6-13 and 19-21 for one client, or the notebook's schedule with
     ``schedule='code'`` (see the module docstring)."""
     zeta, prev = global_msg.zeta, global_msg.zeta_prev
+    local = _on_return(local, global_msg.k, cfg).replace(last=global_msg.k + 1)
     if zeta == 1:
         if prev == 1:
             return local, None
@@ -283,7 +301,7 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
-    return RFRecLocal(u, v, *u_m, *v_m), None
+    return RFRecLocal(u, v, *u_m, *v_m, last=local.last), None
 
 
 def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
@@ -431,6 +449,14 @@ def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
     return descend(g.h, cfg.lam * (g.h - g.v_bar), (g.h_m1, g.h_m2), g.k + 1, cfg)
 
 
+def _on_return(local: RFRecLocal, k: int, cfg: RFRecConfig) -> RFRecLocal:
+    """The state a client steps from at iteration k + 1: with ``momentum_on_return='restart'``
+    and Adam, first moments zeroed when it missed an iteration since its last (``last`` < k)."""
+    if cfg.optimizer != "adam" or cfg.momentum_on_return != "restart" or local.last >= k:
+        return local
+    return local.replace(u_m1=np.zeros_like(local.u_m1), v_m1=np.zeros_like(local.v_m1))
+
+
 def _zero_moments(cfg: RFRecConfig, shape: tuple[int, ...]) -> Moments:
     if cfg.optimizer == "gd":
         return None, None
@@ -559,6 +585,18 @@ def _keep(new: np.ndarray | None, old: np.ndarray | None, mask: np.ndarray | Non
     return np.where(mask[:, None], new, old)
 
 
+def _on_return_all(lay: _Layout, c: _Clients, cfg: RFRecConfig, returning: np.ndarray
+                   ) -> _Clients:
+    """:func:`_on_return` for every client at once; ``returning`` marks the clients that
+    take part now after missing an iteration."""
+    if cfg.optimizer != "adam" or cfg.momentum_on_return != "restart" or not returning.any():
+        return c
+    users = np.repeat(returning, np.diff(lay.user_start))[:, None]
+    pairs = np.repeat(returning, np.diff(lay.pair_start))[:, None]
+    return _Clients(c.u, c.p, (np.where(users, 0.0, c.u_m[0]), c.u_m[1]),
+                    (np.where(pairs, 0.0, c.p_m[0]), c.p_m[1]))
+
+
 def _keep_all(lay_act: _Active, c: _Clients, u: np.ndarray, p: np.ndarray, u_m: Moments,
               p_m: Moments) -> _Clients:
     """The updated clients, with the absent clients' rows left as they were."""
@@ -665,10 +703,15 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
     server, g, locals_ = initialise(alg, cfg, fed.train, seed)
     lay, c = _layout(fed.train, cfg), _stack(locals_)
     history, n_clients = [], fed.n_clients
+    last = np.zeros(n_clients, dtype=np.int64)
     for k in range(1, rounds + 1):
         t0 = time.perf_counter()
         chosen = alg.select(g, n_clients, per_round, derive_rng(seed, k, SAMPLING))
         act = _active(lay, chosen)
+        returning = np.zeros(n_clients, dtype=bool)
+        returning[chosen] = last[chosen] < k - 1
+        c = _on_return_all(lay, c, cfg, returning)
+        last[chosen] = k
         sending = not fast or (g.zeta == 1 and g.zeta_prev == 0)
         noise_sum = None
         if noise is not None and sending:
@@ -689,7 +732,7 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
             on_round(rec)
         if on_global is not None:
             on_global(g)
-    return SimulationResult(history, g, g, _unpack(lay, c))
+    return SimulationResult(history, g, g, _unpack(lay, c, last))
 
 
 def _stack(states: list[RFRecLocal]) -> _Clients:
@@ -703,7 +746,7 @@ def _stack(states: list[RFRecLocal]) -> _Clients:
                     cat("u_m2", False)), (cat("v_m1", True), cat("v_m2", True)))
 
 
-def _unpack(lay: _Layout, c: _Clients) -> list[RFRecLocal]:
+def _unpack(lay: _Layout, c: _Clients, last: np.ndarray) -> list[RFRecLocal]:
     """Per-client local states from the batched arrays."""
     us, ps = lay.user_start, lay.pair_start
 
@@ -713,7 +756,7 @@ def _unpack(lay: _Layout, c: _Clients) -> list[RFRecLocal]:
         return x[us[i]:us[i + 1]].copy() if users else x[ps[i]:ps[i + 1]].T.copy()
     return [RFRecLocal(part(c.u, i, True), part(c.p, i, False), part(c.u_m[0], i, True),
                        part(c.u_m[1], i, True), part(c.p_m[0], i, False),
-                       part(c.p_m[1], i, False)) for i in range(us.shape[0] - 1)]
+                       part(c.p_m[1], i, False), int(last[i])) for i in range(us.shape[0] - 1)]
 
 
 #: every client every iteration, K = 100; the paper's one client per user is ``clients`` =

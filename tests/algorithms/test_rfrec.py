@@ -108,7 +108,8 @@ def test_rfrecf_uploads_current_v_only_when_zeta_turns_to_one():
     cfg = RFRecFConfig(rank=2)
     same, up = RFRECF.client_step(g.replace(zeta=1), local, block, cfg, None)
     np.testing.assert_array_equal(up.v, dense_v(g.h, local.v_rated, block.rated_items))
-    assert same is local
+    assert same.u is local.u and same.v_rated is local.v_rated  # nothing moves
+    assert same.last == g.k + 1  # but the client took part in this iteration
     assert RFRECF.client_step(g.replace(zeta=1, zeta_prev=1), local, block, cfg, None)[1] is None
 
 
@@ -398,6 +399,58 @@ def test_dropped_clients_neither_step_nor_upload_and_server_averages_the_rest():
                 np.testing.assert_allclose(
                     dense_v(res.global_msg.h, s.v_rated, fed.train[i].rated_items), vs[i],
                     rtol=1e-9, atol=1e-12)
+
+
+def _adam_state(rng, block, d, n, last):
+    g, local = _state(rng, block, d, n)
+    g = g.replace(h_m1=np.zeros((d, n)), h_m2=np.zeros((d, n)))
+    moments = [rng.normal(size=x.shape) ** 2 for x in (local.u, local.u, local.v_rated,
+                                                       local.v_rated)]
+    return g, local.replace(u_m1=moments[0] - 0.5, u_m2=moments[1], v_m1=moments[2] - 0.5,
+                            v_m2=moments[3], last=last)
+
+
+@pytest.mark.parametrize("alg,cls", [(RFREC, RFRecConfig), (RFRECF, RFRecFConfig)])
+def test_a_client_that_missed_an_iteration_restarts_its_first_moments_only_if_asked(alg, cls):
+    block = _block(3, 6, 0.5, 31)
+    g, local = _adam_state(np.random.default_rng(32), block, 2, 6, last=1)  # g.k = 3
+    zeroed = local.replace(u_m1=np.zeros_like(local.u_m1), v_m1=np.zeros_like(local.v_m1))
+    for policy in ("restart", "keep"):
+        cfg = cls(rank=2, optimizer="adam", momentum_on_return=policy)
+        back, _ = alg.client_step(g, local, block, cfg, None)
+        fresh, _ = alg.client_step(g, zeroed.replace(last=g.k), block, cfg, None)
+        stale, _ = alg.client_step(g, local.replace(last=g.k), block, cfg, None)
+        assert back.last == fresh.last == g.k + 1
+        same, other = (fresh, stale) if policy == "restart" else (stale, fresh)
+        for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
+            np.testing.assert_array_equal(getattr(back, name), getattr(same, name))
+        assert not np.allclose(back.u, other.u)
+    # the first moment after a restart is (1 - beta1) times the gradient, as in Adam's step 1
+    cfg = RFRecConfig(rank=2, optimizer="adam")
+    back, _ = RFREC.client_step(g, local, block, cfg, None)
+    v = dense_v(g.h, local.v_rated, block.rated_items)
+    g_u, _ = _dense_grad_f(local.u, v, *_dense(block), cfg)
+    np.testing.assert_allclose(back.u_m1, 0.1 * g_u, rtol=1e-12)
+
+
+@pytest.mark.parametrize("policy", ["restart", "keep"])
+def test_batched_path_restarts_moments_of_returning_clients_like_the_generic_driver(policy):
+    fed, seed = _federation(), 4
+    cfg = RFRecConfig(rank=2, alpha=0.05, lam=5.0, optimizer="adam", momentum_on_return=policy)
+    generic = simulate(RFREC, cfg, fed, rounds=15, per_round=2, seed=seed)
+    batched = run_batched(cfg, fed, rounds=15, seed=seed, per_round=2)
+    np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar,
+                               rtol=1e-9, atol=1e-12)
+    for a, b in zip(generic.local_states, batched.local_states, strict=True):
+        assert a.last == b.last > 0
+        for name in ("u", "v_rated", "u_m1", "v_m1"):
+            np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-9,
+                                       atol=1e-12)
+    every = run_batched(cfg, fed, rounds=15, seed=seed)  # nobody misses: policy irrelevant
+    other = cfg.model_copy(update={"momentum_on_return": "keep" if policy == "restart"
+                                   else "restart"})
+    np.testing.assert_array_equal(run_batched(other, fed, rounds=15, seed=seed).global_msg.v_bar,
+                                  every.global_msg.v_bar)
 
 
 def test_select_takes_everybody_at_zero_or_full_and_a_uniform_sample_otherwise():
