@@ -8,7 +8,7 @@ WORKDIR /srv/fedrec
 # (several GB). Override TORCH_INDEX_URL for a local mirror.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY constraints.txt ./
-RUN pip install --index-url "$TORCH_INDEX_URL" "$(grep '^torch==' constraints.txt)"
+RUN pip install --no-deps --index-url "$TORCH_INDEX_URL" "$(grep "^torch==" constraints.txt)"
 
 COPY pyproject.toml README.md alembic.ini ./
 COPY app ./app

@@ -27,7 +27,7 @@ def upsert_items(session: SessionDep, body: ItemsUpsert) -> ItemsUpserted:
 
 @router.get("", response_model=ItemsPublic)
 def read_items(session: SessionDep, settings: SettingsDep,
-               offset: Annotated[int, Query(ge=0)] = 0,
+               offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
                limit: Annotated[int, Query(ge=1)] = 100) -> ItemsPublic:
     """A page of the catalogue in id order; ``count`` is the catalogue size."""
     limit = min(limit, settings.max_page_size)

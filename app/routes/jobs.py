@@ -59,7 +59,7 @@ def create_training_job(body: JobCreate, request: Request, session: SessionDep,
 @router.get("", response_model=JobsPublic)
 def read_jobs(session: SessionDep, _: AdminDep,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              offset: Annotated[int, Query(ge=0)] = 0) -> JobsPublic:
+              offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> JobsPublic:
     """Training jobs, newest first."""
     jobs = session.scalars(sa.select(TrainingJob).order_by(TrainingJob.id.desc())
                            .limit(limit).offset(offset)).all()

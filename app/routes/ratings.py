@@ -99,7 +99,7 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
 
 @router.get("/ratings", response_model=RatingsPublic)
 def read_ratings(tenant: OwnTenantDep, session: SessionDep, settings: SettingsDep,
-                 user: str | None = None, offset: Annotated[int, Query(ge=0)] = 0,
+                 user: str | None = None, offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
                  limit: Annotated[int, Query(ge=1)] = 100) -> RatingsPublic:
     """A page of the tenant's ratings (one user's with ``?user=``); ``count`` is the total."""
     rows = store.list_ratings(session, tenant.id, user, min(limit, settings.max_page_size),
