@@ -151,6 +151,22 @@ def test_an_upload_that_changes_nothing_leaves_the_ratings_version(env):
     assert _version(app, tenant[0]) == v0 + 2
 
 
+def test_an_unchanged_upload_leaves_the_version_on_both_databases(api):
+    """The same through the PostgreSQL COPY path: its row count is the real change."""
+    api.items("j1", "j2")
+    tid, auth = api.tenant()
+    app = api.client.app
+    rows = "user,item,rating,timestamp\nu1,j1,4,978300760\nu2,j2,3,\n"
+    for expected in (1, 1):  # the second, identical upload changes nothing
+        assert api.upload_csv(tid, auth, rows).json() == {"stored": 2}
+        assert _version(app, tid) == expected
+    changed = "user,item,rating,timestamp\nu1,j1,4,978300761\nu2,j2,3,\n"  # a timestamp
+    assert api.upload_csv(tid, auth, changed).json() == {"stored": 2}
+    assert _version(app, tid) == 2
+    assert api.upload_csv(tid, auth, "user,item,rating\n").status_code in (200, 422)
+    assert _version(app, tid) == 2
+
+
 def test_retraining_never_charges_a_tenant_that_did_not_consent(env):
     app, client = env
     tenants = make_tenants(client, budget=100.0)  # scheduled_retraining off (the default)
