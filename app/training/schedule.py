@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 from app.models import Tenant, utcnow
 from app.training import pipeline
-from app.training.jobs import JobRefused, JobSpec, create_job
+from app.training.jobs import JobRefused, JobSpec, create_job, discard_job
 from app.training.models import TrainingJob
 
 log = logging.getLogger("fedrec.training")
@@ -87,7 +87,12 @@ def retrain_if_changed(sessions, dispatch: pipeline.Dispatcher) -> int | None:
         s.execute(sa.update(Tenant).where(Tenant.id.in_(alive)).values(last_retrained_at=now))
         s.commit()
         log.info("retraining job %s started (ratings changed for tenants %s)", job.id, changed)
-    dispatch.send(pipeline.TASK_START, job.id, 1)
+    try:
+        dispatch.send(pipeline.TASK_START, job.id, 1)
+    except BaseException:  # broker down: leave no job for the watchdog to run later
+        with sessions() as s:
+            discard_job(s, job.id)
+        raise
     return job.id
 
 

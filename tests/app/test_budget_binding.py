@@ -203,6 +203,25 @@ def test_retraining_runs_at_most_once_per_tenants_minimum_interval(env):
 
 # --- defect 5: no job behind an error; Idempotency-Key ---------------------------------
 
+class _BrokerDown(pipeline.InlineDispatcher):
+    def send(self, task, *args):
+        from kombu.exceptions import OperationalError
+
+        raise OperationalError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+
+
+def test_a_retraining_that_cannot_be_enqueued_leaves_no_job(env):
+    app, client = env
+    tenants = make_tenants(client, scheduled_retraining=True, retrain_min_seconds=0)
+    wait_job(client, submit_job(client, rounds=1).json()["id"])
+    _upload(client, tenants[0], [("late", "i1", 3.0)]).raise_for_status()
+    with pytest.raises(Exception, match="Connection refused"):
+        retrain_if_changed(app.state.sessions, _BrokerDown(app.state.sessions))
+    assert _count(app, TrainingJob) == 1
+    assert resume_stalled(app.state.sessions, pipeline.InlineDispatcher(app.state.sessions),
+                          -1.0) == []
+
+
 def test_a_job_refused_during_a_broker_outage_leaves_no_job_and_a_keyed_retry_pays_once(
         sqlite_url):
     down = make_api(sqlite_url, broker_url="redis://127.0.0.1:1/0")
