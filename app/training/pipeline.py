@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import sqlalchemy as sa
+from kombu.exceptions import OperationalError as BrokerDown
 from sqlalchemy import orm
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -56,6 +57,9 @@ TASK_WATCHDOG = queue.TRAINING_RESUME_STALLED
 
 Sessions = sessionmaker
 log = logging.getLogger("fedrec.training")
+#: outages, not the job's fault: the worker retries (database) or the watchdog resumes
+#: (broker); they are never counted against a job's attempts
+OUTAGES = (*DATABASE_DOWN, BrokerDown)
 
 
 class Dispatcher(Protocol):
@@ -322,15 +326,15 @@ def record_failure(sessions: Sessions, job_id: int, exc: BaseException) -> bool:
 
 
 def _bounded(step: Callable[..., None]) -> Callable[..., None]:
-    """Run a pipeline step; a failure other than the database being unreachable (which
-    the worker retries) is counted on the job before it propagates (see record_failure),
-    so a step that always raises fails its job instead of being resumed for ever."""
+    """Run a pipeline step; a failure other than an outage of the database or the broker
+    is counted on the job before it propagates (see record_failure), so a step that always
+    raises fails its job instead of being resumed for ever."""
 
     @functools.wraps(step)
     def run(sessions: Sessions, dispatch: Dispatcher, job_id: int, *args: int) -> None:
         try:
             step(sessions, dispatch, job_id, *args)
-        except DATABASE_DOWN:
+        except OUTAGES:
             raise
         except Exception as exc:
             try:

@@ -6,9 +6,9 @@ deletion that changes a rating), never while another job runs, only when every t
 would charge consented (``scheduled_retraining``) and its own minimum interval since its
 last scheduled retraining has passed (``retrain_min_seconds``), and never past a budget:
 the new job goes through the same budget and opt-in checks as any other and is simply not
-created when it fails one. ``resume_stalled`` re-sends the next
-round of running jobs that made no progress for a while (a crashed worker whose task was
-lost); every pipeline step is idempotent, so a false alarm costs nothing.
+created when it fails one. ``resume_stalled`` re-sends the next round of running jobs that
+made no progress for a while (a crashed worker whose task was lost); every pipeline step is
+idempotent, so a false alarm costs nothing.
 """
 
 from __future__ import annotations

@@ -318,6 +318,23 @@ def test_a_step_that_keeps_raising_fails_the_job_after_bounded_attempts(env, mon
     assert _count(app, LedgerEntry) == 2  # round 1's two transmissions, charged once
 
 
+def test_an_outage_is_not_counted_against_the_job(env):
+    """A broker outage makes every step that sends fail; that is not the job's fault, so
+    it never uses up its attempts (the watchdog resumes it once the broker is back)."""
+    app, client = env
+    tenants = make_tenants(client)
+    with app.state.sessions() as s:
+        job_id = create_job(s, JobSpec("fedmc-admm", [t for t, _ in tenants], 2, 0, 11,
+                                       CONFIG, {"mechanism": "none"})).id
+    for _ in range(4):
+        with pytest.raises(Exception, match="Connection refused"):
+            pipeline.TASKS[pipeline.TASK_START](app.state.sessions,
+                                                _BrokerDown(app.state.sessions), job_id, 1)
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        assert (job.status, job.attempts, job.error) == ("running", 0, None)
+
+
 # --- defect 9: an empty participant list ------------------------------------------------
 
 def test_empty_tenant_ids_is_422_not_every_tenant(env):
