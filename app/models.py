@@ -40,11 +40,25 @@ class Tenant(Base):
     privacy_delta: Mapped[float] = mapped_column(default=1e-5, server_default="1e-05")
     """The delta of the tenant's (epsilon, delta) budget (migration 0002)."""
     ratings_version: Mapped[int] = mapped_column(default=0, server_default="0")
-    """Bumped by every upload or deletion; retraining starts only when it changed."""
+    """Bumped by every upload or deletion that changes a rating; retraining starts only
+    when it changed."""
+    # Opt-ins set by the admin at creation (migration 0003); all off by default.
+    allow_non_private: Mapped[bool] = mapped_column(default=False, server_default=sa.false())
+    """The tenant accepts jobs that send its data without a DP guarantee (charged to its
+    ledger as epsilon = infinity, which ends every later DP job for it)."""
+    scheduled_retraining: Mapped[bool] = mapped_column(default=False,
+                                                       server_default=sa.false())
+    """Beat may retrain jobs that include the tenant (and charge its budget)."""
+    retrain_min_seconds: Mapped[float] = mapped_column(default=86400.0,
+                                                       server_default="86400")
+    """At least this long between two scheduled retrainings that include the tenant."""
+    last_retrained_at: Mapped[dt.datetime | None]
+    """When the latest scheduled retraining including the tenant was started."""
 
     __table_args__ = (
         sa.CheckConstraint("rating_min < rating_max", name="ck_tenants_scale"),
         sa.CheckConstraint("privacy_budget > 0", name="ck_tenants_budget"),
+        sa.CheckConstraint("retrain_min_seconds >= 0", name="ck_tenants_retrain_min"),
     )
 
 

@@ -27,6 +27,17 @@ class TenantCreate(BaseModel):
     privacy_budget: float = Field(gt=0, description="Total epsilon the tenant may spend.")
     auto_create_items: bool = Field(
         False, description="Add unknown items to the catalogue on upload instead of rejecting.")
+    allow_non_private: bool = Field(
+        False, description="Opt in to jobs that send this tenant's data without a DP "
+                           "guarantee (dp mechanism 'none', or FedMGS). Each such "
+                           "transmission is charged as epsilon = infinity, after which no "
+                           "DP job can include the tenant. Off: such jobs get 409.")
+    scheduled_retraining: bool = Field(
+        False, description="Consent to scheduled retraining (beat), which charges this "
+                           "tenant's budget. Off: beat never retrains a job including it.")
+    retrain_min_seconds: float = Field(
+        86400.0, ge=0, allow_inf_nan=False,
+        description="Least time between two scheduled retrainings including this tenant.")
 
     @model_validator(mode="after")
     def _scale(self) -> TenantCreate:
@@ -44,6 +55,10 @@ class TenantPublic(BaseModel):
     rating_max: float
     privacy_budget: float
     auto_create_items: bool
+    allow_non_private: bool
+    scheduled_retraining: bool
+    retrain_min_seconds: float
+    last_retrained_at: UtcDatetime | None
     created_at: UtcDatetime
 
 

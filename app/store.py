@@ -58,26 +58,31 @@ def create_missing_items(session: Session, keys: Iterable[str]) -> None:
 
 
 def upsert_ratings(session: Session, tenant_id: int, batch: Batch, ids: dict[str, int]) -> int:
-    """Store ``batch`` for the tenant, creating its users; re-uploads update the rating."""
+    """Store ``batch`` for the tenant, creating its users; re-uploads update the rating.
+
+    Returns how many ratings changed: inserted, or updated to another value or timestamp
+    (a row identical to the stored one is not written). Only a change bumps the tenant's
+    ratings version, which is what starts scheduled retraining.
+    """
     item_col = [ids[k] for k in batch.items]
     if session.get_bind().dialect.name == "postgresql":
-        _copy_upsert(session, tenant_id, batch, item_col)
-    else:
-        _executemany_upsert(session, tenant_id, batch, item_col)
-    return len(batch)
+        return _copy_upsert(session, tenant_id, batch, item_col)
+    return _executemany_upsert(session, tenant_id, batch, item_col)
 
 
 def _rating_upsert(session: Session):
     stmt = _insert(session, Rating)
     return stmt.on_conflict_do_update(
         index_elements=[Rating.user_id, Rating.item_id],
-        set_={"value": stmt.excluded.value, "rated_at": stmt.excluded.rated_at})
+        set_={"value": stmt.excluded.value, "rated_at": stmt.excluded.rated_at},
+        where=sa.or_(Rating.value.is_distinct_from(stmt.excluded.value),
+                     Rating.rated_at.is_distinct_from(stmt.excluded.rated_at)))
 
 
 def _executemany_upsert(session: Session, tenant_id: int, batch: Batch,
-                        item_col: list[int]) -> None:
+                        item_col: list[int]) -> int:
     if not len(batch):
-        return
+        return 0
     new_users = [{"tenant_id": tenant_id, "key": k} for k in sorted(set(batch.users))]
     session.execute(_insert(session, User).on_conflict_do_nothing(), new_users)
     users = {key: user_id for key, user_id in session.execute(
@@ -85,7 +90,8 @@ def _executemany_upsert(session: Session, tenant_id: int, batch: Batch,
     rows = [{"user_id": users[u], "item_id": i, "value": v, "rated_at": t}
             for u, i, v, t in zip(batch.users, item_col, batch.values, batch.timestamps,
                                   strict=True)]
-    session.execute(_rating_upsert(session), rows)
+    # Core (not ORM bulk) execution: its row count is the number of rows written.
+    return int(session.connection().execute(_rating_upsert(session), rows).rowcount)
 
 
 def _copy_text(value: str) -> str:
@@ -106,22 +112,33 @@ COPY_UPSERT = [
     "SELECT u.id, f.item_id, f.value, f.rated_at FROM fedrec_upload f "
     "JOIN users u ON u.tenant_id = %(tenant)s AND u.key = f.user_key ORDER BY u.id, f.item_id "
     "ON CONFLICT (user_id, item_id) DO UPDATE "
-    "SET value = EXCLUDED.value, rated_at = EXCLUDED.rated_at",
+    "SET value = EXCLUDED.value, rated_at = EXCLUDED.rated_at "
+    # an identical row is not rewritten, so the statement's row count is the real change
+    "WHERE (ratings.value, ratings.rated_at) "
+    "IS DISTINCT FROM (EXCLUDED.value, EXCLUDED.rated_at)",
     "DROP TABLE fedrec_upload",
 ]
 
 
-def _copy_upsert(session: Session, tenant_id: int, batch: Batch, item_col: list[int]) -> None:
+CHANGED_BY = COPY_UPSERT.index(None) + 2  # the ratings INSERT: its row count is the change
+
+
+def _copy_upsert(session: Session, tenant_id: int, batch: Batch, item_col: list[int]) -> int:
+    if not len(batch):
+        return 0
     cursor = session.connection().connection.driver_connection.cursor()
     stamps = ["\\N" if t is None else t.isoformat() for t in batch.timestamps]
     lines = [f"{_copy_text(u)}\t{i}\t{v!r}\t{t}\n"
              for u, i, v, t in zip(batch.users, item_col, batch.values, stamps, strict=True)]
-    for statement in COPY_UPSERT:
+    changed = 0
+    for n, statement in enumerate(COPY_UPSERT):
         if statement is None:
             with cursor.copy("COPY fedrec_upload FROM STDIN") as copy:
                 copy.write("".join(lines))
         else:
             cursor.execute(statement, {"tenant": tenant_id})
+            changed = cursor.rowcount if n == CHANGED_BY else changed
+    return changed
 
 
 def _ratings_query(tenant_id: int, user_key: str | None):

@@ -66,9 +66,9 @@ def _store(session: Session, tenant: Tenant, body: bytes, content_type: str,
     errors += unknown_item_errors(batch, ids)
     if errors:
         raise UploadRejected(errors)
-    stored = store.upsert_ratings(session, tenant.id, batch, ids)
-    store.bump_ratings_version(session, tenant.id)
-    return stored
+    if store.upsert_ratings(session, tenant.id, batch, ids):  # only a real change counts
+        store.bump_ratings_version(session, tenant.id)
+    return len(batch)
 
 
 def upload_ratings(session: Session, tenant: Tenant, body: bytes, content_type: str,

@@ -17,6 +17,9 @@ for "gaussian", b / Delta_1 for "laplace" (see :mod:`privacy.wrapper` for Delta)
 * Bernoulli (XOR) runs: a transmission whose bits are flipped with probability p is pure
   eps-DP with eps = d ln((1-p)/p) over its d bits (noise multiplier z = 1 / eps); its RDP
   is bounded by that of randomized response at eps (:func:`privacy.bernoulli.bernoulli_rdp`).
+* A transmission without a DP guarantee (:data:`NOT_PRIVATE`: no noise, or an algorithm
+  whose uploads reveal ratings) costs epsilon = infinity: a history holding one has no
+  finite (epsilon, delta) left, whatever else it holds.
 * For Laplace/Bernoulli-only histories, basic composition of pure DP (sum of 1/z) is also a valid
   (epsilon, 0) guarantee; the reported epsilon is the smaller of the two.
 
@@ -39,7 +42,10 @@ from opacus.accountants.analysis import rdp as opacus_rdp
 from privacy.bernoulli import bernoulli_rdp
 from privacy.laplace import laplace_rdp
 
-MECHANISMS: tuple[str, ...] = ("gaussian", "laplace", "bernoulli")
+#: a transmission without a DP guarantee (no noise, or an algorithm whose uploads reveal
+#: ratings): charged like any other, it costs epsilon = infinity (see :data:`NOT_PRIVATE`)
+NONE = "none"
+MECHANISMS: tuple[str, ...] = ("gaussian", "laplace", "bernoulli", NONE)
 #: mechanisms that are pure epsilon-DP per transmission (epsilon = 1 / noise multiplier)
 PURE: tuple[str, ...] = ("laplace", "bernoulli")
 
@@ -61,7 +67,11 @@ class Event:
         if self.mechanism not in MECHANISMS:
             raise ValueError(f"unknown mechanism {self.mechanism!r}; "
                              f"expected one of {', '.join(MECHANISMS)}")
-        if not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
+        if self.mechanism == NONE:
+            if self.noise_multiplier != 0:
+                raise ValueError(f"a transmission without noise has noise multiplier 0, got "
+                                 f"{self.noise_multiplier!r}")
+        elif not (self.noise_multiplier > 0 and math.isfinite(self.noise_multiplier)):
             raise ValueError(f"noise multiplier must be positive, got {self.noise_multiplier!r}")
         if self.count < 0:
             raise ValueError(f"count must be non-negative, got {self.count!r}")
@@ -76,6 +86,15 @@ class Event:
     @staticmethod
     def from_list(item: Sequence) -> Event:
         return Event(str(item[0]), float(item[1]), int(item[2]))
+
+
+#: one transmission without a DP guarantee: any history containing it spends epsilon = inf
+NOT_PRIVATE = Event(NONE, 0.0, 1)
+
+
+def not_private(history: Iterable[Event]) -> bool:
+    """True when the history holds a transmission without a DP guarantee."""
+    return any(ev.mechanism == NONE and ev.count > 0 for ev in history)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +126,9 @@ def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.
     """Total Renyi DP of ``history`` at each order (sum over events)."""
     total = np.zeros(len(orders))
     for ev in history:
-        if ev.mechanism == "gaussian":
+        if ev.mechanism == NONE:
+            total += math.inf if ev.count else 0.0
+        elif ev.mechanism == "gaussian":
             total += np.asarray(opacus_rdp.compute_rdp(
                 q=1.0, noise_multiplier=ev.noise_multiplier, steps=ev.count,
                 orders=list(orders)))
@@ -135,6 +156,8 @@ def spend(history: Iterable[Event], delta: float, orders: Sequence[float] = ORDE
     n = sum(ev.count for ev in history)
     if n == 0:
         return Spend(0.0, 0.0, 0.0, None, 0)
+    if not_private(history):  # data left without noise: no epsilon bounds it
+        return Spend(math.inf, math.inf, math.inf, None, n)
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     with warnings.catch_warnings():

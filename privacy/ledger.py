@@ -13,6 +13,12 @@ Two checks keep the budgets (DESIGN.md, invariant 2 "accounting first"):
 * during a run, :meth:`Ledger.can_afford` is asked before every transmission; a tenant that
   cannot afford one more stops transmitting (:meth:`Ledger.stop`) and the run reports it.
 
+Transmissions without a DP guarantee (:data:`privacy.accountant.NOT_PRIVATE`) bind too: a
+tenant may make one only if its budget says so (``allow_not_private``, an explicit opt-in,
+off by default), and each is charged as epsilon = infinity. Its spend is then infinite for
+good, so every later differentially private run that includes it is refused: a guarantee
+that no longer holds is never reported.
+
 Planned transmissions: by default the worst case, every round (:func:`worst_case_plan`).
 With client sampling the server sees who transmits, so a sampled tenant pays in full for
 each transmission (no amplification by sampling) and pays nothing for rounds it sits out;
@@ -30,17 +36,19 @@ import math
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Any
 
-from privacy.accountant import Event, Spend, compose, spend
+from privacy.accountant import NONE, Event, Spend, compose, spend
 
 LEDGER_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Budget:
-    """A tenant's privacy budget: total epsilon over all its transmissions, at ``delta``."""
+    """A tenant's privacy budget: total epsilon over all its transmissions, at ``delta``;
+    ``allow_not_private`` lets it make transmissions without a DP guarantee (epsilon = inf)."""
 
     epsilon_max: float
     delta: float
+    allow_not_private: bool = False
 
     def __post_init__(self) -> None:
         if not self.epsilon_max > 0:
@@ -56,13 +64,29 @@ class BudgetExceeded(ValueError):
                  planned: int, others: int = 0) -> None:
         self.tenant, self.projected, self.budget = tenant, projected, budget
         self.spent, self.planned = spent, planned
-        msg = (f"privacy budget exceeded: tenant {tenant} would spend epsilon "
-               f"{projected:.4g} ({spent:.4g} already spent + {planned} planned "
-               f"transmissions) > epsilon_max {budget.epsilon_max:.4g} at delta "
-               f"{budget.delta:.3g}")
+        if math.isinf(spent):
+            msg = (f"privacy budget exceeded: tenant {tenant} has spent epsilon = infinity "
+                   "(its data was sent without noise by an earlier job), so no "
+                   "differentially private job can include it")
+        else:
+            msg = (f"privacy budget exceeded: tenant {tenant} would spend epsilon "
+                   f"{projected:.4g} ({spent:.4g} already spent + {planned} planned "
+                   f"transmissions) > epsilon_max {budget.epsilon_max:.4g} at delta "
+                   f"{budget.delta:.3g}")
         if others:
             msg += f"; {others} other tenant(s) too"
         super().__init__(msg)
+
+
+class NotPrivateRefused(ValueError):
+    """Tenants without the ``allow_not_private`` opt-in would transmit without a DP
+    guarantee; the run is refused. ``tenants`` lists every one of them."""
+
+    def __init__(self, tenants: list[str]) -> None:
+        self.tenants = list(tenants)
+        super().__init__(f"tenant(s) {', '.join(self.tenants)} did not opt in to "
+                         "non-private training (allow_non_private is false): this job would "
+                         "send their data without a differential privacy guarantee")
 
 
 def _key(tenant: Hashable) -> str:
@@ -81,6 +105,7 @@ class Ledger:
     def open(cls, budgets: Mapping[Hashable, Budget]) -> Ledger:
         """A fresh ledger with one account per tenant (no spend yet)."""
         tenants = {_key(t): {"epsilon_max": _eps_to_json(b.epsilon_max), "delta": b.delta,
+                             "allow_not_private": b.allow_not_private,
                              "history": [], "rounds": [], "stopped_at": None}
                    for t, b in budgets.items()}
         return cls({"version": LEDGER_VERSION, "tenants": tenants})
@@ -104,7 +129,8 @@ class Ledger:
 
     def budget(self, tenant: Hashable) -> Budget:
         acc = self._account(tenant)
-        return Budget(_eps_from_json(acc["epsilon_max"]), float(acc["delta"]))
+        return Budget(_eps_from_json(acc["epsilon_max"]), float(acc["delta"]),
+                      bool(acc.get("allow_not_private", False)))
 
     def history(self, tenant: Hashable) -> list[Event]:
         return [Event.from_list(e) for e in self._account(tenant)["history"]]
@@ -127,6 +153,10 @@ class Ledger:
         return spend(self.history(tenant) + [event], self.budget(tenant).delta)
 
     def can_afford(self, tenant: Hashable, event: Event) -> bool:
+        """Within budget after ``event``; a transmission without a DP guarantee only with
+        the tenant's ``allow_not_private`` opt-in (it spends epsilon = infinity)."""
+        if event.mechanism == NONE:
+            return self.budget(tenant).allow_not_private
         return self.projected(tenant, event).epsilon <= self.budget(tenant).epsilon_max
 
     def charge(self, tenant: Hashable, event: Event, round_: int) -> Spend:
@@ -134,7 +164,9 @@ class Ledger:
         if event.count != 1:
             raise ValueError("charge one transmission at a time (event.count == 1)")
         after = self.projected(tenant, event)
-        if after.epsilon > self.budget(tenant).epsilon_max:
+        if event.mechanism == NONE and not self.can_afford(tenant, event):
+            raise NotPrivateRefused([_key(tenant)])
+        if event.mechanism != NONE and not self.can_afford(tenant, event):
             raise BudgetExceeded(_key(tenant), after.epsilon, self.budget(tenant),
                                  self.spent(tenant).epsilon, 1)
         acc = self._account(tenant)
@@ -177,10 +209,18 @@ def check_plan(ledger: Ledger, plan: Mapping[Hashable, int], event: Event) -> di
     BudgetExceeded
         Naming the first tenant over budget (and how many others are), with its projected
         epsilon, what it already spent, its planned transmissions and its budget.
+    NotPrivateRefused
+        For a transmission without a DP guarantee, naming every planned tenant that did not
+        opt in to it.
     """
     counts = {_key(t): int(n) for t, n in plan.items()}
+    if event.mechanism == NONE:
+        refused = [t for t, n in counts.items() if n and not ledger.can_afford(t, event)]
+        if refused:
+            raise NotPrivateRefused(refused)
     proj = projected_spend(ledger, counts, event)
-    over = [t for t, s in proj.items() if s.epsilon > ledger.budget(t).epsilon_max]
+    over = [t for t, s in proj.items() if event.mechanism != NONE
+            and s.epsilon > ledger.budget(t).epsilon_max]
     if over:
         t = over[0]
         raise BudgetExceeded(t, proj[t].epsilon, ledger.budget(t), ledger.spent(t).epsilon,

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
 from algorithms._rng import client_noise_rng
-from privacy.accountant import Event
+from privacy.accountant import NOT_PRIVATE, Event
 from privacy.bernoulli import (
     bernoulli_epsilon,
     bernoulli_xor,
@@ -129,6 +129,16 @@ def event_for(spec: DPSpec, n_entries: int) -> Event:
     if z is None:
         z = spec.noise_scale / sensitivity(spec, n_entries)
     return Event(spec.mechanism, float(z), 1)
+
+
+def transmission_event(spec: DPSpec, n_entries: int, private_algorithm: bool = True) -> Event:
+    """What one transmission is charged: :func:`event_for` when it carries a DP guarantee,
+    else :data:`privacy.accountant.NOT_PRIVATE` (epsilon = infinity). No guarantee means no
+    noise (``mechanism="none"``) or an algorithm whose uploads reveal ratings whatever the
+    noise (``privacy_preserving=False``, e.g. FedMGS)."""
+    if spec.mechanism == "none" or not private_algorithm:
+        return NOT_PRIVATE
+    return event_for(spec, n_entries)
 
 
 def flip_probability(spec: DPSpec, n_entries: int) -> float:

@@ -27,15 +27,20 @@ def csv_body(rows) -> bytes:
     return buf.getvalue().encode()
 
 
-def make_tenants(client, n=2, budget=1000.0, seed=0):
-    """n tenants, each with its own users over one shared catalogue; returns [(id, key)]."""
+def make_tenants(client, n=2, budget=1000.0, seed=0, **settings):
+    """n tenants, each with its own users over one shared catalogue; returns [(id, key)].
+
+    They opt in to non-private jobs (``allow_non_private``) unless ``settings`` say
+    otherwise: most tests compare noise-free jobs with the simulator; ``settings`` are
+    further tenant fields (e.g. ``scheduled_retraining``)."""
+    settings = {"allow_non_private": True, **settings}
     r = generate_ratings(N_USERS, N_ITEMS, 1800, rank=3, seed=seed)
     client.put("/admin/items", json={"items": [{"key": f"i{j}", "title": f"Title {j}"}
                                                for j in range(N_ITEMS)]}).raise_for_status()
     out = []
     for t in range(n):
-        tid = client.post("/admin/tenants", json={"name": f"t{t}", "privacy_budget": budget}
-                          ).json()["id"]
+        tid = client.post("/admin/tenants", json={"name": f"t{t}", "privacy_budget": budget,
+                                                  **settings}).json()["id"]
         key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
         mine = r.users % n == t
         rows = zip((f"u{u}" for u in r.users[mine]), (f"i{i}" for i in r.items[mine]),

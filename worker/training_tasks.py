@@ -4,8 +4,10 @@
 every pipeline step is idempotent, so a redelivery (or an operator's resume) repeats only
 the round in flight. A step that loses its database connection (PostgreSQL restarting) is
 retried with backoff (1, 2, 4, 8, then every 16 s; about six minutes in all) instead of
-being dropped, so the job carries on by itself once the database is back. Their results
-are not stored: the job's state is in the database.
+being dropped, so the job carries on by itself once the database is back. Any other
+failure is counted on the job (``pipeline.record_failure``): after FEDREC_JOB_MAX_ATTEMPTS
+of them without a round committing, the job is ``failed`` with the error and the watchdog
+leaves it alone. Their results are not stored: the job's state is in the database.
 """
 
 from __future__ import annotations
@@ -29,19 +31,19 @@ def _run(task, step, *args: int) -> None:
 @shared_task(name=pipeline.TASK_START, **_OPTIONS)
 def start_round(self, job_id: int, round_: int) -> None:
     """Sample the round's tenants and send their client steps."""
-    _run(self, pipeline.start_round, job_id, round_)
+    _run(self, pipeline.TASKS[pipeline.TASK_START], job_id, round_)
 
 
 @shared_task(name=pipeline.TASK_CLIENT, **_OPTIONS)
 def client_step(self, job_id: int, round_: int, client: int) -> None:
     """One tenant's privatised client step; stages its upload and ledger charge."""
-    _run(self, pipeline.client_step, job_id, round_, client)
+    _run(self, pipeline.TASKS[pipeline.TASK_CLIENT], job_id, round_, client)
 
 
 @shared_task(name=pipeline.TASK_AGGREGATE, **_OPTIONS)
 def aggregate(self, job_id: int, round_: int) -> None:
     """The server step on the round's uploads; commits the round."""
-    _run(self, pipeline.aggregate, job_id, round_)
+    _run(self, pipeline.TASKS[pipeline.TASK_AGGREGATE], job_id, round_)
 
 
 @shared_task(name=pipeline.TASK_RETRAIN, bind=True)

@@ -46,8 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clip", type=float, default=None,
                    help="clip bound of each upload (default: the demo's calibrated value)")
     p.add_argument("--budget", type=float, default=None,
-                   help="each tenant's epsilon_max (default: twice --epsilon, so one "
-                        "retraining fits)")
+                   help="each tenant's epsilon_max (default: twice --epsilon)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--database-url", default="sqlite:///./fedrec-demo.db",
                    help="a fresh SQLite file by default (recreated on every run)")
@@ -118,7 +117,9 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
     for t in range(n_tenants):
         created = api.post("/admin/tenants", json={
             "name": TENANT_NAMES[t], "rating_min": float(ratings.values.min()),
-            "rating_max": float(ratings.values.max()), "privacy_budget": budget}).json()
+            "rating_max": float(ratings.values.max()), "privacy_budget": budget,
+            # the demo's noise-free comparison job needs each tenant's explicit opt-in
+            "allow_non_private": True}).json()
         key = api.post(f"/admin/tenants/{created['id']}/api-keys",
                        json={"name": "demo"}).json()["key"]
         mine = tenant_of == t
@@ -225,7 +226,9 @@ def run(args: argparse.Namespace) -> int:
         report = _train(api, args, dp)
         reference = None
         if args.dp != "none":
-            print("Training the same job without noise, for comparison:")
+            print("Training the same job without noise, for comparison (the demo's tenants "
+                  "opted in with allow_non_private; it charges their ledgers epsilon = "
+                  "infinity, so no further DP job can include them):")
             reference = _train(api, args, {"mechanism": "none"})
         _print_curves(report, reference)
         _print_privacy(report, tenants)

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from sqlalchemy.exc import IntegrityError
 
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.models import Tenant
 from app.training import reports
-from app.training.jobs import JobRefused, JobSpec, cancel_job, create_job
+from app.training.jobs import (
+    JobRefused,
+    JobSpec,
+    cancel_job,
+    create_job,
+    discard_job,
+    job_for_key,
+    request_hash,
+)
 from app.training.models import TrainingJob
 from app.training.runner import resume_job as resume
 from app.training.runner import start_job
@@ -18,6 +28,7 @@ from app.training.schemas import JobCreate, JobPublic, JobReport, JobsPublic
 
 router = APIRouter(prefix="/admin/jobs", tags=["admin: training"], responses=errors(401))
 JOB_NOT_FOUND = "Training job not found"
+log = logging.getLogger("fedrec.training")
 
 
 def _public(job: TrainingJob) -> JobPublic:
@@ -32,28 +43,76 @@ def _job(session, job_id: int) -> TrainingJob:
     return job
 
 
+REPLAYED = {200: {"model": JobPublic, "description": "A replay: the job created earlier "
+                                                    "with the same Idempotency-Key and body, "
+                                                    "as it is now (header Idempotency-Replayed)."},
+            503: {"description": "Broker or database unavailable; no job was created."}}
+
+
 @router.post("", response_model=JobPublic, status_code=status.HTTP_202_ACCEPTED,
-             responses={**errors(400, 404, 409), **UNPROCESSABLE})
-def create_training_job(body: JobCreate, request: Request, session: SessionDep,
-                        settings: SettingsDep, _: AdminDep) -> JobPublic:
-    """Check budgets, snapshot the ratings and start training (409 if over budget)."""
+             responses={**REPLAYED, **errors(400, 404, 409), **UNPROCESSABLE})
+def create_training_job(body: JobCreate, request: Request, response: Response,
+                        session: SessionDep, settings: SettingsDep, _: AdminDep,
+                        idempotency_key: Annotated[str | None, Header()] = None) -> JobPublic:
+    """Check budgets, snapshot the ratings and start training (409 if over budget).
+
+    With an ``Idempotency-Key``, a retry with the same body returns the job created the
+    first time (200, ``Idempotency-Replayed: true``) instead of creating (and paying for)
+    another; the same key with another body is 422. A request answered with an error
+    (e.g. 503: the broker is down) leaves no job behind, so retrying it is safe.
+    """
+    digest = request_hash(body.model_dump(mode="json"))
+    try:
+        if idempotency_key is not None and (done := job_for_key(session, idempotency_key,
+                                                                  digest)):
+            return _replayed(response, done)
+    except JobRefused as exc:
+        raise HTTPException(exc.status, exc.detail) from None
     check_limit(("body", "rounds"), body.rounds, settings.max_job_rounds,
                 "FEDREC_MAX_JOB_ROUNDS")
-    tenant_ids = body.tenant_ids or list(session.scalars(sa.select(Tenant.id)
-                                                         .order_by(Tenant.id)))
+    tenant_ids = body.tenant_ids if body.tenant_ids is not None else list(
+        session.scalars(sa.select(Tenant.id).order_by(Tenant.id)))
     check_limit(("body", "tenant_ids"), len(tenant_ids), settings.max_job_tenants,
                 "FEDREC_MAX_JOB_TENANTS", unit="tenants")
     spec = JobSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
                    per_round=body.per_round, seed=body.seed, config=body.config,
                    dp=body.dp.model_dump(exclude_none=True), test_fraction=body.test_fraction,
-                   allow_not_private=body.allow_not_private)
+                   allow_not_private=body.allow_not_private,
+                   max_attempts=settings.job_max_attempts)
     try:
-        job = create_job(session, spec)
+        job = create_job(session, spec, (idempotency_key, digest) if idempotency_key else None)
     except JobRefused as exc:
         raise HTTPException(exc.status, exc.detail) from None
-    start_job(request.app, job.id)
+    except IntegrityError:  # a concurrent request with the same key committed first
+        session.rollback()
+        try:
+            done = job_for_key(session, idempotency_key, digest) if idempotency_key else None
+        except JobRefused as exc:
+            raise HTTPException(exc.status, exc.detail) from None
+        if done is None:
+            raise
+        return _replayed(response, done)
+    try:
+        start_job(request.app, job.id)
+    except BaseException:
+        _discard(session, job.id)
+        raise
     session.refresh(job)
     return _public(job)
+
+
+def _replayed(response: Response, job: TrainingJob) -> JobPublic:
+    response.status_code = status.HTTP_200_OK
+    response.headers["Idempotency-Replayed"] = "true"
+    return _public(job)
+
+
+def _discard(session, job_id: int) -> None:
+    """The job could not be enqueued: delete it before the error answer goes out."""
+    try:
+        discard_job(session, job_id)
+    except Exception:  # noqa: BLE001 - the original error is the answer
+        log.exception("could not discard job %s after its start failed", job_id)
 
 
 @router.get("", response_model=JobsPublic)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Any
 
 import numpy as np
@@ -13,14 +15,14 @@ from sqlalchemy.orm import Session
 from algorithms import RatingBlock, registry
 from algorithms.base import Algorithm
 from algorithms.data import federation_from_tenants
-from algorithms.simulate import client_round, initialise
+from algorithms.simulate import client_round, initialise, server_round, tenant_errors
 from app import store
 from app.models import Item, Tenant
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
-from privacy.ledger import BudgetExceeded, check_plan
-from privacy.wrapper import DPSpec, event_for, n_entries
+from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan
+from privacy.wrapper import DPSpec, n_entries, transmission_event
 
 
 class JobRefused(Exception):
@@ -43,6 +45,8 @@ class JobSpec:
     test_fraction: float = 0.2
     allow_not_private: bool = False
     parent_job_id: int | None = None
+    max_attempts: int = 3
+    """Failed steps (without a round committing in between) before the job is failed."""
 
 
 def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
@@ -85,11 +89,14 @@ def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBloc
     return blocks, keys, item_ids
 
 
-def create_job(s: Session, spec: JobSpec) -> TrainingJob:
+def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = None
+               ) -> TrainingJob:
     """Validate, check every tenant's budget, snapshot the ratings and initialise the job.
 
     The ratings of all tenants are read in one REPEATABLE READ transaction on PostgreSQL,
-    so the job trains on one consistent snapshot while uploads continue.
+    so the job trains on one consistent snapshot while uploads continue. ``idempotency``
+    is the (Idempotency-Key, request hash) stored with the job; a concurrent creation with
+    the same key fails the commit (IntegrityError) and creates nothing.
     """
     alg, cfg, dp = _validated(spec)
     if s.get_bind().dialect.name == "postgresql":
@@ -106,15 +113,18 @@ def create_job(s: Session, spec: JobSpec) -> TrainingJob:
                                   scale)
     server, glob, locals_ = initialise(alg, cfg, fed.train, spec.seed)
     per_round = spec.per_round or len(tenants)
-    if dp.mechanism != "none":
-        _check_budgets(s, alg, cfg, spec, dp, fed, glob, locals_, per_round)
+    size = _dry_run(alg, cfg, spec.seed, server, glob, locals_[0], fed.train[0], fed.test[0],
+                    (tenants[0].rating_min, tenants[0].rating_max))
+    _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
+    key, digest = idempotency or (None, None)
     job = TrainingJob(
         status="queued", algorithm=alg.name, config=cfg.model_dump(), dp=dp.model_dump(),
         rounds=spec.rounds, per_round=per_round, seed=spec.seed,
         test_fraction=spec.test_fraction, tenant_ids=list(spec.tenant_ids),
         item_ids=item_ids_bytes(item_ids), current_round=0, global_msg=glob.to_bytes(),
         server_state=server.to_bytes(), parent_job_id=spec.parent_job_id,
-        ratings_version={str(t.id): t.ratings_version for t in tenants})
+        ratings_version={str(t.id): t.ratings_version for t in tenants},
+        idempotency_key=key, request_hash=digest, max_attempts=spec.max_attempts)
     s.add(job)
     s.flush()
     for i, t in enumerate(tenants):
@@ -126,17 +136,76 @@ def create_job(s: Session, spec: JobSpec) -> TrainingJob:
     return job
 
 
-def _check_budgets(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec, dp: DPSpec, fed,
-                   glob, locals_, per_round: int) -> None:
-    """409 unless every tenant can afford its planned transmissions (on top of past jobs)."""
-    _, upload = client_round(alg, cfg, 1, spec.seed, 0, glob, locals_[0], fed.train[0])
-    size = n_entries(upload) if upload is not None else 1
-    plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(locals_), glob)
+def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
+             test: RatingBlock, scale: tuple[float, float]) -> int:
+    """Round 1 of the first tenant, unprivatised and discarded: its client step, the server
+    step on its upload, the evaluation and the serving factors, as the pipeline runs them.
+
+    A config that validates but makes a step raise (e.g. RFRec's ``link='sigmoid'``,
+    whose predictions are no factor product to serve) is refused here with 422 instead of
+    failing in a worker. Returns the number of values of an upload (for the DP event).
+    """
+    try:
+        local, upload = client_round(alg, cfg, 1, seed, 0, glob, local, train)
+        uploads = {} if upload is None else {0: upload}
+        _, glob = server_round(alg, cfg, 1, seed, server, uploads)
+        tenant_errors(alg, glob, local, test, scale)
+        alg.objective(glob, local, train, cfg)
+        alg.factors(glob, local)
+    except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
+        raise JobRefused(422, f"invalid config: round 1 fails with these settings "
+                              f"({type(exc).__name__}: {exc})") from None
+    return n_entries(upload) if upload is not None else 1
+
+
+def _check_budgets(s: Session, alg: Algorithm, spec: JobSpec, dp: DPSpec, size: int, glob,
+                   per_round: int, tenants: list[Tenant]) -> None:
+    """409 unless every tenant can afford its planned transmissions (on top of past jobs);
+    a job without a DP guarantee needs every transmitting tenant's opt-in instead, and
+    is charged as epsilon = infinity."""
+    plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(tenants), glob)
     tenant_plan = {spec.tenant_ids[i]: n for i, n in plan.items() if n}
     try:
-        check_plan(load_ledger(s, spec.tenant_ids), tenant_plan, event_for(dp, size))
+        check_plan(load_ledger(s, spec.tenant_ids), tenant_plan,
+                   transmission_event(dp, size, alg.privacy_preserving))
     except BudgetExceeded as exc:
         raise JobRefused(409, str(exc)) from None
+    except NotPrivateRefused as exc:
+        names = {str(t.id): t.name for t in tenants}
+        who = ", ".join(f"{t} ({names[t]})" for t in exc.tenants)
+        why = ("dp mechanism 'none' sends their uploads without noise"
+               if dp.mechanism == "none" else
+               f"{alg.name} uploads reveal their ratings whatever the noise")
+        raise JobRefused(409, f"tenant(s) {who} did not opt in to non-private training "
+                              f"(allow_non_private is false): {why}") from None
+
+
+MAX_IDEMPOTENCY_KEY = 255
+
+
+def request_hash(body: dict[str, Any]) -> str:
+    """SHA-256 of a job request's validated body (canonical JSON): what a replay must match."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def job_for_key(s: Session, key: str, digest: str) -> TrainingJob | None:
+    """The job created earlier with this ``Idempotency-Key``, or None; 422 when the key
+    was used with a different body, or is empty or too long."""
+    if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
+        raise JobRefused(422, f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
+    job = s.scalar(sa.select(TrainingJob).where(TrainingJob.idempotency_key == key))
+    if job is not None and job.request_hash != digest:
+        raise JobRefused(422, f"Idempotency-Key {key[:40]!r} was already used with a "
+                              "different request body; use a new key for a new job")
+    return job
+
+
+def discard_job(s: Session, job_id: int) -> None:
+    """Delete a job that could not be started (its rows cascade; it charged nothing yet),
+    so an error answer leaves no job behind for the watchdog to run later."""
+    s.rollback()
+    s.execute(sa.delete(TrainingJob).where(TrainingJob.id == job_id))
+    s.commit()
 
 
 def cancel_job(s: Session, job: TrainingJob) -> bool:

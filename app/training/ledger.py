@@ -19,7 +19,7 @@ def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None
     are checked against), or only those of ``job_id``."""
     ids = list(tenant_ids)
     tenants = s.scalars(sa.select(Tenant).where(Tenant.id.in_(ids))).all()
-    state = Ledger.open({t.id: Budget(t.privacy_budget, t.privacy_delta)
+    state = Ledger.open({t.id: Budget(t.privacy_budget, t.privacy_delta, t.allow_non_private)
                          for t in tenants}).to_dict()
     query = (sa.select(LedgerEntry.tenant_id, LedgerEntry.round, LedgerEntry.event)
              .where(LedgerEntry.tenant_id.in_(ids)).order_by(LedgerEntry.id))

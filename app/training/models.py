@@ -54,6 +54,16 @@ class TrainingJob(Base):
     parent_job_id: Mapped[int | None] = mapped_column(sa.ForeignKey("training_jobs.id"))
     ratings_version: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
     """tenant id -> the tenant's ratings_version when the snapshot was taken."""
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(255))
+    """The ``Idempotency-Key`` the job was created with (migration 0003)."""
+    request_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    """SHA-256 of the creating request's body: a replay must match it."""
+    attempts: Mapped[int] = mapped_column(default=0, server_default="0")
+    """Failed steps since the last committed round; at ``max_attempts`` the job fails."""
+    max_attempts: Mapped[int] = mapped_column(default=3, server_default="3")
+
+    __table_args__ = (sa.UniqueConstraint("idempotency_key",
+                                          name="uq_training_jobs_idempotency_key"),)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     finished_at: Mapped[dt.datetime | None]

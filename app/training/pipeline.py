@@ -16,14 +16,17 @@ configured, or :class:`InlineDispatcher`, which runs them in this process.
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import io
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
 import sqlalchemy as sa
+from kombu.exceptions import OperationalError as BrokerDown
 from sqlalchemy import orm
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -39,10 +42,12 @@ from algorithms.simulate import (
     tenant_errors,
 )
 from app import queue
+from app.db import DATABASE_DOWN
 from app.models import Tenant, utcnow
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
-from privacy.wrapper import DPSpec, event_for, n_entries, privatize
+from privacy.accountant import NONE
+from privacy.wrapper import DPSpec, n_entries, privatize, transmission_event
 
 TASK_START = queue.TRAINING_START_ROUND
 TASK_CLIENT = queue.TRAINING_CLIENT_STEP
@@ -51,6 +56,10 @@ TASK_RETRAIN = queue.TRAINING_RETRAIN
 TASK_WATCHDOG = queue.TRAINING_RESUME_STALLED
 
 Sessions = sessionmaker
+log = logging.getLogger("fedrec.training")
+#: outages, not the job's fault: the worker retries (database) or the watchdog resumes
+#: (broker); they are never counted against a job's attempts
+OUTAGES = (*DATABASE_DOWN, BrokerDown)
 
 
 class Dispatcher(Protocol):
@@ -142,25 +151,31 @@ def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
         dispatch.send(TASK_AGGREGATE, job_id, round_)
 
 
-def _privatise(s: Session, job: TrainingJob, tenant_id: int, client: int, round_: int,
-               upload: Message) -> tuple[Message | None, list | None, str | None]:
-    """(noisy upload, ledger event, refusal reason) for one transmission of a tenant.
+def _privatise(s: Session, job: TrainingJob, alg: Algorithm, tenant_id: int, client: int,
+               round_: int, upload: Message
+               ) -> tuple[Message | None, list | None, str | None]:
+    """(upload as sent, ledger event, refusal reason) for one transmission of a tenant.
 
-    The tenant row is locked so two jobs cannot both spend the last of its budget.
+    Every transmission is charged, one without a DP guarantee too (epsilon = infinity,
+    only with the tenant's ``allow_non_private`` opt-in). The tenant row is locked so two
+    jobs cannot both spend the last of its budget.
     """
     spec = DPSpec(**job.dp)
-    if spec.mechanism == "none":
-        return upload, None, None
     s.execute(sa.select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
     ledger = load_ledger(s, [tenant_id])
-    event = event_for(spec, n_entries(upload))
+    event = transmission_event(spec, n_entries(upload), alg.privacy_preserving)
     if not ledger.can_afford(tenant_id, event):
+        if event.mechanism == NONE:
+            return None, None, (f"refused in round {round_}: the tenant did not opt in to "
+                                "non-private training (allow_non_private is false)")
         spent = ledger.spent(tenant_id).epsilon
         cap = ledger.budget(tenant_id).epsilon_max
         return None, None, (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, "
                             f"one more transmission would exceed epsilon_max {cap:.4g}")
-    noisy, event = privatize(upload, spec, client_noise_rng(job.seed, round_, client))
-    return noisy, event.as_list(), None
+    if spec.mechanism == "none":
+        return upload, event.as_list(), None
+    noisy, noised = privatize(upload, spec, client_noise_rng(job.seed, round_, client))
+    return noisy, (event if event.mechanism == NONE else noised).as_list(), None
 
 
 def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int,
@@ -179,8 +194,8 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                 Message.from_bytes(jc.local_state), _block(jc, "train"))
             event = refused = None
             if upload is not None:
-                upload, event, refused = _privatise(s, job, jc.tenant_id, client, round_,
-                                                     upload)
+                upload, event, refused = _privatise(s, job, alg, jc.tenant_id, client,
+                                                     round_, upload)
             s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
                               local_state=local.to_bytes(), refused=refused,
                               upload=None if upload is None else upload.to_bytes()))
@@ -264,6 +279,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
             job.stopped_tenants = {**refused, **(job.stopped_tenants or {})}
         job.global_msg, job.server_state = glob.to_bytes(), server.to_bytes()
         job.current_round = round_
+        job.attempts, job.error = 0, None  # failures are counted per round
         job.latest_metrics = {"round": round_, "objective": metrics["objective"],
                               "test_rmse": metrics["test_rmse"],
                               "test_mae": metrics["test_mae"], "seconds": seconds}
@@ -289,10 +305,51 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
         write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b)
 
 
+def record_failure(sessions: Sessions, job_id: int, exc: BaseException) -> bool:
+    """Count a step's failure on its job; at ``max_attempts`` failures without a round
+    committing in between, mark the job ``failed`` with the error (the watchdog resumes
+    only queued and running jobs). Returns True when the job is now failed."""
+    with sessions() as s:
+        job = s.scalar(sa.select(TrainingJob).where(TrainingJob.id == job_id)
+                       .with_for_update())
+        if job is None or job.status not in ("queued", "running"):
+            return False
+        job.attempts += 1
+        error = f"{type(exc).__name__}: {exc}"
+        if job.attempts >= job.max_attempts:
+            job.status = "failed"
+            job.error = f"{error} (attempt {job.attempts} of {job.max_attempts}; job failed)"
+        else:
+            job.error = f"{error} (attempt {job.attempts} of {job.max_attempts}; retried)"
+        s.commit()
+        return job.status == "failed"
+
+
+def _bounded(step: Callable[..., None]) -> Callable[..., None]:
+    """Run a pipeline step; a failure other than an outage of the database or the broker
+    is counted on the job before it propagates (see record_failure), so a step that always
+    raises fails its job instead of being resumed for ever."""
+
+    @functools.wraps(step)
+    def run(sessions: Sessions, dispatch: Dispatcher, job_id: int, *args: int) -> None:
+        try:
+            step(sessions, dispatch, job_id, *args)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            try:
+                record_failure(sessions, job_id, exc)
+            except Exception:  # noqa: BLE001 - never hide the step's own error
+                log.exception("could not record the failure of job %s", job_id)
+            raise
+
+    return run
+
+
 TASKS: dict[str, Callable[..., None]] = {
-    TASK_START: start_round,
-    TASK_CLIENT: client_step,
-    TASK_AGGREGATE: aggregate,
+    TASK_START: _bounded(start_round),
+    TASK_CLIENT: _bounded(client_step),
+    TASK_AGGREGATE: _bounded(aggregate),
 }
 
 
@@ -305,8 +362,8 @@ def resume(sessions: Sessions, dispatch: Dispatcher, job_id: int) -> bool:
         job = s.get(TrainingJob, job_id)
         if job is None or job.status not in ("queued", "running", "failed"):
             return False
-        if job.status == "failed":
-            job.status, job.error = "running", None
+        if job.status == "failed":  # the operator fixed the cause: a fresh set of attempts
+            job.status, job.error, job.attempts = "running", None, 0
             s.commit()
         next_round = job.current_round + 1
     dispatch.send(TASK_START, job_id, next_round)

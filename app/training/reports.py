@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from algorithms import registry
 from app.training.ledger import load_ledger
 from app.training.models import JobRound, TrainingJob
 from app.training.schemas import JobPublic, JobReport, RoundPublic, TenantRoundPublic
@@ -25,24 +27,67 @@ def tenant_curve(rounds: list[JobRound], tenant_id: int) -> list[TenantRoundPubl
             for r in rounds if key in r.per_tenant]
 
 
+INFINITY = "infinity"
+"""How a report writes an unbounded epsilon (JSON has no infinity)."""
+NOT_PRIVATE = "not private (epsilon = infinity)"
+NOT_PRIVATE_ACCOUNTING = ("none: uploads were sent without a differential privacy guarantee; "
+                          "each transmission is charged to the tenant's ledger as epsilon = "
+                          "infinity, so no later DP job can include the tenant")
+
+
+def _eps(value: float) -> float | str:
+    return INFINITY if math.isinf(value) else value
+
+
+def is_private(job: TrainingJob) -> bool:
+    """Whether the job's uploads carry a DP guarantee: noise, and an algorithm whose uploads
+    do not reveal ratings whatever the noise."""
+    return job.dp.get("mechanism") != "none" and registry.get(job.algorithm).privacy_preserving
+
+
 def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = None
                    ) -> dict[str, Any]:
-    """Epsilon each tenant spent in this job, and in all jobs so far against its budget."""
+    """Epsilon each tenant spent in this job, and in all jobs so far against its budget.
+
+    A job without a DP guarantee says so (``guarantee``: "not private (epsilon =
+    infinity)") and reports the epsilon of every tenant that transmitted as "infinity".
+    """
     ids = tenant_ids if tenant_ids is not None else job.tenant_ids
     spec = DPSpec(**job.dp)
-    report = privacy_report(spec, load_ledger(s, ids, job_id=job.id))
+    ledger = load_ledger(s, ids, job_id=job.id)
+    if is_private(job):
+        report = privacy_report(spec, ledger)
+        report["private"] = True
+        report["guarantee"] = (f"differentially private: epsilon {report['epsilon_max']:.4g} "
+                               f"at delta {spec.delta:.3g} for each tenant's whole rating block")
+    else:
+        report = _not_private_report(spec, job, ledger)
     report["stopped_tenants"] = {t: why for t, why in (job.stopped_tenants or {}).items()
                                  if int(t) in ids}
-    if spec.mechanism != "none":
-        lifetime = load_ledger(s, ids)
-        report["lifetime"] = {t: {"epsilon_spent": lifetime.spent(t).epsilon,
-                                  "epsilon_max": lifetime.budget(t).epsilon_max,
-                                  "epsilon_remaining": lifetime.budget(t).epsilon_max
-                                  - lifetime.spent(t).epsilon,
-                                  "delta": lifetime.budget(t).delta}
-                              for t in lifetime.tenants()}
+    lifetime = load_ledger(s, ids)
+    report["lifetime"] = {t: _lifetime(lifetime, t) for t in lifetime.tenants()}
     report.pop("budget_epsilon_max", None)  # the lifetime section states budgets per tenant
     return report
+
+
+def _not_private_report(spec: DPSpec, job: TrainingJob, ledger) -> dict[str, Any]:
+    why = ("dp mechanism 'none': uploads sent without noise" if spec.mechanism == "none"
+           else f"{job.algorithm}: its uploads reveal ratings whatever the noise")
+    spends = {t: ledger.spent(t) for t in ledger.tenants()}
+    return {"mechanism": spec.mechanism, "private": False, "guarantee": NOT_PRIVATE,
+            "reason": why, "accounting": NOT_PRIVATE_ACCOUNTING, "delta": None, "unit": None,
+            "epsilon_per_tenant": {t: _eps(sp.epsilon) for t, sp in spends.items()},
+            "epsilon_max": _eps(max((sp.epsilon for sp in spends.values()), default=0.0)),
+            "transmissions_per_tenant": {t: sp.transmissions for t, sp in spends.items()}}
+
+
+def _lifetime(ledger, tenant: str) -> dict[str, Any]:
+    spent, budget = ledger.spent(tenant).epsilon, ledger.budget(tenant)
+    return {"epsilon_spent": _eps(spent), "epsilon_max": _eps(budget.epsilon_max),
+            "epsilon_remaining": max(0.0, budget.epsilon_max - spent)
+            if math.isfinite(spent) else 0.0,
+            "delta": budget.delta, "private": math.isfinite(spent),
+            "allow_non_private": budget.allow_not_private}
 
 
 def job_report(s: Session, job: TrainingJob, public: JobPublic) -> JobReport:

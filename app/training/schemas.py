@@ -31,8 +31,9 @@ class JobCreate(BaseModel):
                                    description="Algorithm options (e.g. rank); defaults are "
                                                "the algorithm's recommended settings.")
     tenant_ids: list[int] | None = Field(
-        None, description="Participants; default: all. At most FEDREC_MAX_JOB_TENANTS "
-                          "(default 1000).")
+        None, min_length=1,
+        description="Participants; omitted or null: all tenants (an empty list is refused). "
+                    "At most FEDREC_MAX_JOB_TENANTS (default 1000).")
     rounds: int = Field(50, ge=1, description="At most FEDREC_MAX_JOB_ROUNDS (default 10000).")
     per_round: int = Field(0, ge=0, description="Tenants sampled per round; 0 = all.")
     seed: int = Field(0, ge=0)

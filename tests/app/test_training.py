@@ -321,7 +321,8 @@ def test_retraining_starts_only_after_ratings_change_and_within_budget(env):
     from app.training.schedule import retrain_if_changed
 
     app, client = env
-    tenants, job = _trained(client, app)
+    tenants = make_tenants(client, scheduled_retraining=True, retrain_min_seconds=0)
+    job = wait_job(client, submit_job(client).json()["id"])
     dispatch = pipeline.InlineDispatcher(app.state.sessions)
     assert retrain_if_changed(app.state.sessions, dispatch) is None  # nothing changed
     tid, key = tenants[1]
@@ -349,7 +350,8 @@ def test_retraining_never_exceeds_a_budget(env):
     from app.training.schedule import retrain_if_changed
 
     app, client = env
-    tenants = make_tenants(client, budget=7.0)  # 6 transmissions at z = 2 cost 5.98, 12 cost 9.01
+    # 6 transmissions at z = 2 cost 5.98, 12 cost 9.01
+    tenants = make_tenants(client, budget=7.0, scheduled_retraining=True, retrain_min_seconds=0)
     dp = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
     first = wait_job(client, submit_job(client, dp=dp, rounds=6).json()["id"])
     assert first["status"] == "completed"

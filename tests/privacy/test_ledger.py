@@ -5,11 +5,12 @@ import math
 
 import pytest
 
-from privacy.accountant import Event, spend
+from privacy.accountant import NOT_PRIVATE, Event, spend
 from privacy.ledger import (
     Budget,
     BudgetExceeded,
     Ledger,
+    NotPrivateRefused,
     check_plan,
     plan_from_schedule,
     projected_spend,
@@ -119,3 +120,40 @@ def test_stop_keeps_the_first_round():
     led.stop(0, 4)
     led.stop(0, 9)
     assert led.stopped() == {"0": 4}
+
+
+def test_a_transmission_without_a_guarantee_needs_the_opt_in_and_spends_infinity():
+    led = Ledger.open({"in": Budget(10.0, 1e-5, allow_not_private=True),
+                       "out": Budget(10.0, 1e-5), "out2": Budget(10.0, 1e-5)})
+    assert led.can_afford("in", NOT_PRIVATE) and not led.can_afford("out", NOT_PRIVATE)
+    with pytest.raises(NotPrivateRefused) as err:
+        check_plan(led, {"in": 3, "out": 3, "out2": 1}, NOT_PRIVATE)
+    assert err.value.tenants == ["out", "out2"]
+    assert str(err.value) == (
+        "tenant(s) out, out2 did not opt in to non-private training (allow_non_private is "
+        "false): this job would send their data without a differential privacy guarantee")
+    with pytest.raises(NotPrivateRefused):
+        led.charge("out", NOT_PRIVATE, round_=1)
+    assert led.history("out") == []
+    led.charge("in", G, round_=1)
+    assert led.spent("in").epsilon == spend([G], 1e-5).epsilon  # finite so far
+    assert math.isinf(led.charge("in", NOT_PRIVATE, round_=2).epsilon)
+    assert math.isinf(led.spent("in").epsilon) and led.spent("in").transmissions == 2
+    # infinity is spent for good: no DP transmission is affordable any more, and a plan is
+    # refused with a message that says why
+    assert not led.can_afford("in", Event("gaussian", 1e6))
+    with pytest.raises(BudgetExceeded) as err:
+        check_plan(led, {"in": 1}, G)
+    assert str(err.value) == (
+        "privacy budget exceeded: tenant in has spent epsilon = infinity (its data was sent "
+        "without noise by an earlier job), so no differentially private job can include it")
+    # the state stays JSON (the opt-in round-trips, the event is ["none", 0.0, 1])
+    again = Ledger.from_dict(json.loads(json.dumps(led.to_dict(), allow_nan=False)))
+    assert again.budget("in").allow_not_private and math.isinf(again.spent("in").epsilon)
+
+
+def test_not_private_events_have_no_noise():
+    assert NOT_PRIVATE == Event("none", 0.0, 1)
+    with pytest.raises(ValueError, match="noise multiplier 0"):
+        Event("none", 1.0)
+    assert spend([NOT_PRIVATE.times(0)], 1e-5).epsilon == 0.0

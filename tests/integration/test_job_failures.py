@@ -1,0 +1,63 @@
+"""A job whose step always raises, on real Celery worker processes, PostgreSQL and Redis:
+after FEDREC_JOB_MAX_ATTEMPTS failures the job is ``failed`` with the error, and beat's
+watchdog stops resuming it (it used to stay ``running`` and be re-run for ever)."""
+
+from __future__ import annotations
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.training.jobs import JobSpec, create_job
+from app.training.models import LedgerEntry, TrainingJob
+from app.training.runner import CeleryDispatcher, start_job
+from app.training.schedule import resume_stalled
+from tests.integration.conftest import wait_for
+from tests.training_helpers import make_tenants
+
+pytestmark = pytest.mark.integration
+
+
+def _job(app, job_id: int) -> TrainingJob:
+    with app.state.sessions() as s:
+        return s.get(TrainingJob, job_id)
+
+
+def test_a_step_that_always_raises_fails_the_job_after_three_attempts(services):
+    settings, worker = services
+    app = create_app(settings)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {settings.admin_token.get_secret_value()}"
+        with app.state.sessions() as s:
+            for table in ("training_jobs", "ratings", "users", "items", "tenants"):
+                s.execute(sa.text(f"DELETE FROM {table}"))
+            s.commit()
+        tenants = make_tenants(client)
+        # one tenant per round, so each attempt is one failing step
+        spec = JobSpec("fedmc-admm", [t for t, _ in tenants], 1, 1, 3, {"rank": 3},
+                       {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0})
+        with app.state.sessions() as s:
+            job = create_job(s, spec)
+            # A config that no longer fits the job's stored states (planted: creation checks
+            # a config against round 1): the client step raises ValueError every time.
+            job.config = {**job.config, "rank": 5}
+            s.commit()
+            job_id = job.id
+        worker()
+        start_job(app, job_id)
+        wait_for(lambda: _job(app, job_id).attempts >= 1, 90, "the first failure")
+        dispatch = CeleryDispatcher(app.state.celery)
+        for attempt in (2, 3):  # beat's watchdog, once per stalled interval
+            assert resume_stalled(app.state.sessions, dispatch, -1.0) == [job_id]
+            wait_for(lambda a=attempt: _job(app, job_id).attempts >= a, 90, f"failure {attempt}")
+        job = _job(app, job_id)
+        assert (job.status, job.current_round) == ("failed", 0)
+        assert job.error.startswith("ValueError: could not broadcast input array")
+        assert job.error.endswith("(attempt 3 of 3; job failed)")
+        assert resume_stalled(app.state.sessions, dispatch, -1.0) == []
+        with app.state.sessions() as s:  # the step failed before sending: nothing charged
+            assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
+                            .where(LedgerEntry.job_id == job_id)) == 0
+        shown = client.get(f"/admin/jobs/{job_id}").json()
+        assert shown["status"] == "failed" and shown["error"] == job.error
