@@ -286,7 +286,8 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
     job.finished_at = utcnow()
     for jc in clients:
         a, b = alg.factors(glob, Message.from_bytes(jc.local_state))
-        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b)
+        trained = np.unique(_block(jc, "train").cols)  # the tenant's own rated items
+        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained)
 
 
 TASKS: dict[str, Callable[..., None]] = {

@@ -142,7 +142,7 @@ def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Ten
     if not known or factors is None or rated is None or user_key not in factors.user_index:
         return None, due
     return _from_model(factors, factors.user_index[user_key], rated, k, offset,
-                       include_rated), due
+                       include_rated, _scale(tenant)), due
 
 
 def refresh_caches(s: Session, cache: FactorCache, ratings: RatingsCache,
@@ -160,24 +160,32 @@ def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Ten
     rated = ratings.rated(s, tenant.id, user_key)
     row = None if factors is None else factors.user_index.get(user_key)
     if row is not None:
-        return _from_model(factors, row, rated, k, offset, include_rated)
+        return _from_model(factors, row, rated, k, offset, include_rated, _scale(tenant))
     if rated.size == 0:
         raise UnknownUser(user_key)
     ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
     labels = item_labels(s, ids[idx].tolist())
+    vals = np.clip(vals, *_scale(tenant))
     return Ranked("popularity", None, [(*labels[i], v) for i, v in
                                        zip(ids[idx].tolist(), vals.tolist(), strict=True)])
 
 
+def _scale(tenant: Tenant) -> tuple[float, float]:
+    return tenant.rating_min, tenant.rating_max
+
+
 def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: int,
-                include_rated: bool) -> Ranked:
+                include_rated: bool, scale: tuple[float, float]) -> Ranked:
+    """Ranked by the raw score ``A[row] @ B``; the scores reported are clamped to the
+    tenant's rating scale (a raw score of 102 on a 1-5 scale means "5 at most")."""
     scores = f.a[row] @ f.b
     exclude = None
     if not include_rated and rated.size:
         exclude = np.flatnonzero(np.isin(f.item_ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
+    vals = np.clip(vals, *scale)
     return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
                                       zip(idx.tolist(), vals.tolist(), strict=True)])
 

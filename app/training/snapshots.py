@@ -17,20 +17,35 @@ from sqlalchemy.orm import Session
 
 from app.cache import REFRESH, SingleFlight
 from app.models import Item
+from app.training.forget import FORGOTTEN
 from app.training.models import FactorSnapshot, TrainingJob
 
 
 def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list[str],
-                   a: np.ndarray, b: np.ndarray) -> None:
-    """Upsert the tenant's snapshot from ``job`` (one row per tenant and job)."""
+                   a: np.ndarray, b: np.ndarray, columns: np.ndarray | None = None) -> None:
+    """Upsert the tenant's snapshot from ``job`` (one row per tenant and job).
+
+    Only the item ``columns`` of the job's item axis (default: all) that the tenant's own
+    training ratings covered are published: an item nobody rated has only its initial (or
+    noise) factors, and an item only other tenants rated would tell this tenant, outside
+    the privacy guarantee, that someone rated it. Users forgotten meanwhile (key
+    ``FORGOTTEN``) are left out too.
+    """
+    keep = [i for i, key in enumerate(user_keys) if key != FORGOTTEN]
+    if columns is None:
+        columns = np.arange(b.shape[1])
+    ids = np.load(io.BytesIO(job.item_ids), allow_pickle=False)[columns]
+    ids_buf = io.BytesIO()
+    np.save(ids_buf, ids.astype(np.int64), allow_pickle=False)
     buf = io.BytesIO()
-    np.savez(buf, A=np.ascontiguousarray(a), B=np.ascontiguousarray(b),
-             item_ids=np.frombuffer(job.item_ids, dtype=np.uint8))
+    np.savez(buf, A=np.ascontiguousarray(a[keep]), B=np.ascontiguousarray(b[:, columns]),
+             item_ids=np.frombuffer(ids_buf.getvalue(), dtype=np.uint8))
     row = s.get(FactorSnapshot, (tenant_id, job.id))
     if row is None:
         row = FactorSnapshot(tenant_id=tenant_id, job_id=job.id)
         s.add(row)
-    row.round, row.user_keys, row.factors = job.current_round, list(user_keys), buf.getvalue()
+    row.round, row.factors = job.current_round, buf.getvalue()
+    row.user_keys = [user_keys[i] for i in keep]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
