@@ -15,7 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from app.cache import REFRESH, SingleFlight
+from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item
 from app.training.forget import FORGOTTEN
 from app.training.models import FactorSnapshot, TrainingJob
@@ -79,9 +79,10 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
 class FactorCache:
     """Per-process cache of the latest snapshot of each tenant.
 
-    The database is asked whether a newer snapshot exists about once every ``ttl``
-    seconds per tenant (one small query, by one request while the others keep serving,
-    see :mod:`app.cache`); the factors and item labels load only when it does.
+    The database is asked whether a newer snapshot exists about once every ``ttl / 2``
+    seconds per tenant (one small query, by one request in the background while the
+    others keep serving, see :mod:`app.cache`); the factors and item labels load only when
+    it does. Nothing checked more than ``ttl`` seconds ago is served.
     """
 
     def __init__(self, ttl: float = 1.0) -> None:
@@ -92,26 +93,36 @@ class FactorCache:
 
     def peek(self, tenant_id: int) -> tuple[bool, bool, ServingFactors | None]:
         """(known, due, factors) from memory only: ``known`` is False before the first
-        :meth:`get`; ``due`` means this caller should refresh (call :meth:`get`)."""
+        :meth:`get` and once the entry expired (then call :meth:`get` before answering);
+        ``due`` means this caller should refresh it in the background
+        (``get(..., ahead=True)``)."""
         if tenant_id not in self._by_tenant:
             return False, True, None
         cached, checked = self._by_tenant[tenant_id]
-        return True, self._flight.state(tenant_id, checked, time.monotonic()) == REFRESH, cached
+        state = self._flight.state(tenant_id, checked, time.monotonic())
+        if state == EXPIRED:
+            return False, True, None
+        return True, state == REFRESH, cached
 
-    def get(self, s: Session, tenant_id: int) -> ServingFactors | None:
+    def get(self, s: Session, tenant_id: int, ahead: bool = False) -> ServingFactors | None:
+        """The tenant's factors, re-checked first when older than ``ttl`` (with ``ahead``,
+        the background refresh: older than ``ttl / 2``)."""
+        limit = self.ttl / 2 if ahead else self.ttl
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
-        if time.monotonic() - checked < self.ttl:
+        if time.monotonic() - checked < limit:
+            if ahead:  # renewed meanwhile: release this refresher's claim
+                self._flight.done(tenant_id)
             return cached
         with self._lock:  # one thread refreshes; the others then find it fresh
             try:
-                return self._refresh(s, tenant_id)
+                return self._refresh(s, tenant_id, limit)
             finally:
                 self._flight.done(tenant_id)
 
-    def _refresh(self, s: Session, tenant_id: int) -> ServingFactors | None:
-        now = time.monotonic()
+    def _refresh(self, s: Session, tenant_id: int, limit: float) -> ServingFactors | None:
+        now = time.monotonic()  # before the query: the entry is as old as this read
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
-        if now - checked < self.ttl:
+        if now - checked < limit:
             return cached
         head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
                          .where(FactorSnapshot.tenant_id == tenant_id)
