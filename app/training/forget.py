@@ -16,7 +16,8 @@ local state: factors, not ratings, and no longer linked to the user's key.
 Locks (PostgreSQL): the deletion locks the tenant's job rows before it reads the
 snapshots, and the aggregate step locks its job rows before it reads the tombstones, so
 whichever commits second sees the other: a snapshot published concurrently is scrubbed by
-the deletion, or the aggregate step sees the tombstone.
+the deletion, or the aggregate step sees the tombstone. The deletion never waits for the
+aggregate step's lock on the job itself (``tests/integration/test_forgetting_pg.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Iterable
 
 import numpy as np
 import sqlalchemy as sa
+from sqlalchemy import orm
 from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock
@@ -51,13 +53,16 @@ def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
             s.add(tomb)
         tomb.version, tomb.forgotten_at = version, utcnow()
         s.flush()
-    clients = s.execute(sa.select(JobClient, TrainingJob.ratings_version)
-                        .join(TrainingJob, TrainingJob.id == JobClient.job_id)
-                        .where(JobClient.tenant_id == tenant_id)
-                        .with_for_update(of=JobClient)).all()  # before reading snapshots
-    for jc, versions in clients:
-        if tomb.version > _version(versions, tenant_id):
-            scrub_client(jc, {user_key})
+    rows = s.execute(sa.select(JobClient.job_id, JobClient.client_index, JobClient.user_keys,
+                               TrainingJob.ratings_version)
+                     .join(TrainingJob, TrainingJob.id == JobClient.job_id)
+                     .where(JobClient.tenant_id == tenant_id)
+                     .with_for_update(of=JobClient, key_share=True)).all()  # see module doc
+    blocks = [orm.undefer(JobClient.train_block), orm.undefer(JobClient.test_block)]
+    with s.no_autoflush:  # one UPDATE per row: a second one would re-check its foreign key
+        for job_id, index, keys, versions in rows:
+            if user_key in keys and tomb.version > _version(versions, tenant_id):
+                scrub_client(s.get(JobClient, (job_id, index), options=blocks), {user_key})
     for snap in s.scalars(sa.select(FactorSnapshot).where(FactorSnapshot.tenant_id ==
                                                           tenant_id)):
         if user_key in snap.user_keys:

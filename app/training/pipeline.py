@@ -250,7 +250,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                                  .order_by(JobClient.client_index)
                                  .options(orm.undefer(JobClient.train_block),
                                           orm.undefer(JobClient.test_block))
-                                 .with_for_update()))  # before reading the tombstones
+                                 .with_for_update(key_share=True)))  # before tombstones
         scrub_job_clients(s, job, clients)  # deletions win over evaluation and publishing
         for jc in clients:
             if jc.client_index in staged:
