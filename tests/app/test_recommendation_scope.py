@@ -18,7 +18,7 @@ from app.main import create_app
 from app.models import Item
 from app.training import pipeline
 from app.training.models import FactorSnapshot, JobClient, TrainingJob
-from tests.training_helpers import CONFIG, csv_body, make_tenants, submit_job, wait_job
+from tests.training_helpers import csv_body, make_tenants, submit_job, wait_job
 
 
 @pytest.fixture
