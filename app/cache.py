@@ -1,10 +1,13 @@
-"""Single-flight expiry for the per-process serving caches.
+"""Single-flight expiry with a hard bound for the per-process serving caches.
 
-An entry is *fresh* for ``ttl`` seconds after it was checked against the database. The
-first reader after that gets ``REFRESH`` and re-checks it; while that refresh is under
-way (at most ``ttl`` seconds) the other readers get ``STALE_OK`` and keep serving the
-cached value, so an expiry never sends every concurrent request to the database at once.
-Nothing older than ``3 * ttl`` is ever served.
+An entry read from the database at time ``checked`` (taken *before* the read began) may be
+served until ``checked + ttl`` and never after, so a change committed at time T (a key
+revoked, a user forgotten, a new snapshot) is seen by every process for every request that
+starts after T + ttl. To keep requests from waiting on the database, the entry is renewed
+ahead of its expiry: from ``ttl / 2`` on, the first reader gets ``REFRESH`` and re-checks
+it in the background while the others keep serving it (``STALE_OK``). Under steady traffic
+an entry is therefore renewed before it expires; after an idle spell it is ``EXPIRED`` and
+the reader must re-check it before answering.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Hashable
 
-FRESH, STALE_OK, REFRESH = "fresh", "stale-ok", "refresh"
+FRESH, STALE_OK, REFRESH, EXPIRED = "fresh", "stale-ok", "refresh", "expired"
 
 
 class SingleFlight:
@@ -22,13 +25,16 @@ class SingleFlight:
         self._lock = threading.Lock()
 
     def state(self, key: Hashable, checked: float, now: float) -> str:
-        """FRESH, STALE_OK (someone is refreshing) or REFRESH (the caller must)."""
+        """FRESH, STALE_OK (someone is refreshing), REFRESH (the caller must, in the
+        background) or EXPIRED (too old to serve: re-check before answering)."""
         age = now - checked
-        if age < self.ttl:
+        if age >= self.ttl:
+            return EXPIRED
+        if age < self.ttl / 2:
             return FRESH
         with self._lock:
             claim = self._claims.get(key)
-            if claim is not None and now - claim < self.ttl and age < 3 * self.ttl:
+            if claim is not None and now - claim < self.ttl / 2:
                 return STALE_OK
             self._claims[key] = now
             return REFRESH

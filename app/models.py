@@ -150,3 +150,25 @@ class RatingStats(Base):
     mean: Mapped[float | None]
     histogram: Mapped[dict[str, Any]]
     computed_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
+class ForgottenUser(Base):
+    """A tombstone: the tenant deleted this user (right to be forgotten).
+
+    ``version`` is the tenant's ``ratings_version`` right after the deletion. A training
+    job recorded the version its snapshot of the tenant's ratings was taken at, so the
+    tombstone applies exactly to the jobs whose data predates the deletion (version below
+    it): every step of those jobs leaves the user's ratings and factor row out, even when
+    the job's rows were committed after the deletion. Ratings uploaded later for the same
+    key are a new consent: jobs snapshotted after the deletion train on them.
+    """
+
+    __tablename__ = "forgotten_users"
+
+    tenant_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    user_key: Mapped[str] = mapped_column(sa.String(KEY_LENGTH), primary_key=True)
+    version: Mapped[int]
+    forgotten_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (sa.Index("ix_forgotten_users_tenant_version", "tenant_id", "version"),)

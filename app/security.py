@@ -42,12 +42,13 @@ def same_secret(given: str, expected_hash_or_token: str, hashed: bool = True) ->
 
 
 class KeyCache:
-    """Per-process cache of verified API keys: key hash -> (tenant, last check).
+    """Per-process cache of verified API keys: key hash -> (tenant, time of the check).
 
-    A key is re-verified against the database about once every ``ttl`` seconds per process
-    (by one request, while the others keep using it; see :mod:`app.cache`), so serving does
-    not pay a query per request. A revocation is immediate in the process that made it
-    (:meth:`forget`) and reaches the other processes within a few ``ttl``.
+    A key is served from memory for at most ``ttl`` seconds after it was verified against
+    the database (:mod:`app.cache`: renewed in the background from ``ttl / 2`` on, by one
+    request while the others keep using it), so a revocation is refused by every process
+    for every request starting ``ttl`` seconds after it committed, and at once by the
+    process that made it (:meth:`forget`).
     """
 
     def __init__(self, ttl: float) -> None:
@@ -60,23 +61,25 @@ class KeyCache:
     def get(self, key_hash: str, now: float) -> object | None:
         """The cached tenant, or None when the caller must verify the key (then ``put``
         or ``drop``)."""
-        from app.cache import REFRESH
-
-        hit = self._entries.get(key_hash)
-        if hit is None or self._flight.state(key_hash, hit[1], now) == REFRESH:
-            return None
-        return hit[0]
+        tenant, recheck = self.lookup(key_hash, now)
+        return None if recheck else tenant
 
     def lookup(self, key_hash: str, now: float) -> tuple[object | None, bool]:
-        """(cached tenant or None, whether this caller should re-verify the key)."""
-        from app.cache import REFRESH
+        """(cached tenant, or None when it is missing or expired; whether this caller
+        should re-verify the key: before answering when the tenant is None, else in the
+        background)."""
+        from app.cache import EXPIRED, REFRESH
 
         hit = self._entries.get(key_hash)
         if hit is None:
             return None, True
-        return hit[0], self._flight.state(key_hash, hit[1], now) == REFRESH
+        state = self._flight.state(key_hash, hit[1], now)
+        if state == EXPIRED:
+            return None, True
+        return hit[0], state == REFRESH
 
     def put(self, key_hash: str, tenant: object, now: float) -> None:
+        """Cache a verification that began at ``now`` (before the database was read)."""
         if self.ttl > 0:
             if len(self._entries) > 100_000:
                 self._entries.clear()

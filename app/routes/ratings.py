@@ -118,10 +118,10 @@ def count_ratings(tenant: OwnTenantDep, session: SessionDep) -> RatingsCount:
 @router.delete("/users/{user}/ratings", response_model=UserRatingsDeleted)
 def delete_user_ratings(tenant: OwnTenantDep, session: SessionDep,
                         user: str) -> UserRatingsDeleted:
-    """Forget a user: their ratings, and their rows in trained snapshots and job data."""
-    deleted = store.delete_user(session, tenant.id, user)
+    """Forget a user: their ratings, and their rows in trained snapshots and job data
+    (repeatable: 0 deleted when the user was forgotten before)."""
+    deleted = forget_user(session, tenant.id, user)
     if deleted is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, "User not found")
-    forget_user(session, tenant.id, user)
     session.commit()
     return UserRatingsDeleted(user=user, deleted=deleted)

@@ -1,30 +1,119 @@
 """Right to be forgotten, for what training derived from a user's ratings.
 
-Deleting a user removes their ratings (``app.store.delete_user``); in the same transaction
-:func:`forget_user` removes the user's row from every factor snapshot of the tenant (so no
-recommendation is ever served from it) and the user's ratings from every stored job block
-(train and held-out), replacing the user's key there by an empty string. What is left is
-the user's row of U_i inside past jobs' stored local state: factors, not ratings, and no
-longer linked to the user's key.
+Deleting a user (:func:`forget_user`) removes their ratings and, in the same transaction,
+records a tombstone (:class:`app.models.ForgottenUser`), removes the user's row from every
+factor snapshot of the tenant and the user's ratings from every stored job block (train
+and held-out), replacing the user's key there by ``FORGOTTEN``.
+
+That scrub only reaches the rows committed when the deletion runs, so the tombstone does
+the rest: a job whose ratings snapshot predates the deletion (it may commit its rows just
+after it) honours the tombstone at every later step. A client step trains without the
+user's ratings (:func:`without_forgotten`), the aggregate step scrubs the stored blocks
+(:func:`scrub_job_clients`) before evaluating or publishing, and a published snapshot
+never holds a ``FORGOTTEN`` row. What is left is the user's row of U_i inside jobs' stored
+local state: factors, not ratings, and no longer linked to the user's key.
+
+Locks (PostgreSQL): the deletion locks the tenant's job rows before it reads the
+snapshots, and the aggregate step locks its job rows before it reads the tombstones, so
+whichever commits second sees the other: a snapshot published concurrently is scrubbed by
+the deletion, or the aggregate step sees the tombstone. The deletion never waits for the
+aggregate step's lock on the job itself (``tests/integration/test_forgetting_pg.py``).
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 
 import numpy as np
 import sqlalchemy as sa
+from sqlalchemy import orm
 from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock
-from app.training.models import FactorSnapshot, JobClient
+from app import store
+from app.models import ForgottenUser, Tenant, utcnow
+from app.training.models import FactorSnapshot, JobClient, TrainingJob
 
 FORGOTTEN = ""
 
 
-def _drop_row(blob: bytes, row: int) -> bytes:
-    block = RatingBlock.from_bytes(blob)
-    return block.subset(block.rows != row).to_bytes()
+def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
+    """Forget the user (caller commits): how many ratings were deleted, 0 when the user
+    was forgotten before and nothing remained (the scrub is re-applied all the same), None
+    when the tenant never had the user."""
+    deleted = store.delete_user(s, tenant_id, user_key)  # also bumps ratings_version
+    tomb = s.get(ForgottenUser, (tenant_id, user_key))
+    if deleted is None and tomb is None:
+        return None
+    if deleted is not None:
+        version = s.scalar(sa.select(Tenant.ratings_version).where(Tenant.id == tenant_id))
+        if tomb is None:
+            tomb = ForgottenUser(tenant_id=tenant_id, user_key=user_key)
+            s.add(tomb)
+        tomb.version, tomb.forgotten_at = version, utcnow()
+        s.flush()
+    rows = s.execute(sa.select(JobClient.job_id, JobClient.client_index, JobClient.user_keys,
+                               TrainingJob.ratings_version)
+                     .join(TrainingJob, TrainingJob.id == JobClient.job_id)
+                     .where(JobClient.tenant_id == tenant_id)
+                     .with_for_update(of=JobClient, key_share=True)).all()  # see module doc
+    blocks = [orm.undefer(JobClient.train_block), orm.undefer(JobClient.test_block)]
+    with s.no_autoflush:  # one UPDATE per row: a second one would re-check its foreign key
+        for job_id, index, keys, versions in rows:
+            if user_key in keys and tomb.version > _version(versions, tenant_id):
+                scrub_client(s.get(JobClient, (job_id, index), options=blocks), {user_key})
+    for snap in s.scalars(sa.select(FactorSnapshot).where(FactorSnapshot.tenant_id ==
+                                                          tenant_id)):
+        if user_key in snap.user_keys:
+            _scrub_snapshot(snap, user_key)
+    return deleted or 0
+
+
+def _version(versions: dict | None, tenant_id: int) -> int:
+    """The tenant's ratings_version when a job read its ratings (-1: not recorded), from
+    the job's ``ratings_version`` map."""
+    return int((versions or {}).get(str(tenant_id), -1))
+
+
+def forgotten_since(s: Session, job: TrainingJob,
+                    tenant_ids: Iterable[int] | None = None) -> dict[int, set[str]]:
+    """tenant id -> the keys its tombstones newer than the job's snapshot name."""
+    tenants = list(job.tenant_ids if tenant_ids is None else tenant_ids)
+    oldest = min((_version(job.ratings_version, t) for t in tenants), default=-1)
+    rows = s.execute(sa.select(ForgottenUser.tenant_id, ForgottenUser.user_key,
+                               ForgottenUser.version)
+                     .where(ForgottenUser.tenant_id.in_(tenants),
+                            ForgottenUser.version > oldest))
+    out: dict[int, set[str]] = {}
+    for tenant_id, key, version in rows:
+        if version > _version(job.ratings_version, tenant_id):
+            out.setdefault(tenant_id, set()).add(key)
+    return out
+
+
+def without_forgotten(block: RatingBlock, user_keys: list[str],
+                      forgotten: set[str]) -> RatingBlock:
+    """``block`` without the rows of the ``forgotten`` keys (the block itself if none)."""
+    rows = [i for i, key in enumerate(user_keys) if key in forgotten]
+    return block.subset(~np.isin(block.rows, rows)) if rows else block
+
+
+def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) -> None:
+    """Apply the job's newer tombstones to its stored blocks (``clients`` locked)."""
+    forgotten = forgotten_since(s, job)
+    for jc in clients:
+        scrub_client(jc, forgotten.get(jc.tenant_id, set()))
+
+
+def scrub_client(jc: JobClient, forgotten: set[str]) -> None:
+    """Drop the ``forgotten`` users' ratings from a job's blocks and unlink their keys."""
+    if not forgotten.intersection(jc.user_keys):
+        return
+    for column in ("train_block", "test_block"):
+        block = RatingBlock.from_bytes(getattr(jc, column))
+        setattr(jc, column, without_forgotten(block, jc.user_keys, forgotten).to_bytes())
+    jc.user_keys = [FORGOTTEN if k in forgotten else k for k in jc.user_keys]
 
 
 def _scrub_snapshot(snap: FactorSnapshot, user_key: str) -> None:
@@ -36,18 +125,3 @@ def _scrub_snapshot(snap: FactorSnapshot, user_key: str) -> None:
     snap.factors = buf.getvalue()
     snap.user_keys = [k for k in snap.user_keys if k != user_key]
 
-
-def forget_user(s: Session, tenant_id: int, user_key: str) -> dict[str, int]:
-    """Scrub the user from the tenant's snapshots and job blocks (caller commits)."""
-    snaps = [r for r in s.scalars(sa.select(FactorSnapshot).where(
-        FactorSnapshot.tenant_id == tenant_id)) if user_key in r.user_keys]
-    for snap in snaps:
-        _scrub_snapshot(snap, user_key)
-    clients = [c for c in s.scalars(sa.select(JobClient).where(
-        JobClient.tenant_id == tenant_id)) if user_key in c.user_keys]
-    for jc in clients:
-        row = jc.user_keys.index(user_key)
-        jc.train_block = _drop_row(jc.train_block, row)
-        jc.test_block = _drop_row(jc.test_block, row)
-        jc.user_keys = [FORGOTTEN if k == user_key else k for k in jc.user_keys]
-    return {"snapshots": len(snaps), "job_blocks": len(clients)}

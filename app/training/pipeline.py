@@ -44,6 +44,7 @@ from algorithms.simulate import (
 from app import queue
 from app.db import DATABASE_DOWN
 from app.models import Tenant, utcnow
+from app.training.forget import forgotten_since, scrub_job_clients, without_forgotten
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
 from privacy.accountant import NONE
@@ -189,9 +190,11 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
         if s.get(RoundUpload, (job_id, round_, client)) is None:
             jc = s.get(JobClient, (job_id, client),
                        options=[orm.undefer(JobClient.train_block)])
+            gone = forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
+            train = without_forgotten(_block(jc, "train"), jc.user_keys, gone)
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
-                Message.from_bytes(jc.local_state), _block(jc, "train"))
+                Message.from_bytes(jc.local_state), train)
             event = refused = None
             if upload is not None:
                 upload, event, refused = _privatise(s, job, alg, jc.tenant_id, client,
@@ -261,7 +264,9 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
                                  .order_by(JobClient.client_index)
                                  .options(orm.undefer(JobClient.train_block),
-                                          orm.undefer(JobClient.test_block))))
+                                          orm.undefer(JobClient.test_block))
+                                 .with_for_update(key_share=True)))  # before tombstones
+        scrub_job_clients(s, job, clients)  # deletions win over evaluation and publishing
         for jc in clients:
             if jc.client_index in staged:
                 jc.local_state = staged[jc.client_index].local_state
@@ -302,7 +307,8 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
     job.finished_at = utcnow()
     for jc in clients:
         a, b = alg.factors(glob, Message.from_bytes(jc.local_state))
-        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b)
+        trained = np.unique(_block(jc, "train").cols)  # the tenant's own rated items
+        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained)
 
 
 def record_failure(sessions: Sessions, job_id: int, exc: BaseException) -> bool:

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from algorithms.recommend import popularity_scores, top_k
-from app.cache import REFRESH, SingleFlight
+from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item, Rating, Tenant, User
 from app.training.snapshots import FactorCache, ServingFactors
 
@@ -30,10 +30,11 @@ class RatingsCache:
     """Per-process cache of each tenant's rated-item sets and popularity ranking.
 
     Entries are valid for one ``ratings_version`` of the tenant (every upload or deletion
-    bumps it), re-read from the database at most once every ``ttl`` seconds, so what is
-    served is never older than that. When the version changes, a user's cached rated set
-    is kept only if the user's rating count is unchanged (see :func:`_unchanged`), so a
-    small upload does not turn every other user's next request into a database query.
+    bumps it), re-read from the database about once every ``ttl / 2`` seconds in the
+    background, and never served more than ``ttl`` seconds after that read (see
+    :mod:`app.cache`). When the version changes, a user's cached rated set is kept only if
+    the user's rating count is unchanged (see :func:`_unchanged`), so a small upload does
+    not turn every other user's next request into a database query.
     """
 
     def __init__(self, ttl: float = 1.0, max_users: int = 200_000) -> None:
@@ -41,35 +42,45 @@ class RatingsCache:
         self._flight = SingleFlight(ttl)
         self._tenants: dict[int, dict] = {}
 
-    def _entry(self, s: Session, tenant_id: int) -> dict:
-        now = time.monotonic()
+    def _entry(self, s: Session, tenant_id: int, limit: float | None = None) -> dict:
+        """The tenant's entry, re-checked first when older than ``limit`` (default ttl)."""
+        now = time.monotonic()  # before the query: the entry is as old as this read
         entry = self._tenants.get(tenant_id)
-        if entry is None or now - entry["checked"] >= self.ttl:
-            try:
-                version = s.scalar(sa.select(Tenant.ratings_version)
-                                   .where(Tenant.id == tenant_id))
-                if entry is None or entry["version"] != version:
-                    rated = {} if entry is None else _unchanged(s, tenant_id, entry["rated"])
-                    entry = {"version": version, "rated": rated, "popularity": None}
-                entry["checked"] = now
-                self._tenants[tenant_id] = entry
-            finally:
+        if entry is not None and now - entry["checked"] < (self.ttl if limit is None
+                                                           else limit):
+            if limit is not None:  # renewed meanwhile: release this refresher's claim
                 self._flight.done(tenant_id)
+            return entry
+        try:
+            version = s.scalar(sa.select(Tenant.ratings_version)
+                               .where(Tenant.id == tenant_id))
+            if entry is None or entry["version"] != version:
+                rated = {} if entry is None else _unchanged(s, tenant_id, entry["rated"])
+                entry = {"version": version, "rated": rated, "popularity": None}
+            entry["checked"] = now
+            self._tenants[tenant_id] = entry
+        finally:
+            self._flight.done(tenant_id)
         return entry
 
     def peek_rated(self, tenant_id: int, user_key: str) -> tuple[np.ndarray | None, bool]:
-        """(the user's rated items from memory or None, whether the tenant's entry is due
-        for a refresh by this caller: see :meth:`refresh`)."""
+        """(the user's rated items from memory, or None when not cached or expired;
+        whether the tenant's entry is due for a background refresh by this caller: see
+        :meth:`refresh`)."""
         entry = self._tenants.get(tenant_id)
         if entry is None:
             return None, True
-        due = self._flight.state(tenant_id, entry["checked"], time.monotonic()) == REFRESH
+        state = self._flight.state(tenant_id, entry["checked"], time.monotonic())
+        if state == EXPIRED:
+            return None, True
         cached = entry["rated"].get(user_key)
-        return (None if cached is None else cached[1]), due
+        return (None if cached is None else cached[1]), state == REFRESH
 
-    def refresh(self, s: Session, tenant_id: int) -> None:
-        """Re-check the tenant's ratings version now (drops its entries if it changed)."""
-        self._entry(s, tenant_id)
+    def refresh(self, s: Session, tenant_id: int, max_age: float | None = None) -> None:
+        """The background refresh: re-check the tenant's ratings version if it was read
+        more than ``max_age`` (default ``ttl / 2``) seconds ago; drops its entries if it
+        changed."""
+        self._entry(s, tenant_id, self.ttl / 2 if max_age is None else max_age)
 
     def rated(self, s: Session, tenant_id: int, user_key: str) -> np.ndarray:
         rated = self._entry(s, tenant_id)["rated"]
@@ -142,13 +153,13 @@ def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Ten
     if not known or factors is None or rated is None or user_key not in factors.user_index:
         return None, due
     return _from_model(factors, factors.user_index[user_key], rated, k, offset,
-                       include_rated), due
+                       include_rated, _scale(tenant)), due
 
 
 def refresh_caches(s: Session, cache: FactorCache, ratings: RatingsCache,
                    tenant_id: int) -> None:
     """Re-check the tenant's snapshot and ratings version (the background refresh)."""
-    cache.get(s, tenant_id)
+    cache.get(s, tenant_id, ahead=True)
     ratings.refresh(s, tenant_id)
 
 
@@ -160,24 +171,32 @@ def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Ten
     rated = ratings.rated(s, tenant.id, user_key)
     row = None if factors is None else factors.user_index.get(user_key)
     if row is not None:
-        return _from_model(factors, row, rated, k, offset, include_rated)
+        return _from_model(factors, row, rated, k, offset, include_rated, _scale(tenant))
     if rated.size == 0:
         raise UnknownUser(user_key)
     ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
     labels = item_labels(s, ids[idx].tolist())
+    vals = np.clip(vals, *_scale(tenant))
     return Ranked("popularity", None, [(*labels[i], v) for i, v in
                                        zip(ids[idx].tolist(), vals.tolist(), strict=True)])
 
 
+def _scale(tenant: Tenant) -> tuple[float, float]:
+    return tenant.rating_min, tenant.rating_max
+
+
 def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: int,
-                include_rated: bool) -> Ranked:
+                include_rated: bool, scale: tuple[float, float]) -> Ranked:
+    """Ranked by the raw score ``A[row] @ B``; the scores reported are clamped to the
+    tenant's rating scale (a raw score of 102 on a 1-5 scale means "5 at most")."""
     scores = f.a[row] @ f.b
     exclude = None
     if not include_rated and rated.size:
         exclude = np.flatnonzero(np.isin(f.item_ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
+    vals = np.clip(vals, *scale)
     return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
                                       zip(idx.tolist(), vals.tolist(), strict=True)])
 

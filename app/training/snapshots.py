@@ -15,22 +15,37 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from app.cache import REFRESH, SingleFlight
+from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item
+from app.training.forget import FORGOTTEN
 from app.training.models import FactorSnapshot, TrainingJob
 
 
 def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list[str],
-                   a: np.ndarray, b: np.ndarray) -> None:
-    """Upsert the tenant's snapshot from ``job`` (one row per tenant and job)."""
+                   a: np.ndarray, b: np.ndarray, columns: np.ndarray | None = None) -> None:
+    """Upsert the tenant's snapshot from ``job`` (one row per tenant and job).
+
+    Only the item ``columns`` of the job's item axis (default: all) that the tenant's own
+    training ratings covered are published: an item nobody rated has only its initial (or
+    noise) factors, and an item only other tenants rated would tell this tenant, outside
+    the privacy guarantee, that someone rated it. Users forgotten meanwhile (key
+    ``FORGOTTEN``) are left out too.
+    """
+    keep = [i for i, key in enumerate(user_keys) if key != FORGOTTEN]
+    if columns is None:
+        columns = np.arange(b.shape[1])
+    ids = np.load(io.BytesIO(job.item_ids), allow_pickle=False)[columns]
+    ids_buf = io.BytesIO()
+    np.save(ids_buf, ids.astype(np.int64), allow_pickle=False)
     buf = io.BytesIO()
-    np.savez(buf, A=np.ascontiguousarray(a), B=np.ascontiguousarray(b),
-             item_ids=np.frombuffer(job.item_ids, dtype=np.uint8))
+    np.savez(buf, A=np.ascontiguousarray(a[keep]), B=np.ascontiguousarray(b[:, columns]),
+             item_ids=np.frombuffer(ids_buf.getvalue(), dtype=np.uint8))
     row = s.get(FactorSnapshot, (tenant_id, job.id))
     if row is None:
         row = FactorSnapshot(tenant_id=tenant_id, job_id=job.id)
         s.add(row)
-    row.round, row.user_keys, row.factors = job.current_round, list(user_keys), buf.getvalue()
+    row.round, row.factors = job.current_round, buf.getvalue()
+    row.user_keys = [user_keys[i] for i in keep]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -64,9 +79,10 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
 class FactorCache:
     """Per-process cache of the latest snapshot of each tenant.
 
-    The database is asked whether a newer snapshot exists about once every ``ttl``
-    seconds per tenant (one small query, by one request while the others keep serving,
-    see :mod:`app.cache`); the factors and item labels load only when it does.
+    The database is asked whether a newer snapshot exists about once every ``ttl / 2``
+    seconds per tenant (one small query, by one request in the background while the
+    others keep serving, see :mod:`app.cache`); the factors and item labels load only when
+    it does. Nothing checked more than ``ttl`` seconds ago is served.
     """
 
     def __init__(self, ttl: float = 1.0) -> None:
@@ -77,26 +93,36 @@ class FactorCache:
 
     def peek(self, tenant_id: int) -> tuple[bool, bool, ServingFactors | None]:
         """(known, due, factors) from memory only: ``known`` is False before the first
-        :meth:`get`; ``due`` means this caller should refresh (call :meth:`get`)."""
+        :meth:`get` and once the entry expired (then call :meth:`get` before answering);
+        ``due`` means this caller should refresh it in the background
+        (``get(..., ahead=True)``)."""
         if tenant_id not in self._by_tenant:
             return False, True, None
         cached, checked = self._by_tenant[tenant_id]
-        return True, self._flight.state(tenant_id, checked, time.monotonic()) == REFRESH, cached
+        state = self._flight.state(tenant_id, checked, time.monotonic())
+        if state == EXPIRED:
+            return False, True, None
+        return True, state == REFRESH, cached
 
-    def get(self, s: Session, tenant_id: int) -> ServingFactors | None:
+    def get(self, s: Session, tenant_id: int, ahead: bool = False) -> ServingFactors | None:
+        """The tenant's factors, re-checked first when older than ``ttl`` (with ``ahead``,
+        the background refresh: older than ``ttl / 2``)."""
+        limit = self.ttl / 2 if ahead else self.ttl
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
-        if time.monotonic() - checked < self.ttl:
+        if time.monotonic() - checked < limit:
+            if ahead:  # renewed meanwhile: release this refresher's claim
+                self._flight.done(tenant_id)
             return cached
         with self._lock:  # one thread refreshes; the others then find it fresh
             try:
-                return self._refresh(s, tenant_id)
+                return self._refresh(s, tenant_id, limit)
             finally:
                 self._flight.done(tenant_id)
 
-    def _refresh(self, s: Session, tenant_id: int) -> ServingFactors | None:
-        now = time.monotonic()
+    def _refresh(self, s: Session, tenant_id: int, limit: float) -> ServingFactors | None:
+        now = time.monotonic()  # before the query: the entry is as old as this read
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
-        if now - checked < self.ttl:
+        if now - checked < limit:
             return cached
         head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
                          .where(FactorSnapshot.tenant_id == tenant_id)

@@ -78,12 +78,12 @@ def test_only_changed_users_are_reread_and_every_answer_is_exact(api):
 def test_unchanged_users_are_served_from_memory_after_an_upload(api):
     app, tid, upload, _ = api
     upload([("a", "i0", 4), ("b", "i2", 5)])
-    cache = RatingsCache(ttl=0.0)
+    cache = RatingsCache(ttl=3600.0)
     with app.state.sessions() as s:
         a, b = cache.rated(s, tid, "a"), cache.rated(s, tid, "b")
     upload([("b", "i3", 1)])
     with app.state.sessions() as s:
-        cache.refresh(s, tid)
+        cache.refresh(s, tid, max_age=0.0)  # re-check the version now
     assert cache.peek_rated(tid, "a")[0] is a  # kept: a's ratings did not change
     assert cache.peek_rated(tid, "b")[0] is None  # dropped: b rated another item
     with app.state.sessions() as s:

@@ -1,0 +1,120 @@
+"""Forgetting a user wins against every job step, however the deletion and the job
+interleave, and can be repeated; a later upload for the same key is a new consent."""
+
+from __future__ import annotations
+
+import secrets
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from fastapi.testclient import TestClient
+
+from app import models
+from app.config import Settings
+from app.db import downgrade, make_engine, migrate
+from app.main import create_app
+from app.training import jobs
+from app.training.models import FactorSnapshot
+from tests.training_helpers import csv_body, job_ratings, make_tenants, submit_job, wait_job
+
+
+@pytest.fixture
+def env(tmp_path):
+    """The API, and a second API process on the same database (its own caches)."""
+    url = f"sqlite:///{tmp_path}/forget.db"
+    migrate(url)
+    token = secrets.token_urlsafe(32)
+
+    def app_():
+        return create_app(Settings(database_url=url, admin_token=token, broker_url=None,
+                                   serving_cache_seconds=0.0))
+
+    app, other = app_(), app_()
+    with TestClient(app) as client, TestClient(other) as other_client:
+        for c in (client, other_client):
+            c.headers["Authorization"] = f"Bearer {token}"
+        yield app, client, other_client
+
+
+def _a_user(client, tid, auth) -> str:
+    page = client.get(f"/tenants/{tid}/ratings", params={"limit": 1}, headers=auth).json()
+    return page["data"][0]["user"]
+
+
+def _snapshot_users(app, tid) -> list[list[str]]:
+    with app.state.sessions() as s:
+        return [snap.user_keys for snap in s.scalars(sa.select(FactorSnapshot).where(
+            FactorSnapshot.tenant_id == tid))]
+
+
+def _delete_during_job_creation(monkeypatch, other_client, path, auth) -> list:
+    """Make the next job creation read its ratings, then let another API process forget
+    the user before the job's rows are committed (the race of the issue)."""
+    answers = []
+    original = jobs._snapshot_blocks
+
+    def racing(s, tenants):
+        out = original(s, tenants)
+        answers.append(other_client.delete(path, headers=auth))
+        return out
+
+    monkeypatch.setattr(jobs, "_snapshot_blocks", racing)
+    return answers
+
+
+def test_a_deletion_during_job_creation_wins_and_can_be_repeated(env, monkeypatch):
+    app, client, other_client = env
+    (tid, key), _ = make_tenants(client)
+    auth = {"Authorization": f"Bearer {key}"}
+    user = _a_user(client, tid, auth)
+    path = f"/tenants/{tid}/users/{user}/ratings"
+    answers = _delete_during_job_creation(monkeypatch, other_client, path, auth)
+    job = wait_job(client, submit_job(client).json()["id"])
+    assert job["status"] == "completed", job
+    assert answers[0].status_code == 200 and answers[0].json()["deleted"] > 0
+    stored = job_ratings(app.state.sessions, job["id"], tid)
+    assert stored and not [k for k in stored if k[0] == user]  # scrubbed from the blocks
+    assert all(user not in keys and "" not in keys for keys in _snapshot_users(app, tid))
+    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+    assert r.status_code == 404
+    again = client.delete(path, headers=auth)  # repeatable: nothing remained
+    assert again.status_code == 200 and again.json() == {"user": user, "deleted": 0}
+    never = client.delete(f"/tenants/{tid}/users/never-seen/ratings", headers=auth)
+    assert never.status_code == 404 and never.json() == {"detail": "User not found"}
+
+
+def test_an_upload_after_forgetting_is_a_new_consent(env, monkeypatch):
+    app, client, other_client = env
+    (tid, key), _ = make_tenants(client)
+    auth = {"Authorization": f"Bearer {key}"}
+    user = _a_user(client, tid, auth)
+    path = f"/tenants/{tid}/users/{user}/ratings"
+    _delete_during_job_creation(monkeypatch, other_client, path, auth)
+    raced = wait_job(client, submit_job(client).json()["id"])
+    monkeypatch.undo()
+    rows = [(user, "i1", 2.0), (user, "i2", 5.0), (user, "i3", 4.0), (user, "i4", 1.0),
+            (user, "i5", 3.0)]
+    client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+                headers={**auth, "Content-Type": "text/csv"}).raise_for_status()
+    fresh = wait_job(client, submit_job(client, seed=3, test_fraction=0.0).json()["id"])
+    mine = {k: v for k, v in job_ratings(app.state.sessions, fresh["id"], tid).items()
+            if k[0] == user}
+    assert mine == {(user, i): v for _, i, v in rows}  # exactly the new ratings
+    assert not [k for k in job_ratings(app.state.sessions, raced["id"], tid) if k[0] == user]
+    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth).json()
+    assert r["source"] == "model" and r["job_id"] == fresh["id"]
+
+
+def test_the_tombstone_table_matches_the_model_and_downgrades(tmp_path):
+    url = f"sqlite:///{tmp_path}/m.db"
+    migrate(url)
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        diffs = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}),
+                                 models.Base.metadata)
+    assert [d for d in diffs if "forgotten_users" in str(d)] == []
+    downgrade(url, "0002")
+    assert "forgotten_users" not in sa.inspect(make_engine(url)).get_table_names()
+    engine.dispose()

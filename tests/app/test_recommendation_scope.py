@@ -1,0 +1,93 @@
+"""What a model recommendation may contain: only items the tenant's own training ratings
+gave factors, scored on the tenant's scale (ranking by the raw score)."""
+
+from __future__ import annotations
+
+import io
+import secrets
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from algorithms import Message, RatingBlock, registry
+from app.config import Settings
+from app.db import migrate
+from app.main import create_app
+from app.models import Item
+from app.training import pipeline
+from app.training.models import FactorSnapshot, JobClient, TrainingJob
+from tests.training_helpers import csv_body, make_tenants, submit_job, wait_job
+
+
+@pytest.fixture
+def env(tmp_path):
+    url = f"sqlite:///{tmp_path}/scope.db"
+    migrate(url)
+    token = secrets.token_urlsafe(32)
+    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None,
+                              serving_cache_seconds=0.0))
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        yield app, client
+
+
+def _tenant_e(client) -> tuple[int, dict[str, str]]:
+    """Tenant E auto-creates two items: 'e-secret' (rated by E's user) and 'e-orphan'
+    (its only rating deleted again, so nobody rated it)."""
+    tid = client.post("/admin/tenants", json={"name": "E", "privacy_budget": 1000.0,
+                                              "auto_create_items": True}).json()["id"]
+    key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+    auth = {"Authorization": f"Bearer {key}"}
+    rows = [("e1", "e-secret", 4.0), ("e1", "i0", 3.0), ("e2", "e-orphan", 5.0)]
+    client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+                headers={**auth, "Content-Type": "text/csv"}).raise_for_status()
+    client.delete(f"/tenants/{tid}/users/e2/ratings", headers=auth).raise_for_status()
+    return tid, auth
+
+
+def _expected(app, job_id: int, tid: int, user: str):
+    """(item keys ranked by raw score among the tenant's trained columns, raw scores),
+    computed from the job's stored state, independently of the serving code."""
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id,
+                                                  JobClient.tenant_id == tid)).one()
+        a, b = registry.get(job.algorithm).factors(Message.from_bytes(job.global_msg),
+                                                   Message.from_bytes(jc.local_state))
+        key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
+        columns = [key_of[int(i)] for i in pipeline.item_ids_from_bytes(job.item_ids)]
+        trained = np.unique(RatingBlock.from_bytes(jc.train_block).cols)
+        raw = a[jc.user_keys.index(user)] @ b
+    order = sorted(trained.tolist(), key=lambda j: (-raw[j], j))
+    return [columns[j] for j in order], [float(raw[j]) for j in order], columns
+
+
+def test_model_recommends_only_the_tenants_trained_items_with_clamped_scores(env):
+    app, client = env
+    (tid, key), _ = make_tenants(client, budget=1000.0)
+    _tenant_e(client)
+    dp = {"mechanism": "gaussian", "noise_multiplier": 1.0, "clip": 1.0}
+    job = wait_job(client, submit_job(client, dp=dp).json()["id"])
+    assert job["status"] == "completed", job
+    auth = {"Authorization": f"Bearer {key}"}
+    with app.state.sessions() as s:
+        user = s.scalars(sa.select(JobClient.user_keys).where(
+            JobClient.job_id == job["id"], JobClient.tenant_id == tid)).one()[0]
+    keys, raw, columns = _expected(app, job["id"], tid, user)
+    assert {"e-secret", "e-orphan"} <= set(columns)  # in the job's item axis...
+    assert any(v > 5.0 for v in raw) or any(v < 1.0 for v in raw)  # precondition
+    r = client.get(f"/tenants/{tid}/users/{user}/recommendations",
+                   params={"k": 1000, "include_rated": True}, headers=auth).json()
+    assert r["source"] == "model" and r["job_id"] == job["id"]
+    assert [x["item"] for x in r["data"]] == keys  # ...but never recommended to A
+    assert [x["score"] for x in r["data"]] == [min(5.0, max(1.0, v)) for v in raw]
+    batch = client.post(f"/tenants/{tid}/recommendations",
+                        json={"users": [user], "k": 1000, "include_rated": True},
+                        headers=auth).json()
+    assert batch["data"][0]["data"] == r["data"]
+    with app.state.sessions() as s:  # the published snapshot has only those columns
+        snap = s.get(FactorSnapshot, (tid, job["id"]))
+        with np.load(io.BytesIO(snap.factors), allow_pickle=False) as z:
+            assert z["B"].shape[1] == len(keys)
