@@ -170,6 +170,23 @@ def parse_key(value: object) -> str:
     return key
 
 
+def as_given(value: object) -> str:
+    """``value`` as the client wrote it (numbers by their shortest round-trip form), at
+    most 40 characters: error messages echo this, never a rounded ``:g`` rendering."""
+    text = value.strip() if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _to_float(value: str | int | float) -> float:
+    """``float(value)`` without Python's literal conveniences: ``0_4`` is not 4."""
+    if isinstance(value, str) and "_" in value:
+        raise ValueError(f"{as_given(value)!r} is not a number")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{as_given(value)!r} is not a number") from None
+
+
 def parse_rating(value: object, scale: tuple[float, float]) -> float:
     """A finite number inside the tenant's rating scale [min, max]."""
     if value is None:
@@ -177,39 +194,60 @@ def parse_rating(value: object, scale: tuple[float, float]) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError("must be a number")
     try:
-        rating = float(value)
-    except ValueError:
-        raise ValueError(f"{str(value)[:40]!r} is not a number") from None
+        rating = _to_float(value)
     except OverflowError:  # an integer too large for a float
         raise ValueError("is too large") from None
     if not math.isfinite(rating):
         raise ValueError("must be a finite number (NaN and infinity are rejected)")
     if not scale[0] <= rating <= scale[1]:
-        raise ValueError(f"{rating:g} is outside the tenant's scale [{scale[0]:g}, {scale[1]:g}]")
+        raise ValueError(f"{as_given(value)} is outside the tenant's scale "
+                         f"[{scale[0]:g}, {scale[1]:g}]")
     return rating
 
 
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+END_SECONDS = 253_402_300_800
+"""10000-01-01T00:00:00Z in Unix seconds (``LATEST.timestamp()`` rounds up to it)."""
+TIME_RANGE = "1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+
+
 def parse_timestamp(value: object) -> dt.datetime | None:
-    """Unix seconds (number or numeric string) or ISO 8601; naive times are taken as UTC."""
+    """Unix seconds (number or numeric string) or ISO 8601, as UTC; naive times are taken
+    as UTC. Only instants from 1970 to 9999 (UTC) are accepted: an offset that moves a time
+    past year 9999 or before year 1 could be stored but never read back."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError("must be Unix seconds or an ISO 8601 string")
+    if isinstance(value, str) and "_" in value:
+        raise ValueError(f"{as_given(value)!r} is not Unix seconds or ISO 8601")
     try:
         seconds = float(value)
     except ValueError:
         seconds = None
     except OverflowError:  # an integer too large for a float
         raise ValueError("is out of range") from None
+    out_of_range = ValueError(f"{as_given(value)} is out of range ({TIME_RANGE})")
+    if seconds is not None:
+        if not math.isfinite(seconds):
+            raise ValueError(f"{as_given(value)!r} is not Unix seconds or ISO 8601")
+        if not 0 <= seconds < END_SECONDS:
+            raise out_of_range
+        return dt.datetime.fromtimestamp(seconds, dt.UTC)
     try:
-        if seconds is not None:
-            if not math.isfinite(seconds):
-                raise ValueError
-            return dt.datetime.fromtimestamp(seconds, dt.UTC)
         stamp = dt.datetime.fromisoformat(str(value))
-    except (ValueError, OverflowError, OSError):
-        raise ValueError(f"{str(value)[:40]!r} is not Unix seconds or ISO 8601") from None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise ValueError(f"{as_given(value)!r} is not Unix seconds or ISO 8601") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    try:
+        stamp = stamp.astimezone(dt.UTC)
+    except OverflowError:  # the offset moves it before year 1 or after year 9999
+        raise out_of_range from None
+    if not EARLIEST <= stamp <= LATEST:
+        raise out_of_range
+    return stamp
 
 
 def _check(errors: list[RowError], line: int, field: str, parse, *args):
@@ -257,8 +295,9 @@ def _validate_fast(raw: RawRows, scale: tuple[float, float]) -> Batch | None:
         return None
     if len({u + "\x1f" + i for u, i in zip(users, items, strict=True)}) != len(users):
         return None
-    if not all(type(r) is str or type(r) in (int, float) for r in raw.ratings):
-        return None
+    if not all(type(r) in (int, float) or (type(r) is str and "_" not in r)
+               for r in raw.ratings):
+        return None  # numpy reads "0_4" as 4: such rows take the row-by-row path
     try:
         values = np.asarray(raw.ratings, dtype=np.float64)
     except (ValueError, OverflowError):

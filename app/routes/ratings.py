@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -21,6 +21,8 @@ from app.deps import (
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
 from app.schemas import (
+    Limit,
+    Offset,
     RatingPublic,
     RatingsCount,
     RatingsPublic,
@@ -99,8 +101,8 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
 
 @router.get("/ratings", response_model=RatingsPublic)
 def read_ratings(tenant: OwnTenantDep, session: SessionDep, settings: SettingsDep,
-                 user: str | None = None, offset: Annotated[int, Query(ge=0)] = 0,
-                 limit: Annotated[int, Query(ge=1)] = 100) -> RatingsPublic:
+                 user: str | None = None, offset: Offset = 0,
+                 limit: Limit = 100) -> RatingsPublic:
     """A page of the tenant's ratings (one user's with ``?user=``); ``count`` is the total."""
     rows = store.list_ratings(session, tenant.id, user, min(limit, settings.max_page_size),
                               offset)
