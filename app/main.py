@@ -14,7 +14,7 @@ from kombu.exceptions import OperationalError as BrokerDown
 
 from app.config import Settings, get_settings, resolve_admin_token
 from app.db import DATABASE_DOWN, make_engine, session_factory
-from app.limits import BodyLimit
+from app.limits import BodyLimit, UploadSlots
 from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
 from app.security import KeyCache
 from app.training.serving import RatingsCache
@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.factor_cache = FactorCache(settings.serving_cache_seconds)
     app.state.key_cache = KeyCache(settings.serving_cache_seconds)
     app.state.background_tasks = set()
+    app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations):
         app.include_router(module.router)
