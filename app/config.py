@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     max_upload_rows: int = Field(2_000_000, gt=0)
     """Most rating rows in one upload (CSV data lines or JSON ``ratings`` entries); more
     get 413. The default fits MovieLens 1M (1,000,209 ratings) in one upload."""
+    max_concurrent_uploads: int = Field(2, gt=0)
+    """Most rating uploads of one tenant in progress at once in one API process; more get
+    429 with ``Retry-After`` (each upload may hold up to about 200 MB while it is checked)."""
     max_job_tenants: int = Field(1000, gt=0)
     """Most tenants in one training job (explicit ``tenant_ids`` or, when omitted, all
     tenants); more get 422."""

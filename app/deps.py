@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import Depends, HTTPException, Path, Request, status
+from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import ApiKey, Tenant
+from app.schemas import PathId
 from app.security import hash_key, key_prefix, same_secret
 
 admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
@@ -163,7 +164,7 @@ def in_background(request: Request, fn) -> None:
     task.add_done_callback(tasks.discard)
 
 
-async def serving_tenant(request: Request, tenant_id: Annotated[int, Path()],
+async def serving_tenant(request: Request, tenant_id: PathId,
                          creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
     """:func:`own_tenant` for the serving hot path: on the event loop when the key is
     cached, one threadpool call with its own session when it is not."""
@@ -188,7 +189,7 @@ async def serving_tenant(request: Request, tenant_id: Annotated[int, Path()],
 TenantDep = Annotated[Tenant, Depends(current_tenant)]
 
 
-def own_tenant(tenant: TenantDep, tenant_id: Annotated[int, Path()]) -> Tenant:
+def own_tenant(tenant: TenantDep, tenant_id: PathId) -> Tenant:
     """The caller's tenant when the path names it; 404 (never 403) for any other tenant."""
     if tenant.id != tenant_id:
         raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)

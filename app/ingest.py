@@ -2,25 +2,33 @@
 
 An upload is JSON ``{"ratings": [{"user", "item", "rating", "timestamp"?}, ...]}`` or CSV
 ``user,item,rating[,timestamp]`` with an optional header line. Every row is checked before
-anything is stored; :class:`UploadRejected` carries every offending row (line, field,
+anything is stored; :class:`UploadRejected` carries the offending rows (line, field,
 reason). ``line`` is the CSV line number (the header counts) or, for JSON, the 1-based
 position in ``ratings``.
+
+Uploads are read as a stream (:mod:`app.readers`) into a :class:`Collector`, which keeps the
+valid rows in compact arrays (keys interned, about 40 bytes a row) and only the first
+``keep_errors`` offending rows (the others are counted): a 2M-row upload, valid or not,
+never becomes millions of Python objects.
 """
 
 from __future__ import annotations
 
-import csv
+import array
 import dataclasses
 import datetime as dt
 import io
-import json
 import math
 from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 import numpy as np
 
 MAX_KEY_LENGTH = 255
-CSV_HEADERS = (("user", "item", "rating"), ("user", "item", "rating", "timestamp"))
+CHUNK_ROWS = 8192
+"""Rows validated together (vectorised when they are all plain)."""
+NO_TIME = -1
+"""The microsecond column's "no timestamp" (every accepted time is at or after 1970)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +43,12 @@ class RowError:
 class UploadRejected(Exception):
     """The upload is invalid; nothing may be stored."""
 
-    def __init__(self, errors: list[RowError], message: str | None = None):
+    def __init__(self, errors: list[RowError], message: str | None = None,
+                 total: int | None = None):
         self.errors = sorted(errors, key=lambda e: e.line)
-        super().__init__(message or f"{len(errors)} invalid row(s); nothing was stored")
+        self.total = len(errors) if total is None else total
+        """How many errors there were; ``errors`` may list only the first of them."""
+        super().__init__(message or f"{self.total} invalid row(s); nothing was stored")
 
 
 class TooManyRows(Exception):
@@ -73,89 +84,6 @@ class Batch:
         return len(self.values)
 
 
-def _is_header(fields: list[str]) -> bool:
-    return tuple(f.strip().lower() for f in fields) in CSV_HEADERS
-
-
-def parse_csv(data: bytes, max_rows: int | None = None) -> RawRows:
-    """Split a CSV body into raw columns; malformed lines raise :class:`UploadRejected`,
-    more than ``max_rows`` data lines :class:`TooManyRows`."""
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UploadRejected([], f"CSV body is not valid UTF-8 (byte {exc.start})") from None
-    rows = csv.reader(io.StringIO(text, newline=""))
-    lines, users, items, ratings, stamps = [], [], [], [], []
-    errors: list[RowError] = []
-    seen = 0
-    for number, fields in _csv_rows(rows):
-        if not fields or (number == 1 and _is_header(fields)):
-            continue
-        seen += 1
-        if max_rows is not None and seen > max_rows:
-            raise TooManyRows(max_rows)
-        if len(fields) not in (3, 4):
-            errors.append(RowError(number, "row", f"expected 3 or 4 fields, got {len(fields)}"))
-            continue
-        lines.append(number)
-        users.append(fields[0])
-        items.append(fields[1])
-        ratings.append(fields[2])
-        stamps.append(fields[3] if len(fields) == 4 and fields[3] != "" else None)
-    if errors:
-        raise UploadRejected(errors)
-    return RawRows(lines, users, items, ratings, stamps)
-
-
-def _csv_rows(rows) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, fields)`` of a csv reader; a line the csv module refuses (a field
-    over its size limit) raises :class:`UploadRejected` naming that line."""
-    number = 0
-    while True:
-        number += 1
-        try:
-            fields = next(rows)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise UploadRejected([RowError(number, "row", f"unreadable CSV: {exc}")]) from None
-        yield number, fields
-
-
-def parse_json(data: bytes, max_rows: int | None = None) -> RawRows:
-    """Read ``{"ratings": [...]}``; a body of the wrong shape raises :class:`UploadRejected`,
-    more than ``max_rows`` entries :class:`TooManyRows`."""
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:  # invalid JSON or UTF-8, or an integer of > 4300 digits
-        raise UploadRejected([], f"body is not valid JSON: {str(exc)[:200]}") from None
-    except RecursionError:
-        raise UploadRejected([], "body is not valid JSON: nested too deeply") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("ratings"), list):
-        raise UploadRejected([], 'JSON body must be an object {"ratings": [...]}')
-    if max_rows is not None and len(doc["ratings"]) > max_rows:
-        raise TooManyRows(max_rows)
-    lines, users, items, ratings, stamps = [], [], [], [], []
-    errors: list[RowError] = []
-    for number, row in enumerate(doc["ratings"], start=1):
-        if not isinstance(row, dict):
-            errors.append(RowError(number, "row", "must be an object"))
-            continue
-        unknown = set(row) - {"user", "item", "rating", "timestamp"}
-        if unknown:
-            names = ", ".join(sorted(map(str, unknown)))
-            errors.append(RowError(number, "row", f"unknown field(s): {names}"))
-            continue
-        lines.append(number)
-        users.append(row.get("user"))
-        items.append(row.get("item"))
-        ratings.append(row.get("rating"))
-        stamps.append(row.get("timestamp"))
-    if errors:
-        raise UploadRejected(errors)
-    return RawRows(lines, users, items, ratings, stamps)
-
-
 def parse_key(value: object) -> str:
     """An external user or item key: a non-empty string (or integer) without control chars."""
     if isinstance(value, bool) or not isinstance(value, str | int):
@@ -170,6 +98,23 @@ def parse_key(value: object) -> str:
     return key
 
 
+def as_given(value: object) -> str:
+    """``value`` as the client wrote it (numbers by their shortest round-trip form), at
+    most 40 characters: error messages echo this, never a rounded ``:g`` rendering."""
+    text = value.strip() if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _to_float(value: str | int | float) -> float:
+    """``float(value)`` without Python's literal conveniences: ``0_4`` is not 4."""
+    if isinstance(value, str) and "_" in value:
+        raise ValueError(f"{as_given(value)!r} is not a number")
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{as_given(value)!r} is not a number") from None
+
+
 def parse_rating(value: object, scale: tuple[float, float]) -> float:
     """A finite number inside the tenant's rating scale [min, max]."""
     if value is None:
@@ -177,39 +122,60 @@ def parse_rating(value: object, scale: tuple[float, float]) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError("must be a number")
     try:
-        rating = float(value)
-    except ValueError:
-        raise ValueError(f"{str(value)[:40]!r} is not a number") from None
+        rating = _to_float(value)
     except OverflowError:  # an integer too large for a float
         raise ValueError("is too large") from None
     if not math.isfinite(rating):
         raise ValueError("must be a finite number (NaN and infinity are rejected)")
     if not scale[0] <= rating <= scale[1]:
-        raise ValueError(f"{rating:g} is outside the tenant's scale [{scale[0]:g}, {scale[1]:g}]")
+        raise ValueError(f"{as_given(value)} is outside the tenant's scale "
+                         f"[{scale[0]:g}, {scale[1]:g}]")
     return rating
 
 
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.UTC)
+END_SECONDS = 253_402_300_800
+"""10000-01-01T00:00:00Z in Unix seconds (``LATEST.timestamp()`` rounds up to it)."""
+TIME_RANGE = "1970-01-01T00:00:00Z to 9999-12-31T23:59:59Z"
+
+
 def parse_timestamp(value: object) -> dt.datetime | None:
-    """Unix seconds (number or numeric string) or ISO 8601; naive times are taken as UTC."""
+    """Unix seconds (number or numeric string) or ISO 8601, as UTC; naive times are taken
+    as UTC. Only instants from 1970 to 9999 (UTC) are accepted: an offset that moves a time
+    past year 9999 or before year 1 could be stored but never read back."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError("must be Unix seconds or an ISO 8601 string")
+    if isinstance(value, str) and "_" in value:
+        raise ValueError(f"{as_given(value)!r} is not Unix seconds or ISO 8601")
     try:
         seconds = float(value)
     except ValueError:
         seconds = None
     except OverflowError:  # an integer too large for a float
         raise ValueError("is out of range") from None
+    out_of_range = ValueError(f"{as_given(value)} is out of range ({TIME_RANGE})")
+    if seconds is not None:
+        if not math.isfinite(seconds):
+            raise ValueError(f"{as_given(value)!r} is not Unix seconds or ISO 8601")
+        if not 0 <= seconds < END_SECONDS:
+            raise out_of_range
+        return dt.datetime.fromtimestamp(seconds, dt.UTC)
     try:
-        if seconds is not None:
-            if not math.isfinite(seconds):
-                raise ValueError
-            return dt.datetime.fromtimestamp(seconds, dt.UTC)
         stamp = dt.datetime.fromisoformat(str(value))
-    except (ValueError, OverflowError, OSError):
-        raise ValueError(f"{str(value)[:40]!r} is not Unix seconds or ISO 8601") from None
-    return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
+    except ValueError:
+        raise ValueError(f"{as_given(value)!r} is not Unix seconds or ISO 8601") from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    try:
+        stamp = stamp.astimezone(dt.UTC)
+    except OverflowError:  # the offset moves it before year 1 or after year 9999
+        raise out_of_range from None
+    if not EARLIEST <= stamp <= LATEST:
+        raise out_of_range
+    return stamp
 
 
 def _check(errors: list[RowError], line: int, field: str, parse, *args):
@@ -220,27 +186,26 @@ def _check(errors: list[RowError], line: int, field: str, parse, *args):
         return None
 
 
-def validate(raw: RawRows, scale: tuple[float, float]) -> Batch:
-    """Check every row and drop exact duplicates; raise :class:`UploadRejected` on any error.
+class ErrorLog:
+    """The first ``keep`` errors appended (all when ``keep`` is None) and how many there were:
+    an upload with a million offending rows costs a hundred RowErrors, not a million."""
 
-    The same (user, item) twice with the same rating is kept once (the later timestamp
-    wins); with different ratings it is an error naming the earlier line. A vectorised
-    fast path accepts the common all-valid upload; anything else takes the row-by-row
-    path, which lists every offending row.
-    """
-    batch, errors = check_rows(raw, scale)
-    if errors:
-        raise UploadRejected(errors)
-    return batch
+    def __init__(self, keep: int | None = None):
+        self.keep, self.kept, self.total = keep, [], 0
 
-
-def check_rows(raw: RawRows, scale: tuple[float, float]) -> tuple[Batch, list[RowError]]:
-    """The valid, de-duplicated rows of ``raw`` and the errors of the others."""
-    fast = _validate_fast(raw, scale)
-    return (fast, []) if fast is not None else _validate_rows(raw, scale)
+    def append(self, error: RowError) -> None:
+        self.total += 1
+        if self.keep is None or len(self.kept) < self.keep:
+            self.kept.append(error)
 
 
-def _fast_keys(values: list[object]) -> list[str] | None:
+def _first(errors: list[RowError], keep: int | None) -> list[RowError]:
+    """The first ``keep`` of ``errors`` in line order (stable within a line)."""
+    ordered = sorted(errors, key=lambda e: e.line)
+    return ordered if keep is None else ordered[:keep]
+
+
+def _fast_keys(values: tuple[object, ...]) -> list[str] | None:
     if not all(type(v) is str for v in values):
         return None
     keys = [v.strip() for v in values]
@@ -248,59 +213,253 @@ def _fast_keys(values: list[object]) -> list[str] | None:
     return keys if ok else None
 
 
-def _validate_fast(raw: RawRows, scale: tuple[float, float]) -> Batch | None:
-    """The all-valid, no-duplicate, no-timestamp upload in vectorised form, else None."""
-    if any(t is not None for t in raw.timestamps):
-        return None
-    users, items = _fast_keys(raw.users), _fast_keys(raw.items)
-    if users is None or items is None:
-        return None
-    if len({u + "\x1f" + i for u, i in zip(users, items, strict=True)}) != len(users):
-        return None
-    if not all(type(r) is str or type(r) in (int, float) for r in raw.ratings):
-        return None
+def _fast_values(ratings: tuple[object, ...], scale: tuple[float, float]) -> np.ndarray | None:
+    """The ratings as floats when every one is a plain in-scale number, else None."""
+    if not all(type(r) in (int, float) or (type(r) is str and "_" not in r) for r in ratings):
+        return None  # numpy reads "0_4" as 4: such rows take the row-by-row path
     try:
-        values = np.asarray(raw.ratings, dtype=np.float64)
+        values = np.asarray(ratings, dtype=np.float64)
     except (ValueError, OverflowError):
         return None
-    if not (np.all(np.isfinite(values)) and np.all((values >= scale[0]) & (values <= scale[1]))):
-        return None
-    return Batch(users, items, values.tolist(), [None] * len(users), list(raw.lines))
+    ok = np.all(np.isfinite(values)) and np.all((values >= scale[0]) & (values <= scale[1]))
+    return values if ok else None
 
 
-def _validate_rows(raw: RawRows, scale: tuple[float, float]) -> tuple[Batch, list[RowError]]:
-    errors: list[RowError] = []
-    seen: dict[tuple[str, str], int] = {}
-    users, items, values, stamps, lines = [], [], [], [], []
-    for i, line in enumerate(raw.lines):
-        user = _check(errors, line, "user", parse_key, raw.users[i])
-        item = _check(errors, line, "item", parse_key, raw.items[i])
-        rating = _check(errors, line, "rating", parse_rating, raw.ratings[i], scale)
-        stamp = _check(errors, line, "timestamp", parse_timestamp, raw.timestamps[i])
-        if user is None or item is None or rating is None:
+def _micros(stamp: dt.datetime | None) -> int:
+    return NO_TIME if stamp is None else (stamp - EARLIEST) // dt.timedelta(microseconds=1)
+
+
+def _stamp(micros: int) -> dt.datetime | None:
+    return None if micros == NO_TIME else EARLIEST + dt.timedelta(microseconds=int(micros))
+
+
+def _number(value: float) -> str:
+    """``value`` short (``:g``) when that is exact, else in full."""
+    return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+
+
+class Collector:
+    """Validates rows as they stream in and keeps the valid ones in compact columns.
+
+    Rows are checked in chunks of :data:`CHUNK_ROWS`: a vectorised fast path accepts a
+    chunk of plain rows (string keys, numeric in-scale ratings, no timestamps); any other
+    chunk takes the row-by-row path, which reports every offending row. More than
+    ``max_rows`` rows raise :class:`TooManyRows` at once.
+    """
+
+    def __init__(self, scale: tuple[float, float], keep_errors: int | None = None,
+                 max_rows: int | None = None, fast: bool = True):
+        self.scale, self.max_rows, self.fast = scale, max_rows, fast
+        self.log, self.rows = ErrorLog(keep_errors), 0
+        self.user_index: dict[str, int] = {}
+        self.item_index: dict[str, int] = {}
+        self.users, self.items, self.lines = (array.array("i") for _ in range(3))
+        self.values, self.micros = array.array("d"), array.array("q")
+        self._pending: list[tuple] = []
+
+    def add_all(self, rows: Iterable[tuple | RowError]) -> Collector:
+        for row in rows:
+            self.add(row)
+        return self
+
+    def add(self, row: tuple | RowError) -> None:
+        """One raw row ``(line, user, item, rating, timestamp)`` or a reader's RowError."""
+        self.rows += 1
+        if self.max_rows is not None and self.rows > self.max_rows:
+            raise TooManyRows(self.max_rows)
+        if isinstance(row, RowError):
+            self._flush()  # keep the error log in line order
+            self.log.append(row)
+            return
+        self._pending.append(row)
+        if len(self._pending) >= CHUNK_ROWS:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows, self._pending = self._pending, []
+        if rows and not (self.fast and self._add_fast(rows)):
+            self._add_rows(rows)
+
+    def _intern(self, index: dict[str, int], keys: Iterable[str]) -> list[int]:
+        return [index.setdefault(k, len(index)) for k in keys]
+
+    def _add_fast(self, rows: list[tuple]) -> bool:
+        lines, users, items, ratings, stamps = zip(*rows, strict=True)
+        if any(t is not None for t in stamps):
+            return False
+        users, items = _fast_keys(users), _fast_keys(items)
+        values = None if users is None or items is None else _fast_values(ratings, self.scale)
+        if values is None:
+            return False
+        self.users.extend(self._intern(self.user_index, users))
+        self.items.extend(self._intern(self.item_index, items))
+        self.values.frombytes(values.tobytes())
+        self.micros.extend([NO_TIME] * len(rows))
+        self.lines.extend(lines)
+        return True
+
+    def _add_rows(self, rows: list[tuple]) -> None:
+        log = self.log
+        for line, user, item, rating, stamp in rows:
+            user = _check(log, line, "user", parse_key, user)
+            item = _check(log, line, "item", parse_key, item)
+            rating = _check(log, line, "rating", parse_rating, rating, self.scale)
+            stamp = _check(log, line, "timestamp", parse_timestamp, stamp)
+            if user is None or item is None or rating is None:
+                continue
+            self.users.append(self.user_index.setdefault(user, len(self.user_index)))
+            self.items.append(self.item_index.setdefault(item, len(self.item_index)))
+            self.values.append(rating)
+            self.micros.append(_micros(stamp))
+            self.lines.append(line)
+
+    def finish(self) -> Collected:
+        """The valid rows with exact duplicates merged, and every error (see
+        :func:`_merge_duplicates`). The collector's columns are handed over (or, with
+        duplicates, replaced one at a time by their kept rows)."""
+        self._flush()
+        names = (("users", np.int32), ("items", np.int32), ("values", np.float64),
+                 ("micros", np.int64), ("lines", np.int32))
+        cols = {name: np.frombuffer(getattr(self, name), dtype=dtype) for name, dtype in names}
+        keep, conflicts, n_conflicts = _merge_duplicates(cols, self.log.keep)
+        if keep is not None:
+            for name, _ in names:  # one column at a time, so only one is ever doubled
+                cols[name] = cols[name][keep]
+                setattr(self, name, None)
+        return Collected(list(self.user_index), list(self.item_index), **cols,
+                         errors=_first(self.log.kept + conflicts, self.log.keep),
+                         total_errors=self.log.total + n_conflicts, keep_errors=self.log.keep)
+
+
+def _merge_duplicates(cols: dict[str, np.ndarray], keep_errors: int | None
+                      ) -> tuple[np.ndarray | None, list[RowError], int]:
+    """(rows to keep or None for all, first conflict errors, number of conflicts).
+
+    The same (user, item) twice with the same rating is kept once (the later timestamp
+    wins, in ``cols["micros"]``); with different ratings the later row is an error naming
+    the earlier line. Temporary arrays are int32 where they can be (2M rows: 8 MB each).
+    """
+    users, items, values = cols["users"], cols["items"], cols["values"]
+    micros, lines = cols["micros"], cols["lines"]
+    keys = (users.astype(np.int64) << 32) | items
+    order = np.argsort(keys, kind="stable").astype(np.int32)  # a group stays in line order
+    keys = keys[order]
+    later = np.empty(len(keys), dtype=bool)
+    later[:1] = False
+    np.equal(keys[1:], keys[:-1], out=later[1:])
+    del keys
+    if not later.any():
+        return None, [], 0
+    starts, dup_at = np.flatnonzero(~later), np.flatnonzero(later)
+    firsts = order[starts[np.searchsorted(starts, dup_at, side="right") - 1]]
+    dups = order[dup_at]
+    del dup_at
+    conflict = values[dups] != values[firsts]
+    rows, of = dups[conflict], firsts[conflict]
+    by_line = np.argsort(rows, kind="stable")[:keep_errors]
+    errors = [RowError(int(lines[j]), "rating", f"conflicts with line {int(lines[f])} for the "
+                       f"same user and item ({_number(values[f])} vs {_number(values[j])})")
+              for j, f in zip(rows[by_line], of[by_line], strict=True)]
+    timed = ~conflict & (micros[dups] != NO_TIME)
+    for j, f in zip(dups[timed].tolist(), firsts[timed].tolist(), strict=True):
+        micros[f] = micros[j]  # in line order within each group: the last one wins
+    return np.sort(order[starts]), errors, int(conflict.sum())
+
+
+@dataclasses.dataclass(eq=False)
+class Collected:
+    """The valid, de-duplicated rows of an upload as columns (``users`` and ``items``
+    index ``user_keys`` and ``item_keys``), and its errors: the first ``keep_errors`` in
+    ``errors`` (all when None), ``total_errors`` in all."""
+
+    user_keys: list[str]
+    item_keys: list[str]
+    users: np.ndarray
+    items: np.ndarray
+    values: np.ndarray
+    micros: np.ndarray
+    lines: np.ndarray
+    errors: list[RowError]
+    total_errors: int
+    keep_errors: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def used_items(self) -> list[str]:
+        """The distinct item keys of the valid rows."""
+        return [self.item_keys[i] for i in np.unique(self.items).tolist()]
+
+    def with_unknown_items(self, known: Iterable[str]) -> tuple[list[RowError], int]:
+        """(first errors, number of errors) once rows whose item is not in ``known`` are
+        added as errors."""
+        known = set(known)
+        ok = np.array([k in known for k in self.item_keys], dtype=bool)
+        bad = np.flatnonzero(~ok[self.items]) if len(self.item_keys) else np.zeros(0, int)
+        unknown = [RowError(int(self.lines[j]), "item",
+                            f"item {self.item_keys[self.items[j]]!r} is not in the catalogue")
+                   for j in bad[:self.keep_errors].tolist()]
+        return _first(self.errors + unknown, self.keep_errors), self.total_errors + len(bad)
+
+    def batches(self, size: int = 50_000) -> Iterator[Batch]:
+        """The rows as :class:`Batch` objects of at most ``size`` rows, in line order."""
+        for start in range(0, len(self), size):
+            part = slice(start, start + size)
+            yield Batch([self.user_keys[u] for u in self.users[part].tolist()],
+                        [self.item_keys[i] for i in self.items[part].tolist()],
+                        self.values[part].tolist(),
+                        [_stamp(m) for m in self.micros[part].tolist()],
+                        self.lines[part].tolist())
+
+    def batch(self) -> Batch:
+        """All rows as one :class:`Batch`."""
+        return next(self.batches(max(1, len(self))), Batch([], [], [], [], []))
+
+
+def collect(stream: BinaryIO, content_type: str, scale: tuple[float, float],
+            max_rows: int | None = None, keep_errors: int | None = None) -> Collected:
+    """Read, validate and de-duplicate an upload body from ``stream`` in bounded memory.
+
+    Raises :class:`UploadRejected` (unreadable body), :class:`TooManyRows` and
+    :class:`UnsupportedMediaType`; offending rows are in the result's errors.
+    """
+    from app.readers import read_rows
+
+    rows = read_rows(stream, content_type)
+    return Collector(scale, keep_errors, max_rows).add_all(rows).finish()
+
+
+def _raw(rows: Iterator[tuple | RowError], max_rows: int | None) -> RawRows:
+    """Every row of a reader as :class:`RawRows`; a row of the wrong structure raises
+    :class:`UploadRejected` (listing all of them), more than ``max_rows``
+    :class:`TooManyRows`."""
+    out: tuple[list, ...] = ([], [], [], [], [])
+    errors = []
+    for n, row in enumerate(rows, start=1):
+        if max_rows is not None and n > max_rows:
+            raise TooManyRows(max_rows)
+        if isinstance(row, RowError):
+            errors.append(row)
             continue
-        first = seen.setdefault((user, item), len(values))
-        if first != len(values):
-            if values[first] != rating:
-                reason = (f"conflicts with line {lines[first]} for the same user and item "
-                          f"({values[first]:g} vs {rating:g})")
-                errors.append(RowError(line, "rating", reason))
-            elif stamp is not None:
-                stamps[first] = stamp
-            continue
-        users.append(user)
-        items.append(item)
-        values.append(rating)
-        stamps.append(stamp)
-        lines.append(line)
-    return Batch(users, items, values, stamps, lines), errors
+        for column, value in zip(out, row, strict=True):
+            column.append(value)
+    if errors:
+        raise UploadRejected(errors)
+    return RawRows(*out)
 
 
-def unknown_item_errors(batch: Batch, known: Iterable[str]) -> list[RowError]:
-    """One error per row whose item is not in the catalogue ``known``."""
-    known = set(known)
-    return [RowError(line, "item", f"item {item!r} is not in the catalogue")
-            for line, item in zip(batch.lines, batch.items, strict=True) if item not in known]
+def parse_csv(data: bytes, max_rows: int | None = None) -> RawRows:
+    """The raw rows of a whole CSV body (see :func:`app.readers.csv_rows`)."""
+    from app.readers import csv_rows
+
+    return _raw(csv_rows(io.BytesIO(data)), max_rows)
+
+
+def parse_json(data: bytes, max_rows: int | None = None) -> RawRows:
+    """The raw rows of a whole JSON body (see :func:`app.readers.json_rows`)."""
+    from app.readers import json_rows
+
+    return _raw(json_rows(io.BytesIO(data)), max_rows)
 
 
 def parse_body(data: bytes, content_type: str, max_rows: int | None = None) -> RawRows:
@@ -309,12 +468,44 @@ def parse_body(data: bytes, content_type: str, max_rows: int | None = None) -> R
     Raises only :class:`UploadRejected`, :class:`TooManyRows` (over ``max_rows``) and
     :class:`UnsupportedMediaType`, whatever the bytes.
     """
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media in ("text/csv", "application/csv"):
-        return parse_csv(data, max_rows)
-    if media in ("application/json", ""):
-        return parse_json(data, max_rows)
-    raise UnsupportedMediaType(media)
+    from app.readers import read_rows
+
+    return _raw(read_rows(io.BytesIO(data), content_type), max_rows)
+
+
+def _rows_of(raw: RawRows) -> Iterator[tuple]:
+    return zip(raw.lines, raw.users, raw.items, raw.ratings, raw.timestamps, strict=True)
+
+
+def check_rows(raw: RawRows, scale: tuple[float, float]) -> tuple[Batch, list[RowError]]:
+    """The valid, de-duplicated rows of ``raw`` and the errors of the others."""
+    collected = Collector(scale).add_all(_rows_of(raw)).finish()
+    return collected.batch(), collected.errors
+
+
+def _validate_rows(raw: RawRows, scale: tuple[float, float]) -> tuple[Batch, list[RowError]]:
+    """:func:`check_rows` without the vectorised fast path (what the fast path must match)."""
+    collected = Collector(scale, fast=False).add_all(_rows_of(raw)).finish()
+    return collected.batch(), collected.errors
+
+
+def validate(raw: RawRows, scale: tuple[float, float]) -> Batch:
+    """Check every row and drop exact duplicates; raise :class:`UploadRejected` on any error.
+
+    The same (user, item) twice with the same rating is kept once (the later timestamp
+    wins); with different ratings it is an error naming the earlier line.
+    """
+    batch, errors = check_rows(raw, scale)
+    if errors:
+        raise UploadRejected(errors)
+    return batch
+
+
+def unknown_item_errors(batch: Batch, known: Iterable[str]) -> list[RowError]:
+    """One error per row whose item is not in the catalogue ``known``."""
+    known = set(known)
+    return [RowError(line, "item", f"item {item!r} is not in the catalogue")
+            for line, item in zip(batch.lines, batch.items, strict=True) if item not in known]
 
 
 class UnsupportedMediaType(Exception):

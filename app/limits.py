@@ -7,6 +7,11 @@ answer is a 413 with :data:`TOO_LARGE`, through FastAPI's ``HTTPException`` hand
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import threading
+from collections.abc import Iterator
+
 from fastapi import HTTPException, status
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,6 +30,37 @@ def declared_length(scope: Scope) -> int | None:
         if name == b"content-length" and value.isdigit():
             return int(value)
     return None
+
+
+TOO_MANY_UPLOADS = ("{} uploads of this tenant are already in progress "
+                    "(FEDREC_MAX_CONCURRENT_UPLOADS); retry when one has finished")
+UPLOAD_RETRY_SECONDS = 5
+
+
+class UploadSlots:
+    """At most ``limit`` uploads per tenant at once in this process (429 beyond)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._active: collections.Counter[int] = collections.Counter()
+
+    @contextlib.contextmanager
+    def slot(self, tenant_id: int) -> Iterator[None]:
+        """Hold one of the tenant's slots for the duration of the block."""
+        with self._lock:
+            if self._active[tenant_id] >= self.limit:
+                raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                                    TOO_MANY_UPLOADS.format(self.limit),
+                                    headers={"Retry-After": str(UPLOAD_RETRY_SECONDS)})
+            self._active[tenant_id] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active[tenant_id] -= 1
+                if not self._active[tenant_id]:
+                    del self._active[tenant_id]
 
 
 class BodyLimit:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerDown
 
 from app.config import Settings, get_settings, resolve_admin_token
 from app.db import DATABASE_DOWN, make_engine, session_factory
-from app.limits import BodyLimit
+from app.limits import BodyLimit, UploadSlots
 from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
 from app.security import KeyCache
 from app.training.serving import RatingsCache
@@ -28,6 +31,24 @@ async def unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("%s unavailable during %s %s: %s", what, request.method, request.url.path, exc)
     return JSONResponse({"detail": f"The {what} is unavailable; retry the request later"},
                         status_code=503, headers={"Retry-After": "5"})
+
+
+def json_safe(value):
+    """``value`` with every NaN or infinity spelt as a string ("NaN", "Infinity",
+    "-Infinity"): strict JSON has no such numbers, and echoing one must not become a 500."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
+async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 validation-error list, with non-finite inputs echoed as strings."""
+    return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))},
+                        status_code=422)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -52,10 +73,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.factor_cache = FactorCache(settings.serving_cache_seconds)
     app.state.key_cache = KeyCache(settings.serving_cache_seconds)
     app.state.background_tasks = set()
+    app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations):
         app.include_router(module.router)
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
+    app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
     return app

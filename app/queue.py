@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from celery import Celery
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 RECOMPUTE_RATING_STATS = "fedrec.recompute_rating_stats"
 REFRESH_ALL_RATING_STATS = "fedrec.refresh_all_rating_stats"
@@ -23,5 +25,13 @@ def enqueue(celery: Celery, name: str, args: list) -> tuple[str, str]:
         celery.loader.import_default_modules()
         result = celery.tasks[name].apply(args=args)
         return result.id, result.state
-    result = celery.send_task(name, args=args, queue=celery.conf.task_default_queue)
+    try:
+        result = celery.send_task(name, args=args, queue=celery.conf.task_default_queue)
+    except OperationalError:
+        raise
+    except (RuntimeError, OSError, RedisError) as exc:
+        # Sending also subscribes to the result backend; its failure (Redis down) surfaces
+        # as these, not as kombu's OperationalError: re-raise as the broker outage it is,
+        # which the API answers with 503 (app.main.unavailable).
+        raise OperationalError(f"could not send task {name}: {exc}") from exc
     return result.id, "PENDING"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Literal
 
+from fastapi import Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Key = Field(min_length=1, max_length=255)
@@ -18,13 +19,38 @@ def _as_utc(value: dt.datetime) -> dt.datetime:
 UtcDatetime = Annotated[dt.datetime, AfterValidator(_as_utc)]
 
 
+MAX_DB_INT = 2 ** 31 - 1
+"""Largest id, offset, seed or count a request may carry: PostgreSQL's ``integer``."""
+MAX_RATING_MAGNITUDE = 1e6
+"""Bound on ``|rating_min|`` and ``|rating_max|``: squares and sums of ratings stay far
+from float overflow however many tenants train together."""
+MAX_RATING_SPAN = 1e6
+"""Largest ``rating_max - rating_min``."""
+MAX_PRIVACY_BUDGET = 1e6
+"""Largest ``privacy_budget`` (epsilon); anything near it already means no privacy."""
+
+DbInt = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
+"""A non-negative integer that fits the database's ``integer`` columns."""
+DbId = Annotated[int, Field(ge=1, le=MAX_DB_INT)]
+"""A row id: 1 to 2^31 - 1."""
+PathId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
+"""A row id in a URL path (422 naming it when out of range, never a database error)."""
+Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
+"""The ``offset`` of a list endpoint."""
+Limit = Annotated[int, Query(ge=1, le=MAX_DB_INT,
+                             description="Page size; capped at FEDREC_MAX_PAGE_SIZE.")]
+RatingBound = Annotated[float, Field(ge=-MAX_RATING_MAGNITUDE, le=MAX_RATING_MAGNITUDE,
+                                     allow_inf_nan=False)]
+
+
 class TenantCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Key
-    rating_min: float = 1.0
-    rating_max: float = 5.0
-    privacy_budget: float = Field(gt=0, description="Total epsilon the tenant may spend.")
+    rating_min: RatingBound = 1.0
+    rating_max: RatingBound = 5.0
+    privacy_budget: float = Field(gt=0, le=MAX_PRIVACY_BUDGET, allow_inf_nan=False,
+                                  description="Total epsilon the tenant may spend.")
     auto_create_items: bool = Field(
         False, description="Add unknown items to the catalogue on upload instead of rejecting.")
     allow_non_private: bool = Field(
@@ -43,6 +69,8 @@ class TenantCreate(BaseModel):
     def _scale(self) -> TenantCreate:
         if not self.rating_min < self.rating_max:
             raise ValueError("rating_min must be smaller than rating_max")
+        if self.rating_max - self.rating_min > MAX_RATING_SPAN:
+            raise ValueError(f"rating_max - rating_min must be at most {MAX_RATING_SPAN:g}")
         return self
 
 

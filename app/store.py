@@ -57,17 +57,20 @@ def create_missing_items(session: Session, keys: Iterable[str]) -> None:
         session.execute(_insert(session, Item).on_conflict_do_nothing(), rows)
 
 
-def upsert_ratings(session: Session, tenant_id: int, batch: Batch, ids: dict[str, int]) -> int:
-    """Store ``batch`` for the tenant, creating its users; re-uploads update the rating.
+def upsert_ratings(session: Session, tenant_id: int, batches: Batch | Iterable[Batch],
+                   ids: dict[str, int]) -> int:
+    """Store ``batches`` (one :class:`Batch` or an iterable of them, consumed once, so that
+    a large upload is materialised one batch at a time) for the tenant, creating its users;
+    re-uploads update the rating.
 
     Returns how many ratings changed: inserted, or updated to another value or timestamp
     (a row identical to the stored one is not written). Only a change bumps the tenant's
     ratings version, which is what starts scheduled retraining.
     """
-    item_col = [ids[k] for k in batch.items]
+    batches = [batches] if isinstance(batches, Batch) else batches
     if session.get_bind().dialect.name == "postgresql":
-        return _copy_upsert(session, tenant_id, batch, item_col)
-    return _executemany_upsert(session, tenant_id, batch, item_col)
+        return _copy_upsert(session, tenant_id, batches, ids)
+    return sum(_executemany_upsert(session, tenant_id, batch, ids) for batch in batches)
 
 
 def _rating_upsert(session: Session):
@@ -79,16 +82,24 @@ def _rating_upsert(session: Session):
                      Rating.rated_at.is_distinct_from(stmt.excluded.rated_at)))
 
 
+def _user_ids(session: Session, tenant_id: int, keys: list[str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for start in range(0, len(keys), LOOKUP_CHUNK):
+        found.update(session.execute(sa.select(User.key, User.id).where(
+            User.tenant_id == tenant_id, User.key.in_(keys[start:start + LOOKUP_CHUNK]))).all())
+    return found
+
+
 def _executemany_upsert(session: Session, tenant_id: int, batch: Batch,
-                        item_col: list[int]) -> int:
+                        ids: dict[str, int]) -> int:
     if not len(batch):
         return 0
-    new_users = [{"tenant_id": tenant_id, "key": k} for k in sorted(set(batch.users))]
+    keys = sorted(set(batch.users))
+    new_users = [{"tenant_id": tenant_id, "key": k} for k in keys]
     session.execute(_insert(session, User).on_conflict_do_nothing(), new_users)
-    users = {key: user_id for key, user_id in session.execute(
-        sa.select(User.key, User.id).where(User.tenant_id == tenant_id))}
-    rows = [{"user_id": users[u], "item_id": i, "value": v, "rated_at": t}
-            for u, i, v, t in zip(batch.users, item_col, batch.values, batch.timestamps,
+    users = _user_ids(session, tenant_id, keys)
+    rows = [{"user_id": users[u], "item_id": ids[i], "value": v, "rated_at": t}
+            for u, i, v, t in zip(batch.users, batch.items, batch.values, batch.timestamps,
                                   strict=True)]
     # Core (not ORM bulk) execution: its row count is the number of rows written.
     return int(session.connection().execute(_rating_upsert(session), rows).rowcount)
@@ -123,18 +134,24 @@ COPY_UPSERT = [
 CHANGED_BY = COPY_UPSERT.index(None) + 2  # the ratings INSERT: its row count is the change
 
 
-def _copy_upsert(session: Session, tenant_id: int, batch: Batch, item_col: list[int]) -> int:
-    if not len(batch):
-        return 0
-    cursor = session.connection().connection.driver_connection.cursor()
+def _copy_lines(batch: Batch, ids: dict[str, int]) -> str:
     stamps = ["\\N" if t is None else t.isoformat() for t in batch.timestamps]
-    lines = [f"{_copy_text(u)}\t{i}\t{v!r}\t{t}\n"
-             for u, i, v, t in zip(batch.users, item_col, batch.values, stamps, strict=True)]
+    return "".join(f"{_copy_text(u)}\t{ids[i]}\t{v!r}\t{t}\n" for u, i, v, t in
+                   zip(batch.users, batch.items, batch.values, stamps, strict=True))
+
+
+def _copy_upsert(session: Session, tenant_id: int, batches: Iterable[Batch],
+                 ids: dict[str, int]) -> int:
+    """One COPY of every batch into a temporary table, then one upsert: a batch at a time
+    in memory, and the users still created in key order (no deadlock between uploads).
+    Returns the number of ratings changed (see :func:`upsert_ratings`)."""
+    cursor = session.connection().connection.driver_connection.cursor()
     changed = 0
     for n, statement in enumerate(COPY_UPSERT):
         if statement is None:
             with cursor.copy("COPY fedrec_upload FROM STDIN") as copy:
-                copy.write("".join(lines))
+                for batch in batches:
+                    copy.write(_copy_lines(batch, ids))
         else:
             cursor.execute(statement, {"tenant": tenant_id})
             changed = cursor.rowcount if n == CHANGED_BY else changed

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import io
+from typing import BinaryIO
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import store
-from app.ingest import UploadRejected, check_rows, parse_body, unknown_item_errors
+from app.ingest import UploadRejected, collect
 from app.models import IdempotencyRecord, Tenant
 
 MAX_IDEMPOTENCY_KEY = 255
@@ -37,10 +39,16 @@ class Outcome:
     replayed: bool = False
 
 
-def request_hash(content_type: str, body: bytes) -> str:
-    """SHA-256 over the media type and the body: what must match for a replay."""
+def request_digest(content_type: str):
+    """A SHA-256 over the media type, to be updated with the body as it arrives."""
     digest = hashlib.sha256(content_type.split(";", 1)[0].strip().lower().encode())
     digest.update(b"\0")
+    return digest
+
+
+def request_hash(content_type: str, body: bytes) -> str:
+    """SHA-256 over the media type and the body: what must match for a replay."""
+    digest = request_digest(content_type)
     digest.update(body)
     return digest.hexdigest()
 
@@ -55,34 +63,41 @@ def _replay(session: Session, tenant_id: int, key: str, digest: str) -> Outcome 
     return Outcome(record.status_code, record.response, replayed=True)
 
 
-def _store(session: Session, tenant: Tenant, body: bytes, content_type: str,
-           max_rows: int | None) -> int:
-    raw = parse_body(body, content_type, max_rows)
-    batch, errors = check_rows(raw, (tenant.rating_min, tenant.rating_max))
-    ids = store.item_ids(session, batch.items)
-    if tenant.auto_create_items and len(ids) < len(set(batch.items)):
-        store.create_missing_items(session, set(batch.items) - ids.keys())
-        ids = store.item_ids(session, batch.items)
-    errors += unknown_item_errors(batch, ids)
-    if errors:
-        raise UploadRejected(errors)
-    if store.upsert_ratings(session, tenant.id, batch, ids):  # only a real change counts
-        store.bump_ratings_version(session, tenant.id)
-    return len(batch)
+def _store(session: Session, tenant: Tenant, body: BinaryIO, content_type: str,
+           max_rows: int | None, keep_errors: int | None) -> int:
+    collected = collect(body, content_type, (tenant.rating_min, tenant.rating_max),
+                        max_rows, keep_errors)
+    items = collected.used_items()
+    ids = store.item_ids(session, items)
+    if tenant.auto_create_items and len(ids) < len(items):
+        store.create_missing_items(session, set(items) - ids.keys())
+        ids = store.item_ids(session, items)
+    errors, total = collected.with_unknown_items(ids)
+    if total:
+        raise UploadRejected(errors, total=total)
+    if store.upsert_ratings(session, tenant.id, collected.batches(), ids):
+        store.bump_ratings_version(session, tenant.id)  # only a real change counts
+    return len(collected)
 
 
-def upload_ratings(session: Session, tenant: Tenant, body: bytes, content_type: str,
-                   idempotency_key: str | None, max_rows: int | None = None) -> Outcome:
+def upload_ratings(session: Session, tenant: Tenant, body: bytes | BinaryIO, content_type: str,
+                   idempotency_key: str | None, max_rows: int | None = None,
+                   digest: str | None = None, keep_errors: int | None = None) -> Outcome:
     """Store an upload atomically, or replay the stored outcome of the same keyed request.
 
-    More than ``max_rows`` rows raise :class:`app.ingest.TooManyRows` and store nothing."""
+    ``body`` is the bytes or a binary file positioned at their start (then ``digest`` is
+    their :func:`request_hash`); it is read as a stream. More than ``max_rows`` rows raise
+    :class:`app.ingest.TooManyRows` and store nothing; a rejection lists the first
+    ``keep_errors`` offending rows (all when None) and counts the others."""
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
         raise UploadRejected([], f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
-    digest = request_hash(content_type, body)
+    if isinstance(body, bytes):
+        digest, body = request_hash(content_type, body), io.BytesIO(body)
     if idempotency_key and (done := _replay(session, tenant.id, idempotency_key, digest)):
         return done
     try:
-        outcome = Outcome(200, {"stored": _store(session, tenant, body, content_type, max_rows)})
+        stored = _store(session, tenant, body, content_type, max_rows, keep_errors)
+        outcome = Outcome(200, {"stored": stored})
         if idempotency_key:
             session.add(IdempotencyRecord(tenant_id=tenant.id, key=idempotency_key,
                                           request_hash=digest, status_code=outcome.status_code,

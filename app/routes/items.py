@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends
 from sqlalchemy import func, select
 
 from app import store
 from app.deps import SessionDep, SettingsDep, errors, require_admin
 from app.models import Item
-from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted
+from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted, Limit, Offset
 
 router = APIRouter(prefix="/admin/items", tags=["admin: items"],
                    dependencies=[Depends(require_admin)], responses=errors(401))
@@ -27,8 +25,7 @@ def upsert_items(session: SessionDep, body: ItemsUpsert) -> ItemsUpserted:
 
 @router.get("", response_model=ItemsPublic)
 def read_items(session: SessionDep, settings: SettingsDep,
-               offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-               limit: Annotated[int, Query(ge=1)] = 100) -> ItemsPublic:
+               offset: Offset = 0, limit: Limit = 100) -> ItemsPublic:
     """A page of the catalogue in id order; ``count`` is the catalogue size."""
     limit = min(limit, settings.max_page_size)
     items = session.scalars(select(Item).order_by(Item.id).offset(offset).limit(limit)).all()

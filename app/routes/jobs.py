@@ -11,6 +11,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.models import Tenant
+from app.schemas import Offset, PathId
 from app.training import reports
 from app.training.jobs import (
     JobRefused,
@@ -118,7 +119,7 @@ def _discard(session, job_id: int) -> None:
 @router.get("", response_model=JobsPublic)
 def read_jobs(session: SessionDep, _: AdminDep,
               limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-              offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0) -> JobsPublic:
+              offset: Offset = 0) -> JobsPublic:
     """Training jobs, newest first."""
     jobs = session.scalars(sa.select(TrainingJob).order_by(TrainingJob.id.desc())
                            .limit(limit).offset(offset)).all()
@@ -127,13 +128,13 @@ def read_jobs(session: SessionDep, _: AdminDep,
 
 
 @router.get("/{job_id}", response_model=JobPublic, responses=errors(404))
-def read_job(job_id: int, session: SessionDep, _: AdminDep) -> JobPublic:
+def read_job(job_id: PathId, session: SessionDep, _: AdminDep) -> JobPublic:
     """Status, current round, progress and latest metrics of a job."""
     return _public(_job(session, job_id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic, responses=errors(404, 409))
-def cancel_training_job(job_id: int, session: SessionDep, _: AdminDep) -> JobPublic:
+def cancel_training_job(job_id: PathId, session: SessionDep, _: AdminDep) -> JobPublic:
     """Stop a job after its current round (409 if it already finished)."""
     job = _job(session, job_id)
     if not cancel_job(session, job):
@@ -143,7 +144,7 @@ def cancel_training_job(job_id: int, session: SessionDep, _: AdminDep) -> JobPub
 
 @router.post("/{job_id}/resume", response_model=JobPublic, status_code=202,
              responses=errors(404, 409))
-def resume_training_job(job_id: int, request: Request, session: SessionDep,
+def resume_training_job(job_id: PathId, request: Request, session: SessionDep,
                         _: AdminDep) -> JobPublic:
     """Re-send the next round of an interrupted job; completed rounds are kept."""
     job = _job(session, job_id)
@@ -156,7 +157,7 @@ def resume_training_job(job_id: int, request: Request, session: SessionDep,
 
 
 @router.get("/{job_id}/report", response_model=JobReport, responses=errors(404))
-def read_job_report(job_id: int, session: SessionDep, _: AdminDep) -> JobReport:
+def read_job_report(job_id: PathId, session: SessionDep, _: AdminDep) -> JobReport:
     """Training curve (overall and per tenant), final figures and privacy spent."""
     job = _job(session, job_id)
     return reports.job_report(session, job, _public(job))
@@ -164,7 +165,7 @@ def read_job_report(job_id: int, session: SessionDep, _: AdminDep) -> JobReport:
 
 @router.get("/{job_id}/plot.png", response_class=Response,
             responses={200: {"content": {"image/png": {}}}, **errors(404)})
-def read_job_plot(job_id: int, session: SessionDep, _: AdminDep) -> Response:
+def read_job_plot(job_id: PathId, session: SessionDep, _: AdminDep) -> Response:
     """PNG plot of the test RMSE per round, overall and per tenant."""
     job = _job(session, job_id)
     return Response(reports.plot_png(session, job), media_type="image/png")

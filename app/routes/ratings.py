@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import tempfile
+from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, Header, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -21,6 +22,8 @@ from app.deps import (
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
 from app.schemas import (
+    Limit,
+    Offset,
     RatingPublic,
     RatingsCount,
     RatingsPublic,
@@ -30,7 +33,7 @@ from app.schemas import (
     UserRatingsDeleted,
 )
 from app.training.forget import forget_user
-from app.uploads import IdempotencyConflict, upload_ratings
+from app.uploads import IdempotencyConflict, request_digest, upload_ratings
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"],
                    responses=errors(401, 404))
@@ -49,41 +52,68 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
 }}}
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+SPOOL_IN_MEMORY = 1 << 20
+"""Bodies up to this size stay in memory; larger ones are spooled to a temporary file."""
+
+
+async def spool_body(request: Request, limit: int, content_type: str) -> tuple[BinaryIO, str]:
+    """The body in a (spooled) temporary file, positioned at its start, and its
+    :func:`app.uploads.request_hash`; refused with 413 as soon as it is known to exceed
+    ``limit`` bytes. The caller closes the file."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large(limit)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large(limit)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY)
+    digest, size = request_digest(content_type), 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(limit)
+            digest.update(chunk)
+            spool.write(chunk)
+    except BaseException:
+        spool.close()
+        raise
+    spool.seek(0)
+    return spool, digest.hexdigest()
 
 
 def _rejection(exc: UploadRejected, cap: int) -> dict:
     errors = [{"line": e.line, "field": e.field, "reason": e.reason} for e in exc.errors[:cap]]
-    return {"message": str(exc), "errors": errors, "omitted": max(0, len(exc.errors) - cap)}
+    return {"message": str(exc), "errors": errors, "omitted": max(0, exc.total - cap)}
 
 
 @router.post("/ratings", response_model=UploadResult, openapi_extra=UPLOAD_BODY, responses={
     413: {"description": "Body over the size limit or more rows than allowed.",
           "model": ErrorMessage},
     415: {"description": "Neither JSON nor CSV.", "model": ErrorMessage},
+    429: {"description": "Too many uploads of this tenant in progress; see Retry-After.",
+          "model": ErrorMessage},
     422: {"description": "Offending rows (nothing stored), a bad Idempotency-Key, or an "
                          "invalid path.",
           "model": UploadRejectionBody | ErrorMessage | ValidationErrors}})
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
                          idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
-    """Upload ratings as JSON or CSV; all rows are stored or none."""
-    body = await read_body(request, settings.max_upload_bytes)
+    """Upload ratings as JSON or CSV; all rows are stored or none.
+
+    The body is read as a stream in bounded memory; at most FEDREC_MAX_CONCURRENT_UPLOADS
+    uploads of one tenant run at once in a process (429 with Retry-After beyond)."""
     content_type = request.headers.get("content-type", "")
+    with request.app.state.upload_slots.slot(tenant.id):
+        body, digest = await spool_body(request, settings.max_upload_bytes, content_type)
+        with body:
+            return await _upload(session, settings, tenant, body, digest, content_type,
+                                 idempotency_key)
+
+
+async def _upload(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
+                  idempotency_key: str | None) -> JSONResponse:
     try:
         outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
-                                          idempotency_key, settings.max_upload_rows)
+                                          idempotency_key, settings.max_upload_rows, digest,
+                                          settings.max_reported_errors)
     except UploadRejected as exc:
         detail = _rejection(exc, settings.max_reported_errors)
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail) from None
@@ -99,8 +129,8 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
 
 @router.get("/ratings", response_model=RatingsPublic)
 def read_ratings(tenant: OwnTenantDep, session: SessionDep, settings: SettingsDep,
-                 user: str | None = None, offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-                 limit: Annotated[int, Query(ge=1)] = 100) -> RatingsPublic:
+                 user: str | None = None, offset: Offset = 0,
+                 limit: Limit = 100) -> RatingsPublic:
     """A page of the tenant's ratings (one user's with ``?user=``); ``count`` is the total."""
     rows = store.list_ratings(session, tenant.id, user, min(limit, settings.max_page_size),
                               offset)

@@ -13,6 +13,7 @@ from app.schemas import (
     ApiKeyCreated,
     ApiKeyPublic,
     ApiKeysPublic,
+    PathId,
     TenantCreate,
     TenantPublic,
     TenantsPublic,
@@ -54,14 +55,14 @@ def read_tenants(session: SessionDep) -> TenantsPublic:
 
 
 @router.get("/{tenant_id}", response_model=TenantPublic, responses=errors(404))
-def read_tenant(session: SessionDep, tenant_id: int) -> Tenant:
+def read_tenant(session: SessionDep, tenant_id: PathId) -> Tenant:
     """One tenant."""
     return _tenant(session, tenant_id)
 
 
 @router.post("/{tenant_id}/api-keys", response_model=ApiKeyCreated,
              status_code=status.HTTP_201_CREATED, responses=errors(400, 404))
-def create_api_key(session: SessionDep, tenant_id: int,
+def create_api_key(session: SessionDep, tenant_id: PathId,
                    body: ApiKeyCreate | None = None) -> ApiKeyCreated:
     """Issue an API key; the secret is in this response only."""
     _tenant(session, tenant_id)
@@ -74,7 +75,7 @@ def create_api_key(session: SessionDep, tenant_id: int,
 
 
 @router.get("/{tenant_id}/api-keys", response_model=ApiKeysPublic, responses=errors(404))
-def read_api_keys(session: SessionDep, tenant_id: int) -> ApiKeysPublic:
+def read_api_keys(session: SessionDep, tenant_id: PathId) -> ApiKeysPublic:
     """List a tenant's keys (prefixes only, never secrets)."""
     _tenant(session, tenant_id)
     keys = session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id)
@@ -84,8 +85,8 @@ def read_api_keys(session: SessionDep, tenant_id: int) -> ApiKeysPublic:
 
 @router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic,
                responses=errors(404))
-def revoke_api_key(request: Request, session: SessionDep, tenant_id: int,
-                   key_id: int) -> ApiKey:
+def revoke_api_key(request: Request, session: SessionDep, tenant_id: PathId,
+                   key_id: PathId) -> ApiKey:
     """Revoke a key: refused at once by this process, by others within the serving cache."""
     key = session.get(ApiKey, key_id)
     if key is None or key.tenant_id != tenant_id:

@@ -300,13 +300,20 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
 
 def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
             clients: list[JobClient]) -> None:
-    """Mark the job completed and publish every tenant's serving factors."""
-    from app.training.snapshots import write_snapshot
+    """Mark the job completed and publish every tenant's serving factors (or fail it,
+    publishing nothing, when any factor is not finite)."""
+    from app.training.snapshots import non_finite_factors, write_snapshot
 
-    job.status = "completed"
+    factors = {jc.tenant_id: alg.factors(glob, Message.from_bytes(jc.local_state))
+               for jc in clients}
     job.finished_at = utcnow()
+    problem = non_finite_factors(factors)
+    if problem:
+        job.status, job.error = "failed", problem
+        return
+    job.status = "completed"
     for jc in clients:
-        a, b = alg.factors(glob, Message.from_bytes(jc.local_state))
+        a, b = factors[jc.tenant_id]
         trained = np.unique(_block(jc, "train").cols)  # the tenant's own rated items
         write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained)
 

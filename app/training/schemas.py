@@ -6,13 +6,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.schemas import UtcDatetime
+from app.schemas import MAX_DB_INT, DbId, UtcDatetime
 
 
 class DPSettings(BaseModel):
     """Differential privacy of every upload (see the README's privacy section)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     mechanism: Literal["none", "laplace", "gaussian"] = "gaussian"
     norm: Literal["l2", "l1", "value"] | None = None
@@ -23,20 +23,21 @@ class DPSettings(BaseModel):
 
 
 class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     algorithm: str = Field("fedmc-admm", description="fedmc-admm, fedmavg, rfrec, rfrecf, "
                                                      "or fedmgs (not private)")
     config: dict[str, Any] = Field(default_factory=dict,
                                    description="Algorithm options (e.g. rank); defaults are "
                                                "the algorithm's recommended settings.")
-    tenant_ids: list[int] | None = Field(
+    tenant_ids: list[DbId] | None = Field(
         None, min_length=1,
         description="Participants; omitted or null: all tenants (an empty list is refused). "
                     "At most FEDREC_MAX_JOB_TENANTS (default 1000).")
     rounds: int = Field(50, ge=1, description="At most FEDREC_MAX_JOB_ROUNDS (default 10000).")
-    per_round: int = Field(0, ge=0, description="Tenants sampled per round; 0 = all.")
-    seed: int = Field(0, ge=0)
+    per_round: int = Field(0, ge=0, le=MAX_DB_INT,
+                           description="Tenants sampled per round; 0 = all.")
+    seed: int = Field(0, ge=0, le=MAX_DB_INT)
     dp: DPSettings = Field(default_factory=lambda: DPSettings(noise_multiplier=1.0))
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     allow_not_private: bool = False

@@ -21,6 +21,19 @@ from app.training.forget import FORGOTTEN
 from app.training.models import FactorSnapshot, TrainingJob
 
 
+def non_finite_factors(factors: dict[int, tuple[np.ndarray, np.ndarray]]) -> str | None:
+    """Why the factors ``{tenant_id: (A, B)}`` must not be published, or None.
+
+    A NaN or infinity would make every score of the tenant NaN (empty recommendations);
+    the job is failed instead and the previous snapshot keeps being served."""
+    bad = sorted(t for t, (a, b) in factors.items()
+                 if not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))))
+    if not bad:
+        return None
+    return (f"training diverged: the factors of tenant(s) {', '.join(map(str, bad))} contain "
+            "NaN or infinity; nothing was published and the previous snapshots stay served")
+
+
 def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list[str],
                    a: np.ndarray, b: np.ndarray, columns: np.ndarray | None = None) -> None:
     """Upsert the tenant's snapshot from ``job`` (one row per tenant and job).
