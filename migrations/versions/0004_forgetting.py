@@ -1,7 +1,7 @@
 """Forgetting: one tombstone per (tenant, user key) that every later job step honours.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-11-24
 """
 
