@@ -101,6 +101,10 @@ def without_forgotten(block: RatingBlock, user_keys: list[str],
 
 def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) -> None:
     """Apply the job's newer tombstones to its stored blocks (``clients`` locked)."""
+    if s.get_bind().dialect.name == "sqlite":
+        # SQLite reads outside a transaction until the first write: take the write lock
+        # now, so no deletion commits between reading the tombstones and this commit.
+        s.execute(sa.text("UPDATE forgotten_users SET version = version WHERE 0"))
     forgotten = forgotten_since(s, job)
     for jc in clients:
         scrub_client(jc, forgotten.get(jc.tenant_id, set()))

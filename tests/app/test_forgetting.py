@@ -4,6 +4,8 @@ interleave, and can be repeated; a later upload for the same key is a new consen
 from __future__ import annotations
 
 import secrets
+import threading
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -17,13 +19,18 @@ from app.db import downgrade, make_engine, migrate
 from app.main import create_app
 from app.training import jobs
 from app.training.models import FactorSnapshot
+from tests.integration.conftest import wait_for
 from tests.training_helpers import csv_body, job_ratings, make_tenants, submit_job, wait_job
 
 
-@pytest.fixture
-def env(tmp_path):
-    """The API, and a second API process on the same database (its own caches)."""
-    url = f"sqlite:///{tmp_path}/forget.db"
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+def env(request, tmp_path):
+    """The API, and a second API process on the same database (its own caches), on
+    SQLite and (integration) on a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path}/forget.db"
+    else:
+        url = request.getfixturevalue("make_postgres_db")()
     migrate(url)
     token = secrets.token_urlsafe(32)
 
@@ -118,3 +125,33 @@ def test_the_tombstone_table_matches_the_model_and_downgrades(tmp_path):
     downgrade(url, "0002")
     assert "forgotten_users" not in sa.inspect(make_engine(url)).get_table_names()
     engine.dispose()
+
+
+def test_a_deletion_racing_the_final_aggregate_step_is_honoured(env, monkeypatch):
+    """The deletion commits just after the last aggregate step read the tombstones: it
+    waits for that step and then scrubs the snapshot the step published."""
+    from app.training import forget
+
+    app, client, other_client = env
+    (tid, key), _ = make_tenants(client)
+    auth = {"Authorization": f"Bearer {key}"}
+    user = _a_user(client, tid, auth)
+    answers, original = [], forget.forgotten_since
+
+    def racing(s, job, tenant_ids=None):
+        out = original(s, job, tenant_ids)
+        if tenant_ids is None and job.current_round == job.rounds - 1 and not answers:
+            answers.append(None)
+            threading.Thread(target=lambda: answers.append(other_client.delete(
+                f"/tenants/{tid}/users/{user}/ratings", headers=auth))).start()
+            time.sleep(0.5)  # the deletion would commit now, were it not kept waiting
+        return out
+
+    monkeypatch.setattr(forget, "forgotten_since", racing)
+    job = wait_job(client, submit_job(client).json()["id"])
+    assert job["status"] == "completed", job
+    wait_for(lambda: len(answers) == 2, 30, "the racing deletion")
+    assert answers[1].status_code == 200 and answers[1].json()["deleted"] > 0
+    assert all(user not in keys for keys in _snapshot_users(app, tid))
+    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+    assert r.status_code == 404
