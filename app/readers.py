@@ -106,6 +106,12 @@ class _JsonText:
         self.buf, self.pos = self.buf[self.pos:] + chunk, 0
         return True
 
+    def _cut(self, pos: int, message: str = "") -> bool:
+        """Whether a value ending or failing at ``pos`` may have been cut by the window's
+        end (the longest partial token, "-Infinit", is 8 characters); a syntax error well
+        inside the window is final without reading the rest of the body."""
+        return pos >= len(self.buf) - 16 or message.startswith("Unterminated string")
+
     def invalid(self, message: str) -> UploadRejected:
         return UploadRejected([], f"body is not valid JSON: {message} "
                                   f"(char {self.base + self.pos})")
@@ -122,7 +128,7 @@ class _JsonText:
         """Consume the next non-blank character, which must be one of ``expected``."""
         char = self.peek()
         if not char or char not in expected:
-            raise self.invalid(f"expecting {' or '.join(map(repr, expected))}")
+            raise self.invalid(f"Expecting {' or '.join(map(repr, expected))}")
         self.pos += 1
         return char
 
@@ -133,15 +139,15 @@ class _JsonText:
             try:
                 value, end = self.decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as exc:
-                if self._more():
+                if self._cut(exc.pos, exc.msg) and self._more():
                     continue
                 raise self.invalid(exc.msg) from None
             except ValueError as exc:  # an integer of more than 4300 digits
                 raise UploadRejected([], f"body is not valid JSON: {str(exc)[:200]}") from None
             except RecursionError:
                 raise UploadRejected([], "body is not valid JSON: nested too deeply") from None
-            if end == len(self.buf) and self._more():
-                continue  # a number may go on in the next chunk
+            if self._cut(end) and self._more():
+                continue  # "1." or "1e" may be the start of a number in the next chunk
             self.pos = end
             return value
 
@@ -150,11 +156,12 @@ def json_rows(stream: BinaryIO) -> Iterator[RawRow | RowError]:
     """The entries of ``{"ratings": [...]}`` (other top-level keys are read and ignored);
     ``line`` is the 1-based position in ``ratings``."""
     text = _JsonText(_decoded(stream, "JSON"))
-    if text.peek() != "{":
-        if text.peek() in "[\"-0123456789tfnNI":
+    first_char = text.peek()
+    if first_char != "{":
+        if first_char and first_char in "[\"-0123456789tfnNI":
             text.value()  # valid JSON of another shape is a shape error, not a syntax one
             raise UploadRejected([], SHAPE)
-        raise text.invalid("expecting a value")
+        raise text.invalid("Expecting value")
     text.take("{")
     has_ratings, first = False, True
     while text.peek() != "}":
@@ -163,7 +170,7 @@ def json_rows(stream: BinaryIO) -> Iterator[RawRow | RowError]:
         first = False
         key = text.value()
         if not isinstance(key, str):
-            raise text.invalid("expecting a property name")
+            raise text.invalid("Expecting property name")
         text.take(":")
         if key != "ratings":
             text.value()
@@ -179,7 +186,7 @@ def json_rows(stream: BinaryIO) -> Iterator[RawRow | RowError]:
     if not has_ratings:
         raise UploadRejected([], SHAPE)
     if text.peek():
-        raise text.invalid("extra data")
+        raise text.invalid("Extra data")
 
 
 def _json_entries(text: _JsonText) -> Iterator[RawRow | RowError]:

@@ -110,6 +110,7 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
 
 async def _upload(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
                   idempotency_key: str | None) -> JSONResponse:
+    """Parse, check and store the spooled body in the threadpool; domain errors to HTTP."""
     try:
         outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
                                           idempotency_key, settings.max_upload_rows, digest,
