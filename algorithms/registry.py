@@ -15,6 +15,7 @@ _MODULES: dict[str, str] = {
     "felb": "algorithms.felb",
     "felb-mu": "algorithms.felb_mu",
     "binary-baseline": "algorithms.binary_baseline",
+    "dpals": "algorithms.dpals",
 }
 
 
