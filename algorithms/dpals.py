@@ -75,6 +75,9 @@ class DPALSConfig(AlgorithmConfig):
     lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
     noise_reg: float = Field(
         1.0, description="extra item ridge per unit of the noise's spectral norm")
+    user_sample_rate: float = Field(
+        1.0, description="q, probability that a user enters a sweep's sums (Poisson, drawn "
+        "inside the tenant; q < 1 amplifies privacy)")
     user_bias: bool = Field(True, description="learn a local user bias")
     init_scale: float = Field(0.1, description="std of the random initial V (public)")
 
@@ -93,6 +96,8 @@ class DPALSConfig(AlgorithmConfig):
             raise ValueError("rating_clip must be positive")
         if not self.scale_max > self.scale_min:
             raise ValueError("scale_max must exceed scale_min")
+        if not 0 < self.user_sample_rate <= 1:
+            raise ValueError("user_sample_rate must be in (0, 1]")
         if self.lam_u < 0 or self.lam_v < 0 or self.noise_reg < 0:
             raise ValueError("lam_u, lam_v and noise_reg must be non-negative")
         if self.lam_v == 0 and self.noise_reg == 0:
@@ -129,6 +134,8 @@ class UserBounds:
     ``rhs`` arrays a sum of ``s x``. A user adds to at most ``max_ratings`` items, with
     ``||x|| <= x_norm`` and ``|s| <= rating_bound``. ``noise_fields`` maps each array to the
     scalar field of the upload that records the standard deviation of the noise in it.
+    ``sample_rate``: each user enters a release independently with this probability, drawn
+    inside the tenant (hidden from the server).
     """
 
     max_ratings: int
@@ -137,12 +144,13 @@ class UserBounds:
     gram: tuple[str, ...]
     rhs: tuple[str, ...]
     noise_fields: Mapping[str, str]
+    sample_rate: float = 1.0
 
 
 def user_bounds(cfg: DPALSConfig) -> UserBounds:
     """The per-user bounds of a DPALS upload under ``cfg``."""
     return UserBounds(cfg.max_ratings_per_user, cfg.x_norm, cfg.r_clip, ("A",), ("b",),
-                      {"A": "gram_noise", "b": "rhs_noise"})
+                      {"A": "gram_noise", "b": "rhs_noise"}, cfg.user_sample_rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,12 +269,17 @@ def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSCon
 def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
                 cfg: DPALSConfig, rng: np.random.Generator
                 ) -> tuple[LocalState, Upload | None]:
-    """Solve the users against V; upload the bounded item sums while sweeps remain."""
+    """Solve the users against V; upload the bounded item sums while sweeps remain
+    (over the users drawn at rate ``user_sample_rate`` from ``rng``)."""
     u = solve_users(global_msg.V, block, cfg)
     new = state.replace(U=u)
     if global_msg.sweep >= cfg.sweeps:
         return new, None  # final refresh: U now matches the released V
-    a, b = item_sums(u, state.keep, block, cfg)
+    keep = state.keep
+    if cfg.user_sample_rate < 1:  # Poisson sampling of users, unseen outside the tenant
+        present = rng.random(block.n_users) < cfg.user_sample_rate
+        keep = keep[present[block.rows[keep]]]
+    a, b = item_sums(u, keep, block, cfg)
     return new, Upload(A=a, b=b)
 
 
