@@ -73,6 +73,11 @@ class DPALSConfig(AlgorithmConfig):
         None, description="public centre mu (default: the middle of the rating scale)")
     lam_u: float = Field(1.0, description="ridge weight of the local user solve")
     lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
+    lam_u_count: float = Field(
+        0.0, description="extra user ridge per rating of the user (weighted-lambda ALS)")
+    lam_v_count: float = Field(
+        0.0, description="extra item ridge per rater of the item, estimated from the "
+        "released (noisy) count in A (post-processing, no extra release)")
     noise_reg: float = Field(
         1.0, description="extra item ridge per unit of the noise's spectral norm")
     user_sample_rate: float = Field(
@@ -98,8 +103,10 @@ class DPALSConfig(AlgorithmConfig):
             raise ValueError("scale_max must exceed scale_min")
         if not 0 < self.user_sample_rate <= 1:
             raise ValueError("user_sample_rate must be in (0, 1]")
-        if self.lam_u < 0 or self.lam_v < 0 or self.noise_reg < 0:
-            raise ValueError("lam_u, lam_v and noise_reg must be non-negative")
+        if min(self.lam_u, self.lam_v, self.noise_reg, self.lam_u_count,
+               self.lam_v_count) < 0:
+            raise ValueError("lam_u, lam_v, lam_u_count, lam_v_count and noise_reg must be "
+                             "non-negative")
         if self.lam_v == 0 and self.noise_reg == 0:
             raise ValueError("lam_v or noise_reg must be positive (the item solve needs a "
                              "ridge for items nobody rated)")
@@ -236,7 +243,8 @@ def solve_users(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarr
     pattern = sp.csr_array((np.ones(block.nnz), (block.rows, block.cols)), shape=shape)
     weighted = sp.csr_array((target, (block.rows, block.cols)), shape=shape)
     q = y.shape[1]
-    gram = (pattern @ _outer_flat(y)).reshape(-1, q, q) + cfg.lam_u * np.eye(q)
+    lam = cfg.lam_u + cfg.lam_u_count * np.bincount(block.rows, minlength=block.n_users)
+    gram = (pattern @ _outer_flat(y)).reshape(-1, q, q) + lam[:, None, None] * np.eye(q)
     rhs = weighted @ y
     sol = np.linalg.solve(gram, rhs[..., None])[..., 0]
     u = np.zeros((block.n_users, r + 1))
@@ -290,16 +298,19 @@ def psd_project(a: np.ndarray) -> np.ndarray:
     return np.einsum("nij,nj,nkj->nik", q, np.maximum(w, 0.0), q)
 
 
-def item_ridge(gram_noise: float, cfg: DPALSConfig) -> float:
-    """lam_v + noise_reg * 2 sigma_A sqrt(d) (see the module docstring)."""
-    return cfg.lam_v + cfg.noise_reg * 2.0 * gram_noise * np.sqrt(cfg.d)
+def item_ridge(gram_noise: float, cfg: DPALSConfig, counts: np.ndarray | float = 0.0
+               ) -> np.ndarray | float:
+    """lam_v + noise_reg * 2 sigma_A sqrt(d) + lam_v_count * count (module docstring)."""
+    return (cfg.lam_v + cfg.noise_reg * 2.0 * gram_noise * np.sqrt(cfg.d)
+            + cfg.lam_v_count * counts)
 
 
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
                 ) -> np.ndarray:
     """V (d x n) from the summed (possibly noisy) A and b."""
-    lam = item_ridge(gram_noise, cfg)
-    g = psd_project(a) + lam * np.eye(cfg.d)
+    counts = np.maximum(a[:, -1, -1], 0.0) / cfg.bias_coordinate ** 2
+    lam = item_ridge(gram_noise, cfg, counts)
+    g = psd_project(a) + np.asarray(lam)[..., None, None] * np.eye(cfg.d)
     return np.linalg.solve(g, b[..., None])[..., 0].T
 
 

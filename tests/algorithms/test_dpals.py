@@ -159,7 +159,7 @@ def test_messages_round_trip_and_steps_are_deterministic():
     ("user_factor_clip", 0.0, "user_factor_clip must be positive"),
     ("rating_clip", -1.0, "rating_clip must be positive"),
     ("scale_max", 1.0, "scale_max must exceed scale_min"),
-    ("lam_u", -1.0, "lam_u, lam_v and noise_reg must be non-negative"),
+    ("lam_u", -1.0, "lam_u, lam_v, lam_u_count, lam_v_count and noise_reg must be"),
 ])
 def test_config_rejects_bad_values_naming_the_field(field, value, match):
     with pytest.raises(ValueError, match=match):
