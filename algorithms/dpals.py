@@ -80,6 +80,12 @@ class DPALSConfig(AlgorithmConfig):
         "released (noisy) count in A (post-processing, no extra release)")
     noise_reg: float = Field(
         1.0, description="extra item ridge per unit of the noise's spectral norm")
+    max_weight: float = Field(
+        1.0, description="largest weight of one rating: a user with fewer than k kept "
+        "ratings spends its whole budget sum_j w_uj^2 <= k with weights up to this (1: off)")
+    rare_item_power: float = Field(
+        0.0, description="eta: weights proportional to count_j^-eta (counts estimated from "
+        "the previous release, post-processing), normalised to the user's budget k")
     user_sample_rate: float = Field(
         1.0, description="q, probability that a user enters a sweep's sums (Poisson, drawn "
         "inside the tenant; q < 1 amplifies privacy)")
@@ -101,6 +107,10 @@ class DPALSConfig(AlgorithmConfig):
             raise ValueError("rating_clip must be positive")
         if not self.scale_max > self.scale_min:
             raise ValueError("scale_max must exceed scale_min")
+        if not self.max_weight >= 1:
+            raise ValueError("max_weight must be at least 1")
+        if self.rare_item_power < 0:
+            raise ValueError("rare_item_power must be non-negative")
         if not 0 < self.user_sample_rate <= 1:
             raise ValueError("user_sample_rate must be in (0, 1]")
         if min(self.lam_u, self.lam_v, self.noise_reg, self.lam_u_count,
@@ -162,18 +172,22 @@ def user_bounds(cfg: DPALSConfig) -> UserBounds:
 
 @dataclasses.dataclass(frozen=True)
 class GlobalModel(Message):
-    """V (d x n: rank factor rows and the item-bias row) and the sweeps released so far."""
+    """V (d x n: rank factor rows and the item-bias row), the sweeps released so far and
+    each item's (weighted) rater count estimated from the last release (zeros before)."""
 
     V: np.ndarray
     sweep: int
+    counts: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerState(Message):
-    """The server keeps only the current V (every sweep is solved from fresh sums)."""
+    """The server keeps only the current V and counts (every sweep is solved from fresh
+    sums)."""
 
     V: np.ndarray
     sweep: int
+    counts: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,7 +218,9 @@ def init_server(n_items: int, n_clients: int, cfg: DPALSConfig,
     """V^0: Normal(0, init_scale^2) factor rows, zero item biases (data-independent)."""
     v = np.zeros((cfg.d, n_items))
     v[: cfg.rank] = rng.normal(0.0, cfg.init_scale, size=(cfg.rank, n_items))
-    return ServerState(V=v, sweep=0), GlobalModel(V=v.copy(), sweep=0)
+    zeros = np.zeros(n_items)
+    return (ServerState(V=v, sweep=0, counts=zeros),
+            GlobalModel(V=v.copy(), sweep=0, counts=zeros.copy()))
 
 
 def cap_per_user(rows: np.ndarray, n_users: int, k: int, rng: np.random.Generator
@@ -260,16 +276,35 @@ def user_vectors(u: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
     return np.hstack([f, np.full((u.shape[0], 1), cfg.bias_coordinate)])
 
 
-def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig
-              ) -> tuple[np.ndarray, np.ndarray]:
-    """(A, b): per item, the sums of x x^T and s x over the capped ratings."""
+def rating_weights(rows: np.ndarray, cols: np.ndarray, n_users: int, counts: np.ndarray,
+                   cfg: DPALSConfig) -> np.ndarray:
+    """w_uj of the kept ratings with sum_j w_uj^2 <= k for every user.
+
+    Base ``count_j^-eta`` (1 without counts or eta = 0), scaled per user to spend the budget
+    k exactly, each weight capped at ``max_weight``; the cap only lowers a weight, so the
+    budget still holds. With the defaults every weight is 1 (at most k kept ratings).
+    """
+    k = cfg.max_ratings_per_user
+    base = np.ones(rows.shape[0])
+    if cfg.rare_item_power > 0 and np.any(counts > 0):
+        base = np.maximum(counts[cols], 1.0) ** -cfg.rare_item_power
+    spent = np.bincount(rows, weights=base ** 2, minlength=n_users)
+    scale = np.sqrt(k / np.maximum(spent, 1e-300))
+    return np.minimum(base * scale[rows], cfg.max_weight)
+
+
+def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig,
+              counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings."""
     x = user_vectors(u, cfg)
     rows, cols = block.rows[keep], block.cols[keep]
     s = np.clip(block.vals[keep] - cfg.mu - (u[rows, cfg.rank] if cfg.user_bias else 0.0),
                 -cfg.r_clip, cfg.r_clip)
+    w = rating_weights(rows, cols, block.n_users,
+                       np.zeros(block.n_items) if counts is None else counts, cfg)
     shape = (block.n_items, block.n_users)
-    pattern_t = sp.csr_array((np.ones(rows.shape[0]), (cols, rows)), shape=shape)
-    weighted_t = sp.csr_array((s, (cols, rows)), shape=shape)
+    pattern_t = sp.csr_array((w, (cols, rows)), shape=shape)
+    weighted_t = sp.csr_array((w * s, (cols, rows)), shape=shape)
     a = (pattern_t @ _outer_flat(x)).reshape(block.n_items, cfg.d, cfg.d)
     return a, weighted_t @ x
 
@@ -287,7 +322,7 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     if cfg.user_sample_rate < 1:  # Poisson sampling of users, unseen outside the tenant
         present = rng.random(block.n_users) < cfg.user_sample_rate
         keep = keep[present[block.rows[keep]]]
-    a, b = item_sums(u, keep, block, cfg)
+    a, b = item_sums(u, keep, block, cfg, global_msg.counts)
     return new, Upload(A=a, b=b)
 
 
@@ -305,11 +340,24 @@ def item_ridge(gram_noise: float, cfg: DPALSConfig, counts: np.ndarray | float =
             + cfg.lam_v_count * counts)
 
 
+def count_estimate(a: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
+    """Each item's (weighted) rater count from the summed A, post-processing only.
+
+    The bias entry ``A_j[-1, -1] = c^2 count_j`` carries the count but, with a small c, its
+    noise is large relative to it; the trace ``tr A_j`` has far less relative noise and is
+    proportional to the count on average, so ``count_j ~ tr A_j * (sum A[-1,-1] / c^2) /
+    sum tr A``, the ratio taken over all items (where the noise averages out).
+    """
+    tr = np.trace(a, axis1=1, axis2=2)
+    total = max(float(tr.sum()), 1e-300)
+    per_trace = max(float(a[:, -1, -1].sum()), 0.0) / cfg.bias_coordinate ** 2 / total
+    return np.maximum(tr * per_trace, 0.0)
+
+
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
                 ) -> np.ndarray:
     """V (d x n) from the summed (possibly noisy) A and b."""
-    counts = np.maximum(a[:, -1, -1], 0.0) / cfg.bias_coordinate ** 2
-    lam = item_ridge(gram_noise, cfg, counts)
+    lam = item_ridge(gram_noise, cfg, count_estimate(a, cfg))
     g = psd_project(a) + np.asarray(lam)[..., None, None] * np.eye(cfg.d)
     return np.linalg.solve(g, b[..., None])[..., 0].T
 
@@ -318,14 +366,15 @@ def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSCon
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
     """Sum the uploads (noise std adds in quadrature) and solve V; no uploads: keep V."""
     if not uploads:
-        return state, GlobalModel(V=state.V.copy(), sweep=state.sweep)
+        return state, GlobalModel(V=state.V.copy(), sweep=state.sweep,
+                                  counts=state.counts.copy())
     ups = [uploads[i] for i in sorted(uploads)]
     a = np.sum([u.A for u in ups], axis=0)
     b = np.sum([u.b for u in ups], axis=0)
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
-    v = solve_items(a, b, sigma, cfg)
-    return ServerState(V=v, sweep=state.sweep + 1), GlobalModel(V=v.copy(),
-                                                                 sweep=state.sweep + 1)
+    v, counts = solve_items(a, b, sigma, cfg), count_estimate(a, cfg)
+    return (ServerState(V=v, sweep=state.sweep + 1, counts=counts),
+            GlobalModel(V=v.copy(), sweep=state.sweep + 1, counts=counts.copy()))
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:

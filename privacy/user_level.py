@@ -19,10 +19,11 @@ user's x depends only on that user's ratings and the public V), so
   ``sqrt(sum_j ||x x^T||_F^2) = sqrt(k) ||x||^2``);
 * rhs: ``sqrt(sum_j s_uj^2 ||x||^2) <= sqrt(k) G_r G_x`` (:func:`rhs_sensitivity`).
 
-One release (one sweep) adds Gaussian noise ``sigma_g = sqrt(2) z Delta_g`` to the gram and
-``sigma_r = sqrt(2) z Delta_r`` to the rhs. The pair is the Gaussian mechanism on
-``(gram / sigma_g, rhs / sigma_r)`` with L2 sensitivity
-``sqrt((Delta_g/sigma_g)^2 + (Delta_r/sigma_r)^2) = 1 / z``: one Gaussian event of noise
+One release (one sweep) adds Gaussian noise ``sigma_g = z Delta_g / sqrt(rho)`` to the gram
+and ``sigma_r = z Delta_r / sqrt(1 - rho)`` to the rhs (``rho = gram_share``, default 1/2).
+The pair is the Gaussian mechanism on ``(gram / sigma_g, rhs / sigma_r)`` with L2 sensitivity
+``sqrt((Delta_g/sigma_g)^2 + (Delta_r/sigma_r)^2) = sqrt(rho + 1 - rho) / z = 1 / z``: one
+Gaussian event of noise
 multiplier z per user per release, composed in Renyi DP by :mod:`privacy.accountant` (with
 Poisson sampling of users inside a tenant at rate q, opacus' subsampled-Gaussian RDP;
 no amplification for which tenants transmit, which the server sees).
@@ -96,6 +97,8 @@ class UserLevelSpec(BaseModel):
     #: Poisson rate of users inside a tenant per release (hidden from the server); must
     #: equal the algorithm's declared ``UserBounds.sample_rate``
     sample_rate: float = Field(1.0, gt=0, le=1)
+    #: share rho of the release's privacy spent on the gram arrays (the rest on the rhs)
+    gram_share: float = Field(0.5, gt=0, lt=1)
 
     @model_validator(mode="after")
     def _delta_below_one_over_users(self) -> UserLevelSpec:
@@ -113,10 +116,12 @@ class UserLevelSpec(BaseModel):
                                  sample_rate=self.sample_rate)
 
 
-def noise_stds(bounds: UserBounds, z: float) -> dict[str, float]:
-    """Per-array noise standard deviation of one release at joint noise multiplier z."""
-    out = {name: math.sqrt(2) * z * gram_sensitivity(bounds) for name in bounds.gram}
-    out.update({name: math.sqrt(2) * z * rhs_sensitivity(bounds) for name in bounds.rhs})
+def noise_stds(bounds: UserBounds, z: float, gram_share: float = 0.5) -> dict[str, float]:
+    """Per-array noise standard deviation of one release at joint noise multiplier z, the
+    share ``gram_share`` of the privacy going to the gram arrays (module docstring)."""
+    out = {name: z * gram_sensitivity(bounds) / math.sqrt(gram_share) for name in bounds.gram}
+    out.update({name: z * rhs_sensitivity(bounds) / math.sqrt(1 - gram_share)
+                for name in bounds.rhs})
     return out
 
 
@@ -171,7 +176,7 @@ class UserLevelPrivatizer:
                              f"algorithm's user sampling rate {bounds.sample_rate}")
         self.spec, self.bounds, self.seed = spec, bounds, int(seed)
         self.z = spec.noise_multiplier()
-        self.stds = noise_stds(bounds, self.z)
+        self.stds = noise_stds(bounds, self.z, spec.gram_share)
         self.event = Event("gaussian", self.z, 1, spec.sample_rate)
         if ledger is None:
             budget = Budget(spec.epsilon, spec.delta)
@@ -232,7 +237,7 @@ class UserLevelPrivatizer:
             "placement": self.spec.placement, "target_epsilon": self.spec.epsilon,
             "epsilon_max": max(eps.values(), default=0.0), "delta": self.spec.delta,
             "accounting": ACCOUNTING_USER, "noise_multiplier": self.z,
-            "sample_rate": self.spec.sample_rate,
+            "sample_rate": self.spec.sample_rate, "gram_share": self.spec.gram_share,
             "sensitivity": {"gram": gram_sensitivity(self.bounds),
                             "rhs": rhs_sensitivity(self.bounds)},
             "bounds": {"max_ratings_per_user": self.bounds.max_ratings,

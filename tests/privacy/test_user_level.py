@@ -76,11 +76,13 @@ def test_symmetric_noise_has_variance_sigma_squared_on_and_above_the_diagonal():
     assert abs(np.corrcoef(z[:, 0, 1], z[:, 1, 2])[0, 1]) < 0.03
 
 
-def test_the_gram_and_rhs_noise_together_are_one_gaussian_of_multiplier_z():
+@pytest.mark.parametrize("share", [0.5, 0.2, 0.9])
+def test_the_gram_and_rhs_noise_together_are_one_gaussian_of_multiplier_z(share):
     bounds = D.user_bounds(D.DPALSConfig(max_ratings_per_user=50, rating_clip=1.5))
-    stds = noise_stds(bounds, 3.0)
+    stds = noise_stds(bounds, 3.0, share)
     joint = math.hypot(gram_sensitivity(bounds) / stds["A"], rhs_sensitivity(bounds) / stds["b"])
     assert joint == pytest.approx(1 / 3.0)
+    assert (gram_sensitivity(bounds) / stds["A"]) ** 2 * 9 == pytest.approx(share)
 
 
 @pytest.mark.parametrize("epsilon,delta,releases,q", [
