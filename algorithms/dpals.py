@@ -57,16 +57,16 @@ class DPALSConfig(AlgorithmConfig):
     """Settings of DPALS (defaults: the setting tuned on a validation carve-out, see
     BENCHMARKS.md)."""
 
-    rank: int = Field(8, description="r, latent factors (one item-bias coordinate extra)")
+    rank: int = Field(4, description="r, latent factors (one item-bias coordinate extra)")
     sweeps: int = Field(3, description="ALS sweeps, i.e. releases of V per user")
     max_ratings_per_user: int = Field(
-        100, description="k, ratings of a user that enter the released sums (random subset)")
+        1000, description="k, ratings of a user that enter the released sums (random subset)")
     user_factor_clip: float = Field(1.0, description="Gamma_u, norm bound of a user factor")
-    bias_coordinate: float = Field(1.0, description="c, constant user coordinate paired "
+    bias_coordinate: float = Field(0.2, description="c, constant user coordinate paired "
                                    "with the item bias (its square counts the ratings)")
     rating_clip: float | None = Field(
-        None, description="Gamma_r, bound of centred ratings in the released sums "
-        "(default: half the width of the public rating scale)")
+        1.0, description="Gamma_r, bound of centred ratings in the released sums "
+        "(None: half the width of the public rating scale)")
     scale_min: float = Field(1.0, description="public rating scale: lowest rating")
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
@@ -76,12 +76,15 @@ class DPALSConfig(AlgorithmConfig):
     lam_u_count: float = Field(
         0.0, description="extra user ridge per rating of the user (weighted-lambda ALS)")
     lam_v_count: float = Field(
-        0.0, description="extra item ridge per rater of the item, estimated from the "
+        0.1, description="extra item ridge per rater of the item, estimated from the "
         "released (noisy) count in A (post-processing, no extra release)")
+    gram_shrink: float = Field(
+        1.0, description="alpha in [0, 1]: each item's A_j is shrunk toward count_j times "
+        "the average x x^T over all items (post-processing; 0: off)")
     noise_reg: float = Field(
         1.0, description="extra item ridge per unit of the noise's spectral norm")
     max_weight: float = Field(
-        1.0, description="largest weight of one rating: a user with fewer than k kept "
+        10.0, description="largest weight of one rating: a user with fewer than k kept "
         "ratings spends its whole budget sum_j w_uj^2 <= k with weights up to this (1: off)")
     rare_item_power: float = Field(
         0.0, description="eta: weights proportional to count_j^-eta (counts estimated from "
@@ -107,6 +110,8 @@ class DPALSConfig(AlgorithmConfig):
             raise ValueError("rating_clip must be positive")
         if not self.scale_max > self.scale_min:
             raise ValueError("scale_max must exceed scale_min")
+        if not 0 <= self.gram_shrink <= 1:
+            raise ValueError("gram_shrink must be in [0, 1]")
         if not self.max_weight >= 1:
             raise ValueError("max_weight must be at least 1")
         if self.rare_item_power < 0:
@@ -354,10 +359,21 @@ def count_estimate(a: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
     return np.maximum(tr * per_trace, 0.0)
 
 
+def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float) -> np.ndarray:
+    """``(1 - alpha) A_j + alpha count_j S`` with ``S = sum_j A_j / sum_j count_j`` the
+    average ``x x^T`` over all ratings: a prior shared by the items, whose noise averages
+    out over the items, for the per-item Gram matrices drowned in noise."""
+    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300)
+    return (1.0 - alpha) * a + alpha * counts[:, None, None] * avg
+
+
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
                 ) -> np.ndarray:
     """V (d x n) from the summed (possibly noisy) A and b."""
-    lam = item_ridge(gram_noise, cfg, count_estimate(a, cfg))
+    counts = count_estimate(a, cfg)
+    if cfg.gram_shrink > 0:
+        a = shrink_grams(a, counts, cfg.gram_shrink)
+    lam = item_ridge(gram_noise, cfg, counts)
     g = psd_project(a) + np.asarray(lam)[..., None, None] * np.eye(cfg.d)
     return np.linalg.solve(g, b[..., None])[..., 0].T
 

@@ -31,7 +31,7 @@ from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
 
 
 def run_dpals(cfg: dpals.DPALSConfig, fed: Federation, *, epsilon: float, delta: float,
-              placement: str, seed: int, gram_share: float = 0.5
+              placement: str, seed: int, gram_share: float = 0.2
               ) -> tuple[float, dict[str, Any] | None]:
     """Test RMSE of one DPALS run on ``fed`` (and its privacy report; None if noise-free)."""
     priv = None
@@ -66,7 +66,7 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
 
 
 def search(data: str, grid: dict[str, list[Any]], base: dict[str, Any], *, epsilon: float,
-           delta: float, placement: str, clients: int, runs: int, gram_share: float = 0.5
+           delta: float, placement: str, clients: int, runs: int, gram_share: float = 0.2
            ) -> list[dict]:
     fed = validation_federation(build_federation(load_movielens(data), clients, 0, 0.2))
     rows = []
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, default=1e-6)
     ap.add_argument("--placement", default="central", choices=["central", "tenant"])
     ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--gram-share", type=float, default=0.5,
+    ap.add_argument("--gram-share", type=float, default=0.2,
                     help="share of each release's privacy spent on the gram arrays")
     ap.add_argument("--runs", type=int, default=2, help="run seeds to average")
     ap.add_argument("--base", nargs="*", default=[], help="fixed options key=value")

@@ -23,7 +23,8 @@ def _block(seed: int = 0, density: float = 0.7) -> tuple[RatingBlock, np.ndarray
 
 # no cap, no clip active: the step is exact ALS
 EXACT = dict(rank=2, max_ratings_per_user=10_000, user_factor_clip=1e6, rating_clip=1e6,
-             lam_u=0.3, lam_v=0.7, noise_reg=0.0, bias_coordinate=1.3)
+             lam_u=0.3, lam_v=0.7, noise_reg=0.0, bias_coordinate=1.3, max_weight=1.0,
+             gram_shrink=0.0, lam_v_count=0.0)
 
 
 def _dense_user_solve(v, full, mask, cfg):
@@ -170,3 +171,39 @@ def test_noise_widens_the_item_ridge():
     cfg = D.DPALSConfig(rank=3, lam_v=0.5, noise_reg=2.0)
     assert D.item_ridge(0.0, cfg) == 0.5
     assert D.item_ridge(0.1, cfg) == pytest.approx(0.5 + 2.0 * 2 * 0.1 * 2.0)
+
+
+@pytest.mark.parametrize("max_weight,power", [(1.0, 0.0), (10.0, 0.0), (10.0, 0.7), (2.0, 1.0)])
+def test_weights_spend_at_most_the_budget_k_per_user(max_weight, power):
+    rng = np.random.default_rng(0)
+    rows = np.repeat(np.arange(5), [1, 3, 6, 10, 12]).astype(np.int32)
+    cols = rng.integers(0, 20, size=rows.size)
+    cfg = D.DPALSConfig(max_ratings_per_user=8, max_weight=max_weight, rare_item_power=power)
+    counts = rng.uniform(0, 50, size=20)
+    w = D.rating_weights(rows, cols, 5, counts, cfg)
+    spent = np.bincount(rows, weights=w ** 2, minlength=5)
+    assert np.all(spent <= 8 * (1 + 1e-12)) and np.all(w <= max_weight) and np.all(w > 0)
+    if power == 0:
+        # light users scale up to the budget (or the cap), heavy ones keep weight <= 1
+        expect = np.minimum(np.sqrt(8 / np.array([1, 3, 6, 10, 12])), max_weight)
+        np.testing.assert_allclose(w, expect[rows])
+
+
+def test_count_estimate_is_exact_without_noise_when_factors_share_a_norm():
+    cfg = D.DPALSConfig(rank=2, bias_coordinate=0.3, max_weight=1.0)
+    block, _, mask = _block()
+    u = np.zeros((M, 3))
+    u[:, 0] = 5.0  # every factor clipped to the same norm
+    a, _ = D.item_sums(u, np.arange(block.nnz), block, cfg)
+    np.testing.assert_allclose(D.count_estimate(a, cfg), mask.sum(0))
+
+
+def test_gram_shrinkage_interpolates_toward_count_times_the_average():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 3, 3))
+    a = x @ np.swapaxes(x, 1, 2)
+    counts = rng.uniform(1, 5, size=6)
+    np.testing.assert_allclose(D.shrink_grams(a, counts, 0.0), a)
+    avg = a.sum(0) / counts.sum()
+    np.testing.assert_allclose(D.shrink_grams(a, counts, 1.0), counts[:, None, None] * avg)
+    np.testing.assert_allclose(D.shrink_grams(a, counts, 1.0).sum(0), a.sum(0))

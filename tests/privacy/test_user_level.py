@@ -39,25 +39,29 @@ def _upper(a):
     return a[:, iu[0], iu[1]]
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_removing_any_user_moves_the_releases_by_at_most_the_declared_sensitivity(seed):
+@pytest.mark.parametrize("seed,max_weight,power", [
+    (0, 1.0, 0.0), (1, 1.0, 0.0), (2, 10.0, 0.0), (3, 10.0, 0.5), (4, 3.0, 1.0)])
+def test_removing_any_user_moves_the_releases_by_at_most_the_declared_sensitivity(
+        seed, max_weight, power):
     """Brute force: neighbouring datasets (one user removed), on random data and V, with
-    cap and both clips active; the bound must hold for every user."""
+    cap, both clips and the weights active; the bound must hold for every user."""
     rng = np.random.default_rng(seed)
     cfg = D.DPALSConfig(rank=3, max_ratings_per_user=4, user_factor_clip=0.7,
-                        bias_coordinate=0.5, rating_clip=1.2, lam_u=0.05)
+                        bias_coordinate=0.5, rating_clip=1.2, lam_u=0.05,
+                        max_weight=max_weight, rare_item_power=power)
     block = _random_block(rng)
     v = rng.normal(0, 2.0, size=(cfg.d, block.n_items))
+    counts = rng.uniform(0, 30, size=block.n_items)  # a previous release's estimate
     keep = D.cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
     u = D.solve_users(v, block, cfg)
-    a, b = D.item_sums(u, keep, block, cfg)
+    a, b = D.item_sums(u, keep, block, cfg, counts)
     bounds = D.user_bounds(cfg)
     worst_g = worst_r = 0.0
     for user in range(block.n_users):
         others = block.rows[keep] != user
         rest = keep[others]
         # the other users' factors do not depend on the removed user's ratings
-        a2, b2 = D.item_sums(u, rest, block, cfg)
+        a2, b2 = D.item_sums(u, rest, block, cfg, counts)
         worst_g = max(worst_g, float(np.linalg.norm(_upper(a) - _upper(a2))))
         worst_r = max(worst_r, float(np.linalg.norm(b - b2)))
         assert np.linalg.norm(a - a2) <= math.sqrt(4) * cfg.x_norm ** 2 + 1e-12
