@@ -165,6 +165,10 @@ def test_simulate_tenant_placement_matches_the_library(tmp_path, ratings_csv):
      "--dp gaussian protects a tenant's whole block: it cannot be combined with --privacy"),
     (["--algorithm", "dpals", "--placement", "central"],
      "--placement applies to --privacy user only"),
+    (["--algorithm", "dpals", "--privacy", "user", "--gram-share", "1.5"],
+     "--gram-share: Input should be less than 1"),
+    (["--algorithm", "dpals", "--privacy", "tenant", "--gram-share", "0.5"],
+     "--gram-share applies to --privacy user only"),
 ])
 def test_simulate_refuses_bad_privacy_options(ratings_csv, capsys, argv, message):
     code = main(["simulate", "--data", str(ratings_csv), "--clients", "4", "--quiet", *argv])
