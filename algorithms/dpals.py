@@ -18,20 +18,27 @@ One sweep = one round. Each tenant (client step), given V:
 
 1. solves every user's row exactly (ridge, batched d x d solves over the users):
    ``[u_u, b_u] = argmin sum_{j in Omega_u} (r_uj - mu - c beta_j - u.v_j - b)^2 + lam_u ||.||^2``
-   over *all* the user's ratings (this never leaves the tenant);
+   over *all* the user's ratings (this never leaves the tenant), with ridge
+   ``lam_u + lam_u_count * n_u`` (weighted-lambda ALS);
 2. bounds the user: ``x_u`` as above (``||x_u||^2 <= Gamma_u^2 + c^2``), at most
-   ``max_ratings_per_user`` ratings (a fixed random subset, drawn once from the tenant's
-   init stream), centred ratings ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``;
-3. uploads, per item j over the capped ratings, ``A_j = sum_u x_u x_u^T`` and
-   ``b_j = sum_u s_uj x_u``. The last diagonal entry of A_j is c^2 times the item's count:
-   the count is released inside A_j and covered by the same bound.
+   ``k = max_ratings_per_user`` ratings (a fixed random subset, drawn once from the
+   tenant's init stream), centred ratings ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``,
+   and weights ``w_uj`` with ``sum_j w_uj^2 <= k`` (:func:`rating_weights`: a user with
+   fewer than k ratings spends the whole budget, each weight at most ``max_weight``;
+   optionally tilted toward rare items);
+3. uploads, per item j over the kept ratings, ``A_j = sum_u w_uj x_u x_u^T`` and
+   ``b_j = sum_u w_uj s_uj x_u``. The last diagonal entry of A_j is c^2 times the item's
+   (weighted) count: the count is released inside A_j and covered by the same bound.
 
 The server sums the uploads (noise is added by the privacy layer, :mod:`privacy.user_level`,
 once to the sum or by each tenant, and the noise standard deviations travel as scalar fields
-of the upload), projects each A_j onto the PSD cone (eigenvalues clipped at 0) and solves
-``w_j = (A_j + lam_eff I)^{-1} b_j`` with ``lam_eff = lam_v + noise_reg * 2 sigma_A sqrt(d)``
+of the upload), estimates each item's count from the traces (:func:`count_estimate`),
+shrinks each A_j toward count_j times the average ``x x^T`` (``gram_shrink``), projects it
+onto the PSD cone (eigenvalues clipped at 0) and solves ``w_j = (A_j + lam_eff I)^{-1} b_j``
+with ``lam_eff = lam_v + noise_reg * 2 sigma_A sqrt(d) + lam_v_count * count_j``
 (``2 sigma sqrt(d)`` is the spectral norm of a d x d symmetric Gaussian noise matrix, so
 the regulariser grows with the noise: a prior at 0 whose strength is tied to the noise).
+All of this is post-processing of the released sums.
 
 After ``sweeps`` sweeps the clients stop uploading; a further round only re-solves every
 user against the final V (``run_defaults['rounds'] = sweeps + 1``), so the served U matches
