@@ -15,6 +15,7 @@ _MODULES: dict[str, str] = {
     "felb": "algorithms.felb",
     "felb-mu": "algorithms.felb_mu",
     "binary-baseline": "algorithms.binary_baseline",
+    "dpals": "algorithms.dpals",
 }
 
 
@@ -30,3 +31,11 @@ def get(name: str) -> Algorithm:
     module = importlib.import_module(_MODULES[name])
     alg = getattr(module, "ALGORITHMS", {}).get(name) or module.ALGORITHM
     return alg
+
+
+def user_bounds(name: str, cfg: object) -> object | None:
+    """The per-user bounds an algorithm declares for user-level DP (its module's
+    ``user_bounds(cfg)``), or None if its uploads are not sums of bounded per-user terms."""
+    get(name)  # unknown names raise here
+    fn = getattr(importlib.import_module(_MODULES[name]), "user_bounds", None)
+    return None if fn is None else fn(cfg)

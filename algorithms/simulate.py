@@ -31,6 +31,14 @@ class Privatizer(Protocol):
     def __call__(self, upload: Message, client: int, round_: int) -> Message | None: ...
 
 
+class Aggregator(Protocol):
+    """Turns a round's uploads into what the server step receives (e.g. their sum with
+    noise added once, for central user-level DP). Implemented by :mod:`privacy`."""
+
+    def __call__(self, uploads: Mapping[int, Message], round_: int
+                 ) -> Mapping[int, Message]: ...
+
+
 @dataclasses.dataclass
 class RoundRecord:
     round: int
@@ -124,8 +132,12 @@ def server_round(alg: Algorithm, cfg: Any, round_: int, seed: int, server_state:
 def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
               global_msg: Message, server_state: Message, local_states: list[Message],
               blocks: Sequence[RatingBlock], privatizer: Privatizer | None = None,
+              aggregator: Aggregator | None = None,
               ) -> tuple[Message, Message, list[Message], np.ndarray, Mapping[int, Message]]:
-    """One communication round; returns new (global, server, locals, selected, uploads)."""
+    """One communication round; returns new (global, server, locals, selected, uploads).
+
+    ``uploads`` are what the tenants sent; with an ``aggregator`` the server step receives
+    ``aggregator(uploads, round_)`` instead."""
     selected = select_clients(alg, global_msg, len(blocks), per_round, seed, round_)
     locals_ = list(local_states)
     uploads: dict[int, Message] = {}
@@ -134,7 +146,8 @@ def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
                                       blocks[i], privatizer)
         if up is not None:
             uploads[i] = up
-    server_state, global_msg = server_round(alg, cfg, round_, seed, server_state, uploads)
+    received = uploads if aggregator is None else aggregator(uploads, round_)
+    server_state, global_msg = server_round(alg, cfg, round_, seed, server_state, received)
     return global_msg, server_state, locals_, selected, uploads
 
 
@@ -149,7 +162,8 @@ def initialise(alg: Algorithm, cfg: Any, blocks: Sequence[RatingBlock], seed: in
 
 
 def simulate(alg: Algorithm, cfg: Any, fed: Federation, *, rounds: int, per_round: int,
-             seed: int, privatizer: Privatizer | None = None, evaluate_every: int = 1,
+             seed: int, privatizer: Privatizer | None = None,
+             aggregator: Aggregator | None = None, evaluate_every: int = 1,
              on_round: Callable[[RoundRecord], None] | None = None) -> SimulationResult:
     """Run ``rounds`` rounds with ``per_round`` clients each; evaluate on ``fed.test``.
 
@@ -163,7 +177,7 @@ def simulate(alg: Algorithm, cfg: Any, fed: Federation, *, rounds: int, per_roun
         t0 = time.perf_counter()
         global_msg, server_state, local_states, selected, uploads = run_round(
             alg, cfg, k, seed, per_round, global_msg, server_state, local_states, fed.train,
-            privatizer)
+            privatizer, aggregator)
         seconds = time.perf_counter() - t0
         if k % evaluate_every == 0 or k == rounds:
             rmse, mae = evaluate(alg, global_msg, local_states, fed.test, fed.scale)

@@ -57,11 +57,17 @@ ORDERS: tuple[float, ...] = tuple(RDPAccountant.DEFAULT_ALPHAS) + (
 
 @dataclasses.dataclass(frozen=True)
 class Event:
-    """``count`` identical transmissions of one mechanism at one noise multiplier."""
+    """``count`` identical transmissions of one mechanism at one noise multiplier.
+
+    ``sample_rate`` q < 1 (Gaussian only): each protected unit takes part in a transmission
+    with probability q by Poisson sampling that the adversary cannot observe (users sampled
+    inside a tenant; never the choice of transmitting tenants, which the server sees).
+    """
 
     mechanism: str
     noise_multiplier: float
     count: int = 1
+    sample_rate: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mechanism not in MECHANISMS:
@@ -75,17 +81,25 @@ class Event:
             raise ValueError(f"noise multiplier must be positive, got {self.noise_multiplier!r}")
         if self.count < 0:
             raise ValueError(f"count must be non-negative, got {self.count!r}")
+        if not 0 < self.sample_rate <= 1:
+            raise ValueError(f"sample rate must be in (0, 1], got {self.sample_rate!r}")
+        if self.sample_rate < 1 and self.mechanism != "gaussian":
+            raise ValueError("amplification by sampling is accounted for the Gaussian "
+                             "mechanism only")
 
     def times(self, count: int) -> Event:
         """The same event repeated ``count`` times."""
         return dataclasses.replace(self, count=int(count))
 
     def as_list(self) -> list:
-        return [self.mechanism, float(self.noise_multiplier), int(self.count)]
+        """[mechanism, z, count] (+ sample rate when below 1: old ledgers stay readable)."""
+        out = [self.mechanism, float(self.noise_multiplier), int(self.count)]
+        return out + [float(self.sample_rate)] if self.sample_rate < 1 else out
 
     @staticmethod
     def from_list(item: Sequence) -> Event:
-        return Event(str(item[0]), float(item[1]), int(item[2]))
+        rate = float(item[3]) if len(item) > 3 else 1.0
+        return Event(str(item[0]), float(item[1]), int(item[2]), rate)
 
 
 #: one transmission without a DP guarantee: any history containing it spends epsilon = inf
@@ -114,8 +128,8 @@ def compose(history: Iterable[Event]) -> list[Event]:
     for ev in history:
         if ev.count == 0:
             continue
-        if out and (out[-1].mechanism, out[-1].noise_multiplier) == (
-                ev.mechanism, ev.noise_multiplier):
+        if out and (out[-1].mechanism, out[-1].noise_multiplier, out[-1].sample_rate) == (
+                ev.mechanism, ev.noise_multiplier, ev.sample_rate):
             out[-1] = out[-1].times(out[-1].count + ev.count)
         else:
             out.append(ev)
@@ -130,7 +144,7 @@ def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.
             total += math.inf if ev.count else 0.0
         elif ev.mechanism == "gaussian":
             total += np.asarray(opacus_rdp.compute_rdp(
-                q=1.0, noise_multiplier=ev.noise_multiplier, steps=ev.count,
+                q=ev.sample_rate, noise_multiplier=ev.noise_multiplier, steps=ev.count,
                 orders=list(orders)))
         elif ev.mechanism == "bernoulli":
             total += ev.count * bernoulli_rdp(ev.noise_multiplier, np.asarray(orders))
@@ -171,11 +185,13 @@ def spend(history: Iterable[Event], delta: float, orders: Sequence[float] = ORDE
 
 
 def noise_for_epsilon(mechanism: str, target_epsilon: float, delta: float,
-                      transmissions: int, rtol: float = 1e-6) -> float:
-    """Smallest noise multiplier z with ``spend([Event(mechanism, z, T)], delta) <= target``.
+                      transmissions: int, rtol: float = 1e-6, sample_rate: float = 1.0
+                      ) -> float:
+    """Smallest noise multiplier z with ``spend([Event(mechanism, z, T, q)], delta) <= target``.
 
     Bisection on log z (epsilon decreases as z grows); the upper end is returned so the
-    target is met. ``transmissions`` is the number of uploads the tenant may make.
+    target is met. ``transmissions`` is the number of uploads the tenant may make (or of
+    releases a user takes part in); ``sample_rate`` see :class:`Event`.
     """
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be positive, got {target_epsilon!r}")
@@ -183,7 +199,7 @@ def noise_for_epsilon(mechanism: str, target_epsilon: float, delta: float,
         raise ValueError(f"transmissions must be positive, got {transmissions!r}")
 
     def eps(z: float) -> float:
-        return spend([Event(mechanism, z, transmissions)], delta).epsilon
+        return spend([Event(mechanism, z, transmissions, sample_rate)], delta).epsilon
 
     lo, hi = 1e-3, 1.0
     while eps(hi) > target_epsilon:

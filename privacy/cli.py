@@ -121,3 +121,83 @@ def privatizer_from_args(args: argparse.Namespace, n_clients: int, rounds: int, 
     priv = DPPrivatizer(spec, ledger, seed)
     priv.check_plan(plan, n_entries)
     return priv
+
+
+DEFAULT_USER_DELTA = 1e-6
+
+
+def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--privacy`` (the unit), ``--placement``, ``--epsilon`` and ``--delta``."""
+    g = parser.add_argument_group("privacy unit (user-level DP or the tenant's whole block)")
+    g.add_argument("--privacy", choices=["none", "user", "tenant"], default=None,
+                   help="unit protected: 'user' (add/remove one user's ratings; needs an "
+                        "algorithm with per-user bounded uploads, e.g. dpals), 'tenant' "
+                        "(a tenant's whole block: the --dp wrapper) or 'none' (default; "
+                        "'tenant' when a --dp mechanism is given)")
+    g.add_argument("--placement", choices=["central", "tenant"], default=None,
+                   help="user unit: where the noise is added: 'central' (once, to the sum "
+                        "of the tenants' bounded uploads; default) or 'tenant' (each tenant "
+                        "noises its own upload: T times the variance)")
+    g.add_argument("--epsilon", type=float, default=None,
+                   help=f"target epsilon over the whole run (default {DEFAULT_EPSILON}); "
+                        "for the tenant unit the same as --dp-epsilon")
+    g.add_argument("--delta", type=float, default=None,
+                   help=f"delta (user unit default: {DEFAULT_USER_DELTA:g}, below 1 / users; "
+                        "tenant unit: as --dp-delta)")
+    g.add_argument("--gram-share", type=float, default=None,
+                   help="user unit: share of each release's privacy spent on the Gram "
+                        "matrices, the rest on the right-hand sides (default 0.2)")
+    return parser
+
+
+def privacy_unit(args: argparse.Namespace) -> str:
+    """The unit selected by ``--privacy`` and ``--dp`` ('none', 'user' or 'tenant').
+
+    ``--dp`` alone keeps its meaning (the tenant unit); ``--privacy tenant`` without a
+    mechanism uses the Gaussian one; ``--epsilon``/``--delta`` fill the ``--dp-*`` options.
+    Contradictions raise ``ValueError`` naming the flags.
+    """
+    unit = args.privacy or ("tenant" if args.dp != "none" else "none")
+    if unit != "tenant" and args.dp != "none":
+        raise ValueError(f"--dp {args.dp} protects a tenant's whole block: it cannot be "
+                         f"combined with --privacy {unit}")
+    if unit != "user" and args.placement is not None:
+        raise ValueError("--placement applies to --privacy user only (the tenant unit is "
+                         "always noised by each tenant)")
+    if unit != "user" and args.gram_share is not None:
+        raise ValueError("--gram-share applies to --privacy user only")
+    if unit == "none" and (args.epsilon is not None or args.delta is not None):
+        raise ValueError("--epsilon/--delta need --privacy user or tenant")
+    if unit == "tenant":
+        if args.dp == "none":
+            args.dp = "gaussian"
+        for mine, theirs in (("epsilon", "dp_epsilon"), ("delta", "dp_delta")):
+            if getattr(args, mine) is not None:
+                if getattr(args, theirs) is not None:
+                    raise ValueError(f"give --{mine} or --{theirs.replace('_', '-')}, "
+                                     "not both")
+                setattr(args, theirs, getattr(args, mine))
+    return unit
+
+
+def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n_clients: int,
+                              n_users: int, seed: int):
+    """A :class:`privacy.user_level.UserLevelPrivatizer` for ``--privacy user``."""
+    from pydantic import ValidationError
+
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+
+    delta = args.delta if args.delta is not None else min(DEFAULT_USER_DELTA,
+                                                          0.1 / n_users)
+    try:
+        spec = UserLevelSpec(
+            epsilon=args.epsilon if args.epsilon is not None else DEFAULT_EPSILON,
+            delta=delta, n_users=n_users, releases=releases,
+            placement=args.placement or "central", sample_rate=bounds.sample_rate,
+            **({} if args.gram_share is None else {"gram_share": args.gram_share}))
+    except ValidationError as exc:  # one line naming the flag, not pydantic's dump
+        err = exc.errors()[0]
+        field = str(err["loc"][0]).replace("_", "-") if err["loc"] else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"--{field}: {msg}" if field else msg) from None
+    return UserLevelPrivatizer(spec, bounds, n_clients, seed)

@@ -117,3 +117,70 @@ def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
     assert "Sample recommendations:" in out and "(model)" in out
     assert "Privacy cost: DP raised the final test RMSE by" in out
     assert (tmp_path / "fedrec-demo.db").is_file()
+
+
+def test_simulate_user_level_dp_reports_unit_placement_and_releases(tmp_path, ratings_csv):
+    out = tmp_path / "user.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "dpals",
+                 "--clients", "4", "--rank", "3", "--sweeps", "2", "--privacy", "user",
+                 "--epsilon", "4", "--delta", "1e-4", "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    priv = report["privacy"]
+    assert (priv["unit"], priv["placement"], priv["delta"]) == ("user", "central", 1e-4)
+    assert 3.99 < priv["epsilon_max"] <= 4.0
+    assert [r["round"] for r in priv["releases"]] == [1, 2]  # two sweeps, then a refresh
+    assert all(r["tenants"] == 4 for r in priv["releases"])
+    assert "Renyi DP" in priv["accounting"]
+    assert report["rounds"] == 3 and np.isfinite(report["final"]["test_rmse"])
+
+
+def test_simulate_tenant_placement_matches_the_library(tmp_path, ratings_csv):
+    from algorithms import dpals
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+
+    out = tmp_path / "user.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "dpals",
+                 "--clients", "4", "--rank", "3", "--privacy", "user", "--placement",
+                 "tenant", "--epsilon", "4", "--delta", "1e-4", "--seed", "1",
+                 "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    cfg = dpals.DPALSConfig(rank=3)
+    fed = build_federation(load_ratings(ratings_csv), 4, 1)
+    spec = UserLevelSpec(epsilon=4, delta=1e-4, n_users=120, releases=3, placement="tenant")
+    priv = UserLevelPrivatizer(spec, dpals.user_bounds(cfg), 4, 1)
+    sim = simulate(dpals.ALGORITHM, cfg, fed, rounds=4, per_round=4, seed=1, privatizer=priv,
+                   aggregator=priv.aggregate)
+    assert report["final"]["test_rmse"] == sim.final.test_rmse
+    assert report["privacy"]["placement"] == "tenant"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--algorithm", "fedmc-admm", "--privacy", "user"],
+     "--privacy user needs an algorithm whose uploads are sums of per-user bounded terms"),
+    (["--algorithm", "dpals", "--privacy", "user", "--delta", "0.1"],
+     "delta must be below 1 / number of users = 0.00833"),
+    (["--algorithm", "dpals", "--privacy", "user", "--epsilon", "0"],
+     "--epsilon: Input should be greater than 0"),
+    (["--algorithm", "dpals", "--privacy", "user", "--dp", "gaussian"],
+     "--dp gaussian protects a tenant's whole block: it cannot be combined with --privacy"),
+    (["--algorithm", "dpals", "--placement", "central"],
+     "--placement applies to --privacy user only"),
+    (["--algorithm", "dpals", "--privacy", "user", "--gram-share", "1.5"],
+     "--gram-share: Input should be less than 1"),
+    (["--algorithm", "dpals", "--privacy", "tenant", "--gram-share", "0.5"],
+     "--gram-share applies to --privacy user only"),
+])
+def test_simulate_refuses_bad_privacy_options(ratings_csv, capsys, argv, message):
+    code = main(["simulate", "--data", str(ratings_csv), "--clients", "4", "--quiet", *argv])
+    assert code != 0
+    assert message in capsys.readouterr().err
+
+
+def test_privacy_tenant_is_the_dp_wrapper_with_epsilon(tmp_path, ratings_csv):
+    out = tmp_path / "t.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--clients", "4", "--per-round", "2",
+                 "--rounds", "3", "--rank", "3", "--privacy", "tenant", "--epsilon", "5",
+                 "--json", str(out), "--quiet"]) == 0
+    priv = json.loads(out.read_text())["privacy"]
+    assert priv["mechanism"] == "gaussian" and 0 < priv["epsilon_max"] <= 5.0
+    assert "whole rating block" in priv["unit"] and priv["placement"] == "tenant"

@@ -17,7 +17,14 @@ from algorithms.binary_metrics import binarise, binary_report
 from algorithms.data import Ratings, build_federation, data_dir, load_ratings
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
-from privacy.cli import add_dp_arguments, privatizer_from_args, sampling_plan
+from privacy.cli import (
+    add_dp_arguments,
+    add_privacy_arguments,
+    privacy_unit,
+    privatizer_from_args,
+    sampling_plan,
+    user_privatizer_from_args,
+)
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
 
@@ -70,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         flag = "--" + fname.rstrip("_").replace("_", "-")
         group.add_argument(flag, dest=f"cfg_{fname}", type=_bool if typ is bool else typ,
                            default=None, help=text.replace("%", "%%"))
+    add_privacy_arguments(p)
     add_dp_arguments(p, default="none")
     p.set_defaults(func=run)
 
@@ -125,18 +133,26 @@ def _printer(rounds: int, quiet: bool):
 def run(args: argparse.Namespace) -> int:
     alg = registry.get(args.algorithm)
     cfg = _config(alg, args)
+    unit = privacy_unit(args)
     run_cfg = {k: getattr(args, k) if getattr(args, k) is not None else alg.run_defaults[k]
                for k in _RUN_FLAGS}
+    if args.rounds is None and "sweeps" in type(cfg).model_fields:
+        run_cfg["rounds"] = cfg.sweeps + 1  # the sweeps, then every user re-solved on V
     ratings, data = _load(args.data, args.seed)
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction)
     rating_fed = fed
     if alg.data_kind == "binary":
         fed = binarise(fed, args.threshold)
     per_round = run_cfg["per_round"] or fed.n_clients
-    privatizer = _privatizer(args, alg, cfg, fed, run_cfg["rounds"], per_round)
+    if unit == "user":
+        privatizer = _user_privatizer(args, alg, cfg, fed)
+        aggregator = privatizer.aggregate
+    else:
+        privatizer, aggregator = _privatizer(args, alg, cfg, fed, run_cfg["rounds"],
+                                             per_round), None
     t0 = time.perf_counter()
     result = simulate(alg, cfg, fed, rounds=run_cfg["rounds"], per_round=per_round,
-                      seed=args.seed, privatizer=privatizer,
+                      seed=args.seed, privatizer=privatizer, aggregator=aggregator,
                       on_round=_printer(run_cfg["rounds"], args.quiet))
     wall = time.perf_counter() - t0
     final = result.final
@@ -148,9 +164,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"binary (rating >= {args.threshold:g}): F1 {binary['f1']:.4f}, RMSD "
               f"{binary['rmsd']:.5f}, precision@10 {binary['precision_at_k']:.4f}, "
               f"recall@10 {binary['recall_at_k']:.4f}")
-    privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer else \
-        {"mechanism": "none"}
-    if privatizer is not None:
+    if unit == "user":
+        privacy = privatizer.report()
+        print(f"privacy: unit user, placement {privacy['placement']}, epsilon max "
+              f"{privacy['epsilon_max']:.4g} at delta {privacy['delta']:.3g} over "
+              f"{len(privacy['releases'])} releases (noise multiplier "
+              f"{privacy['noise_multiplier']:.4g})")
+    else:
+        privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer \
+            else {"mechanism": "none"}
+    if unit == "tenant" and privatizer is not None:
+        privacy["placement"] = "tenant"
         print(f"privacy: {privacy['mechanism']}, epsilon max over tenants "
               f"{privacy['epsilon_max']:.4g} at delta {privacy['delta']:.3g} "
               f"(unit: a tenant's whole rating block); stopped: {privacy['stopped'] or 'none'}")
@@ -173,6 +197,17 @@ def _upload_size(alg, cfg, fed, seed: int) -> int:
     server, glob, locs = initialise(alg, cfg, fed.train[:1], seed)
     _, up = client_round(alg, cfg, 1, seed, 0, glob, locs[0], fed.train[0])
     return 1 if up is None else int(sum(a.size for a in up.arrays().values()))
+
+
+def _user_privatizer(args, alg, cfg, fed):
+    """The user-level privatizer/aggregator; refuses algorithms without per-user bounds."""
+    bounds = registry.user_bounds(alg.name, cfg)
+    if bounds is None:
+        raise ValueError(f"--privacy user needs an algorithm whose uploads are sums of "
+                         f"per-user bounded terms (dpals); {alg.name} has none")
+    n_users = sum(b.n_users for b in fed.train)
+    return user_privatizer_from_args(args, bounds, cfg.sweeps, fed.n_clients, n_users,
+                                     args.seed)
 
 
 def _privatizer(args, alg, cfg, fed, rounds: int, per_round: int):

@@ -1,0 +1,425 @@
+r"""DPALS: federated alternating least squares whose releases are bounded per user.
+
+Chien, Jain, Krichene, Rendle, Song, Thakurta and Zhang, *Private Alternating Least
+Squares: Practical Private Matrix Completion with Tighter Rates* (ICML 2021), in the
+billboard (joint DP) model: each user's factor stays with the tenant that holds the user's
+ratings; only item-side sums built from per-user-bounded terms leave the tenant.
+
+Prediction of user u, item j: ``x_u . w_j + b_u + mu`` with
+
+* ``x_u = [clip(u_u, Gamma_u), c]`` (rank + 1): the user factor clipped to norm
+  ``user_factor_clip`` and a constant coordinate ``c = bias_coordinate`` whose partner in
+  ``w_j`` is item j's bias;
+* ``w_j = [v_j, beta_j]``: row j of the released item matrix V (global);
+* ``b_u``: a user bias (local, never released), ``mu``: a public centre (default the middle
+  of the public rating scale, so nothing about the data is spent on it).
+
+One sweep = one round. Each tenant (client step), given V:
+
+1. solves every user's row exactly (ridge, batched d x d solves over the users):
+   ``[u_u, b_u] = argmin sum_{j in Omega_u} (r_uj - mu - c beta_j - u.v_j - b)^2 + lam_u ||.||^2``
+   over *all* the user's ratings (this never leaves the tenant), with ridge
+   ``lam_u + lam_u_count * n_u`` (weighted-lambda ALS);
+2. bounds the user: ``x_u`` as above (``||x_u||^2 <= Gamma_u^2 + c^2``), at most
+   ``k = max_ratings_per_user`` ratings (a fixed random subset, drawn once from the
+   tenant's init stream), centred ratings ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``,
+   and weights ``w_uj`` with ``sum_j w_uj^2 <= k`` (:func:`rating_weights`: a user with
+   fewer than k ratings spends the whole budget, each weight at most ``max_weight``;
+   optionally tilted toward rare items);
+3. uploads, per item j over the kept ratings, ``A_j = sum_u w_uj x_u x_u^T`` and
+   ``b_j = sum_u w_uj s_uj x_u``. The last diagonal entry of A_j is c^2 times the item's
+   (weighted) count: the count is released inside A_j and covered by the same bound.
+
+The server sums the uploads (noise is added by the privacy layer, :mod:`privacy.user_level`,
+once to the sum or by each tenant, and the noise standard deviations travel as scalar fields
+of the upload), estimates each item's count from the traces (:func:`count_estimate`),
+shrinks each A_j toward count_j times the average ``x x^T`` (``gram_shrink``), projects it
+onto the PSD cone (eigenvalues clipped at 0) and solves ``w_j = (A_j + lam_eff I)^{-1} b_j``
+with ``lam_eff = lam_v + noise_reg * 2 sigma_A sqrt(d) + lam_v_count * count_j``
+(``2 sigma sqrt(d)`` is the spectral norm of a d x d symmetric Gaussian noise matrix, so
+the regulariser grows with the noise: a prior at 0 whose strength is tied to the noise).
+All of this is post-processing of the released sums.
+
+After ``sweeps`` sweeps the clients stop uploading; a further round only re-solves every
+user against the final V (``run_defaults['rounds'] = sweeps + 1``), so the served U matches
+the served V. Each sweep is one release per user; :func:`user_bounds` declares what the
+privacy layer needs to calibrate it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+import scipy.sparse as sp
+from pydantic import Field, model_validator
+
+from algorithms._messages import Message
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.block import RatingBlock
+
+
+class DPALSConfig(AlgorithmConfig):
+    """Settings of DPALS (defaults: the setting tuned on a validation carve-out, see
+    BENCHMARKS.md)."""
+
+    rank: int = Field(4, description="r, latent factors (one item-bias coordinate extra)")
+    sweeps: int = Field(3, description="ALS sweeps, i.e. releases of V per user")
+    max_ratings_per_user: int = Field(
+        1000, description="k, ratings of a user that enter the released sums (random subset)")
+    user_factor_clip: float = Field(1.0, description="Gamma_u, norm bound of a user factor")
+    bias_coordinate: float = Field(0.2, description="c, constant user coordinate paired "
+                                   "with the item bias (its square counts the ratings)")
+    rating_clip: float | None = Field(
+        1.0, description="Gamma_r, bound of centred ratings in the released sums "
+        "(None: half the width of the public rating scale)")
+    scale_min: float = Field(1.0, description="public rating scale: lowest rating")
+    scale_max: float = Field(5.0, description="public rating scale: highest rating")
+    public_centre: float | None = Field(
+        None, description="public centre mu (default: the middle of the rating scale)")
+    lam_u: float = Field(1.0, description="ridge weight of the local user solve")
+    lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
+    lam_u_count: float = Field(
+        0.0, description="extra user ridge per rating of the user (weighted-lambda ALS)")
+    lam_v_count: float = Field(
+        0.1, description="extra item ridge per rater of the item, estimated from the "
+        "released (noisy) count in A (post-processing, no extra release)")
+    gram_shrink: float = Field(
+        1.0, description="alpha in [0, 1]: each item's A_j is shrunk toward count_j times "
+        "the average x x^T over all items (post-processing; 0: off)")
+    noise_reg: float = Field(
+        1.0, description="extra item ridge per unit of the noise's spectral norm")
+    max_weight: float = Field(
+        10.0, description="largest weight of one rating: a user with fewer than k kept "
+        "ratings spends its whole budget sum_j w_uj^2 <= k with weights up to this (1: off)")
+    rare_item_power: float = Field(
+        0.0, description="eta: weights proportional to count_j^-eta (counts estimated from "
+        "the previous release, post-processing), normalised to the user's budget k")
+    user_sample_rate: float = Field(
+        1.0, description="q, probability that a user enters a sweep's sums (Poisson, drawn "
+        "inside the tenant; q < 1 amplifies privacy)")
+    user_bias: bool = Field(True, description="learn a local user bias")
+    init_scale: float = Field(0.1, description="std of the random initial V (public)")
+
+    @model_validator(mode="after")
+    def _check(self) -> DPALSConfig:
+        if self.rank < 1:
+            raise ValueError("rank must be at least 1")
+        if self.sweeps < 1:
+            raise ValueError("sweeps must be at least 1")
+        if self.max_ratings_per_user < 1:
+            raise ValueError("max_ratings_per_user must be at least 1")
+        for name in ("user_factor_clip", "bias_coordinate", "init_scale"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if self.rating_clip is not None and not self.rating_clip > 0:
+            raise ValueError("rating_clip must be positive")
+        if not self.scale_max > self.scale_min:
+            raise ValueError("scale_max must exceed scale_min")
+        if not 0 <= self.gram_shrink <= 1:
+            raise ValueError("gram_shrink must be in [0, 1]")
+        if not self.max_weight >= 1:
+            raise ValueError("max_weight must be at least 1")
+        if self.rare_item_power < 0:
+            raise ValueError("rare_item_power must be non-negative")
+        if not 0 < self.user_sample_rate <= 1:
+            raise ValueError("user_sample_rate must be in (0, 1]")
+        if min(self.lam_u, self.lam_v, self.noise_reg, self.lam_u_count,
+               self.lam_v_count) < 0:
+            raise ValueError("lam_u, lam_v, lam_u_count, lam_v_count and noise_reg must be "
+                             "non-negative")
+        if self.lam_v == 0 and self.noise_reg == 0:
+            raise ValueError("lam_v or noise_reg must be positive (the item solve needs a "
+                             "ridge for items nobody rated)")
+        return self
+
+    @property
+    def d(self) -> int:
+        """Length of x_u and w_j: r factors + the bias coordinate."""
+        return self.rank + 1
+
+    @property
+    def mu(self) -> float:
+        mid = (self.scale_min + self.scale_max) / 2
+        return mid if self.public_centre is None else self.public_centre
+
+    @property
+    def r_clip(self) -> float:
+        return ((self.scale_max - self.scale_min) / 2 if self.rating_clip is None
+                else self.rating_clip)
+
+    @property
+    def x_norm(self) -> float:
+        """Gamma_x: bound of ||x_u|| (clipped factor and constant coordinate)."""
+        return float(np.hypot(self.user_factor_clip, self.bias_coordinate))
+
+
+@dataclasses.dataclass(frozen=True)
+class UserBounds:
+    """What one user can add to a release, declared by the algorithm for the privacy layer.
+
+    ``gram`` arrays hold, per item, a sum of ``x x^T`` (symmetric d x d blocks);
+    ``rhs`` arrays a sum of ``s x``. A user adds to at most ``max_ratings`` items, with
+    ``||x|| <= x_norm`` and ``|s| <= rating_bound``. ``noise_fields`` maps each array to the
+    scalar field of the upload that records the standard deviation of the noise in it.
+    ``sample_rate``: each user enters a release independently with this probability, drawn
+    inside the tenant (hidden from the server).
+    """
+
+    max_ratings: int
+    x_norm: float
+    rating_bound: float
+    gram: tuple[str, ...]
+    rhs: tuple[str, ...]
+    noise_fields: Mapping[str, str]
+    sample_rate: float = 1.0
+
+
+def user_bounds(cfg: DPALSConfig) -> UserBounds:
+    """The per-user bounds of a DPALS upload under ``cfg``."""
+    return UserBounds(cfg.max_ratings_per_user, cfg.x_norm, cfg.r_clip, ("A",), ("b",),
+                      {"A": "gram_noise", "b": "rhs_noise"}, cfg.user_sample_rate)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalModel(Message):
+    """V (d x n: rank factor rows and the item-bias row), the sweeps released so far and
+    each item's (weighted) rater count estimated from the last release (zeros before)."""
+
+    V: np.ndarray
+    sweep: int
+    counts: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerState(Message):
+    """The server keeps only the current V and counts (every sweep is solved from fresh
+    sums)."""
+
+    V: np.ndarray
+    sweep: int
+    counts: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalState(Message):
+    """Tenant i's private state: ``U`` (m_i x r+1: factors and user bias), ``keep`` (the
+    indices, into the block's entries, of the ratings that enter the released sums)."""
+
+    U: np.ndarray
+    keep: np.ndarray
+    rank: int
+    mu: float
+    bias_coordinate: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Upload(Message):
+    """Per-item sums over this tenant's users: ``A`` (n x d x d), ``b`` (n x d); and the
+    standard deviation of the noise already in them (0 before the privacy layer)."""
+
+    A: np.ndarray
+    b: np.ndarray
+    gram_noise: float = 0.0
+    rhs_noise: float = 0.0
+
+
+def init_server(n_items: int, n_clients: int, cfg: DPALSConfig,
+                rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
+    """V^0: Normal(0, init_scale^2) factor rows, zero item biases (data-independent)."""
+    v = np.zeros((cfg.d, n_items))
+    v[: cfg.rank] = rng.normal(0.0, cfg.init_scale, size=(cfg.rank, n_items))
+    zeros = np.zeros(n_items)
+    return (ServerState(V=v, sweep=0, counts=zeros),
+            GlobalModel(V=v.copy(), sweep=0, counts=zeros.copy()))
+
+
+def cap_per_user(rows: np.ndarray, n_users: int, k: int, rng: np.random.Generator
+                 ) -> np.ndarray:
+    """Sorted indices of at most ``k`` entries per row, uniformly at random within a row."""
+    order = np.lexsort((rng.random(rows.shape[0]), rows))  # by row, random within a row
+    counts = np.bincount(rows, minlength=n_users)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    position = np.arange(rows.shape[0]) - np.repeat(starts, counts)
+    return np.sort(order[position < k]).astype(np.int64)
+
+
+def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: DPALSConfig,
+                rng: np.random.Generator) -> LocalState:
+    """U^0 = 0 (solved in the first step) and the capped subset of the block's ratings."""
+    keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
+    return LocalState(U=np.zeros((block.n_users, cfg.rank + 1)), keep=keep, rank=cfg.rank,
+                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate)
+
+
+def _outer_flat(x: np.ndarray) -> np.ndarray:
+    """Row-wise outer products, flattened: (rows, d*d)."""
+    return np.einsum("ri,rj->rij", x, x).reshape(x.shape[0], -1)
+
+
+def solve_users(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarray:
+    """Every user's exact ridge solution ``[u_u, b_u]`` (m x r+1) against V, batched.
+
+    Gram matrices are one sparse product ``S @ outer(Y)`` (S the 0/1 pattern, Y the item
+    designs), then one batched ``np.linalg.solve``; no Python loop over users or ratings.
+    """
+    r = cfg.rank
+    y = v[:r].T if not cfg.user_bias else np.hstack([v[:r].T, np.ones((v.shape[1], 1))])
+    target = block.vals - cfg.mu - cfg.bias_coordinate * v[r, block.cols]
+    shape = block.shape
+    pattern = sp.csr_array((np.ones(block.nnz), (block.rows, block.cols)), shape=shape)
+    weighted = sp.csr_array((target, (block.rows, block.cols)), shape=shape)
+    q = y.shape[1]
+    lam = cfg.lam_u + cfg.lam_u_count * np.bincount(block.rows, minlength=block.n_users)
+    gram = (pattern @ _outer_flat(y)).reshape(-1, q, q) + lam[:, None, None] * np.eye(q)
+    rhs = weighted @ y
+    sol = np.linalg.solve(gram, rhs[..., None])[..., 0]
+    u = np.zeros((block.n_users, r + 1))
+    u[:, :q] = sol
+    return u
+
+
+def user_vectors(u: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
+    """x_u = [clip(u_u, Gamma_u), c] for every user (m x d)."""
+    f = u[:, : cfg.rank]
+    norms = np.linalg.norm(f, axis=1, keepdims=True)
+    f = f * (cfg.user_factor_clip / np.maximum(norms, cfg.user_factor_clip))
+    return np.hstack([f, np.full((u.shape[0], 1), cfg.bias_coordinate)])
+
+
+def rating_weights(rows: np.ndarray, cols: np.ndarray, n_users: int, counts: np.ndarray,
+                   cfg: DPALSConfig) -> np.ndarray:
+    """w_uj of the kept ratings with sum_j w_uj^2 <= k for every user.
+
+    Base ``count_j^-eta`` (1 without counts or eta = 0), scaled per user to spend the budget
+    k exactly, each weight capped at ``max_weight``; the cap only lowers a weight, so the
+    budget still holds. With the defaults every weight is 1 (at most k kept ratings).
+    """
+    k = cfg.max_ratings_per_user
+    base = np.ones(rows.shape[0])
+    if cfg.rare_item_power > 0 and np.any(counts > 0):
+        base = np.maximum(counts[cols], 1.0) ** -cfg.rare_item_power
+    spent = np.bincount(rows, weights=base ** 2, minlength=n_users)
+    scale = np.sqrt(k / np.maximum(spent, 1e-300))
+    return np.minimum(base * scale[rows], cfg.max_weight)
+
+
+def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig,
+              counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings."""
+    x = user_vectors(u, cfg)
+    rows, cols = block.rows[keep], block.cols[keep]
+    s = np.clip(block.vals[keep] - cfg.mu - (u[rows, cfg.rank] if cfg.user_bias else 0.0),
+                -cfg.r_clip, cfg.r_clip)
+    w = rating_weights(rows, cols, block.n_users,
+                       np.zeros(block.n_items) if counts is None else counts, cfg)
+    shape = (block.n_items, block.n_users)
+    pattern_t = sp.csr_array((w, (cols, rows)), shape=shape)
+    weighted_t = sp.csr_array((w * s, (cols, rows)), shape=shape)
+    a = (pattern_t @ _outer_flat(x)).reshape(block.n_items, cfg.d, cfg.d)
+    return a, weighted_t @ x
+
+
+def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
+                cfg: DPALSConfig, rng: np.random.Generator
+                ) -> tuple[LocalState, Upload | None]:
+    """Solve the users against V; upload the bounded item sums while sweeps remain
+    (over the users drawn at rate ``user_sample_rate`` from ``rng``)."""
+    u = solve_users(global_msg.V, block, cfg)
+    new = state.replace(U=u)
+    if global_msg.sweep >= cfg.sweeps:
+        return new, None  # final refresh: U now matches the released V
+    keep = state.keep
+    if cfg.user_sample_rate < 1:  # Poisson sampling of users, unseen outside the tenant
+        present = rng.random(block.n_users) < cfg.user_sample_rate
+        keep = keep[present[block.rows[keep]]]
+    a, b = item_sums(u, keep, block, cfg, global_msg.counts)
+    return new, Upload(A=a, b=b)
+
+
+def psd_project(a: np.ndarray) -> np.ndarray:
+    """Each symmetric block projected onto the PSD cone (negative eigenvalues set to 0)."""
+    sym = (a + np.swapaxes(a, -1, -2)) / 2
+    w, q = np.linalg.eigh(sym)
+    return np.einsum("nij,nj,nkj->nik", q, np.maximum(w, 0.0), q)
+
+
+def item_ridge(gram_noise: float, cfg: DPALSConfig, counts: np.ndarray | float = 0.0
+               ) -> np.ndarray | float:
+    """lam_v + noise_reg * 2 sigma_A sqrt(d) + lam_v_count * count (module docstring)."""
+    return (cfg.lam_v + cfg.noise_reg * 2.0 * gram_noise * np.sqrt(cfg.d)
+            + cfg.lam_v_count * counts)
+
+
+def count_estimate(a: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
+    """Each item's (weighted) rater count from the summed A, post-processing only.
+
+    The bias entry ``A_j[-1, -1] = c^2 count_j`` carries the count but, with a small c, its
+    noise is large relative to it; the trace ``tr A_j`` has far less relative noise and is
+    proportional to the count on average, so ``count_j ~ tr A_j * (sum A[-1,-1] / c^2) /
+    sum tr A``, the ratio taken over all items (where the noise averages out).
+    """
+    tr = np.trace(a, axis1=1, axis2=2)
+    total = max(float(tr.sum()), 1e-300)
+    per_trace = max(float(a[:, -1, -1].sum()), 0.0) / cfg.bias_coordinate ** 2 / total
+    return np.maximum(tr * per_trace, 0.0)
+
+
+def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float) -> np.ndarray:
+    """``(1 - alpha) A_j + alpha count_j S`` with ``S = sum_j A_j / sum_j count_j`` the
+    average ``x x^T`` over all ratings: a prior shared by the items, whose noise averages
+    out over the items, for the per-item Gram matrices drowned in noise."""
+    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300)
+    return (1.0 - alpha) * a + alpha * counts[:, None, None] * avg
+
+
+def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
+                ) -> np.ndarray:
+    """V (d x n) from the summed (possibly noisy) A and b."""
+    counts = count_estimate(a, cfg)
+    if cfg.gram_shrink > 0:
+        a = shrink_grams(a, counts, cfg.gram_shrink)
+    lam = item_ridge(gram_noise, cfg, counts)
+    g = psd_project(a) + np.asarray(lam)[..., None, None] * np.eye(cfg.d)
+    return np.linalg.solve(g, b[..., None])[..., 0].T
+
+
+def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSConfig,
+                rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
+    """Sum the uploads (noise std adds in quadrature) and solve V; no uploads: keep V."""
+    if not uploads:
+        return state, GlobalModel(V=state.V.copy(), sweep=state.sweep,
+                                  counts=state.counts.copy())
+    ups = [uploads[i] for i in sorted(uploads)]
+    a = np.sum([u.A for u in ups], axis=0)
+    b = np.sum([u.b for u in ups], axis=0)
+    sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
+    v, counts = solve_items(a, b, sigma, cfg), count_estimate(a, cfg)
+    return (ServerState(V=v, sweep=state.sweep + 1, counts=counts),
+            GlobalModel(V=v.copy(), sweep=state.sweep + 1, counts=counts.copy()))
+
+
+def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:
+    """(A, B) with A @ B = u.v + c beta + b_u + mu (the clip applies only to uploads)."""
+    u, v, r = state.U, global_msg.V, state.rank
+    m, n = u.shape[0], v.shape[1]
+    a = np.hstack([u[:, :r], np.full((m, 1), state.bias_coordinate), u[:, r:r + 1],
+                   np.full((m, 1), state.mu)])
+    b = np.vstack([v[:r], v[r:r + 1], np.ones((2, n))])
+    return a, b
+
+
+def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
+              cfg: DPALSConfig) -> float:
+    """Tenant i's share of the ALS objective: 1/2 squared error + 1/2 lam_u ||U||^2."""
+    a, b = factors(global_msg, state)
+    pred = np.einsum("ij,ji->i", a[block.rows], b[:, block.cols])
+    e = block.vals - pred
+    return float(0.5 * e @ e + 0.5 * cfg.lam_u * np.sum(state.U ** 2))
+
+
+ALGORITHM = Algorithm(
+    name="dpals", config=DPALSConfig, init_server=init_server, init_client=init_client,
+    client_step=client_step, server_step=server_step, factors=factors, objective=objective,
+    run_defaults={"clients": 100, "per_round": 0, "rounds": 4})
