@@ -65,7 +65,7 @@ class DPALSConfig(AlgorithmConfig):
     BENCHMARKS.md)."""
 
     rank: int = Field(4, description="r, latent factors (one item-bias coordinate extra)")
-    sweeps: int = Field(3, description="ALS sweeps, i.e. releases of V per user")
+    sweeps: int = Field(4, description="ALS sweeps, i.e. releases of V per user")
     max_ratings_per_user: int = Field(
         1000, description="k, ratings of a user that enter the released sums (random subset)")
     user_factor_clip: float = Field(1.0, description="Gamma_u, norm bound of a user factor")
@@ -422,4 +422,4 @@ def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
 ALGORITHM = Algorithm(
     name="dpals", config=DPALSConfig, init_server=init_server, init_client=init_client,
     client_step=client_step, server_step=server_step, factors=factors, objective=objective,
-    run_defaults={"clients": 100, "per_round": 0, "rounds": 4})
+    run_defaults={"clients": 100, "per_round": 0, "rounds": 5})
