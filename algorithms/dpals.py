@@ -65,7 +65,7 @@ class DPALSConfig(AlgorithmConfig):
     BENCHMARKS.md)."""
 
     rank: int = Field(4, description="r, latent factors (one item-bias coordinate extra)")
-    sweeps: int = Field(3, description="ALS sweeps, i.e. releases of V per user")
+    sweeps: int = Field(4, description="ALS sweeps, i.e. releases of V per user")
     max_ratings_per_user: int = Field(
         1000, description="k, ratings of a user that enter the released sums (random subset)")
     user_factor_clip: float = Field(1.0, description="Gamma_u, norm bound of a user factor")
@@ -358,11 +358,15 @@ def count_estimate(a: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
     The bias entry ``A_j[-1, -1] = c^2 count_j`` carries the count but, with a small c, its
     noise is large relative to it; the trace ``tr A_j`` has far less relative noise and is
     proportional to the count on average, so ``count_j ~ tr A_j * (sum A[-1,-1] / c^2) /
-    sum tr A``, the ratio taken over all items (where the noise averages out).
+    sum tr A``, the ratio taken over all items (where the noise averages out) and clipped
+    to its possible range.
     """
     tr = np.trace(a, axis1=1, axis2=2)
-    total = max(float(tr.sum()), 1e-300)
-    per_trace = max(float(a[:, -1, -1].sum()), 0.0) / cfg.bias_coordinate ** 2 / total
+    c2 = cfg.bias_coordinate ** 2
+    # count / trace = 1 / mean ||x||^2 lies in [1 / G_x^2, 1 / c^2] since c <= ||x|| <= G_x:
+    # clip the noisy ratio there (very noisy sums can make either total tiny or negative)
+    ratio = float(a[:, -1, -1].sum()) / c2 / max(float(tr.sum()), 1e-300)
+    per_trace = min(max(ratio, 1.0 / cfg.x_norm ** 2), 1.0 / c2)
     return np.maximum(tr * per_trace, 0.0)
 
 
@@ -422,4 +426,4 @@ def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
 ALGORITHM = Algorithm(
     name="dpals", config=DPALSConfig, init_server=init_server, init_client=init_client,
     client_step=client_step, server_step=server_step, factors=factors, objective=objective,
-    run_defaults={"clients": 100, "per_round": 0, "rounds": 4})
+    run_defaults={"clients": 100, "per_round": 0, "rounds": 5})

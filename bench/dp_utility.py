@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     for eps, placement, small in points:
         rmses, report = [], None
         run_cfg = cfg.model_copy(update=SMALL_EPSILON["config"]) if small else cfg
-        share = SMALL_EPSILON["gram_share"] if small else 0.2
+        share = SMALL_EPSILON["gram_share"] if small else None
         for seed in range(seeds):
             rmse, report = run_dpals(run_cfg, fed, epsilon=eps, delta=DELTA,
                                      placement="central" if placement == "none" else placement,

@@ -31,16 +31,19 @@ from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
 
 
 def run_dpals(cfg: dpals.DPALSConfig, fed: Federation, *, epsilon: float, delta: float,
-              placement: str, seed: int, gram_share: float = 0.2
-              ) -> tuple[float, dict[str, Any] | None]:
-    """Test RMSE of one DPALS run on ``fed`` (and its privacy report; None if noise-free)."""
+              placement: str, seed: int, gram_share: float | None = None,
+              release_growth: float | None = None) -> tuple[float, dict[str, Any] | None]:
+    """Test RMSE of one DPALS run on ``fed`` (and its privacy report; None if noise-free).
+    ``gram_share``/``release_growth`` None: the privacy layer's defaults."""
     priv = None
     if epsilon > 0:
         bounds = dpals.user_bounds(cfg)
         spec = UserLevelSpec(epsilon=epsilon, delta=delta,
                              n_users=sum(b.n_users for b in fed.train), releases=cfg.sweeps,
                              placement=placement, sample_rate=bounds.sample_rate,
-                             gram_share=gram_share)
+                             **({} if gram_share is None else {"gram_share": gram_share}),
+                             **({} if release_growth is None else
+                                {"release_growth": release_growth}))
         priv = UserLevelPrivatizer(spec, bounds, fed.n_clients, seed)
     res = simulate(dpals.ALGORITHM, cfg, fed, rounds=cfg.sweeps + 1, per_round=fed.n_clients,
                    seed=seed, privatizer=priv, aggregator=priv.aggregate if priv else None,
@@ -66,7 +69,8 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
 
 
 def search(data: str, grid: dict[str, list[Any]], base: dict[str, Any], *, epsilon: float,
-           delta: float, placement: str, clients: int, runs: int, gram_share: float = 0.2
+           delta: float, placement: str, clients: int, runs: int,
+           gram_share: float | None = None, release_growth: float | None = None
            ) -> list[dict]:
     fed = validation_federation(build_federation(load_movielens(data), clients, 0, 0.2))
     rows = []
@@ -74,7 +78,8 @@ def search(data: str, grid: dict[str, list[Any]], base: dict[str, Any], *, epsil
         kw = {**base, **dict(zip(grid, values, strict=True))}
         cfg = dpals.DPALSConfig(**kw)
         rmses = [run_dpals(cfg, fed, epsilon=epsilon, delta=delta, placement=placement,
-                           seed=s, gram_share=gram_share)[0] for s in range(runs)]
+                           seed=s, gram_share=gram_share,
+                           release_growth=release_growth)[0] for s in range(runs)]
         rows.append({"config": kw, "validation_rmse": float(np.mean(rmses))})
         print(f"{kw}: {np.mean(rmses):.4f}", flush=True)
     best = min(rows, key=lambda r: r["validation_rmse"])
@@ -89,8 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--delta", type=float, default=1e-6)
     ap.add_argument("--placement", default="central", choices=["central", "tenant"])
     ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--gram-share", type=float, default=0.2,
+    ap.add_argument("--gram-share", type=float, default=None,
                     help="share of each release's privacy spent on the gram arrays")
+    ap.add_argument("--release-growth", type=float, default=None,
+                    help="release k gets a privacy share proportional to growth^k")
     ap.add_argument("--runs", type=int, default=2, help="run seeds to average")
     ap.add_argument("--base", nargs="*", default=[], help="fixed options key=value")
     ap.add_argument("--grid", nargs="*", default=[], help="key=v1,v2,...")
@@ -99,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     base = {k: v[0] for k, v in parse_grid(args.base).items()}
     rows = search(args.data, parse_grid(args.grid), base, epsilon=args.epsilon,
                   delta=args.delta, placement=args.placement, clients=args.clients,
-                  runs=args.runs, gram_share=args.gram_share)
+                  runs=args.runs, gram_share=args.gram_share,
+                  release_growth=args.release_growth)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

@@ -184,21 +184,36 @@ def spend(history: Iterable[Event], delta: float, orders: Sequence[float] = ORDE
                  float(order), n)
 
 
+def schedule_events(mechanism: str, z: float, weights: Sequence[float],
+                    sample_rate: float = 1.0) -> list[Event]:
+    """One event per transmission k at noise multiplier ``z / sqrt(w_k)``: transmission k
+    gets a share of the privacy proportional to w_k (for the Gaussian at q = 1, RDP is
+    proportional to 1 / z^2, so the shares add exactly)."""
+    return [Event(mechanism, z / math.sqrt(w), 1, sample_rate) for w in weights]
+
+
 def noise_for_epsilon(mechanism: str, target_epsilon: float, delta: float,
-                      transmissions: int, rtol: float = 1e-6, sample_rate: float = 1.0
-                      ) -> float:
+                      transmissions: int, rtol: float = 1e-6, sample_rate: float = 1.0,
+                      weights: Sequence[float] | None = None) -> float:
     """Smallest noise multiplier z with ``spend([Event(mechanism, z, T, q)], delta) <= target``.
 
     Bisection on log z (epsilon decreases as z grows); the upper end is returned so the
     target is met. ``transmissions`` is the number of uploads the tenant may make (or of
-    releases a user takes part in); ``sample_rate`` see :class:`Event`.
+    releases a user takes part in); ``sample_rate`` see :class:`Event`. With ``weights``
+    (one positive number per transmission), transmission k uses ``z / sqrt(w_k)``
+    (:func:`schedule_events`) and the returned z meets the target for the whole schedule.
     """
     if not target_epsilon > 0:
         raise ValueError(f"target epsilon must be positive, got {target_epsilon!r}")
     if transmissions <= 0:
         raise ValueError(f"transmissions must be positive, got {transmissions!r}")
 
+    if weights is not None and (len(weights) != transmissions or min(weights) <= 0):
+        raise ValueError(f"weights must be {transmissions} positive numbers, got {weights!r}")
+
     def eps(z: float) -> float:
+        if weights is not None:
+            return spend(schedule_events(mechanism, z, weights, sample_rate), delta).epsilon
         return spend([Event(mechanism, z, transmissions, sample_rate)], delta).epsilon
 
     lo, hi = 1e-3, 1.0

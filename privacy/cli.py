@@ -144,6 +144,9 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     g.add_argument("--delta", type=float, default=None,
                    help=f"delta (user unit default: {DEFAULT_USER_DELTA:g}, below 1 / users; "
                         "tenant unit: as --dp-delta)")
+    g.add_argument("--release-growth", type=float, default=None,
+                   help="user unit: release k gets a privacy share proportional to g^k "
+                        "(later, less noisy releases; 1 = equal; default 2.5)")
     g.add_argument("--gram-share", type=float, default=None,
                    help="user unit: share of each release's privacy spent on the Gram "
                         "matrices, the rest on the right-hand sides (default 0.2)")
@@ -164,8 +167,9 @@ def privacy_unit(args: argparse.Namespace) -> str:
     if unit != "user" and args.placement is not None:
         raise ValueError("--placement applies to --privacy user only (the tenant unit is "
                          "always noised by each tenant)")
-    if unit != "user" and args.gram_share is not None:
-        raise ValueError("--gram-share applies to --privacy user only")
+    for flag in ("gram_share", "release_growth"):
+        if unit != "user" and getattr(args, flag) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} applies to --privacy user only")
     if unit == "none" and (args.epsilon is not None or args.delta is not None):
         raise ValueError("--epsilon/--delta need --privacy user or tenant")
     if unit == "tenant":
@@ -194,7 +198,8 @@ def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n
             epsilon=args.epsilon if args.epsilon is not None else DEFAULT_EPSILON,
             delta=delta, n_users=n_users, releases=releases,
             placement=args.placement or "central", sample_rate=bounds.sample_rate,
-            **({} if args.gram_share is None else {"gram_share": args.gram_share}))
+            **{k: getattr(args, k) for k in ("gram_share", "release_growth")
+               if getattr(args, k) is not None})
     except ValidationError as exc:  # one line naming the flag, not pydantic's dump
         err = exc.errors()[0]
         field = str(err["loc"][0]).replace("_", "-") if err["loc"] else ""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
 from privacy.accountant import NONE, Event, Spend, compose, spend
@@ -199,6 +199,20 @@ def projected_spend(ledger: Ledger, plan: Mapping[Hashable, int], event: Event
                     ) -> dict[str, Spend]:
     """Each planned tenant's spend after its planned transmissions of ``event``."""
     return {_key(t): ledger.projected(t, event.times(n)) for t, n in plan.items()}
+
+
+def check_schedule(ledger: Ledger, tenants: Iterable[Hashable], events: Sequence[Event]
+                   ) -> dict[str, Spend]:
+    """Like :func:`check_plan` for a schedule of possibly different events that every
+    listed tenant takes part in; raises :class:`BudgetExceeded` naming the first tenant."""
+    proj = {_key(t): spend(ledger.history(t) + list(events), ledger.budget(t).delta)
+            for t in tenants}
+    over = [t for t, s in proj.items() if s.epsilon > ledger.budget(t).epsilon_max]
+    if over:
+        t = over[0]
+        raise BudgetExceeded(t, proj[t].epsilon, ledger.budget(t), ledger.spent(t).epsilon,
+                             len(events), len(over) - 1)
+    return proj
 
 
 def check_plan(ledger: Ledger, plan: Mapping[Hashable, int], event: Event) -> dict[str, Spend]:

@@ -146,9 +146,9 @@ def test_simulate_tenant_placement_matches_the_library(tmp_path, ratings_csv):
     report = json.loads(out.read_text())
     cfg = dpals.DPALSConfig(rank=3)
     fed = build_federation(load_ratings(ratings_csv), 4, 1)
-    spec = UserLevelSpec(epsilon=4, delta=1e-4, n_users=120, releases=3, placement="tenant")
+    spec = UserLevelSpec(epsilon=4, delta=1e-4, n_users=120, releases=4, placement="tenant")
     priv = UserLevelPrivatizer(spec, dpals.user_bounds(cfg), 4, 1)
-    sim = simulate(dpals.ALGORITHM, cfg, fed, rounds=4, per_round=4, seed=1, privatizer=priv,
+    sim = simulate(dpals.ALGORITHM, cfg, fed, rounds=5, per_round=4, seed=1, privatizer=priv,
                    aggregator=priv.aggregate)
     assert report["final"]["test_rmse"] == sim.final.test_rmse
     assert report["privacy"]["placement"] == "tenant"

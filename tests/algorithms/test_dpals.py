@@ -207,3 +207,12 @@ def test_gram_shrinkage_interpolates_toward_count_times_the_average():
     avg = a.sum(0) / counts.sum()
     np.testing.assert_allclose(D.shrink_grams(a, counts, 1.0), counts[:, None, None] * avg)
     np.testing.assert_allclose(D.shrink_grams(a, counts, 1.0).sum(0), a.sum(0))
+
+
+def test_count_estimate_stays_finite_when_the_noise_swamps_the_totals():
+    cfg = D.DPALSConfig(rank=2, bias_coordinate=0.2)
+    a = np.zeros((4, 3, 3))
+    a[:, 0, 0] = [-5.0, 1.0, 2.0, 1.0]  # total trace -1, total bias entry 0
+    counts = D.count_estimate(a, cfg)
+    assert np.all(np.isfinite(counts)) and np.all(counts >= 0)
+    np.testing.assert_allclose(counts, np.maximum(a[:, 0, 0], 0) / cfg.x_norm ** 2)

@@ -93,7 +93,7 @@ def test_the_gram_and_rhs_noise_together_are_one_gaussian_of_multiplier_z(share)
     (8.0, 1e-6, 3, 1.0), (1.0, 1e-6, 3, 1.0), (8.0, 1e-6, 5, 1.0), (2.0, 1e-6, 4, 0.2)])
 def test_noise_for_the_target_meets_it_by_dp_accounting(epsilon, delta, releases, q):
     spec = UserLevelSpec(epsilon=epsilon, delta=delta, n_users=6040, releases=releases,
-                         sample_rate=q)
+                         sample_rate=q, release_growth=1.0)
     z = spec.noise_multiplier()
     gauss = dpa.GaussianDpEvent(z)
     event = gauss if q == 1 else dpa.PoissonSampledDpEvent(q, gauss)
@@ -157,10 +157,10 @@ def test_central_placement_noises_the_sum_once_and_charges_every_contributor():
     exact_a = sum(u.A for u in ups.values())
     noise = out[AGGREGATE].A - exact_a
     np.testing.assert_allclose(noise, np.swapaxes(noise, -1, -2))
-    assert out[AGGREGATE].gram_noise == pytest.approx(priv.stds["A"])  # once, not 4 times
-    assert out[AGGREGATE].rhs_noise == pytest.approx(priv.stds["b"])
+    assert out[AGGREGATE].gram_noise == pytest.approx(priv.stds(0)["A"])  # once, not 4 times
+    assert out[AGGREGATE].rhs_noise == pytest.approx(priv.stds(0)["b"])
     for t in range(4):
-        assert priv.ledger.history(t) == [Event("gaussian", priv.z, 1)]
+        assert priv.ledger.history(t) == [priv.plan[0]]
     # reproducible from the seed
     again = UserLevelPrivatizer(spec, bounds, 4, seed=3).aggregate(ups, 1)
     np.testing.assert_array_equal(again[AGGREGATE].A, out[AGGREGATE].A)
@@ -175,11 +175,11 @@ def test_tenant_placement_noises_each_upload_so_the_sum_has_t_times_the_variance
     noisy = {i: priv(u, i, 1) for i, u in ups.items()}
     assert priv.aggregate(noisy, 1) is noisy
     for i in ups:
-        assert noisy[i].gram_noise == pytest.approx(priv.stds["A"])
+        assert noisy[i].gram_noise == pytest.approx(priv.stds(0)["A"])
         assert not np.allclose(noisy[i].b, ups[i].b)
     # four independent noises: the sum carries sqrt(T) sigma
     assert sum_uploads(list(noisy.values()), priv.bounds).gram_noise == pytest.approx(
-        2.0 * priv.stds["A"])
+        2.0 * priv.stds(0)["A"])
     assert priv.report()["releases"][0]["tenants"] == 4
 
 
@@ -189,7 +189,7 @@ def test_budget_for_fewer_releases_than_planned_is_refused_before_the_run():
     priv = UserLevelPrivatizer(spec, D.user_bounds(cfg), 2, seed=0)
     for k in (1, 2, 3):
         for t in (0, 1):
-            priv.ledger.charge(t, priv.event, k)
+            priv.ledger.charge(t, priv.event(k - 1), k)
     # a fourth release is not affordable: the tenant is left out and recorded as stopped
     assert priv(_uploads(cfg, 2)[0], 0, 4) is None
     assert priv.ledger.stopped() == {"0": 4}
@@ -209,3 +209,52 @@ def test_add_noise_keeps_existing_noise_in_quadrature():
     up = _uploads(cfg, 1)[0].replace(gram_noise=3.0, rhs_noise=0.0)
     out = add_noise(up, D.user_bounds(cfg), {"A": 4.0, "b": 1.0}, np.random.default_rng(0))
     assert out.gram_noise == pytest.approx(5.0) and out.rhs_noise == pytest.approx(1.0)
+
+
+def test_growing_schedule_meets_the_target_and_spends_more_on_later_releases():
+    spec = UserLevelSpec(epsilon=8.0, delta=1e-6, n_users=6040, releases=4,
+                         release_growth=2.5)
+    weights = spec.weights()
+    assert sum(weights) == pytest.approx(4) and weights[3] / weights[2] == pytest.approx(2.5)
+    plan = spec.schedule()
+    zs = [e.noise_multiplier for e in plan]
+    assert zs == sorted(zs, reverse=True)
+    np.testing.assert_allclose(zs, [spec.noise_multiplier() / math.sqrt(w) for w in weights])
+    # dp-accounting on the same schedule: RDP meets the target, PLD is below it
+    rdp = dpa.rdp.RdpAccountant(orders=list(ORDERS))
+    pld = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
+    for z in zs:
+        rdp.compose(dpa.GaussianDpEvent(z))
+        pld.compose(dpa.GaussianDpEvent(z))
+    assert rdp.get_epsilon(1e-6) == pytest.approx(8.0, rel=1e-5)
+    assert pld.get_epsilon(1e-6) <= 8.0
+    # for the Gaussian at q = 1 the shares add: the same total as 4 equal releases at z
+    equal = UserLevelSpec(epsilon=8.0, delta=1e-6, n_users=6040, releases=4)
+    assert spec.noise_multiplier() == pytest.approx(equal.noise_multiplier(), rel=1e-5)
+
+
+def test_central_run_charges_each_release_its_own_scheduled_event():
+    cfg = D.DPALSConfig(rank=2, sweeps=3)
+    spec = UserLevelSpec(epsilon=4.0, delta=1e-6, n_users=1000, releases=3,
+                         release_growth=3.0)
+    priv = UserLevelPrivatizer(spec, D.user_bounds(cfg), 2, seed=0)
+    for k in (1, 2, 3):
+        out = priv.aggregate({i: priv(u, i, k) for i, u in _uploads(cfg, 2, k).items()}, k)
+        assert out[AGGREGATE].gram_noise == pytest.approx(priv.stds(k - 1)["A"])
+    assert priv.ledger.history(0) == priv.plan
+    assert priv.report()["epsilon_max"] == pytest.approx(4.0, rel=1e-5)
+    assert [r["noise_multiplier"] for r in priv.report()["releases"]] == [
+        e.noise_multiplier for e in priv.plan]
+
+
+def test_growing_schedule_with_user_sampling_meets_the_target_by_dp_accounting():
+    spec = UserLevelSpec(epsilon=2.0, delta=1e-6, n_users=6040, releases=3, sample_rate=0.3,
+                         release_growth=2.0)
+    rdp = dpa.rdp.RdpAccountant(orders=list(ORDERS))
+    pld = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
+    for ev in spec.schedule():
+        sampled = dpa.PoissonSampledDpEvent(0.3, dpa.GaussianDpEvent(ev.noise_multiplier))
+        rdp.compose(sampled)
+        pld.compose(sampled)
+    assert rdp.get_epsilon(1e-6) == pytest.approx(2.0, rel=1e-5)
+    assert pld.get_epsilon(1e-6) <= 2.0
