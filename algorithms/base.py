@@ -80,10 +80,16 @@ class Algorithm:
     #: per_round 0 means every client every round
     run_defaults: Mapping[str, int] = dataclasses.field(
         default_factory=lambda: {"clients": 100, "per_round": 10, "rounds": 100})
+    #: predicted values of entries (rows, cols) of one tenant, for models whose prediction
+    #: is not the matrix product of ``factors`` (RFRec's sigmoid link); None: ``A @ B``
+    predict_entries: Callable[[Message, Message, np.ndarray, np.ndarray], np.ndarray] | None \
+        = None
 
 
 def predict(alg: Algorithm, global_msg: Message, local_state: Message,
             rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """Predicted values of entries (rows[t], cols[t]) of one tenant, without a dense product."""
+    if alg.predict_entries is not None:
+        return alg.predict_entries(global_msg, local_state, rows, cols)
     a, b = alg.factors(global_msg, local_state)
     return np.einsum("ij,ji->i", a[rows], b[:, cols])
