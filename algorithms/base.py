@@ -44,6 +44,17 @@ class AlgorithmConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @classmethod
+    def paper_settings(cls, **overrides: Any) -> AlgorithmConfig:
+        """The ``paper`` preset: the paper's literal settings, ``overrides`` replacing fields.
+
+        Every algorithm's config answers this (``registry.get(name).config.paper_settings()``);
+        the defaults are the recommended, validated settings. This base version returns the
+        defaults, for configs whose defaults *are* the paper's (Felb, Felb-MU, the binary
+        baseline); the others override it.
+        """
+        return cls(**overrides)
+
 
 def default_select(
     global_msg: Message, n_clients: int, per_round: int, rng: np.random.Generator

@@ -78,6 +78,17 @@ class FedMGSConfig(AlgorithmConfig):
     privacy_preserving: Literal[False] = Field(
         False, description="always false: uploads reveal ratings (informational)")
 
+    @classmethod
+    def paper_settings(cls, **overrides: object) -> FedMGSConfig:
+        """FedMGS in the form of the papers' matrix-completion baseline (fedmc-admm.md
+        Sec. 5.2, as :meth:`FedMAvgConfig.paper_settings`): rank 5, Q1 = Q2 = 10, plain
+        ridge lambda = gamma = 1e-6, U and V from Uniform[0, 1], no centring; the paper
+        (Algorithm 2) gives no matrix-completion values of its own. ``overrides`` replace
+        fields."""
+        base = dict(rank=5, q1=10, q2=10, lam=1e-6, gamma=1e-6, reg="plain", init="uniform",
+                    init_scale=1.0, center=False)
+        return cls(**{**base, **overrides})
+
 
 # --------------------------------------------------------------------------- messages
 

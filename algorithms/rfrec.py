@@ -313,7 +313,9 @@ def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingB
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
     h, _ = _step_h(global_msg, cfg)
-    return RFRecLocal(u, v, *u_m, *v_m, last=t), RFRecUpload(dense_v(h, v, items))
+    new = local.replace(u=u, v_rated=v, u_m1=u_m[0], u_m2=u_m[1], v_m1=v_m[0], v_m2=v_m[1],
+                        last=t)
+    return new, RFRecUpload(dense_v(h, v, items))
 
 
 def rfrec_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
@@ -346,7 +348,8 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
-    return RFRecLocal(u, v, *u_m, *v_m, last=local.last), None
+    return local.replace(u=u, v_rated=v, u_m1=u_m[0], u_m2=u_m[1], v_m1=v_m[0],
+                         v_m2=v_m[1]), None
 
 
 def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
