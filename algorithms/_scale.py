@@ -50,24 +50,26 @@ def unit_of(block: RatingBlock) -> float:
     return (hi - lo) / (REF_HI - REF_LO)
 
 
-_CACHE: weakref.WeakKeyDictionary[RatingBlock, RatingBlock] = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[RatingBlock, tuple[float, RatingBlock]] = \
+    weakref.WeakKeyDictionary()
 
 
-def normalised(block: RatingBlock) -> RatingBlock:
-    """The block with its ratings in units of :func:`unit_of` (the block itself when the
-    unit is 1, e.g. on 1-5 data).
+def normalised(block: RatingBlock, unit: float) -> RatingBlock:
+    """The block with its ratings divided by ``unit`` (the block itself when it is 1).
 
-    Cached per block object, so a simulation builds each tenant's mapped block (and its
-    CSR/CSC views) once, not every round.
+    ``unit`` is the one the tenant's local state recorded at initialisation
+    (:func:`unit_of`), not recomputed from the block, so a state stored before units
+    existed (unit 1) keeps training exactly as it did. Cached per block object, so a
+    simulation builds each tenant's mapped block (and its CSR/CSC views) once, not every
+    round.
     """
-    unit = unit_of(block)
     if unit == 1.0:
         return block
     cached = _CACHE.get(block)
-    if cached is None:
-        cached = block.with_values(block.vals / unit)
+    if cached is None or cached[0] != unit:
+        cached = (unit, block.with_values(block.vals / unit))
         _CACHE[block] = cached
-    return cached
+    return cached[1]
 
 
 def rating_factors(a: np.ndarray, b: np.ndarray, unit: float

@@ -274,7 +274,8 @@ def init_client(block: RatingBlock, global_msg: FedMAvgGlobal, cfg: FedMAvgConfi
     """U_i^0, a random non-zero ticket and the local mean rating (0 without centring)."""
     u = draw_factor((block.n_users, cfg.rank), cfg, rng)
     ticket = int(rng.integers(1, 2**62))
-    unit, block = unit_of(block), normalised(block)
+    unit = unit_of(block)
+    block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
     return FedMAvgLocal(u, ticket, mean, unit)
 
@@ -284,7 +285,7 @@ def client_step(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlo
                 ) -> tuple[FedMAvgLocal, FedMAvgUpload | None]:
     """Q1 steps on U_i, then (if this tenant uploads) Q2^k steps on W_i from V^k, on the
     ratings in the tenant's units."""
-    v, offset, block = global_msg.v, local.mean, normalised(block)
+    v, offset, block = global_msg.v, local.mean, normalised(block, local.scale_unit)
     lam_rows, gamma_cols = penalties(block, cfg)
     u = u_steps(local.u, v, block, cfg.q1, lam_rows, cfg.c_factor, offset)
     new_local = local.replace(u=u)
@@ -351,7 +352,8 @@ def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock
               cfg: FedMAvgConfig) -> float:
     """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V),
     in the tenant's rating units."""
-    return local_objective(local.u, global_msg.v, normalised(block), cfg, global_msg.n_clients,
+    block = normalised(block, local.scale_unit)
+    return local_objective(local.u, global_msg.v, block, cfg, global_msg.n_clients,
                            local.mean)
 
 

@@ -196,7 +196,8 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: FedMCADMMConfi
     """U_i^0 from the init scheme (user-bias column 0), W_i^0 = V^0, Y_i^0 = 0."""
     u = np.zeros((block.n_users, cfg.q_u))
     u[:, : cfg.rank] = _draw((block.n_users, cfg.rank), cfg, rng)
-    unit, block = unit_of(block), normalised(block)
+    unit = unit_of(block)
+    block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.centre == "tenant" and block.nnz else 0.0
     return LocalState(U=u, W=global_msg.V.copy(), Y=np.zeros_like(global_msg.V), mean=mean,
                       rank=cfg.rank, scale_unit=unit)
@@ -295,7 +296,7 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
         raise ValueError(f"block of shape {block.shape} does not match U with "
                          f"{state.U.shape[0]} rows and V with {global_msg.V.shape[1]} items")
     anchor = state if cfg.u_anchor == "local" else state.replace(W=global_msg.V)
-    block = normalised(block)
+    block = normalised(block, state.scale_unit)
     u = u_update(anchor, block, cfg)
     w, y = w_update(u, global_msg.V, global_msg.n_clients, state, block, cfg)
     return state.replace(U=u, W=w, Y=y), Upload(W=w, Y=y)
@@ -342,7 +343,7 @@ def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
               cfg: FedMCADMMConfig) -> float:
     """Tenant i's share of F: (1/p)[f_i(U_i, V) + R_i(U_i)] + R(V)/p (problem 1), in the
     tenant's rating units."""
-    p, block = global_msg.n_clients, normalised(block)
+    p, block = global_msg.n_clients, normalised(block, state.scale_unit)
     a, b = factors(global_msg, state.replace(scale_unit=1.0))
     e = K.observed_residual(a, b.T, block.rows, block.cols, block.vals)
     if cfg.regulariser == "l1":

@@ -207,7 +207,8 @@ def init_client(block: RatingBlock, global_msg: FedMGSGlobal, cfg: FedMGSConfig,
                 rng: np.random.Generator) -> FedMGSLocal:
     """U_i^0 and the local mean rating (0 without centring); nothing sent yet."""
     u = draw_factor((block.n_users, cfg.rank), cfg, rng)
-    unit, block = unit_of(block), normalised(block)
+    unit = unit_of(block)
+    block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
     return FedMGSLocal(u, np.zeros_like(u), False, mean, unit)
 
@@ -217,7 +218,7 @@ def client_step(global_msg: FedMGSGlobal, local: FedMGSLocal, block: RatingBlock
                 ) -> tuple[FedMGSLocal, FedMGSUpload]:
     """Q1 steps on U_i (eq. 28), then the change of the statistics of eq. 29/31, on the
     ratings in the tenant's units."""
-    block = normalised(block)
+    block = normalised(block, local.scale_unit)
     lam_rows, gamma_cols = penalties(block, cfg)
     u = u_steps(local.u, global_msg.v, block, cfg.q1, lam_rows, cfg.c_factor, local.mean)
     folded = gamma_cols if cfg.reg == "per_rating" else None
@@ -262,7 +263,8 @@ def factors(global_msg: FedMGSGlobal, local: FedMGSLocal) -> tuple[np.ndarray, n
 def objective(global_msg: FedMGSGlobal, local: FedMGSLocal, block: RatingBlock,
               cfg: FedMGSConfig) -> float:
     """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V)."""
-    return local_objective(local.u, global_msg.v, normalised(block), cfg, global_msg.n_clients,
+    block = normalised(block, local.scale_unit)
+    return local_objective(local.u, global_msg.v, block, cfg, global_msg.n_clients,
                            local.mean)
 
 

@@ -103,8 +103,8 @@ from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.special import expit
 from pydantic import ConfigDict, Field, model_validator
+from scipy.special import expit
 
 from algorithms._messages import Message
 from algorithms._rng import SAMPLING, SERVER, derive_rng, sample_clients

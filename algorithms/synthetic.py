@@ -223,8 +223,6 @@ def generate_tenant_ratings(n_users: int, n_items: int, n_ratings: int, n_tenant
     n_tenants : int
         Number of tenants (1 <= n_tenants <= n_users).
     """
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {', '.join(SCALES)}")
     if min(n_users, n_items, rank) < 1 or n_ratings < 1:
         raise ValueError("n_users, n_items, rank and n_ratings must be positive")
     if n_ratings > n_users * n_items:
@@ -264,7 +262,7 @@ def generate_tenant_ratings(n_users: int, n_items: int, n_ratings: int, n_tenant
     for t in range(n_tenants):
         stars = 1.0 + np.searchsorted(cuts, scores[t]).astype(float)
         scores[t] = None
-        blocks.append(RatingBlock(rows[t], cols[t], stars, int(sizes[t]), n_items))
+        blocks.append(RatingBlock(rows[t], cols[t], stars, int(sizes[t]), n_items, (1.0, 5.0)))
         rows[t] = cols[t] = None
     uids = [np.arange(bounds[t], bounds[t + 1]) for t in range(n_tenants)]
     return TenantRatings(blocks, uids, n_users, n_items)

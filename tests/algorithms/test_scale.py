@@ -61,3 +61,21 @@ def test_predictions_scale_with_the_ratings(alg, cfg):
     (base, p1), (scaled, pc) = runs
     np.testing.assert_allclose(pc, c * p1, rtol=1e-9, atol=1e-9)
     assert scaled.final.test_rmse == pytest.approx(c * base.final.test_rmse, rel=1e-9)
+
+
+def test_a_state_stored_before_units_keeps_training_on_raw_ratings():
+    """Old local states load with scale_unit 1: their client steps must not start dividing
+    the ratings by a unit derived from the block (the state's own unit rules)."""
+    r = generate_ratings(30, 20, 300, seed=2)
+    block = build_federation(type(r)(r.users, r.items, r.values * 2), 1, seed=0).train[0]
+    cfg = fedmc_admm.FedMCADMMConfig(rank=3, kernel="numpy")
+    _, glob = fedmc_admm.init_server(block.n_items, 1, cfg, np.random.default_rng(0))
+    new = fedmc_admm.init_client(block, glob, cfg, np.random.default_rng(1))
+    assert new.scale_unit == 2.0
+    old = fedmc_admm.LocalState.from_bytes(new.to_bytes())
+    old = fedmc_admm.LocalState(old.U, old.W, old.Y, 2.0 * old.mean, old.rank)  # no unit
+    raw = block.with_scale((2.0, 6.0))  # unit 1: the raw ratings, as before units
+    got, _ = fedmc_admm.client_step(glob, old, block, cfg, None)
+    want, _ = fedmc_admm.client_step(glob, old, raw, cfg, None)
+    np.testing.assert_array_equal(got.U, want.U)
+    np.testing.assert_array_equal(got.W, want.W)
