@@ -44,6 +44,17 @@ class AlgorithmConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    @classmethod
+    def paper_settings(cls, **overrides: Any) -> AlgorithmConfig:
+        """The ``paper`` preset: the paper's literal settings, ``overrides`` replacing fields.
+
+        Every algorithm's config answers this (``registry.get(name).config.paper_settings()``);
+        the defaults are the recommended, validated settings. This base version returns the
+        defaults, for configs whose defaults *are* the paper's (Felb, Felb-MU, the binary
+        baseline); the others override it.
+        """
+        return cls(**overrides)
+
 
 def default_select(
     global_msg: Message, n_clients: int, per_round: int, rng: np.random.Generator
@@ -80,10 +91,16 @@ class Algorithm:
     #: per_round 0 means every client every round
     run_defaults: Mapping[str, int] = dataclasses.field(
         default_factory=lambda: {"clients": 100, "per_round": 10, "rounds": 100})
+    #: predicted values of entries (rows, cols) of one tenant, for models whose prediction
+    #: is not the matrix product of ``factors`` (RFRec's sigmoid link); None: ``A @ B``
+    predict_entries: Callable[[Message, Message, np.ndarray, np.ndarray], np.ndarray] | None \
+        = None
 
 
 def predict(alg: Algorithm, global_msg: Message, local_state: Message,
             rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
     """Predicted values of entries (rows[t], cols[t]) of one tenant, without a dense product."""
+    if alg.predict_entries is not None:
+        return alg.predict_entries(global_msg, local_state, rows, cols)
     a, b = alg.factors(global_msg, local_state)
     return np.einsum("ij,ji->i", a[rows], b[:, cols])

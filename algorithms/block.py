@@ -27,6 +27,11 @@ class RatingBlock:
         The rating values.
     n_users, n_items : int
         Shape of the block M_i.
+    scale : (lo, hi) or None
+        The tenant's declared rating scale (e.g. 1-5 stars, -10..10). Algorithms normalise
+        ratings by it (:mod:`algorithms._scale`) so their settings mean the same on every
+        scale; ``None`` (blocks stored before the field existed) falls back to the data's
+        own range.
     """
 
     rows: np.ndarray
@@ -34,6 +39,7 @@ class RatingBlock:
     vals: np.ndarray
     n_users: int
     n_items: int
+    scale: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", np.ascontiguousarray(self.rows, dtype=np.int32))
@@ -50,6 +56,11 @@ class RatingBlock:
         object.__setattr__(self, "n_items", int(self.n_items))
         if not np.all(np.isfinite(self.vals)):
             raise ValueError("ratings must be finite")
+        if self.scale is not None:
+            lo, hi = (float(x) for x in self.scale)
+            if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+                raise ValueError("scale must be (lo, hi) with finite lo < hi")
+            object.__setattr__(self, "scale", (lo, hi))
 
     @property
     def nnz(self) -> int:
@@ -75,23 +86,31 @@ class RatingBlock:
 
     def with_values(self, vals: np.ndarray) -> RatingBlock:
         """Same pattern, other values (e.g. centred ratings or residuals)."""
-        return RatingBlock(self.rows, self.cols, vals, self.n_users, self.n_items)
+        return RatingBlock(self.rows, self.cols, vals, self.n_users, self.n_items, self.scale)
 
     def subset(self, mask: np.ndarray) -> RatingBlock:
         """The entries selected by a boolean mask, same shape."""
         return RatingBlock(
-            self.rows[mask], self.cols[mask], self.vals[mask], self.n_users, self.n_items
-        )
+            self.rows[mask], self.cols[mask], self.vals[mask], self.n_users, self.n_items,
+            self.scale)
+
+    def with_scale(self, scale: tuple[float, float] | None) -> RatingBlock:
+        """Same entries, declared rating scale ``scale``."""
+        return RatingBlock(self.rows, self.cols, self.vals, self.n_users, self.n_items, scale)
 
     def to_bytes(self) -> bytes:
-        """Compressed ``.npz`` of the block (how the service materialises it once per job)."""
+        """Compressed ``.npz`` of the block (how the service materialises it once per job);
+        the declared scale is an optional ``scale`` array, so blocks without it (and blocks
+        stored before it existed) load as ``scale=None``."""
         buf = io.BytesIO()
+        extra = {} if self.scale is None else {"scale": np.array(self.scale, dtype=np.float64)}
         np.savez_compressed(buf, rows=self.rows, cols=self.cols, vals=self.vals,
-                            shape=np.array(self.shape, dtype=np.int64))
+                            shape=np.array(self.shape, dtype=np.int64), **extra)
         return buf.getvalue()
 
     @staticmethod
     def from_bytes(data: bytes) -> RatingBlock:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             n_users, n_items = (int(x) for x in z["shape"])
-            return RatingBlock(z["rows"], z["cols"], z["vals"], n_users, n_items)
+            scale = tuple(float(x) for x in z["scale"]) if "scale" in z.files else None
+            return RatingBlock(z["rows"], z["cols"], z["vals"], n_users, n_items, scale)

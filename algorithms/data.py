@@ -139,6 +139,8 @@ def build_federation(ratings: Ratings, n_clients: int, seed: int,
     for t in range(n_clients):
         local_row[order[bounds[t]:bounds[t + 1]]] = np.arange(bounds[t + 1] - bounds[t])
     tenant = tenant_of_user[users]
+    scale = (float(ratings.values.min()), float(ratings.values.max()))
+    block_scale = scale if scale[0] < scale[1] else None
     n_items = item_ids.shape[0]
     train_blocks, test_blocks, uids = [], [], []
     by_tenant = np.argsort(tenant, kind="stable")
@@ -147,10 +149,11 @@ def build_federation(ratings: Ratings, n_clients: int, seed: int,
         idx = by_tenant[tb[t]:tb[t + 1]]
         m = int(bounds[t + 1] - bounds[t])
         rows, c, v, is_test = local_row[users[idx]], cols[idx], ratings.values[idx], test[idx]
-        train_blocks.append(RatingBlock(rows[~is_test], c[~is_test], v[~is_test], m, n_items))
-        test_blocks.append(RatingBlock(rows[is_test], c[is_test], v[is_test], m, n_items))
+        train_blocks.append(RatingBlock(rows[~is_test], c[~is_test], v[~is_test], m, n_items,
+                                        block_scale))
+        test_blocks.append(RatingBlock(rows[is_test], c[is_test], v[is_test], m, n_items,
+                                       block_scale))
         uids.append(user_ids[order[bounds[t]:bounds[t + 1]]])
-    scale = (float(ratings.values.min()), float(ratings.values.max()))
     return Federation(train_blocks, test_blocks, uids, item_ids, scale)
 
 
@@ -165,9 +168,12 @@ def federation_from_tenants(blocks: list[RatingBlock], user_ids: list[np.ndarray
                             item_ids: np.ndarray, seed: int, test_fraction: float = 0.2,
                             scale: tuple[float, float] = (1.0, 5.0)) -> Federation:
     """A federation whose tenants are given (the service's case): each tenant's held-out
-    split is drawn from its own stream ``(seed, tenant index, SPLIT)``."""
+    split is drawn from its own stream ``(seed, tenant index, SPLIT)``. A block without a
+    declared scale gets ``scale`` (the algorithms normalise ratings by it)."""
     train, test = [], []
     for i, block in enumerate(blocks):
+        if block.scale is None and scale[0] < scale[1]:
+            block = block.with_scale(scale)
         tr, te = split_block(block, test_fraction, derive_rng(seed, i, SPLIT))
         train.append(tr)
         test.append(te)

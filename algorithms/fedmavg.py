@@ -67,6 +67,7 @@ from pydantic import Field
 
 from algorithms._messages import Message
 from algorithms._rng import sample_clients
+from algorithms._scale import normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 
@@ -93,17 +94,24 @@ class FedMAvgConfig(AlgorithmConfig):
     center: bool = Field(True, description="predict U V + the tenant's mean training rating")
 
 
-def paper_settings(rank: int = 5) -> FedMAvgConfig:
-    """The FedMAvg baseline exactly as fedmc-admm.md Sec. 5.2 states it.
+    @classmethod
+    def paper_settings(cls, **overrides: object) -> FedMAvgConfig:
+        """The FedMAvg baseline exactly as fedmc-admm.md Sec. 5.2 states it.
 
-    Q1 = Q2 = 10, lambda = gamma = 1e-6, d_i = 5 lambda_max(U^T U), the W gradient divided
-    by p, U and V drawn from Uniform[0, 1], no centring, all tenants update and 10 upload
-    (rank 5 is the paper's ML-1M rank). c^k is not given there: we use lambda_max(V V^T).
-    """
-    return FedMAvgConfig(rank=rank, q1=10, q2=10, lam=1e-6, gamma=1e-6, reg="plain",
-                         c_factor=1.0,
-                         d_factor=5.0, scale_by_p=True, participation="pcc",
-                         uploads_per_round=10, init="uniform", init_scale=1.0, center=False)
+        Q1 = Q2 = 10, lambda = gamma = 1e-6, d_i = 5 lambda_max(U^T U), the W gradient
+        divided by p, U and V drawn from Uniform[0, 1], no centring, all tenants update and
+        10 upload (rank 5 is the paper's ML-1M rank). c^k is not given there: we use
+        lambda_max(V V^T). ``overrides`` replace fields.
+        """
+        base = dict(rank=5, q1=10, q2=10, lam=1e-6, gamma=1e-6, reg="plain", c_factor=1.0,
+                    d_factor=5.0, scale_by_p=True, participation="pcc", uploads_per_round=10,
+                    init="uniform", init_scale=1.0, center=False)
+        return cls(**{**base, **overrides})
+
+
+def paper_settings(rank: int = 5) -> FedMAvgConfig:
+    """:meth:`FedMAvgConfig.paper_settings` at rank ``rank`` (kept for existing callers)."""
+    return FedMAvgConfig.paper_settings(rank=rank)
 
 
 # --------------------------------------------------------------------------- messages
@@ -131,11 +139,14 @@ class FedMAvgServer(Message):
 
 @dataclasses.dataclass(frozen=True)
 class FedMAvgLocal(Message):
-    """Tenant state, never uploaded: U_i, its ticket and its mean training rating."""
+    """Tenant state, never uploaded: U_i, its ticket and its mean training rating, in the
+    tenant's rating units; ``scale_unit`` maps predictions back to the tenant's
+    scale (:mod:`algorithms._scale`; the defaults are the identity of older states)."""
 
     u: np.ndarray
     ticket: int
     mean: float
+    scale_unit: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,15 +274,18 @@ def init_client(block: RatingBlock, global_msg: FedMAvgGlobal, cfg: FedMAvgConfi
     """U_i^0, a random non-zero ticket and the local mean rating (0 without centring)."""
     u = draw_factor((block.n_users, cfg.rank), cfg, rng)
     ticket = int(rng.integers(1, 2**62))
+    unit = unit_of(block)
+    block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
-    return FedMAvgLocal(u, ticket, mean)
+    return FedMAvgLocal(u, ticket, mean, unit)
 
 
 def client_step(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,
                 cfg: FedMAvgConfig, rng: np.random.Generator
                 ) -> tuple[FedMAvgLocal, FedMAvgUpload | None]:
-    """Q1 steps on U_i, then (if this tenant uploads) Q2^k steps on W_i from V^k."""
-    v, offset = global_msg.v, local.mean
+    """Q1 steps on U_i, then (if this tenant uploads) Q2^k steps on W_i from V^k, on the
+    ratings in the tenant's units."""
+    v, offset, block = global_msg.v, local.mean, normalised(block, local.scale_unit)
     lam_rows, gamma_cols = penalties(block, cfg)
     u = u_steps(local.u, v, block, cfg.q1, lam_rows, cfg.c_factor, offset)
     new_local = local.replace(u=u)
@@ -329,13 +343,16 @@ def mean_offset_factors(u: np.ndarray, mean: float, v: np.ndarray
 
 
 def factors(global_msg: FedMAvgGlobal, local: FedMAvgLocal) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B) with A @ B = U_i V + mu_i."""
-    return mean_offset_factors(local.u, local.mean, global_msg.v)
+    """(A, B) with A @ B = U_i V + mu_i, mapped to the tenant's rating scale."""
+    a, b = mean_offset_factors(local.u, local.mean, global_msg.v)
+    return rating_factors(a, b, local.scale_unit)
 
 
 def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,
               cfg: FedMAvgConfig) -> float:
-    """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V)."""
+    """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V),
+    in the tenant's rating units."""
+    block = normalised(block, local.scale_unit)
     return local_objective(local.u, global_msg.v, block, cfg, global_msg.n_clients,
                            local.mean)
 

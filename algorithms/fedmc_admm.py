@@ -60,6 +60,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _mf_kernels as K
 from algorithms._messages import Message
+from algorithms._scale import normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 
@@ -155,13 +156,16 @@ class ServerState(Message):
 @dataclasses.dataclass(frozen=True)
 class LocalState(Message):
     """Tenant i's private state: U_i (m_i x q_u), W_i and Y_i (q_w x n), its mean offset
-    and the rank r (columns of U / rows of V beyond r are bias terms)."""
+    and the rank r (columns of U / rows of V beyond r are bias terms); ratings are divided by
+    the tenant's unit and ``scale_unit`` maps predictions back to the
+    tenant's (:mod:`algorithms._scale`; the defaults are the identity of older states)."""
 
     U: np.ndarray
     W: np.ndarray
     Y: np.ndarray
     mean: float
     rank: int
+    scale_unit: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,9 +196,11 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: FedMCADMMConfi
     """U_i^0 from the init scheme (user-bias column 0), W_i^0 = V^0, Y_i^0 = 0."""
     u = np.zeros((block.n_users, cfg.q_u))
     u[:, : cfg.rank] = _draw((block.n_users, cfg.rank), cfg, rng)
+    unit = unit_of(block)
+    block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.centre == "tenant" and block.nnz else 0.0
     return LocalState(U=u, W=global_msg.V.copy(), Y=np.zeros_like(global_msg.V), mean=mean,
-                      rank=cfg.rank)
+                      rank=cfg.rank, scale_unit=unit)
 
 
 def u_design_t(w: np.ndarray, cfg: FedMCADMMConfig) -> np.ndarray:
@@ -290,6 +296,7 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
         raise ValueError(f"block of shape {block.shape} does not match U with "
                          f"{state.U.shape[0]} rows and V with {global_msg.V.shape[1]} items")
     anchor = state if cfg.u_anchor == "local" else state.replace(W=global_msg.V)
+    block = normalised(block, state.scale_unit)
     u = u_update(anchor, block, cfg)
     w, y = w_update(u, global_msg.V, global_msg.n_clients, state, block, cfg)
     return state.replace(U=u, W=w, Y=y), Upload(W=w, Y=y)
@@ -329,14 +336,15 @@ def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.
         b_rows.append(v[rank:rank + 1])
     a_cols.append(np.full((u.shape[0], 1), state.mean))
     b_rows.append(ones_n)
-    return np.hstack(a_cols), np.vstack(b_rows)
+    return rating_factors(np.hstack(a_cols), np.vstack(b_rows), state.scale_unit)
 
 
 def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
               cfg: FedMCADMMConfig) -> float:
-    """Tenant i's share of F: (1/p)[f_i(U_i, V) + R_i(U_i)] + R(V)/p (problem 1)."""
-    p = global_msg.n_clients
-    a, b = factors(global_msg, state)
+    """Tenant i's share of F: (1/p)[f_i(U_i, V) + R_i(U_i)] + R(V)/p (problem 1), in the
+    tenant's rating units."""
+    p, block = global_msg.n_clients, normalised(block, state.scale_unit)
+    a, b = factors(global_msg, state.replace(scale_unit=1.0))
     e = K.observed_residual(a, b.T, block.rows, block.cols, block.vals)
     if cfg.regulariser == "l1":
         r_u, r_v = cfg.lam * np.abs(state.U).sum(), cfg.gamma * np.abs(global_msg.V).sum()

@@ -45,6 +45,7 @@ import scipy.sparse as sp
 from pydantic import Field
 
 from algorithms._messages import Message
+from algorithms._scale import normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.fedmavg import (
@@ -77,6 +78,17 @@ class FedMGSConfig(AlgorithmConfig):
     privacy_preserving: Literal[False] = Field(
         False, description="always false: uploads reveal ratings (informational)")
 
+    @classmethod
+    def paper_settings(cls, **overrides: object) -> FedMGSConfig:
+        """FedMGS in the form of the papers' matrix-completion baseline (fedmc-admm.md
+        Sec. 5.2, as :meth:`FedMAvgConfig.paper_settings`): rank 5, Q1 = Q2 = 10, plain
+        ridge lambda = gamma = 1e-6, U and V from Uniform[0, 1], no centring; the paper
+        (Algorithm 2) gives no matrix-completion values of its own. ``overrides`` replace
+        fields."""
+        base = dict(rank=5, q1=10, q2=10, lam=1e-6, gamma=1e-6, reg="plain", init="uniform",
+                    init_scale=1.0, center=False)
+        return cls(**{**base, **overrides})
+
 
 # --------------------------------------------------------------------------- messages
 
@@ -104,12 +116,14 @@ class FedMGSServer(Message):
 
 @dataclasses.dataclass(frozen=True)
 class FedMGSLocal(Message):
-    """Tenant state: U_i, the U_i whose statistics the server holds (if sent), mu_i."""
+    """Tenant state: U_i, the U_i whose statistics the server holds (if sent), mu_i (in the
+    tenant's rating units) and the unit back to the tenant's scale (:mod:`algorithms._scale`)."""
 
     u: np.ndarray
     u_sent: np.ndarray
     sent: bool
     mean: float
+    scale_unit: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,14 +207,18 @@ def init_client(block: RatingBlock, global_msg: FedMGSGlobal, cfg: FedMGSConfig,
                 rng: np.random.Generator) -> FedMGSLocal:
     """U_i^0 and the local mean rating (0 without centring); nothing sent yet."""
     u = draw_factor((block.n_users, cfg.rank), cfg, rng)
+    unit = unit_of(block)
+    block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
-    return FedMGSLocal(u, np.zeros_like(u), False, mean)
+    return FedMGSLocal(u, np.zeros_like(u), False, mean, unit)
 
 
 def client_step(global_msg: FedMGSGlobal, local: FedMGSLocal, block: RatingBlock,
                 cfg: FedMGSConfig, rng: np.random.Generator
                 ) -> tuple[FedMGSLocal, FedMGSUpload]:
-    """Q1 steps on U_i (eq. 28), then the change of the statistics of eq. 29/31."""
+    """Q1 steps on U_i (eq. 28), then the change of the statistics of eq. 29/31, on the
+    ratings in the tenant's units."""
+    block = normalised(block, local.scale_unit)
     lam_rows, gamma_cols = penalties(block, cfg)
     u = u_steps(local.u, global_msg.v, block, cfg.q1, lam_rows, cfg.c_factor, local.mean)
     folded = gamma_cols if cfg.reg == "per_rating" else None
@@ -237,13 +255,15 @@ def select(global_msg: FedMGSGlobal, n_clients: int, per_round: int,
 
 
 def factors(global_msg: FedMGSGlobal, local: FedMGSLocal) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B) with A @ B = U_i V + mu_i."""
-    return mean_offset_factors(local.u, local.mean, global_msg.v)
+    """(A, B) with A @ B = U_i V + mu_i, mapped to the tenant's rating scale."""
+    a, b = mean_offset_factors(local.u, local.mean, global_msg.v)
+    return rating_factors(a, b, local.scale_unit)
 
 
 def objective(global_msg: FedMGSGlobal, local: FedMGSLocal, block: RatingBlock,
               cfg: FedMGSConfig) -> float:
     """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V)."""
+    block = normalised(block, local.scale_unit)
     return local_objective(local.u, global_msg.v, block, cfg, global_msg.n_clients,
                            local.mean)
 

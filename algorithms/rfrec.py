@@ -55,12 +55,18 @@ restart cost it 0.07 RMSE at 50% dropped).
 :func:`run_batched` runs all clients at once on this representation (6,040 per-user
 clients on ML-1M).
 
-Options (defaults are the paper's Sec. 4.1.3 settings: d = 20, K = 100, alpha = 0.05 /
-0.025, lambda = 10, p = 0.5, N(0, 1e-4) init, lambda_u = 0.1):
+Options. The defaults are the setting validated on an ML-100k carve-out (``ours`` in
+BENCHMARKS.md): Adam, the sigmoid link, the tenant's own rating range; RFRec alpha 0.1,
+lambda 20, lambda_u 0.3, K = 200; RFRecF the notebook schedule, p 0.8, alpha 0.02,
+lambda 40, lambda_u 3, K = 400. ``paper_settings()`` gives the paper's Sec. 4.1.3 form:
+gd, identity link, d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5,
+N(0, 1e-4) init, lambda_u = 0.1, Algorithm 2's schedule.
 
-``rating_range=(lo, hi)`` (default (1, 5))
+``rating_range="tenant"`` (default), ``(lo, hi)`` or ``None``
     train on (r - lo)/(hi - lo) and predict lo + (hi - lo) U_i V_bar, as the authors' code
-    scales (the paper does not say); ``None`` trains on raw ratings.
+    scales (the paper does not say); with ``"tenant"`` (lo, hi) is the tenant's declared
+    scale or its data's range (:func:`algorithms._scale.scale_of`), kept in its local state,
+    so any rating scale works; ``None`` trains on raw ratings.
 ``optimizer="adam"``
     RFRec: one Adam step (learning rate alpha) on f_i + lambda psi_i per iteration instead
     of eq. (6), as the authors' code trains; the never-rated columns share Adam moments
@@ -69,7 +75,8 @@ Options (defaults are the paper's Sec. 4.1.3 settings: d = 20, K = 100, alpha = 
     columns, which therefore do not move); moving to average is unchanged.
 ``link="sigmoid"``
     predict lo + (hi - lo) sigmoid(U_i V_bar) as the authors' code; ``factors`` then raises
-    (not a matrix product): evaluate with :func:`run_batched` or :func:`predict_ratings`.
+    (not a matrix product): the registry's algorithms evaluate through
+    ``predict_entries`` (:func:`predict_ratings`), which the simulator uses.
 ``schedule="code"`` (RFRecF)
     the authors' RFRecF notebook instead of Algorithm 2's schedule: every zeta = 0
     iteration is a main update; after an aggregation it is preceded by the move to the
@@ -97,9 +104,11 @@ from typing import Literal
 import numpy as np
 import scipy.sparse as sp
 from pydantic import ConfigDict, Field, model_validator
+from scipy.special import expit
 
 from algorithms._messages import Message
 from algorithms._rng import SAMPLING, SERVER, derive_rng, sample_clients
+from algorithms._scale import scale_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
@@ -107,30 +116,34 @@ from algorithms.simulate import RoundRecord, SimulationResult, initialise
 
 
 class RFRecConfig(AlgorithmConfig):
-    """RFRec hyper-parameters; defaults are the paper's (Sec. 4.1.3)."""
+    """RFRec hyper-parameters. Defaults are the validated setting (``ours`` in
+    BENCHMARKS.md: Adam, the sigmoid link on the tenant's rating range, 200 iterations);
+    :meth:`paper_settings` gives the paper's Sec. 4.1.3 GD form."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     rank: int = Field(20, ge=1)
     """d, the number of latent factors."""
-    alpha: float = Field(0.05, gt=0)
-    """Learning rate alpha (eq. 6)."""
-    lam: float = Field(10.0, ge=0)
-    """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2."""
-    lam_u: float = Field(0.1, ge=0)
+    alpha: float = Field(0.1, gt=0)
+    """Learning rate alpha (eq. 6; paper 0.05)."""
+    lam: float = Field(20.0, ge=0)
+    """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2 (paper 10)."""
+    lam_u: float = Field(0.3, ge=0)
     """lambda_u on ||U_i||^2; the paper sets 0.1 for its baselines and the code uses 0.1."""
     init_std: float = Field(0.01, gt=0)
     """Standard deviation of the Gaussian init of U_i and V_bar (N(0, 1e-4))."""
-    iterations: int = Field(100, ge=1)
-    """K, the recommended number of rounds (one iteration per round)."""
-    rating_range: tuple[float, float] | None = (1.0, 5.0)
+    iterations: int = Field(200, ge=1)
+    """K, the recommended number of rounds (one iteration per round; paper 100)."""
+    rating_range: tuple[float, float] | Literal["tenant"] | None = "tenant"
     """(lo, hi): train on (r - lo)/(hi - lo), as the authors' code does (the paper is silent);
-    None trains on raw ratings. Default: the 1-5 star scale of the paper's MovieLens data."""
-    optimizer: Literal["gd", "adam"] = "gd"
+    "tenant" (default): (lo, hi) is the tenant's declared scale, or its data's range
+    (:func:`algorithms._scale.scale_of`), so any rating scale works; None trains on raw
+    ratings."""
+    optimizer: Literal["gd", "adam"] = "adam"
     """gd: the paper's gradient step (eq. 6). adam: one Adam step with learning rate alpha on
     f_i + lambda psi_i per iteration, as the authors' code does; in RFRecF the main update
     is an Adam step (learning rate alpha/(1-p)) on f_i and moving to average stays eq. 8."""
-    link: Literal["identity", "sigmoid"] = "identity"
+    link: Literal["identity", "sigmoid"] = "sigmoid"
     """identity: predict U V (the paper). sigmoid: predict lo + (hi - lo) sigmoid(U V) as the
     authors' code does (needs rating_range; not a matrix product, so evaluate with
     :func:`run_batched` or :func:`predict_ratings`, not ``factors``)."""
@@ -145,7 +158,8 @@ class RFRecConfig(AlgorithmConfig):
 
     @model_validator(mode="after")
     def _check_options(self) -> RFRecConfig:
-        if self.rating_range is not None and not self.rating_range[1] > self.rating_range[0]:
+        if (isinstance(self.rating_range, tuple)
+                and not self.rating_range[1] > self.rating_range[0]):
             raise ValueError("rating_range must be (lo, hi) with hi > lo")
         if self.link == "sigmoid" and self.rating_range is None:
             raise ValueError("link='sigmoid' needs rating_range")
@@ -154,31 +168,63 @@ class RFRecConfig(AlgorithmConfig):
         return self
 
     @classmethod
+    def paper_settings(cls, **overrides: object) -> RFRecConfig:
+        """The paper's Sec. 4.1.3 run: the GD step of eq. (6), identity link, d = 20,
+        K = 100, alpha = 0.05, lambda = 10, lambda_u = 0.1, N(0, 1e-4) init, on ratings
+        scaled by the tenant's range as the authors' code does (the paper is silent).
+        ``overrides`` replace fields. It diverges on MovieLens (module docstring)."""
+        return cls(**{**_PAPER_RFREC, **overrides})
+
+    @classmethod
     def paper_dp(cls) -> tuple[float, float]:
         """The paper's eq. (9) pair (clip delta, Laplace scale s) for RFRec (Sec. 4.7)."""
         return (0.2, 0.04)
 
 
 class RFRecFConfig(RFRecConfig):
-    """RFRecF hyper-parameters; defaults are the paper's (Sec. 4.1.3)."""
+    """RFRecF hyper-parameters. Defaults are the validated setting (``ours`` in
+    BENCHMARKS.md: Adam, sigmoid link, the authors' schedule, p = 0.8, 400 iterations);
+    :meth:`paper_settings` gives the paper's Algorithm 2 with its Sec. 4.1.3 values."""
 
-    alpha: float = Field(0.025, gt=0)
-    """Learning rate alpha (eq. 8)."""
-    p: float = Field(0.5, gt=0, lt=1)
-    """Probability of zeta = 1 (an aggregation iteration)."""
+    alpha: float = Field(0.02, gt=0)
+    """Learning rate alpha (eq. 8; paper 0.025)."""
+    lam: float = Field(40.0, ge=0)
+    """Penalty lambda on psi (paper 10; with the default schedule 'code', alpha lambda / p
+    >= 1 makes the move to the average a full reset, as the authors' notebook)."""
+    lam_u: float = Field(3.0, ge=0)
+    """lambda_u on ||U_i||^2 (paper 0.1): RFRecF's single Adam step per iteration needs a
+    stronger user-factor penalty (BENCHMARKS.md)."""
+    iterations: int = Field(400, ge=1)
+    """K, the recommended number of rounds (paper 100)."""
+    p: float = Field(0.8, gt=0, lt=1)
+    """Probability of zeta = 1 (an aggregation iteration; paper 0.5, the notebook 0.8)."""
     momentum_on_return: Literal["restart", "keep"] = "keep"
     """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
     the restart measurably hurts it with dropped clients (module docstring)."""
-    schedule: Literal["paper", "code"] = "paper"
+    schedule: Literal["paper", "code"] = "code"
     """paper: Algorithm 2 as printed (the first zeta = 0 iteration after an aggregation only
     moves to the average, at rate alpha lambda / p). code: the authors' notebook, where every
     zeta = 0 iteration is a main update, preceded after an aggregation by the move to the
     average at rate min(1, alpha lambda / p) (the notebook resets to V_bar, rate 1)."""
 
     @classmethod
+    def paper_settings(cls, **overrides: object) -> RFRecFConfig:
+        """The paper's Algorithm 2 at its Sec. 4.1.3 values: RFRec's paper settings with
+        alpha = 0.025, p = 0.5 and Algorithm 2's schedule. ``overrides`` replace fields."""
+        return cls(**{**_PAPER_RFREC, **_PAPER_RFRECF, **overrides})
+
+    @classmethod
     def paper_dp(cls) -> tuple[float, float]:
         """The paper's eq. (9) pair (clip delta, Laplace scale s) for RFRecF (Sec. 4.7)."""
         return (0.2, 0.06)
+
+
+#: the paper's Sec. 4.1.3 settings (RFRec), and what RFRecF changes
+_PAPER_RFREC: dict[str, object] = dict(
+    rank=20, alpha=0.05, lam=10.0, lam_u=0.1, init_std=0.01, iterations=100,
+    rating_range="tenant", optimizer="gd", link="identity", momentum_on_return="restart")
+_PAPER_RFRECF: dict[str, object] = dict(alpha=0.025, p=0.5, schedule="paper",
+                                        momentum_on_return="keep")
 
 
 def paper_dp(name: str) -> tuple[float, float]:
@@ -217,7 +263,9 @@ class RFRecGlobal(Message):
 class RFRecLocal(Message):
     """Tenant state: U_i (m_i x d) and V_(i) on the tenant's rated items (d x |rated|),
     with their Adam moments when ``optimizer='adam'`` (None with gd); ``last`` is the last
-    iteration the client took part in (0 before the first)."""
+    iteration the client took part in (0 before the first); ``offset``/``spread`` map the
+    model's scale to this tenant's ratings with ``rating_range='tenant'`` (None: the global
+    message's, as states stored before the field existed)."""
 
     u: np.ndarray
     v_rated: np.ndarray
@@ -226,6 +274,8 @@ class RFRecLocal(Message):
     v_m1: np.ndarray | None = None
     v_m2: np.ndarray | None = None
     last: int = 0
+    offset: float | None = None
+    spread: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +304,9 @@ def init_client(block: RatingBlock, global_msg: RFRecGlobal, cfg: RFRecConfig,
     """U_i ~ N(0, init_std^2); V_(i) starts at V_bar^0 (stored on rated columns only)."""
     u = rng.normal(0.0, cfg.init_std, size=(block.n_users, cfg.rank))
     v = global_msg.h[:, block.rated_items].copy()
-    return RFRecLocal(u, v, *_zero_moments(cfg, u.shape), *_zero_moments(cfg, v.shape))
+    offset, spread = block_scale(block, cfg)
+    return RFRecLocal(u, v, *_zero_moments(cfg, u.shape), *_zero_moments(cfg, v.shape),
+                      offset=offset, spread=spread)
 
 
 def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
@@ -268,7 +320,9 @@ def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingB
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
     h, _ = _step_h(global_msg, cfg)
-    return RFRecLocal(u, v, *u_m, *v_m, last=t), RFRecUpload(dense_v(h, v, items))
+    new = local.replace(u=u, v_rated=v, u_m1=u_m[0], u_m2=u_m[1], v_m1=v_m[0], v_m2=v_m[1],
+                        last=t)
+    return new, RFRecUpload(dense_v(h, v, items))
 
 
 def rfrec_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
@@ -301,7 +355,8 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
-    return RFRecLocal(u, v, *u_m, *v_m, last=local.last), None
+    return local.replace(u=u, v_rated=v, u_m1=u_m[0], u_m2=u_m[1], v_m1=v_m[0],
+                         v_m2=v_m[1]), None
 
 
 def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
@@ -339,17 +394,17 @@ def select(global_msg: Message, n_clients: int, per_round: int,
 
 
 def factors(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[np.ndarray, np.ndarray]:
-    """Prediction offset + spread U_i V_bar as [spread U_i, 1] @ [V_bar; offset].
+    """Prediction offset + spread U_i V_bar as [spread U_i, offset] @ [V_bar; 1] (the
+    tenant's own offset and spread).
 
     Raises ValueError for ``link='sigmoid'`` (use :func:`predict_ratings`).
     """
     if global_msg.link != "identity":
         raise ValueError("link='sigmoid' predictions are not a matrix product; "
                          "use rfrec.predict_ratings or run_batched")
-    ones = np.ones((local.u.shape[0], 1))
-    a = np.hstack([global_msg.spread * local.u, ones])
-    b = np.vstack([global_msg.v_bar, np.full((1, global_msg.v_bar.shape[1]),
-                                             global_msg.offset)])
+    offset, spread = local_scale(global_msg, local)
+    a = np.hstack([spread * local.u, np.full((local.u.shape[0], 1), offset)])
+    b = np.vstack([global_msg.v_bar, np.ones((1, global_msg.v_bar.shape[1]))])
     return a, b
 
 
@@ -373,13 +428,21 @@ def predict_ratings(global_msg: RFRecGlobal, local: RFRecLocal, rows: np.ndarray
                     cols: np.ndarray) -> np.ndarray:
     """Predicted ratings of entries (rows[t], cols[t]) for either link."""
     z = np.einsum("td,dt->t", local.u[rows], global_msg.v_bar[:, cols])
-    return global_msg.offset + global_msg.spread * _link(z, global_msg.link)[0]
+    offset, spread = local_scale(global_msg, local)
+    return offset + spread * _link(z, global_msg.link)[0]
 
 
-def targets(vals: np.ndarray, cfg: RFRecConfig) -> np.ndarray:
+def local_scale(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[float, float]:
+    """(offset, spread) mapping this tenant's model scale to its ratings."""
+    if local.offset is None:
+        return global_msg.offset, global_msg.spread
+    return local.offset, local.spread
+
+
+def targets(block: RatingBlock, cfg: RFRecConfig) -> np.ndarray:
     """Ratings in the model's scale: raw, or (r - lo)/(hi - lo) with ``rating_range``."""
-    offset, spread = _scale(cfg)
-    return (vals - offset) / spread
+    offset, spread = block_scale(block, cfg)
+    return (block.vals - offset) / spread
 
 
 def residual(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock,
@@ -393,7 +456,7 @@ def _residual_and_weight(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock,
     """Residual e and e * link'(z), the factor of the gradients (chain rule)."""
     pos = np.searchsorted(block.rated_items, block.cols)
     pred, slope = _link(np.einsum("td,dt->t", u[block.rows], v_rated[:, pos]), cfg.link)
-    e = pred - targets(block.vals, cfg)
+    e = pred - targets(block, cfg)
     return e, e * slope
 
 
@@ -401,7 +464,7 @@ def _link(z: np.ndarray, link: str) -> tuple[np.ndarray, np.ndarray | float]:
     """The prediction link and its derivative: identity, or the authors' sigmoid."""
     if link == "identity":
         return z, 1.0
-    s = 1.0 / (1.0 + np.exp(-z))
+    s = expit(z)  # 1 / (1 + exp(-z)) without overflow warnings for large |z|
     return s, s * (1.0 - s)
 
 
@@ -493,10 +556,21 @@ def _coin(cfg: RFRecConfig, rng: np.random.Generator) -> int:
 
 
 def _scale(cfg: RFRecConfig) -> tuple[float, float]:
-    if cfg.rating_range is None:
+    """(offset, spread) of the global message: the configured range, or the identity when
+    each tenant's own scale is used (it is then in the tenant's local state)."""
+    if not isinstance(cfg.rating_range, tuple):
         return 0.0, 1.0
     lo, hi = cfg.rating_range
     return float(lo), float(hi - lo)
+
+
+def block_scale(block: RatingBlock, cfg: RFRecConfig) -> tuple[float, float]:
+    """(offset, spread) of the tenant owning ``block``: the tenant's scale with
+    ``rating_range='tenant'``, else the configured one."""
+    if cfg.rating_range == "tenant":
+        lo, hi = scale_of(block)
+        return float(lo), float(hi - lo)
+    return _scale(cfg)
 
 
 
@@ -515,6 +589,7 @@ class _Layout:
     y: np.ndarray            # target of each rating (model scale)
     indptr: np.ndarray       # CSR (users x pairs) structure of the ratings
     by_item: sp.csr_array    # (items x pairs) 0/1: sums pairs into items
+    scales: np.ndarray       # (offset, spread) of each client (n_clients x 2)
 
 
 def _layout(blocks: list[RatingBlock], cfg: RFRecConfig) -> _Layout:
@@ -526,15 +601,16 @@ def _layout(blocks: list[RatingBlock], cfg: RFRecConfig) -> _Layout:
     rows = np.concatenate([b.rows + user_start[i] for i, b in enumerate(blocks)])
     pair = np.concatenate([np.searchsorted(b.rated_items, b.cols) + pair_start[i]
                            for i, b in enumerate(blocks)])
-    y = np.concatenate([targets(b.vals, cfg) for b in blocks])
+    y = np.concatenate([targets(b, cfg) for b in blocks])
     order = np.lexsort((pair, rows))
     indptr = np.searchsorted(rows[order], np.arange(user_start[-1] + 1))
     pair_item = np.concatenate([b.rated_items for b in blocks])
     ones = np.ones(pair_item.shape[0])
     by_item = sp.csr_array((ones, (pair_item, np.arange(pair_item.shape[0]))),
                            shape=(blocks[0].n_items, pair_item.shape[0]))
+    scales = np.array([block_scale(b, cfg) for b in blocks], dtype=float)
     return _Layout(user_start, pair_start, pair_item, rows[order], pair[order], y[order],
-                   indptr, by_item)
+                   indptr, by_item, scales)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -627,7 +703,9 @@ def _batched_eval(lay: _Layout, g: RFRecGlobal, u: np.ndarray, tests: list[Ratin
     rows = np.concatenate([t.rows + lay.user_start[i] for i, t in enumerate(tests)])
     cols = np.concatenate([t.cols for t in tests])
     vals = np.concatenate([t.vals for t in tests])
-    pred = predict_ratings(g, RFRecLocal(u, np.empty((0, 0))), rows, cols)
+    client = np.repeat(np.arange(len(tests)), [t.nnz for t in tests])
+    z = predict_ratings(g, RFRecLocal(u, np.empty((0, 0)), offset=0.0, spread=1.0), rows, cols)
+    pred = lay.scales[client, 0] + lay.scales[client, 1] * z
     if scale is not None:
         pred = np.clip(pred, *scale)
     err = pred - vals
@@ -756,20 +834,24 @@ def _unpack(lay: _Layout, c: _Clients, last: np.ndarray) -> list[RFRecLocal]:
         return x[us[i]:us[i + 1]].copy() if users else x[ps[i]:ps[i + 1]].T.copy()
     return [RFRecLocal(part(c.u, i, True), part(c.p, i, False), part(c.u_m[0], i, True),
                        part(c.u_m[1], i, True), part(c.p_m[0], i, False),
-                       part(c.p_m[1], i, False), int(last[i])) for i in range(us.shape[0] - 1)]
+                       part(c.p_m[1], i, False), int(last[i]), *map(float, lay.scales[i]))
+            for i in range(us.shape[0] - 1)]
 
 
-#: every client every iteration, K = 100; the paper's one client per user is ``clients`` =
-#: the number of users (use :func:`run_batched` for that many clients)
-_RUN_DEFAULTS = {"clients": 100, "per_round": 0, "rounds": 100}
+#: the validated runs (BENCHMARKS.md, ``ours``): every client every iteration; the paper's
+#: one client per user is ``clients`` = the number of users (use :func:`run_batched` then)
+_RUN_DEFAULTS = {"clients": 200, "per_round": 0, "rounds": 200}
+_RUN_DEFAULTS_F = {"clients": 50, "per_round": 0, "rounds": 400}
 
 ALGORITHMS = {
     "rfrec": Algorithm(
         name="rfrec", config=RFRecConfig, init_server=init_server, init_client=init_client,
         client_step=rfrec_client_step, server_step=rfrec_server_step, factors=factors,
-        objective=objective, select=select, run_defaults=_RUN_DEFAULTS),
+        objective=objective, select=select, run_defaults=_RUN_DEFAULTS,
+        predict_entries=predict_ratings),
     "rfrecf": Algorithm(
         name="rfrecf", config=RFRecFConfig, init_server=init_server, init_client=init_client,
         client_step=rfrecf_client_step, server_step=rfrecf_server_step, factors=factors,
-        objective=objective, select=select, run_defaults=_RUN_DEFAULTS),
+        objective=objective, select=select, run_defaults=_RUN_DEFAULTS_F,
+        predict_entries=predict_ratings),
 }

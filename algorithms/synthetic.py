@@ -52,7 +52,7 @@ def _sample_pairs(n_users: int, n_items: int, n_ratings: int, rng: np.random.Gen
 def generate_ratings(n_users: int = 2000, n_items: int = 1500, n_ratings: int = 120_000,
                      rank: int = 10, noise: float = 0.5, *, seed: int = 0,
                      user_exponent: float = 0.6, item_exponent: float = 0.9,
-                     min_per_user: int = 5) -> Ratings:
+                     min_per_user: int = 5, scale: str = "stars") -> Ratings:
     """Draw a synthetic rating set.
 
     Parameters
@@ -71,7 +71,15 @@ def generate_ratings(n_users: int = 2000, n_items: int = 1500, n_ratings: int = 
         most active user / popular item is proportional to k^-exponent).
     min_per_user : int
         Ratings every user has at least (when n_ratings allows).
+    scale : str
+        How the latent score becomes a rating (:data:`SCALES`): ``"stars"`` 1-5 with
+        MovieLens' histogram; ``"half-stars"`` 0.5-5 in steps of 0.5, each star's share
+        split evenly between it and the half star below; ``"continuous"`` the standardised
+        score times 3.5, clipped to -10..10; ``"binary"`` 1 for the top 57.5% of scores
+        (ML-1M's share of ratings >= 4), else 0.
     """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {', '.join(SCALES)}")
     if min(n_users, n_items, rank) < 1 or n_ratings < 1:
         raise ValueError("n_users, n_items, rank and n_ratings must be positive")
     if n_ratings > n_users * n_items:
@@ -86,9 +94,30 @@ def generate_ratings(n_users: int = 2000, n_items: int = 1500, n_ratings: int = 
     b_i = 0.7 * rng.standard_normal(n_items)
     score = np.einsum("ij,ji->i", u[users], v[:, items]) + b_u[users] + b_i[items]
     score += noise * score.std() * rng.standard_normal(score.size)
-    cuts = np.quantile(score, np.cumsum(MOVIELENS_HISTOGRAM)[:-1] / MOVIELENS_HISTOGRAM.sum())
-    stars = 1.0 + np.searchsorted(cuts, score).astype(float)
-    return Ratings(users.astype(np.int64), items.astype(np.int64), stars)
+    return Ratings(users.astype(np.int64), items.astype(np.int64), _to_scale(score, scale))
+
+
+#: rating scales :func:`generate_ratings` can draw, with their (lo, hi)
+SCALES = {"stars": (1.0, 5.0), "half-stars": (0.5, 5.0), "continuous": (-10.0, 10.0),
+          "binary": (0.0, 1.0)}
+
+
+def _quantile_levels(score: np.ndarray, histogram: np.ndarray) -> np.ndarray:
+    """Level index 0..len(histogram)-1 of each score, matching the histogram's shares."""
+    cuts = np.quantile(score, np.cumsum(histogram)[:-1] / histogram.sum())
+    return np.searchsorted(cuts, score).astype(float)
+
+
+def _to_scale(score: np.ndarray, scale: str) -> np.ndarray:
+    """Latent scores as ratings on ``scale`` (see :func:`generate_ratings`)."""
+    if scale == "stars":
+        return 1.0 + _quantile_levels(score, MOVIELENS_HISTOGRAM)
+    if scale == "half-stars":
+        return 0.5 + 0.5 * _quantile_levels(score, np.repeat(MOVIELENS_HISTOGRAM / 2, 2))
+    if scale == "continuous":
+        return np.clip(3.5 * (score - score.mean()) / score.std(), -10.0, 10.0)
+    top = MOVIELENS_HISTOGRAM[3:].sum() / MOVIELENS_HISTOGRAM.sum()
+    return (score >= np.quantile(score, 1.0 - top)).astype(float)
 
 
 def _group_quotas(sizes: np.ndarray, weights: np.ndarray, n_ratings: int, min_per_user: int,
@@ -233,7 +262,7 @@ def generate_tenant_ratings(n_users: int, n_items: int, n_ratings: int, n_tenant
     for t in range(n_tenants):
         stars = 1.0 + np.searchsorted(cuts, scores[t]).astype(float)
         scores[t] = None
-        blocks.append(RatingBlock(rows[t], cols[t], stars, int(sizes[t]), n_items))
+        blocks.append(RatingBlock(rows[t], cols[t], stars, int(sizes[t]), n_items, (1.0, 5.0)))
         rows[t] = cols[t] = None
     uids = [np.arange(bounds[t], bounds[t + 1]) for t in range(n_tenants)]
     return TenantRatings(blocks, uids, n_users, n_items)

@@ -93,9 +93,10 @@ SETTINGS = {
 
 
 def config(method: str, variant: str, **override: Any) -> RFRecConfig:
-    """The config of ``(method, variant)`` with ``override`` applied."""
+    """The config of ``(method, variant)`` with ``override`` applied, on top of the
+    paper's settings (``ours`` is also the configs' default)."""
     cls = RFRecFConfig if method == "rfrecf" else RFRecConfig
-    return cls(**{**SETTINGS[(method, variant)].fields, **override})
+    return cls.paper_settings(**{**SETTINGS[(method, variant)].fields, **override})
 
 
 @functools.lru_cache(maxsize=2)

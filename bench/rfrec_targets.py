@@ -69,7 +69,7 @@ def _config(args: argparse.Namespace) -> RFRecConfig:
             continue
         if getattr(args, name) is not None:
             kw[name] = getattr(args, name)
-    return cls(**kw)
+    return cls.paper_settings(**kw)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -40,8 +40,8 @@ def search(clients: list[int], lam_us: list[float], alphas: list[float], seeds: 
         curves = []
         for seed in range(seeds):
             fed = validation_federation(C.federation("ml-100k", n, seed), seed=seed)
-            cfg = RFRecFConfig(optimizer="adam", link="sigmoid", schedule="code", p=0.8,
-                               alpha=alpha, lam=0.8 / alpha, lam_u=lam_u)
+            cfg = RFRecFConfig.paper_settings(optimizer="adam", link="sigmoid", schedule="code",
+                                              p=0.8, alpha=alpha, lam=0.8 / alpha, lam_u=lam_u)
             res = run_batched(cfg, fed, rounds=rounds, seed=seed, evaluate_every=every)
             curves.append({h.round: h.test_rmse for h in res.history
                            if h.test_rmse == h.test_rmse})

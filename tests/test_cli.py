@@ -95,7 +95,8 @@ def test_simulate_binary_algorithm_reports_the_papers_metrics(tmp_path, ratings_
 
 def test_simulate_stops_with_a_clear_error_when_training_diverges(ratings_csv, capsys):
     code = main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec",
-                 "--clients", "4", "--rounds", "40", "--alpha", "50", "--quiet"])
+                 "--clients", "4", "--rounds", "40", "--alpha", "50", "--optimizer", "gd",
+                 "--link", "identity", "--quiet"])
     assert code == 2
     assert "training diverged in round" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from algorithms import Message, RatingBlock, messages_equal, registry
+from algorithms import Message, RatingBlock, messages_equal, predict, registry
 from algorithms.data import Federation
 from algorithms.simulate import initialise, run_round, simulate, total_objective
 
@@ -88,6 +88,16 @@ def test_config_rejects_unknown_fields(case):
 def test_factor_shapes(case):
     alg, cfg, fed = case
     _, glob, locs = _all_messages(alg, cfg, fed)
+    if getattr(cfg, "link", "identity") != "identity":
+        # RFRec's default sigmoid link is no matrix product: no serving factors, but
+        # predictions of any entries through predict_entries
+        for block, state in zip(fed.train, locs, strict=True):
+            with pytest.raises(ValueError, match="not a matrix product"):
+                alg.factors(glob, state)
+            pred = predict(alg, glob, state, block.rows, block.cols)
+            assert pred.shape == (block.nnz,) and np.all(np.isfinite(pred))
+        cfg = cfg.model_copy(update={"link": "identity"})
+        _, glob, locs = _all_messages(alg, cfg, fed)
     for block, state in zip(fed.train, locs, strict=True):
         a, b = alg.factors(glob, state)
         assert a.shape[0] == block.n_users
@@ -167,7 +177,10 @@ def test_objective_decreases_on_low_rank_data(case):
     alg, cfg, fed = case
     server, glob, locs = initialise(alg, cfg, fed.train, SEED)
     start = total_objective(alg, glob, locs, fed.train, cfg)
-    result = simulate(alg, cfg, fed, rounds=100, per_round=fed.n_clients, seed=SEED)
+    # at least the algorithm's recommended run (RFRecF's default takes 400 iterations, of
+    # which only about a fifth are main updates)
+    rounds = max(100, alg.run_defaults["rounds"])
+    result = simulate(alg, cfg, fed, rounds=rounds, per_round=fed.n_clients, seed=SEED)
     end = total_objective(alg, result.global_msg, result.local_states, fed.train, cfg)
     assert np.isfinite(end)
     assert end < 0.5 * start, f"objective {start:.4g} -> {end:.4g}"

@@ -28,7 +28,8 @@ def _blocks() -> list[RatingBlock]:
         mask[:, 5] = i == 0
         rows, cols = np.nonzero(mask)
         vals = rng.uniform(1.0, 5.0, size=rows.shape[0])
-        out.append(RatingBlock(rows, cols, vals, M_USERS, N_ITEMS))
+        # a declared 1-5 scale: the reference scale, so the equations apply to raw ratings
+        out.append(RatingBlock(rows, cols, vals, M_USERS, N_ITEMS, (1.0, 5.0)))
     return out
 
 

@@ -120,7 +120,7 @@ def test_marked_not_privacy_preserving():
 def test_an_upload_reveals_rated_items_and_a_lone_rating():
     """The audit case: a server reads the rated items and a lone rater's rating."""
     block = RatingBlock(np.array([0, 0, 1]), np.array([1, 3, 3]), np.array([4.0, 2.0, 5.0]),
-                        2, 5)
+                        2, 5, (1.0, 5.0))
     cfg = fg.FedMGSConfig(rank=2, reg="plain", center=False)
     server, glob = fg.init_server(5, 1, cfg, np.random.default_rng(0))
     local = fg.init_client(block, glob, cfg, np.random.default_rng(1))

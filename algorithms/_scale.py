@@ -1,0 +1,79 @@
+"""Rating-scale normalisation shared by every rating algorithm (once, not per algorithm).
+
+The recommended settings (regularisation weights, step sizes, initial scales) were
+validated on 1-5 star data. Inside the client step every algorithm therefore works on the
+tenant's ratings divided by its *unit*,
+
+    model = r / unit,   unit = (hi - lo) / (REF_HI - REF_LO),
+
+where (lo, hi) is the tenant's declared scale (:attr:`RatingBlock.scale`) or, for a block
+without one, the block's own range: a spread of 4 in the model whatever the scale, so a
+regularisation weight, a step size or an initial scale means the same on a 0.5-5
+half-star, a -10..10 continuous or a 0/1 scale as on 1-5 stars. Predictions are
+multiplied back by the unit (the tenant's U_i carries it, so the factors keep their
+shapes), and RMSE is reported in the tenant's scale.
+
+Why a pure scaling and no shift: every recommended setting centres the ratings (a
+tenant mean or bias terms), so the offset does not matter to it, while a model without
+centring (the papers' plain U V) would have to fit a shift it cannot represent; scaling
+keeps a low-rank matrix low-rank, even when tenants' units differ (U_i absorbs its own).
+On 1-5 data the unit is 1 and the block is used as it is (bit-identical to no mapping).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from algorithms.block import RatingBlock
+
+#: the scale the recommended settings were validated on (MovieLens stars)
+REF_LO, REF_HI = 1.0, 5.0
+
+
+def scale_of(block: RatingBlock) -> tuple[float, float]:
+    """The tenant's declared (lo, hi), else the block's own range (the reference scale for
+    an empty or constant block, where there is nothing to normalise)."""
+    if block.scale is not None:
+        return block.scale
+    if block.nnz:
+        lo, hi = float(block.vals.min()), float(block.vals.max())
+        if lo < hi:
+            return lo, hi
+    return REF_LO, REF_HI
+
+
+def unit_of(block: RatingBlock) -> float:
+    """The tenant's rating unit: its scale's spread over the reference spread."""
+    lo, hi = scale_of(block)
+    return (hi - lo) / (REF_HI - REF_LO)
+
+
+_CACHE: weakref.WeakKeyDictionary[RatingBlock, tuple[float, RatingBlock]] = \
+    weakref.WeakKeyDictionary()
+
+
+def normalised(block: RatingBlock, unit: float) -> RatingBlock:
+    """The block with its ratings divided by ``unit`` (the block itself when it is 1).
+
+    ``unit`` is the one the tenant's local state recorded at initialisation
+    (:func:`unit_of`), not recomputed from the block, so a state stored before units
+    existed (unit 1) keeps training exactly as it did. Cached per block object, so a
+    simulation builds each tenant's mapped block (and its CSR/CSC views) once, not every
+    round.
+    """
+    if unit == 1.0:
+        return block
+    cached = _CACHE.get(block)
+    if cached is None or cached[0] != unit:
+        cached = (unit, block.with_values(block.vals / unit))
+        _CACHE[block] = cached
+    return cached[1]
+
+
+def rating_factors(a: np.ndarray, b: np.ndarray, unit: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Prediction factors in the tenant's scale from factors (A, B) in its units:
+    (unit A) B, same shapes, one product."""
+    return (a, b) if unit == 1.0 else (unit * a, b)
