@@ -44,6 +44,7 @@ sum is handed on; a tenant that cannot afford a release is left out of it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -54,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from algorithms._messages import Message
 from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.dpals import UserBounds
-from privacy.accountant import Event, noise_for_epsilon, schedule_events
+from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise
 from privacy.ledger import Budget, Ledger, check_schedule
 
@@ -69,6 +70,39 @@ ACCOUNTING_USER = (
     "q = the Poisson rate of users inside a tenant, 1 when every user contributes; no "
     "amplification by tenant selection), composed over the counted releases and converted "
     "to (epsilon, delta) by opacus get_privacy_spent")
+
+#: who each placement protects the users against
+ADVERSARY = {
+    "central": ("the coordinator is trusted with each tenant's bounded item sums (a hosted "
+                "tenant's ratings are with the operator anyway); each user is protected "
+                "against other tenants and anyone who sees V, reports or recommendations"),
+    "tenant": ("each tenant noises its own contribution before it leaves: each user is "
+               "protected also against a curious coordinator (at T times the noise variance "
+               "of central placement, without secure aggregation)"),
+}
+
+
+def release_report(spec: UserLevelSpec, ledger: Ledger,
+                   charges: Sequence[tuple[Any, int, Event]]) -> dict[str, Any]:
+    """JSON-ready report of a user-level job: unit, placement, adversary, delta,
+    accounting, epsilon spent by each account's users, and every release counted
+    (``charges``: (account, round, event) of each charge of this job). Epsilon is
+    stated at the job's delta (a tenant's budget is checked at the budget's own delta)."""
+    eps = {str(t): spend(ledger.history(t), spec.delta).epsilon for t in ledger.tenants()}
+    worst = max(eps.values(), default=0.0)
+    return {
+        "mechanism": "gaussian", "private": True, "unit": USER, "unit_detail": UNIT_USER,
+        "placement": spec.placement, "adversary": ADVERSARY[spec.placement],
+        "guarantee": (f"differentially private: epsilon {worst:.4g} at delta "
+                      f"{spec.delta:.3g} for every user (all of one person's ratings), "
+                      f"placement {spec.placement}"),
+        "target_epsilon": spec.epsilon, "epsilon_max": worst, "epsilon_per_tenant": eps,
+        "delta": spec.delta, "users": spec.n_users, "accounting": ACCOUNTING_USER,
+        "planned_releases": spec.releases,
+        "releases": [{"tenant": str(t), "round": int(r),
+                      "noise_multiplier": ev.noise_multiplier,
+                      "sample_rate": ev.sample_rate} for t, r, ev in charges],
+    }
 
 
 def gram_sensitivity(bounds: UserBounds) -> float:
@@ -177,6 +211,94 @@ def sum_uploads(uploads: Sequence[Message], bounds: UserBounds) -> Message:
     return first.replace(**changes)
 
 
+USER = "user"
+"""The ``unit`` of a job's privacy settings that selects user-level DP."""
+
+
+def is_user_level(dp: Mapping[str, Any]) -> bool:
+    """Whether a job's stored privacy settings protect users (else a tenant's block)."""
+    return dp.get("unit") == USER
+
+
+def plan(request: Mapping[str, Any], bounds: UserBounds, n_users: int, releases: int
+         ) -> UserLevelSpec:
+    """The spec of a user-level run from its request (``placement``, ``epsilon``,
+    ``delta`` and optional tuning fields): the number of users and of releases and the
+    sampling rate come from the data and the algorithm, never from the request."""
+    fields = {k: v for k, v in request.items() if k in UserLevelSpec.model_fields}
+    fields.update(n_users=int(n_users), releases=int(releases),
+                  sample_rate=bounds.sample_rate)
+    return UserLevelSpec(**fields)
+
+
+def to_settings(spec: UserLevelSpec) -> dict[str, Any]:
+    """What a job stores: the spec as a plain dict, tagged with the unit."""
+    return {"unit": USER, **spec.model_dump()}
+
+
+def from_settings(dp: Mapping[str, Any]) -> UserLevelSpec:
+    """Inverse of :func:`to_settings`."""
+    return UserLevelSpec(**{k: v for k, v in dp.items() if k != "unit"})
+
+
+def release_event(spec: UserLevelSpec, index: int) -> Event:
+    """The event of release ``index`` (0-based) of the planned schedule; beyond the plan,
+    the last one's."""
+    events = _schedule(spec)
+    return events[min(index, len(events) - 1)]
+
+
+def release_stds(spec: UserLevelSpec, bounds: UserBounds, index: int) -> dict[str, float]:
+    """Noise standard deviations of release ``index``."""
+    return noise_stds(bounds, release_event(spec, index).noise_multiplier, spec.gram_share)
+
+
+def _refusal(ledger: Ledger, account: Any, round_: int) -> str:
+    spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
+    return (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, one more "
+            f"user-level release would exceed epsilon_max {cap:.4g}")
+
+
+def release_one(spec: UserLevelSpec, bounds: UserBounds, upload: Message, account: Any,
+                ledger: Ledger, index: int, rng: np.random.Generator, round_: int
+                ) -> tuple[Message | None, Event | None, str | None]:
+    """Placement ``tenant``: check the account can afford release ``index``, noise the
+    upload, charge ``ledger``; returns (noisy upload, event charged, refusal reason)."""
+    event = release_event(spec, index)
+    if not ledger.can_afford(account, event):
+        return None, None, _refusal(ledger, account, round_)
+    noisy = add_noise(upload, bounds, release_stds(spec, bounds, index), rng)
+    ledger.charge(account, event, round_)
+    return noisy, event, None
+
+
+def release_sum(spec: UserLevelSpec, bounds: UserBounds, uploads: Mapping[Any, Message],
+                ledger: Ledger, index: int, rng: np.random.Generator, round_: int
+                ) -> tuple[Message | None, dict[Any, Event], dict[Any, str]]:
+    """Placement ``central``: every contributor that can afford release ``index`` is
+    charged in ``ledger``, then their uploads are summed and noised once.
+
+    Returns (noisy sum or None when nobody could pay, {account: event charged},
+    {account: refusal reason}). The sum is returned only after every charge."""
+    event = release_event(spec, index)
+    refused = {a: _refusal(ledger, a, round_) for a in uploads
+               if not ledger.can_afford(a, event)}
+    kept = sorted(a for a in uploads if a not in refused)
+    if not kept:
+        return None, {}, refused
+    for a in kept:
+        ledger.charge(a, event, round_)
+    total = sum_uploads([uploads[a] for a in kept], bounds)
+    noisy = add_noise(total, bounds, release_stds(spec, bounds, index), rng)
+    return noisy, {a: event for a in kept}, refused
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(spec: UserLevelSpec) -> tuple[Event, ...]:
+    """The planned events (solving the noise is a bisection: computed once per spec)."""
+    return tuple(spec.schedule())
+
+
 class UserLevelPrivatizer:
     """Check budget, privatise, charge for a user-level run.
 
@@ -194,7 +316,7 @@ class UserLevelPrivatizer:
                              f"algorithm's user sampling rate {bounds.sample_rate}")
         self.spec, self.bounds, self.seed = spec, bounds, int(seed)
         self.z = spec.noise_multiplier()
-        self.plan = spec.schedule()
+        self.plan = list(_schedule(spec))
         if ledger is None:
             budget = Budget(spec.epsilon, spec.delta)
             ledger = Ledger.open({i: budget for i in range(n_clients)})
@@ -204,12 +326,11 @@ class UserLevelPrivatizer:
 
     def event(self, index: int) -> Event:
         """The event of release ``index`` (0-based); beyond the plan, the last one's."""
-        return self.plan[min(index, len(self.plan) - 1)]
+        return release_event(self.spec, index)
 
     def stds(self, index: int) -> dict[str, float]:
         """Noise standard deviations of release ``index``."""
-        return noise_stds(self.bounds, self.event(index).noise_multiplier,
-                          self.spec.gram_share)
+        return release_stds(self.spec, self.bounds, index)
 
     def _index(self, client: int) -> int:
         """Which release of this tenant's users the next one is (its charged count)."""
@@ -229,9 +350,8 @@ class UserLevelPrivatizer:
             return None
         if self.spec.placement == "central":
             return upload
-        noisy = add_noise(upload, self.bounds, self.stds(index),
-                          client_noise_rng(self.seed, round_, client))
-        self.ledger.charge(client, self.event(index), round_)
+        noisy, _, _ = release_one(self.spec, self.bounds, upload, client, self.ledger, index,
+                                  client_noise_rng(self.seed, round_, client), round_)
         self._record(round_, [client], index)
         return noisy
 
@@ -241,14 +361,15 @@ class UserLevelPrivatizer:
         before it is returned. Tenant placement: the (already noisy) uploads unchanged."""
         if self.spec.placement == "tenant" or not uploads:
             return uploads
-        clients = sorted(uploads)
         index = len(self.releases)
-        for c in clients:
-            self.ledger.charge(c, self.event(index), round_)
-        total = sum_uploads([uploads[c] for c in clients], self.bounds)
-        noisy = add_noise(total, self.bounds, self.stds(index),
-                          derive_rng(self.seed, round_, NOISE))
-        self._record(round_, clients, index)
+        noisy, charged, refused = release_sum(self.spec, self.bounds, uploads, self.ledger,
+                                              index, derive_rng(self.seed, round_, NOISE),
+                                              round_)
+        for c in refused:
+            self.ledger.stop(c, round_)
+        if noisy is None:
+            return {}
+        self._record(round_, sorted(charged), index)
         return {AGGREGATE: noisy}
 
     def _record(self, round_: int, clients: Sequence[int], index: int) -> None:

@@ -75,9 +75,15 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         session.scalars(sa.select(Tenant.id).order_by(Tenant.id)))
     check_limit(("body", "tenant_ids"), len(tenant_ids), settings.max_job_tenants,
                 "FEDREC_MAX_JOB_TENANTS", unit="tenants")
+    if body.privacy is not None and "dp" in body.model_fields_set:
+        raise HTTPException(422, "give either privacy (user-level DP) or dp (tenant-level "
+                                 "DP), not both")
+    dp = body.dp.model_dump(exclude_none=True) if body.privacy is None else {
+        "unit": body.privacy.unit, "placement": body.privacy.placement,
+        "epsilon": body.privacy.target_epsilon, "delta": body.privacy.delta}
     spec = JobSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
                    per_round=body.per_round, seed=body.seed, config=body.config,
-                   dp=body.dp.model_dump(exclude_none=True), test_fraction=body.test_fraction,
+                   dp=dp, test_fraction=body.test_fraction,
                    allow_not_private=body.allow_not_private,
                    max_attempts=settings.job_max_attempts)
     try:

@@ -21,7 +21,8 @@ from app.models import Item, Tenant
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
-from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan
+from privacy import user_level
+from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan, check_schedule
 from privacy.wrapper import DPSpec, n_entries, transmission_event
 
 
@@ -59,7 +60,7 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "rating models")
     try:
         cfg = alg.config(**spec.config)
-        dp = DPSpec(**spec.dp)
+        dp = spec.dp if user_level.is_user_level(spec.dp) else DPSpec(**spec.dp)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
@@ -70,6 +71,10 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "ratings); set allow_not_private to run it anyway")
     if len(set(spec.tenant_ids)) != len(spec.tenant_ids) or not spec.tenant_ids:
         raise JobRefused(422, "tenant_ids must be a non-empty list without duplicates")
+    if isinstance(dp, dict) and registry.user_bounds(alg.name, cfg) is None:
+        raise JobRefused(422, f"invalid privacy.unit: {alg.name} cannot protect a user (its "
+                              "uploads are not sums of per-user bounded terms); use dpals, or "
+                              "the tenant unit through dp")
     return alg, cfg, dp
 
 
@@ -115,10 +120,14 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     per_round = spec.per_round or len(tenants)
     size = _dry_run(alg, cfg, spec.seed, server, glob, locals_[0], fed.train[0], fed.test[0],
                     (tenants[0].rating_min, tenants[0].rating_max))
-    _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
+    if isinstance(dp, dict):
+        settings = _check_user_level(s, alg, cfg, spec, dp, fed, glob, per_round)
+    else:
+        _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
+        settings = dp.model_dump()
     key, digest = idempotency or (None, None)
     job = TrainingJob(
-        status="queued", algorithm=alg.name, config=cfg.model_dump(), dp=dp.model_dump(),
+        status="queued", algorithm=alg.name, config=cfg.model_dump(), dp=settings,
         rounds=spec.rounds, per_round=per_round, seed=spec.seed,
         test_fraction=spec.test_fraction, tenant_ids=list(spec.tenant_ids),
         item_ids=item_ids_bytes(item_ids), current_round=0, global_msg=glob.to_bytes(),
@@ -156,6 +165,34 @@ def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: Ra
         raise JobRefused(422, f"invalid config: round 1 fails with these settings "
                               f"({type(exc).__name__}: {exc})") from None
     return n_entries(upload) if upload is not None else 1
+
+
+def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
+                      request: dict[str, Any], fed, glob, per_round: int) -> dict[str, Any]:
+    """Plan a user-level job: solve its noise for the target over the releases each user
+    takes part in, and refuse it (409) unless every tenant can afford that schedule.
+
+    Returns the settings the job stores. A release is one round's upload of a tenant's
+    users; a user takes part in at most as many as its tenant transmits (and DPALS stops
+    uploading after its sweeps)."""
+    bounds = registry.user_bounds(alg.name, cfg)
+    plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(fed.train), glob)
+    releases = min(max(plan.values()), getattr(cfg, "sweeps", spec.rounds))
+    n_users = sum(block.n_users for block in fed.train)
+    try:
+        planned = user_level.plan(request, bounds, n_users, max(releases, 1))
+        events = list(planned.schedule())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = {"epsilon": "target_epsilon"}.get(str(first["loc"][0]) if first["loc"] else "",
+                                                  str(first["loc"][0]) if first["loc"] else "")
+        msg = first["msg"].removeprefix("Value error, ")
+        raise JobRefused(422, f"invalid privacy.{field or 'delta'}: {msg}") from None
+    try:
+        check_schedule(load_ledger(s, spec.tenant_ids), spec.tenant_ids, events)
+    except BudgetExceeded as exc:
+        raise JobRefused(409, str(exc)) from None
+    return user_level.to_settings(planned)
 
 
 def _check_budgets(s: Session, alg: Algorithm, spec: JobSpec, dp: DPSpec, size: int, glob,

@@ -32,7 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from algorithms import Message, RatingBlock, registry
-from algorithms._rng import client_noise_rng
+from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.base import Algorithm, default_select
 from algorithms.simulate import (
     client_round,
@@ -47,6 +47,7 @@ from app.models import Tenant, utcnow
 from app.training.forget import forgotten_since, scrub_job_clients, without_forgotten
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
+from privacy import user_level
 from privacy.accountant import NONE
 from privacy.wrapper import DPSpec, n_entries, privatize, transmission_event
 
@@ -179,6 +180,59 @@ def _privatise(s: Session, job: TrainingJob, alg: Algorithm, tenant_id: int, cli
     return noisy, (event if event.mechanism == NONE else noised).as_list(), None
 
 
+def _lock_tenants(s: Session, tenant_ids: list[int]) -> None:
+    """Lock the tenants' rows (in id order) so no two jobs spend the same budget."""
+    s.execute(sa.select(Tenant.id).where(Tenant.id.in_(sorted(tenant_ids)))
+              .order_by(Tenant.id).with_for_update())
+
+
+def _job_releases(s: Session, job_id: int, tenant_id: int | None = None) -> int:
+    """User-level releases this job has charged so far: of one tenant's users (placement
+    tenant), or rounds in which any was charged (placement central)."""
+    q = sa.select(sa.func.count(sa.distinct(LedgerEntry.round))).where(
+        LedgerEntry.job_id == job_id)
+    if tenant_id is not None:
+        q = q.where(LedgerEntry.tenant_id == tenant_id)
+    return int(s.scalar(q) or 0)
+
+
+def _release_tenant(s: Session, job: TrainingJob, cfg: Any, tenant_id: int, client: int,
+                    round_: int, upload: Message
+                    ) -> tuple[Message | None, list | None, str | None]:
+    """User-level DP, placement ``tenant``: this tenant's bounded upload noised and charged
+    (:func:`privacy.user_level.release_one`). Placement ``central``: the bounded upload is
+    staged as it is and charged by the aggregation step, which noises the sum once."""
+    spec = user_level.from_settings(job.dp)
+    if spec.placement == "central":
+        return upload, None, None
+    _lock_tenants(s, [tenant_id])
+    noisy, event, refused = user_level.release_one(
+        spec, registry.user_bounds(job.algorithm, cfg), upload, tenant_id,
+        load_ledger(s, [tenant_id]), _job_releases(s, job.id, tenant_id),
+        client_noise_rng(job.seed, round_, client), round_)
+    return noisy, None if event is None else event.as_list(), refused
+
+
+def _release_central(s: Session, job: TrainingJob, cfg: Any, round_: int,
+                     uploads: dict[int, Message]) -> tuple[dict[int, Message], dict[str, str]]:
+    """User-level DP, placement ``central``: charge every contributing tenant, then noise
+    the sum of their bounded uploads once (:func:`privacy.user_level.release_sum`), in the
+    round's transaction. Returns (what the server step receives, refusals by tenant id)."""
+    if not uploads:
+        return uploads, {}
+    tenant_of = {i: job.tenant_ids[i] for i in uploads}
+    _lock_tenants(s, list(tenant_of.values()))
+    noisy, charged, refused = user_level.release_sum(
+        user_level.from_settings(job.dp), registry.user_bounds(job.algorithm, cfg),
+        {tenant_of[i]: up for i, up in uploads.items()}, load_ledger(s, tenant_of.values()),
+        _job_releases(s, job.id), derive_rng(job.seed, round_, NOISE), round_)
+    for tenant_id, event in charged.items():  # committed with the round that uses the sum
+        s.add(LedgerEntry(tenant_id=tenant_id, job_id=job.id, round=round_,
+                          event={"event": event.as_list(), "dp": job.dp}))
+    received = {} if noisy is None else {user_level.AGGREGATE: noisy}
+    return received, {str(t): why for t, why in refused.items()}
+
+
 def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int,
                 client: int) -> None:
     """Run tenant ``client``'s step of the round and stage its result (idempotent)."""
@@ -196,7 +250,10 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                 alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
                 Message.from_bytes(jc.local_state), train)
             event = refused = None
-            if upload is not None:
+            if upload is not None and user_level.is_user_level(job.dp):
+                upload, event, refused = _release_tenant(s, job, cfg, jc.tenant_id, client,
+                                                         round_, upload)
+            elif upload is not None:
                 upload, event, refused = _privatise(s, job, alg, jc.tenant_id, client,
                                                      round_, upload)
             s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
@@ -259,8 +316,11 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
             return  # not complete yet: a later client step sends aggregate again
         uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
                    if staged[i].upload is not None}
+        received, released_refusals = uploads, {}
+        if user_level.is_user_level(job.dp) and job.dp.get("placement") == "central":
+            received, released_refusals = _release_central(s, job, cfg, round_, uploads)
         server, glob = server_round(alg, cfg, round_, job.seed,
-                                    Message.from_bytes(job.server_state), uploads)
+                                    Message.from_bytes(job.server_state), received)
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
                                  .order_by(JobClient.client_index)
                                  .options(orm.undefer(JobClient.train_block),
@@ -280,6 +340,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                        per_tenant=metrics["per_tenant"], participants=selected,
                        uploads=len(uploads), seconds=seconds))
         refused = {str(job.tenant_ids[i]): r.refused for i, r in staged.items() if r.refused}
+        refused.update(released_refusals)
         if refused:
             job.stopped_tenants = {**refused, **(job.stopped_tenants or {})}
         job.global_msg, job.server_state = glob.to_bytes(), server.to_bytes()

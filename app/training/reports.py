@@ -11,8 +11,10 @@ from sqlalchemy.orm import Session
 
 from algorithms import registry
 from app.training.ledger import load_ledger
-from app.training.models import JobRound, TrainingJob
+from app.training.models import JobRound, LedgerEntry, TrainingJob
 from app.training.schemas import JobPublic, JobReport, RoundPublic, TenantRoundPublic
+from privacy import user_level
+from privacy.accountant import Event
 from privacy.wrapper import DPSpec, privacy_report
 
 
@@ -53,21 +55,33 @@ def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = 
     infinity)") and reports the epsilon of every tenant that transmitted as "infinity".
     """
     ids = tenant_ids if tenant_ids is not None else job.tenant_ids
-    spec = DPSpec(**job.dp)
     ledger = load_ledger(s, ids, job_id=job.id)
-    if is_private(job):
+    if user_level.is_user_level(job.dp):
+        report = user_level.release_report(user_level.from_settings(job.dp), ledger,
+                                           _charges(s, job.id, ids))
+    elif is_private(job):
+        spec = DPSpec(**job.dp)
         report = privacy_report(spec, ledger)
         report["private"] = True
         report["guarantee"] = (f"differentially private: epsilon {report['epsilon_max']:.4g} "
                                f"at delta {spec.delta:.3g} for each tenant's whole rating block")
     else:
-        report = _not_private_report(spec, job, ledger)
+        report = _not_private_report(DPSpec(**job.dp), job, ledger)
     report["stopped_tenants"] = {t: why for t, why in (job.stopped_tenants or {}).items()
                                  if int(t) in ids}
     lifetime = load_ledger(s, ids)
     report["lifetime"] = {t: _lifetime(lifetime, t) for t in lifetime.tenants()}
     report.pop("budget_epsilon_max", None)  # the lifetime section states budgets per tenant
     return report
+
+
+def _charges(s: Session, job_id: int, tenant_ids: list[int]) -> list[tuple[int, int, Event]]:
+    """(tenant, round, event) of every charge of the job, in the order they were made."""
+    rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round, LedgerEntry.event)
+                     .where(LedgerEntry.job_id == job_id,
+                            LedgerEntry.tenant_id.in_(tenant_ids))
+                     .order_by(LedgerEntry.id)).all()
+    return [(t, r, Event.from_list(e["event"])) for t, r, e in rows]
 
 
 def _not_private_report(spec: DPSpec, job: TrainingJob, ledger) -> dict[str, Any]:

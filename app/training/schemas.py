@@ -22,6 +22,25 @@ class DPSettings(BaseModel):
     delta: float = Field(1e-5, gt=0, lt=1)
 
 
+class PrivacySettings(BaseModel):
+    """User-level differential privacy (see the README's privacy section): the service
+    solves the noise for ``target_epsilon`` at ``delta`` over the job's releases."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    unit: Literal["user"] = Field(
+        "user", description="Protected unit: one user (all of one person's ratings). The "
+                            "tenant unit is the 'dp' field.")
+    placement: Literal["central", "tenant"] = Field(
+        "central", description="central: the aggregation step noises the sum of the tenants' "
+                               "bounded contributions once; tenant: each tenant noises its own "
+                               "(protects against the coordinator too, at T times the noise "
+                               "variance).")
+    target_epsilon: float = Field(gt=0, le=100, description="Epsilon of the whole job per user.")
+    delta: float = Field(1e-6, gt=0, lt=1,
+                         description="Delta of the guarantee; must be below 1 / number of users.")
+
+
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -38,7 +57,10 @@ class JobCreate(BaseModel):
     per_round: int = Field(0, ge=0, le=MAX_DB_INT,
                            description="Tenants sampled per round; 0 = all.")
     seed: int = Field(0, ge=0, le=MAX_DB_INT)
-    dp: DPSettings = Field(default_factory=lambda: DPSettings(noise_multiplier=1.0))
+    dp: DPSettings = Field(default_factory=lambda: DPSettings(noise_multiplier=1.0),
+                           description="Tenant-unit DP of every upload (ignored with 'privacy').")
+    privacy: PrivacySettings | None = Field(
+        None, description="User-level DP (algorithm dpals); give either this or 'dp'.")
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     allow_not_private: bool = False
 

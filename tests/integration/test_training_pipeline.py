@@ -110,3 +110,33 @@ def test_killed_worker_loses_only_the_round_in_flight(api):
     assert r.status_code == 202, r.text
     wait_for(lambda: progress() == rounds, 120, "the resumed job to finish")
     assert_same_run(app.state.sessions, reference, job_id, rounds)
+
+
+def test_user_level_central_job_on_postgres_and_a_worker_equals_the_simulator(api):
+    """User-level DP, placement central, through PostgreSQL, Redis and a real worker: the
+    aggregate task charges every tenant and noises the sum; numbers equal the simulator."""
+    from privacy import user_level
+
+    app, client, worker = api
+    _clear(app)
+    worker()
+    make_tenants(client, n=3, allow_non_private=False)
+    body = {"algorithm": "dpals", "config": {"rank": 3, "sweeps": 2}, "rounds": 3, "seed": 7,
+            "privacy": {"unit": "user", "placement": "central", "target_epsilon": 2.0,
+                        "delta": 1e-3}}
+    job = wait_job(client, client.post("/admin/jobs", json=body).json()["id"], timeout=120)
+    assert job["status"] == "completed", job
+    fed, _ = federation_of(app, job["id"])
+    alg = registry.get("dpals")
+    cfg = alg.config(rank=3, sweeps=2)
+    priv = user_level.UserLevelPrivatizer(user_level.from_settings(job["dp"]),
+                                          registry.user_bounds("dpals", cfg), 3, seed=7)
+    sim = simulate(alg, cfg, fed, rounds=3, per_round=3, seed=7, privatizer=priv,
+                   aggregator=priv.aggregate)
+    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
+    with app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
+                        .where(LedgerEntry.job_id == job["id"])) == 6  # 3 tenants x 2
+    assert report["privacy"]["unit"] == "user"
+    assert report["privacy"]["epsilon_max"] <= 2.0 + 1e-9

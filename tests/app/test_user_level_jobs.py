@@ -1,0 +1,167 @@
+"""User-level DP jobs through the API (SQLite, in-process pipeline).
+
+Expected numbers come from independent computations: the simulator driving the same pure
+privatizer on the job's own data, split and seed, and Google's dp-accounting for epsilon.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import dp_accounting
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from algorithms import registry
+from algorithms.simulate import simulate
+from app.config import Settings
+from app.db import migrate
+from app.main import create_app
+from app.training.models import LedgerEntry, TrainingJob
+from privacy import user_level
+from privacy.accountant import ORDERS, Event
+from tests.training_helpers import federation_of, make_tenants, wait_job
+
+CONFIG = {"rank": 3, "sweeps": 2}
+ROUNDS = 3  # two releases, then a round that only refreshes the users
+
+
+@pytest.fixture
+def env(tmp_path):
+    url = f"sqlite:///{tmp_path}/user.db"
+    migrate(url)
+    token = secrets.token_urlsafe(32)
+    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None))
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        yield app, client
+
+
+def submit(client, placement="central", epsilon=4.0, delta=1e-3, **overrides):
+    body = {"algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS, "seed": 5,
+            "privacy": {"unit": "user", "placement": placement, "target_epsilon": epsilon,
+                        "delta": delta}, **overrides}
+    return client.post("/admin/jobs", json=body)
+
+
+def dp_accounting_epsilon(events: list[Event], delta: float) -> float:
+    """The second accountant: dp-accounting's RDP on the same orders."""
+    acc = dp_accounting.rdp.RdpAccountant(list(ORDERS))
+    for ev in events:
+        acc.compose(dp_accounting.GaussianDpEvent(ev.noise_multiplier))
+    return acc.get_epsilon(delta)
+
+
+@pytest.mark.parametrize("placement", ["central", "tenant"])
+def test_user_level_job_equals_the_simulator_and_charges_each_release_once(env, placement):
+    app, client = env
+    tenants = make_tenants(client, n=3, allow_non_private=False)
+    r = submit(client, placement)
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["id"])
+    assert job["status"] == "completed", job
+    assert job["dp"]["unit"] == "user" and job["dp"]["placement"] == placement
+
+    # the same pure privatizer, driven by the simulator on the job's data, split and seed
+    fed, _ = federation_of(app, job["id"])
+    alg = registry.get("dpals")
+    cfg = alg.config(**CONFIG)
+    spec = user_level.from_settings(job["dp"])
+    assert (spec.releases, spec.n_users) == (2, sum(b.n_users for b in fed.train))
+    priv = user_level.UserLevelPrivatizer(spec, registry.user_bounds("dpals", cfg),
+                                          len(fed.train), seed=5)
+    sim = simulate(alg, cfg, fed, rounds=ROUNDS, per_round=len(fed.train), seed=5,
+                   privatizer=priv,
+                   aggregator=priv.aggregate)
+    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
+
+    # every tenant charged once per release, with the planned event of that release
+    with app.state.sessions() as s:
+        rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round,
+                                   LedgerEntry.event)).all()
+    planned = spec.schedule()
+    assert sorted((t, k) for t, k, _ in rows) == sorted(
+        (t, k) for t, _ in tenants for k in (1, 2))
+    for _, k, e in rows:
+        assert Event.from_list(e["event"]) == planned[k - 1]
+
+    privacy = report["privacy"]
+    assert (privacy["unit"], privacy["placement"], privacy["delta"]) == ("user", placement,
+                                                                          1e-3)
+    assert "curious coordinator" in privacy["adversary"] if placement == "tenant" else \
+        "other tenants" in privacy["adversary"]
+    assert len(privacy["releases"]) == 6
+    expected = dp_accounting_epsilon(planned, 1e-3)
+    for tid, _ in tenants:
+        assert privacy["epsilon_per_tenant"][str(tid)] == pytest.approx(expected, rel=1e-9)
+    assert expected <= 4.0 + 1e-9  # the noise was solved for the target
+    assert f"epsilon {expected:.4g} at delta 0.001 for every user" in privacy["guarantee"]
+
+
+def test_a_user_level_job_serves_recommendations_from_the_private_model(env):
+    _, client = env
+    (tid, key), _ = make_tenants(client, n=2, allow_non_private=False)
+    job = wait_job(client, submit(client).json()["id"])
+    assert job["status"] == "completed", job
+    recs = client.get(f"/tenants/{tid}/users/u0/recommendations?k=5",
+                      headers={"Authorization": f"Bearer {key}"}).json()
+    assert recs["source"] == "model" and recs["job_id"] == job["id"], recs
+    assert len(recs["data"]) == 5
+
+
+def test_central_placement_stages_bounded_sums_and_charges_only_at_aggregation(env):
+    """The client step stores the tenant's bounded (un-noised) sum and charges nothing;
+    the charge is made in the aggregation step's transaction, which noises the sum."""
+    from app.training import pipeline
+    from app.training.models import RoundUpload
+
+    app, client = env
+    make_tenants(client, n=2, allow_non_private=False)
+    seen: list[tuple[int, int]] = []
+    original = pipeline.aggregate
+
+    def spy(sessions, dispatch, job_id, round_):
+        with sessions() as s:
+            staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload))
+            charged = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry))
+            seen.append((staged, charged))
+        original(sessions, dispatch, job_id, round_)
+
+    pipeline.TASKS[pipeline.TASK_AGGREGATE] = spy
+    try:
+        job = wait_job(client, submit(client).json()["id"])
+    finally:
+        pipeline.TASKS[pipeline.TASK_AGGREGATE] = original
+    assert job["status"] == "completed"
+    # round 1: two bounded sums staged, nothing charged yet; round 2: two more charges later
+    assert seen[0] == (2, 0) and seen[1] == (2, 2), seen
+
+
+@pytest.mark.parametrize("body, status, message", [
+    ({"algorithm": "fedmc-admm", "config": {}}, 422,
+     "invalid privacy.unit: fedmc-admm cannot protect a user"),
+    ({"privacy": {"unit": "user", "target_epsilon": 4.0, "delta": 0.5}}, 422,
+     "invalid privacy.delta: delta must be below 1 / number of users"),
+    ({"dp": {"mechanism": "none"}}, 422, "give either privacy (user-level DP) or dp"),
+])
+def test_bad_user_level_requests_are_refused_naming_the_field(env, body, status, message):
+    app, client = env
+    make_tenants(client, n=2, allow_non_private=False)
+    r = submit(client, **body)
+    assert r.status_code == status, r.text
+    assert r.json()["detail"].startswith(message), r.json()
+    with app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)) == 0
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)) == 0
+
+
+def test_a_user_level_job_over_budget_is_409_and_charges_nothing(env):
+    app, client = env
+    (tid, _), _ = make_tenants(client, n=2, budget=1.0, allow_non_private=False)
+    r = submit(client, epsilon=8.0)
+    assert r.status_code == 409, r.text
+    assert r.json()["detail"].startswith(f"privacy budget exceeded: tenant {tid} would spend")
+    with app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)) == 0
