@@ -417,7 +417,9 @@ def measure(args: argparse.Namespace, url: str) -> dict:
     queue = f"fedrec-mixed-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "FEDREC_DATABASE_URL": url, "FEDREC_ADMIN_TOKEN": token,
            "FEDREC_BROKER_URL": REDIS_URL, "FEDREC_TASK_QUEUE": queue,
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT),
+           # every connection may upload to the same tenant at once: no 429s in the figures
+           "FEDREC_MAX_CONCURRENT_UPLOADS": str(max(2, args.connections))}
     env.pop("REDIS_URL", None)
     port = args.port or free_port()
     base = f"http://127.0.0.1:{port}"

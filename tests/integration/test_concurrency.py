@@ -78,7 +78,7 @@ def _replay(base: dict, order: list[tuple[int, int]]) -> dict:
 def test_overlapping_uploads_equal_a_serial_replay_and_the_job_keeps_its_snapshot(
         private_services):
     settings, worker, _, _ = private_services
-    # every writer uploads at once: lift the per-tenant cap of concurrent uploads (429)
+    # all writers upload to one tenant at once (FEDREC_MAX_CONCURRENT_UPLOADS would 429)
     app = create_app(settings.model_copy(update={"max_concurrent_uploads": WRITERS}))
     worker()
     with TestClient(app) as client:
