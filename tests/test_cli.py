@@ -114,9 +114,11 @@ def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "6000 ratings for 2 tenants" in out
-    assert out.count("epsilon spent    5.000, remaining    5.000") == 2  # budget 2 x 5
-    assert "Sample recommendations:" in out and "(model)" in out
-    assert "Privacy cost: DP raised the final test RMSE by" in out
+    assert out.count("epsilon spent    5.000, budget remaining") == 2  # each real tenant
+    assert "unit: user; placement: central" in out
+    assert "Sample recommendations (from the private model):" in out and "(model)" in out
+    assert "(from job 1, the most recent snapshot)" in out  # the private job is job 1
+    assert "Privacy cost: noise raised the final test RMSE by" in out
     assert (tmp_path / "fedrec-demo.db").is_file()
 
 

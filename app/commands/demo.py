@@ -1,9 +1,13 @@
 """``fedrec demo``: the whole product on embedded defaults, through its own HTTP API.
 
 Creates tenants (MovieLens 100k users split among them when a path is given, else the
-synthetic generator), uploads their ratings as CSV, trains a Gaussian-DP FedMC-ADMM job
-through the real pipeline, and prints the RMSE curve, the privacy report and sample
-recommendations. ``--serve`` keeps the API running afterwards.
+synthetic generator), uploads their ratings as CSV, trains a DPALS job with user-level
+differential privacy (each user protected, noise added once to the tenants' bounded sums)
+through the real pipeline, and prints its RMSE curve beside the same job without noise,
+the privacy report and sample recommendations from the private model. The noise-free
+comparison trains on copies of the tenants ("<name>-noise-free") that opted in to
+non-private training, so the real tenants never send anything without a guarantee.
+``--serve`` keeps the API running afterwards, serving the private model.
 """
 
 from __future__ import annotations
@@ -36,15 +40,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--synthetic-ratings", type=int, default=100_000,
                    help="size of the synthetic set when no file is given (943 users, "
                         "1,682 items, as MovieLens 100k)")
-    p.add_argument("--rounds", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=None,
+                   help="rounds of the job (default: the algorithm's recommended number)")
     p.add_argument("--per-round", type=int, default=0, help="tenants per round (0: all)")
-    p.add_argument("--algorithm", default="fedmc-admm")
-    p.add_argument("--dp", choices=["none", "gaussian", "laplace"], default="gaussian")
-    p.add_argument("--epsilon", type=float, default=10.0,
-                   help="each tenant's epsilon over the DP job (delta 1e-5); the noise "
-                        "multiplier is solved for it")
+    p.add_argument("--privacy", choices=["user", "tenant", "none"], default="user",
+                   help="unit protected: user (each person's ratings; default), tenant (a "
+                        "tenant's whole block, through --dp), or none")
+    p.add_argument("--placement", choices=["central", "tenant"], default="central",
+                   help="user unit: noise added once to the sum (central) or by each tenant")
+    p.add_argument("--algorithm", default=None,
+                   help="default: dpals for the user unit, fedmc-admm otherwise")
+    p.add_argument("--dp", choices=["gaussian", "laplace"], default="gaussian",
+                   help="tenant unit: the mechanism")
+    p.add_argument("--epsilon", type=float, default=8.0,
+                   help="epsilon of the private job (the noise is solved for it)")
+    p.add_argument("--delta", type=float, default=1e-6,
+                   help="delta of the user-level guarantee (tenant unit: 1e-5)")
     p.add_argument("--clip", type=float, default=None,
-                   help="clip bound of each upload (default: the demo's calibrated value)")
+                   help="tenant unit: clip bound of each upload (default: calibrated)")
     p.add_argument("--budget", type=float, default=None,
                    help="each tenant's epsilon_max (default: twice --epsilon)")
     p.add_argument("--seed", type=int, default=0)
@@ -103,8 +116,9 @@ def _csv(users: np.ndarray, items: np.ndarray, values: np.ndarray) -> bytes:
 
 
 def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenants: int,
-           budget: float, seed: int) -> list[dict[str, Any]]:
-    """Items, tenants, keys and uploads, all through the API."""
+           budget: float, seed: int, noise_free: bool = False) -> list[dict[str, Any]]:
+    """Items, tenants, keys and uploads, all through the API. ``noise_free``: the copies
+    for the comparison job, which opt in to non-private training."""
     items = np.unique(ratings.items)
     body = {"items": [{"key": str(i), "title": titles.get(int(i))} for i in items.tolist()]}
     api.put("/admin/items", json=body).raise_for_status()
@@ -116,10 +130,10 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
     tenants = []
     for t in range(n_tenants):
         created = api.post("/admin/tenants", json={
-            "name": TENANT_NAMES[t], "rating_min": float(ratings.values.min()),
+            "name": TENANT_NAMES[t] + ("-noise-free" if noise_free else ""),
+            "rating_min": float(ratings.values.min()),
             "rating_max": float(ratings.values.max()), "privacy_budget": budget,
-            # the demo's noise-free comparison job needs each tenant's explicit opt-in
-            "allow_non_private": True}).json()
+            "allow_non_private": noise_free}).json()
         key = api.post(f"/admin/tenants/{created['id']}/api-keys",
                        json={"name": "demo"}).json()["key"]
         mine = tenant_of == t
@@ -129,15 +143,17 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
         r.raise_for_status()
         tenants.append({**created, "key": key, "n": int(mine.sum()),
                         "first_user": f"u{ratings.users[mine][0]}"})
-        print(f"  tenant {created['name']:<10} id {created['id']}: "
-              f"{int(mine.sum()):>6} ratings uploaded")
+        if not noise_free:
+            print(f"  tenant {created['name']:<10} id {created['id']}: "
+                  f"{int(mine.sum()):>6} ratings uploaded")
     return tenants
 
 
-def _train(api: httpx.Client, args: argparse.Namespace, dp: dict[str, Any]) -> dict[str, Any]:
+def _train(api: httpx.Client, args: argparse.Namespace, privacy: dict[str, Any],
+           tenants: list[dict[str, Any]]) -> dict[str, Any]:
     r = api.post("/admin/jobs", json={
         "algorithm": args.algorithm, "rounds": args.rounds, "per_round": args.per_round,
-        "seed": args.seed, "dp": dp})
+        "seed": args.seed, "tenant_ids": [t["id"] for t in tenants], **privacy})
     if r.status_code != 202:
         raise ValueError(f"job refused ({r.status_code}): {r.json().get('detail')}")
     job = r.json()
@@ -152,31 +168,37 @@ def _train(api: httpx.Client, args: argparse.Namespace, dp: dict[str, Any]) -> d
 
 
 def _print_curves(private: dict[str, Any], reference: dict[str, Any] | None) -> None:
-    print("\nTest RMSE per round, all tenants (the DP job, and the same job without noise):")
+    print("\nTest RMSE per round, all tenants (the private job, and the same job without "
+          "noise):")
     curve = private["curve"]
     ref = {r["round"]: r for r in reference["curve"]} if reference else {}
     rows = curve[:: max(1, len(curve) // 10)]
     rows += [curve[-1]] if rows[-1] is not curve[-1] else []
     for row in rows:
         other = ref.get(row["round"])
-        extra = f"   without DP {other['test_rmse']:.4f}" if other else ""
+        extra = f"   without noise {other['test_rmse']:.4f}" if other else ""
         print(f"  round {row['round']:>4}  RMSE {row['test_rmse']:.4f}  MAE "
               f"{row['test_mae']:.4f}{extra}")
 
 
 def _print_privacy(report: dict[str, Any], tenants: list[dict[str, Any]]) -> None:
     priv = report["privacy"]
-    print(f"\nPrivacy ({priv['mechanism']}): unit protected = {priv.get('unit')}")
-    if priv["mechanism"] != "none":
-        print(f"  delta {priv['delta']}, accounting: {priv['accounting']}")
-        for t in tenants:
-            spent = priv["epsilon_per_tenant"].get(str(t["id"]), 0.0)
-            left = priv["lifetime"][str(t["id"])]["epsilon_remaining"]
-            print(f"  {t['name']:<10} epsilon spent {spent:8.3f}, remaining {left:8.3f}")
+    print(f"\nPrivacy: {priv['guarantee']}")
+    if not priv.get("private"):
+        return
+    unit = priv["unit"] if priv["unit"] == "user" else "tenant (a tenant's whole block)"
+    print(f"  unit: {unit}; placement: {priv.get('placement', 'tenant')}")
+    if "adversary" in priv:
+        print(f"  adversary: {priv['adversary']}")
+    print(f"  delta {priv['delta']}, accounting: {priv['accounting']}")
+    for t in tenants:
+        spent = priv["epsilon_per_tenant"].get(str(t["id"]), 0.0)
+        left = priv["lifetime"][str(t["id"])]["epsilon_remaining"]
+        print(f"  {t['name']:<10} epsilon spent {spent:8.3f}, budget remaining {left:8.3f}")
 
 
 def _print_recommendations(api: httpx.Client, tenants: list[dict[str, Any]]) -> None:
-    print("\nSample recommendations:")
+    print("\nSample recommendations (from the private model):")
     for t in tenants[:3]:
         r = api.get(f"/tenants/{t['id']}/users/{t['first_user']}/recommendations",
                     params={"k": 5}, headers={"Authorization": f"Bearer {t['key']}"}).json()
@@ -185,6 +207,27 @@ def _print_recommendations(api: httpx.Client, tenants: list[dict[str, Any]]) -> 
             print(f"  (from job {r['job_id']}, the most recent snapshot)")
         for rec in r["data"]:
             print(f"    {rec['score']:5.2f}  {rec['title'] or rec['item']}")
+
+
+def _privacy_body(args: argparse.Namespace, ratings: Ratings) -> dict[str, Any]:
+    """The job body's privacy part for ``--privacy`` (sets the default algorithm too)."""
+    from algorithms import registry
+
+    if args.algorithm is None:
+        args.algorithm = "dpals" if args.privacy == "user" else "fedmc-admm"
+    if args.rounds is None:  # DPALS: its sweeps and a refresh; the others: 30 (seconds)
+        args.rounds = (registry.get("dpals").run_defaults["rounds"]
+                       if args.algorithm == "dpals" else 30)
+    if args.privacy == "user":
+        return {"privacy": {"unit": "user", "placement": args.placement,
+                            "target_epsilon": args.epsilon, "delta": args.delta}}
+    if args.privacy == "none":
+        return {"dp": {"mechanism": "none"}}
+    from privacy.accountant import noise_for_epsilon
+
+    z = noise_for_epsilon(args.dp, args.epsilon, 1e-5, args.rounds)
+    return {"dp": {"mechanism": args.dp, "noise_multiplier": round(z, 6),
+                   "clip": round(args.clip or _demo_clip(ratings, args.tenants), 4)}}
 
 
 def _demo_clip(ratings: Ratings, n_tenants: int) -> float:
@@ -213,31 +256,27 @@ def run(args: argparse.Namespace) -> int:
     with httpx.Client(base_url=base, timeout=120,
                       headers={"Authorization": f"Bearer {token}"}) as api:
         print(f"Uploading {len(ratings)} ratings for {args.tenants} tenants through the API:")
-        tenants = _setup(api, ratings, _titles(args.data), args.tenants,
-                         args.budget or 2 * args.epsilon, args.seed)
-        dp: dict[str, Any] = {"mechanism": args.dp}
-        if args.dp != "none":
-            from privacy.accountant import noise_for_epsilon
-
-            z = noise_for_epsilon(args.dp, args.epsilon, 1e-5, args.rounds)
-            dp.update(noise_multiplier=round(z, 6),
-                      clip=round(args.clip or _demo_clip(ratings, args.tenants), 4))
-        print(f"Training {args.algorithm}, {args.rounds} rounds, DP {dp}:")
-        report = _train(api, args, dp)
+        titles = _titles(args.data)
+        budget = args.budget or 2 * args.epsilon
+        tenants = _setup(api, ratings, titles, args.tenants, budget, args.seed)
+        privacy = _privacy_body(args, ratings)
+        print(f"Training {args.algorithm}, {args.rounds} rounds, {privacy}:")
+        report = _train(api, args, privacy, tenants)
+        _print_recommendations(api, tenants)  # the private model: the newest snapshot
         reference = None
-        if args.dp != "none":
-            print("Training the same job without noise, for comparison (the demo's tenants "
-                  "opted in with allow_non_private; it charges their ledgers epsilon = "
-                  "infinity, so no further DP job can include them):")
-            reference = _train(api, args, {"mechanism": "none"})
+        if args.privacy != "none":
+            print("\nTraining the same job without noise on copies of the tenants that opted "
+                  "in to non-private training (the real tenants never do):")
+            copies = _setup(api, ratings, titles, args.tenants, budget, args.seed,
+                            noise_free=True)
+            reference = _train(api, args, {"dp": {"mechanism": "none"}}, copies)
         _print_curves(report, reference)
         _print_privacy(report, tenants)
-        _print_recommendations(api, tenants)
         if reference is not None:
             cost = report["curve"][-1]["test_rmse"] / reference["curve"][-1]["test_rmse"] - 1
-            print(f"\nPrivacy cost: DP raised the final test RMSE by {100 * cost:.1f}%. With "
-                  "noise on every tenant's whole upload, a small epsilon costs a lot; see "
-                  "BENCHMARKS.md (privacy-utility) for the measured trade-off.")
+            print(f"\nPrivacy cost: noise raised the final test RMSE by {100 * cost:.1f}% "
+                  f"at epsilon {args.epsilon:g}. See BENCHMARKS.md (user-level DP) for the "
+                  "measured trade-off at every epsilon.")
     if args.serve:
         print(f"\nServing on {base}; admin token: {token}\nTenant keys: " +
               ", ".join(f"{t['name']}={t['key']}" for t in tenants) + "\nCtrl-C to stop.")
