@@ -95,6 +95,10 @@ class Algorithm:
     #: is not the matrix product of ``factors`` (RFRec's sigmoid link); None: ``A @ B``
     predict_entries: Callable[[Message, Message, np.ndarray, np.ndarray], np.ndarray] | None \
         = None
+    #: for such a model, the monotone link of serving: ``(offset, spread)`` such that a
+    #: prediction is ``offset + spread * sigmoid(A @ B)`` of ``factors`` (ranking by
+    #: ``A @ B`` is then the same ranking); None: the prediction is ``A @ B`` itself
+    serving_link: Callable[[Message, Message], tuple[float, float] | None] | None = None
 
 
 def predict(alg: Algorithm, global_msg: Message, local_state: Message,

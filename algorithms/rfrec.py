@@ -395,17 +395,23 @@ def select(global_msg: Message, n_clients: int, per_round: int,
 
 def factors(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[np.ndarray, np.ndarray]:
     """Prediction offset + spread U_i V_bar as [spread U_i, offset] @ [V_bar; 1] (the
-    tenant's own offset and spread).
-
-    Raises ValueError for ``link='sigmoid'`` (use :func:`predict_ratings`).
-    """
+    tenant's own offset and spread). With ``link='sigmoid'``: the raw (U_i, V_bar), whose
+    product goes through :func:`serving_link` (the prediction is no matrix product)."""
     if global_msg.link != "identity":
-        raise ValueError("link='sigmoid' predictions are not a matrix product; "
-                         "use rfrec.predict_ratings or run_batched")
+        return local.u.copy(), global_msg.v_bar.copy()
     offset, spread = local_scale(global_msg, local)
     a = np.hstack([spread * local.u, np.full((local.u.shape[0], 1), offset)])
     b = np.vstack([global_msg.v_bar, np.ones((1, global_msg.v_bar.shape[1]))])
     return a, b
+
+
+def serving_link(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[float, float] | None:
+    """(offset, spread) of ``offset + spread * sigmoid(U_i V_bar)`` for the sigmoid link
+    (the same function as :func:`predict_ratings`); None for the identity link."""
+    if global_msg.link != "sigmoid":
+        return None
+    offset, spread = local_scale(global_msg, local)
+    return float(offset), float(spread)
 
 
 def objective(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
@@ -848,10 +854,10 @@ ALGORITHMS = {
         name="rfrec", config=RFRecConfig, init_server=init_server, init_client=init_client,
         client_step=rfrec_client_step, server_step=rfrec_server_step, factors=factors,
         objective=objective, select=select, run_defaults=_RUN_DEFAULTS,
-        predict_entries=predict_ratings),
+        predict_entries=predict_ratings, serving_link=serving_link),
     "rfrecf": Algorithm(
         name="rfrecf", config=RFRecFConfig, init_server=init_server, init_client=init_client,
         client_step=rfrecf_client_step, server_step=rfrecf_server_step, factors=factors,
         objective=objective, select=select, run_defaults=_RUN_DEFAULTS_F,
-        predict_entries=predict_ratings),
+        predict_entries=predict_ratings, serving_link=serving_link),
 }

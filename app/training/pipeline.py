@@ -376,7 +376,9 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
     for jc in clients:
         a, b = factors[jc.tenant_id]
         trained = np.unique(_block(jc, "train").cols)  # the tenant's own rated items
-        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained)
+        link = None if alg.serving_link is None else alg.serving_link(
+            glob, Message.from_bytes(jc.local_state))
+        write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained, link)
 
 
 def record_failure(sessions: Sessions, job_id: int, exc: BaseException) -> bool:

@@ -189,13 +189,17 @@ def _scale(tenant: Tenant) -> tuple[float, float]:
 
 def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: int,
                 include_rated: bool, scale: tuple[float, float]) -> Ranked:
-    """Ranked by the raw score ``A[row] @ B``; the scores reported are clamped to the
-    tenant's rating scale (a raw score of 102 on a 1-5 scale means "5 at most")."""
+    """Ranked by the raw score ``A[row] @ B``; the scores reported are the model's
+    predictions (through its link, which is monotone, so the ranking is the same) clamped
+    to the tenant's rating scale (a raw score of 102 on a 1-5 scale means "5 at most")."""
     scores = f.a[row] @ f.b
     exclude = None
     if not include_rated and rated.size:
         exclude = np.flatnonzero(np.isin(f.item_ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
+    if f.link is not None:
+        shift, spread = f.link
+        vals = shift + spread / (1.0 + np.exp(-vals))
     vals = np.clip(vals, *scale)
     return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
                                       zip(idx.tolist(), vals.tolist(), strict=True)])

@@ -35,14 +35,16 @@ def non_finite_factors(factors: dict[int, tuple[np.ndarray, np.ndarray]]) -> str
 
 
 def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list[str],
-                   a: np.ndarray, b: np.ndarray, columns: np.ndarray | None = None) -> None:
+                   a: np.ndarray, b: np.ndarray, columns: np.ndarray | None = None,
+                   link: tuple[float, float] | None = None) -> None:
     """Upsert the tenant's snapshot from ``job`` (one row per tenant and job).
 
     Only the item ``columns`` of the job's item axis (default: all) that the tenant's own
     training ratings covered are published: an item nobody rated has only its initial (or
     noise) factors, and an item only other tenants rated would tell this tenant, outside
     the privacy guarantee, that someone rated it. Users forgotten meanwhile (key
-    ``FORGOTTEN``) are left out too.
+    ``FORGOTTEN``) are left out too. ``link`` = (offset, spread): the served score is
+    ``offset + spread * sigmoid(A @ B)`` (RFRec's sigmoid link), kept in the blob.
     """
     keep = [i for i, key in enumerate(user_keys) if key != FORGOTTEN]
     if columns is None:
@@ -51,8 +53,9 @@ def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list
     ids_buf = io.BytesIO()
     np.save(ids_buf, ids.astype(np.int64), allow_pickle=False)
     buf = io.BytesIO()
+    extra = {} if link is None else {"link": np.asarray(link, dtype=np.float64)}
     np.savez(buf, A=np.ascontiguousarray(a[keep]), B=np.ascontiguousarray(b[:, columns]),
-             item_ids=np.frombuffer(ids_buf.getvalue(), dtype=np.uint8))
+             item_ids=np.frombuffer(ids_buf.getvalue(), dtype=np.uint8), **extra)
     row = s.get(FactorSnapshot, (tenant_id, job.id))
     if row is None:
         row = FactorSnapshot(tenant_id=tenant_id, job_id=job.id)
@@ -74,6 +77,7 @@ class ServingFactors:
     item_ids: np.ndarray
     item_keys: list[str]
     titles: list[str | None]
+    link: tuple[float, float] | None = None  # (offset, spread) of a sigmoid link
 
 
 def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFactors:
@@ -81,12 +85,13 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
     with np.load(io.BytesIO(row.factors), allow_pickle=False) as z:
         item_ids = np.load(io.BytesIO(z["item_ids"].tobytes()), allow_pickle=False)
         a, b = z["A"], np.ascontiguousarray(z["B"])
+        link = tuple(float(x) for x in z["link"]) if "link" in z.files else None
     labels = dict((i, (k, t)) for i, k, t in s.execute(
         sa.select(Item.id, Item.key, Item.title).where(Item.id.in_(item_ids.tolist()))))
     return ServingFactors(row.job_id, row.round, version,
                           {k: i for i, k in enumerate(row.user_keys)}, a, b, item_ids,
                           [labels[int(i)][0] for i in item_ids],
-                          [labels[int(i)][1] for i in item_ids])
+                          [labels[int(i)][1] for i in item_ids], link)
 
 
 class FactorCache:

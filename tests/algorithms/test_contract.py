@@ -89,13 +89,15 @@ def test_factor_shapes(case):
     alg, cfg, fed = case
     _, glob, locs = _all_messages(alg, cfg, fed)
     if getattr(cfg, "link", "identity") != "identity":
-        # RFRec's default sigmoid link is no matrix product: no serving factors, but
-        # predictions of any entries through predict_entries
+        # RFRec's default sigmoid link is no matrix product: the served score is the link
+        # of A @ B, and it equals predict_entries on every observed entry
         for block, state in zip(fed.train, locs, strict=True):
-            with pytest.raises(ValueError, match="not a matrix product"):
-                alg.factors(glob, state)
-            pred = predict(alg, glob, state, block.rows, block.cols)
-            assert pred.shape == (block.nnz,) and np.all(np.isfinite(pred))
+            a, b = alg.factors(glob, state)
+            offset, spread = alg.serving_link(glob, state)
+            z = np.einsum("ij,ji->i", a[block.rows], b[:, block.cols])
+            np.testing.assert_allclose(offset + spread / (1 + np.exp(-z)),
+                                       predict(alg, glob, state, block.rows, block.cols),
+                                       rtol=1e-12)
         cfg = cfg.model_copy(update={"link": "identity"})
         _, glob, locs = _all_messages(alg, cfg, fed)
     for block, state in zip(fed.train, locs, strict=True):

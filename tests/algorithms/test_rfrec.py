@@ -21,6 +21,7 @@ from algorithms.rfrec import (
     RFRecLocal,
     dense_v,
     paper_dp,
+    predict_ratings,
     run_batched,
 )
 from algorithms.simulate import initialise, run_round, simulate
@@ -339,12 +340,19 @@ def test_rfrecf_adam_batched_path_matches_generic_and_moving_keeps_moments():
     assert moved.u_m1 is locs[1].u_m1 and moved.v_m2 is locs[1].v_m2
 
 
-def test_sigmoid_link_refuses_matrix_product_factors():
+def test_sigmoid_link_serves_raw_factors_through_its_link():
+    """factors() gives the raw (U_i, V_bar) and serving_link (offset, spread): together they
+    are exactly predict_ratings on every entry (the ranking of A @ B is the served one)."""
     cfg = _paper(RFRecConfig, rank=2, link="sigmoid")
     fed = _federation()
     _, glob, locs = initialise(RFREC, cfg, fed.train, 0)
-    with pytest.raises(ValueError, match="link='sigmoid' predictions are not a matrix product"):
-        RFREC.factors(glob, locs[0])
+    a, b = RFREC.factors(glob, locs[0])
+    offset, spread = RFREC.serving_link(glob, locs[0])
+    rows, cols = np.divmod(np.arange(a.shape[0] * b.shape[1]), b.shape[1])
+    served = offset + spread / (1 + np.exp(-(a @ b)))
+    np.testing.assert_allclose(served[rows, cols],
+                               predict_ratings(glob, locs[0], rows, cols), rtol=1e-12)
+    assert RFREC.serving_link(glob.replace(link="identity"), locs[0]) is None
 
 
 def _ml100k(n_clients: int) -> Federation:

@@ -268,14 +268,33 @@ def test_the_same_idempotency_key_with_another_body_is_422(env):
 
 # --- defect 6: configs checked at creation, failures bounded ----------------------------
 
-def test_a_config_whose_step_raises_is_422_at_creation(env):
+def _failing_server_step(monkeypatch, message: str) -> None:
+    """FedMC-ADMM whose server step raises ``ValueError(message)`` (as a config whose
+    aggregate step fails would), wherever the service looks it up."""
+    import dataclasses
+
+    from algorithms import registry
+
+    real = registry.get
+
+    def raises(*_):
+        raise ValueError(message)
+
+    def get(name):
+        alg = real(name)
+        return dataclasses.replace(alg, server_step=raises) if name == "fedmc-admm" else alg
+
+    monkeypatch.setattr(registry, "get", get)
+
+
+def test_a_config_whose_step_raises_is_422_at_creation(env, monkeypatch):
     app, client = env
     make_tenants(client)
-    r = submit_job(client, algorithm="rfrec", config={"rank": 3, "link": "sigmoid"})
+    _failing_server_step(monkeypatch, "these settings cannot aggregate")
+    r = submit_job(client, config={"rank": 3})
     assert r.status_code == 422, r.text
-    assert r.json()["detail"] == (
-        "invalid config: round 1 fails with these settings (ValueError: link='sigmoid' "
-        "predictions are not a matrix product; use rfrec.predict_ratings or run_batched)")
+    assert r.json()["detail"] == ("invalid config: round 1 fails with these settings "
+                                  "(ValueError: these settings cannot aggregate)")
     assert _count(app, TrainingJob) == 0
 
 

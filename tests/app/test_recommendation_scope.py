@@ -91,3 +91,38 @@ def test_model_recommends_only_the_tenants_trained_items_with_clamped_scores(env
         snap = s.get(FactorSnapshot, (tid, job["id"]))
         with np.load(io.BytesIO(snap.factors), allow_pickle=False) as z:
             assert z["B"].shape[1] == len(keys)
+
+
+def test_a_sigmoid_link_model_is_served_with_its_predictions(env):
+    """RFRec's default (sigmoid link, no matrix product): the served scores are the
+    model's own predictions (rfrec.predict_ratings, computed here from the stored state),
+    ranked by them, clamped to the scale."""
+    from algorithms.rfrec import predict_ratings
+
+    app, client = env
+    (tid, key), _ = make_tenants(client)
+    cfg = {"rank": 3, "iterations": 6}
+    job = wait_job(client, submit_job(client, algorithm="rfrec", config=cfg,
+                                      rounds=6).json()["id"])
+    assert job["status"] == "completed", job
+    assert job["config"]["link"] == "sigmoid"
+    with app.state.sessions() as s:
+        stored = s.get(TrainingJob, job["id"])
+        jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job["id"],
+                                                  JobClient.tenant_id == tid)).one()
+        glob, local = Message.from_bytes(stored.global_msg), Message.from_bytes(jc.local_state)
+        key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
+        columns = [key_of[int(i)] for i in pipeline.item_ids_from_bytes(stored.item_ids)]
+        train, test = (RatingBlock.from_bytes(b) for b in (jc.train_block, jc.test_block))
+        user = jc.user_keys[0]
+    trained = np.unique(train.cols)
+    rated = np.r_[train.cols[train.rows == 0], test.cols[test.rows == 0]]  # all of them
+    candidates = np.setdiff1d(trained, rated)
+    pred = predict_ratings(glob, local, np.zeros(candidates.size, dtype=np.int64), candidates)
+    order = np.argsort(-pred, kind="stable")[:5]
+    recs = client.get(f"/tenants/{tid}/users/{user}/recommendations?k=5",
+                      headers={"Authorization": f"Bearer {key}"}).json()
+    assert recs["source"] == "model", recs
+    assert [r["item"] for r in recs["data"]] == [columns[i] for i in candidates[order]]
+    np.testing.assert_allclose([r["score"] for r in recs["data"]],
+                               np.clip(pred[order], 1, 5), rtol=1e-9)
