@@ -121,3 +121,36 @@ def test_event_validation_messages():
 def test_spend_refuses_a_bad_delta():
     with pytest.raises(ValueError, match=r"delta must be in \(0, 1\), got 0"):
         spend([Event("gaussian", 1.0)], 0)
+
+
+def test_orders_start_with_opacus_default_alphas():
+    from privacy.accountant import ORDERS
+
+    n = len(RDPAccountant.DEFAULT_ALPHAS)
+    assert list(ORDERS[:n]) == list(RDPAccountant.DEFAULT_ALPHAS)
+
+
+def test_the_analysis_loaded_without_torch_is_opacus_own():
+    from opacus.accountants.analysis import rdp as imported
+
+    from privacy.accountant import ORDERS, opacus_rdp
+
+    for q, z, steps in [(1.0, 0.7, 3), (0.04, 1.3, 100), (0.5, 3.0, 7)]:
+        np.testing.assert_array_equal(  # bit for bit (NaN where opacus overflows, too)
+            opacus_rdp().compute_rdp(q=q, noise_multiplier=z, steps=steps,
+                                     orders=list(ORDERS)),
+            imported.compute_rdp(q=q, noise_multiplier=z, steps=steps, orders=list(ORDERS)))
+
+
+def test_the_service_and_the_cli_account_without_importing_torch():
+    """opacus' package imports torch (seconds at every start-up); fedrec must not."""
+    import subprocess
+    import sys
+
+    code = ("import sys, app.main, app.cli\n"
+            "from privacy.accountant import Event, spend\n"
+            "assert spend([Event('gaussian', 2.0, 3)], 1e-5).epsilon > 0\n"
+            "print(sorted(m for m in ('torch', 'opacus') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out.strip() == "[]"
