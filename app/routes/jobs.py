@@ -7,6 +7,7 @@ from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
@@ -25,7 +26,7 @@ from app.training.jobs import (
 from app.training.models import TrainingJob
 from app.training.runner import resume_job as resume
 from app.training.runner import start_job
-from app.training.schemas import JobCreate, JobPublic, JobReport, JobsPublic
+from app.training.schemas import JobCreate, JobPlanPublic, JobPublic, JobReport, JobsPublic
 
 router = APIRouter(prefix="/admin/jobs", tags=["admin: training"], responses=errors(401))
 JOB_NOT_FOUND = "Training job not found"
@@ -44,9 +45,11 @@ def _job(session, job_id: int) -> TrainingJob:
     return job
 
 
-REPLAYED = {200: {"model": JobPublic, "description": "A replay: the job created earlier "
-                                                    "with the same Idempotency-Key and body, "
-                                                    "as it is now (header Idempotency-Replayed)."},
+REPLAYED = {200: {"model": JobPublic | JobPlanPublic,
+                  "description": "A replay: the job created earlier with the same "
+                                 "Idempotency-Key and body, as it is now (header "
+                                 "Idempotency-Replayed); or, with ?dry_run=true, the plan: "
+                                 "each tenant's epsilon before and after, nothing created."},
             503: {"description": "Broker or database unavailable; no job was created."}}
 
 
@@ -54,7 +57,11 @@ REPLAYED = {200: {"model": JobPublic, "description": "A replay: the job created 
              responses={**REPLAYED, **errors(400, 404, 409), **UNPROCESSABLE})
 def create_training_job(body: JobCreate, request: Request, response: Response,
                         session: SessionDep, settings: SettingsDep, _: AdminDep,
-                        idempotency_key: Annotated[str | None, Header()] = None) -> JobPublic:
+                        idempotency_key: Annotated[str | None, Header()] = None,
+                        dry_run: Annotated[bool, Query(description="Plan only: check "
+                                                       "and project every tenant's spend, "
+                                                       "create nothing.")] = False
+                        ) -> JobPublic:
     """Check budgets, snapshot the ratings and start training (409 if over budget).
 
     With an ``Idempotency-Key``, a retry with the same body returns the job created the
@@ -86,6 +93,14 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                    dp=dp, test_fraction=body.test_fraction,
                    allow_not_private=body.allow_not_private,
                    max_attempts=settings.job_max_attempts)
+    if dry_run:
+        try:
+            plan = create_job(session, spec, dry_run=True)
+        except JobRefused as exc:
+            raise HTTPException(exc.status, exc.detail) from None
+        body = JobPlanPublic(algorithm=plan.algorithm, privacy=plan.privacy,
+                             tenants=plan.tenants)
+        return JSONResponse(body.model_dump(mode="json"), status_code=status.HTTP_200_OK)
     try:
         job = create_job(session, spec, (idempotency_key, digest) if idempotency_key else None)
     except JobRefused as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
 from privacy import user_level
+from privacy.accountant import Spend
 from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan, check_schedule
 from privacy.wrapper import DPSpec, n_entries, transmission_event
 
@@ -94,9 +96,10 @@ def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBloc
     return blocks, keys, item_ids
 
 
-def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = None
-               ) -> TrainingJob:
-    """Validate, check every tenant's budget, snapshot the ratings and initialise the job.
+def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = None,
+               dry_run: bool = False) -> TrainingJob | JobPlan:
+    """Validate, check every tenant's budget, snapshot the ratings and initialise the job
+    (``dry_run``: stop after the checks and return the :class:`JobPlan`, writing nothing).
 
     The ratings of all tenants are read in one REPEATABLE READ transaction on PostgreSQL,
     so the job trains on one consistent snapshot while uploads continue. ``idempotency``
@@ -121,10 +124,13 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     size = _dry_run(alg, cfg, spec.seed, server, glob, locals_[0], fed.train[0], fed.test[0],
                     (tenants[0].rating_min, tenants[0].rating_max))
     if isinstance(dp, dict):
-        settings = _check_user_level(s, alg, cfg, spec, dp, fed, glob, per_round)
+        settings, projected = _check_user_level(s, alg, cfg, spec, dp, fed, glob, per_round)
     else:
-        _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
+        projected = _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
         settings = dp.model_dump()
+    if dry_run:
+        s.rollback()  # nothing was written; end the snapshot transaction
+        return JobPlan(alg.name, settings, _projections(s, spec.tenant_ids, projected))
     key, digest = idempotency or (None, None)
     job = TrainingJob(
         status="queued", algorithm=alg.name, config=cfg.model_dump(), dp=settings,
@@ -143,6 +149,32 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
                         local_state=locals_[i].to_bytes(), transmissions=0))
     s.commit()
     return job
+
+
+@dataclasses.dataclass(frozen=True)
+class JobPlan:
+    """What a job would do, without doing it: its privacy settings (the noise solved for
+    the target) and each tenant's epsilon spent so far and after the job."""
+
+    algorithm: str
+    privacy: dict[str, Any]
+    tenants: dict[str, dict[str, Any]]
+
+
+def _projections(s: Session, tenant_ids: list[int], projected: dict[str, Spend]
+                 ) -> dict[str, dict[str, Any]]:
+    ledger = load_ledger(s, tenant_ids)
+    out = {}
+    for t in tenant_ids:
+        spent, budget = ledger.spent(t).epsilon, ledger.budget(t)
+        after = projected[str(t)].epsilon if str(t) in projected else spent
+        out[str(t)] = {"epsilon_spent": _finite(spent), "epsilon_after": _finite(after),
+                       "epsilon_max": budget.epsilon_max, "delta": budget.delta}
+    return out
+
+
+def _finite(x: float) -> float | str:
+    return x if math.isfinite(x) else "infinity"
 
 
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
@@ -168,13 +200,14 @@ def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: Ra
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
-                      request: dict[str, Any], fed, glob, per_round: int) -> dict[str, Any]:
+                      request: dict[str, Any], fed, glob, per_round: int
+                      ) -> tuple[dict[str, Any], dict[str, Spend]]:
     """Plan a user-level job: solve its noise for the target over the releases each user
     takes part in, and refuse it (409) unless every tenant can afford that schedule.
 
-    Returns the settings the job stores. A release is one round's upload of a tenant's
-    users; a user takes part in at most as many as its tenant transmits (and DPALS stops
-    uploading after its sweeps)."""
+    Returns the settings the job stores and each tenant's projection. A release is one
+    round's upload of a tenant's users; a user takes part in at most as many as its tenant
+    transmits (and DPALS stops uploading after its sweeps)."""
     bounds = registry.user_bounds(alg.name, cfg)
     plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(fed.train), glob)
     releases = min(max(plan.values()), getattr(cfg, "sweeps", spec.rounds))
@@ -189,22 +222,22 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
         msg = first["msg"].removeprefix("Value error, ")
         raise JobRefused(422, f"invalid privacy.{field or 'delta'}: {msg}") from None
     try:
-        check_schedule(load_ledger(s, spec.tenant_ids), spec.tenant_ids, events)
+        projected = check_schedule(load_ledger(s, spec.tenant_ids), spec.tenant_ids, events)
     except BudgetExceeded as exc:
         raise JobRefused(409, str(exc)) from None
-    return user_level.to_settings(planned)
+    return user_level.to_settings(planned), projected
 
 
 def _check_budgets(s: Session, alg: Algorithm, spec: JobSpec, dp: DPSpec, size: int, glob,
-                   per_round: int, tenants: list[Tenant]) -> None:
+                   per_round: int, tenants: list[Tenant]) -> dict[str, Spend]:
     """409 unless every tenant can afford its planned transmissions (on top of past jobs);
     a job without a DP guarantee needs every transmitting tenant's opt-in instead, and
-    is charged as epsilon = infinity."""
+    is charged as epsilon = infinity. Returns each transmitting tenant's projection."""
     plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(tenants), glob)
     tenant_plan = {spec.tenant_ids[i]: n for i, n in plan.items() if n}
     try:
-        check_plan(load_ledger(s, spec.tenant_ids), tenant_plan,
-                   transmission_event(dp, size, alg.privacy_preserving))
+        return check_plan(load_ledger(s, spec.tenant_ids), tenant_plan,
+                          transmission_event(dp, size, alg.privacy_preserving))
     except BudgetExceeded as exc:
         raise JobRefused(409, str(exc)) from None
     except NotPrivateRefused as exc:

@@ -65,6 +65,24 @@ class JobCreate(BaseModel):
     allow_not_private: bool = False
 
 
+class TenantPlan(BaseModel):
+    epsilon_spent: float | Literal["infinity"]
+    epsilon_after: float | Literal["infinity"] = Field(
+        description="Epsilon spent once the job has run (at the budget's delta).")
+    epsilon_max: float
+    delta: float
+
+
+class JobPlanPublic(BaseModel):
+    """A dry run's answer: nothing was created or charged."""
+
+    dry_run: Literal[True] = True
+    algorithm: str
+    privacy: dict[str, Any] = Field(description="The job's privacy settings, with the noise "
+                                                "solved for the target.")
+    tenants: dict[str, TenantPlan]
+
+
 class JobPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 

@@ -165,3 +165,36 @@ def test_a_user_level_job_over_budget_is_409_and_charges_nothing(env):
     assert r.json()["detail"].startswith(f"privacy budget exceeded: tenant {tid} would spend")
     with app.state.sessions() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)) == 0
+
+
+@pytest.mark.parametrize("privacy", ["user", "tenant"])
+def test_a_dry_run_projects_each_tenants_spend_and_creates_nothing(env, privacy):
+    app, client = env
+    tenants = make_tenants(client, n=2, budget=50.0, allow_non_private=False)
+    if privacy == "user":
+        r = client.post("/admin/jobs?dry_run=true", json={
+            "algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS, "seed": 5,
+            "privacy": {"unit": "user", "target_epsilon": 4.0, "delta": 1e-3}})
+    else:
+        r = client.post("/admin/jobs?dry_run=true", json={
+            "algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "seed": 5,
+            "dp": {"mechanism": "gaussian", "noise_multiplier": 2.0}})
+    assert r.status_code == 200, r.text
+    plan = r.json()
+    assert plan["dry_run"] is True
+    if privacy == "user":  # the same noise a real job solves, projected at the budget delta
+        spec = user_level.from_settings(plan["privacy"])
+        expected = dp_accounting_epsilon(spec.schedule(), 1e-5)
+    else:  # 4 rounds, both tenants every round
+        expected = dp_accounting_epsilon([Event("gaussian", 2.0)] * 4, 1e-5)
+    for tid, _ in tenants:
+        t = plan["tenants"][str(tid)]
+        assert t["epsilon_spent"] == 0.0 and t["epsilon_max"] == 50.0
+        assert t["epsilon_after"] == pytest.approx(expected, rel=1e-9)
+    with app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)) == 0
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)) == 0
+    over = client.post("/admin/jobs?dry_run=true", json={
+        "algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS,
+        "privacy": {"unit": "user", "target_epsilon": 80.0, "delta": 1e-3}})
+    assert over.status_code == 409  # a dry run refuses what the job would be refused
