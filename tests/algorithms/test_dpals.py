@@ -216,3 +216,30 @@ def test_count_estimate_stays_finite_when_the_noise_swamps_the_totals():
     counts = D.count_estimate(a, cfg)
     assert np.all(np.isfinite(counts)) and np.all(counts >= 0)
     np.testing.assert_allclose(counts, np.maximum(a[:, 0, 0], 0) / cfg.x_norm ** 2)
+
+
+def test_the_server_receives_no_per_user_quantity():
+    """What leaves a tenant is indexed by items only: the upload's arrays have the same
+    shapes whatever the tenant's number of users, none of their axes is the user axis, and
+    its scalars are the noise levels, not counts of users or ratings."""
+    from algorithms.simulate import client_round, initialise
+
+    rng = np.random.default_rng(3)
+    cfg = D.DPALSConfig(rank=2)
+    shapes = []
+    for users in (11, 23):  # neither equals the rank + 1 or the 13 items
+        rows = np.repeat(np.arange(users), 4)
+        cols = rng.integers(0, 13, rows.size)
+        keep = np.unique(rows * 13 + cols, return_index=True)[1]
+        block = RatingBlock(rows[keep], cols[keep], rng.integers(1, 6, keep.size) * 1.0,
+                            users, 13)
+        _, glob, locs = initialise(D.ALGORITHM, cfg, [block], 0)
+        _, up = client_round(D.ALGORITHM, cfg, 1, 0, 0, glob, locs[0], block)
+        arrays = up.arrays()
+        assert all(users not in a.shape for a in arrays.values()), \
+            {k: a.shape for k, a in arrays.items()}
+        scalars = {f: getattr(up, f) for f in type(up).__dataclass_fields__
+                   if f not in arrays and not isinstance(getattr(up, f), str)}
+        assert all(v == 0.0 for v in scalars.values()), scalars  # noise levels, none yet
+        shapes.append({k: a.shape for k, a in arrays.items()})
+    assert shapes[0] == shapes[1]
