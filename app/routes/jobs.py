@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
+from algorithms import registry
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.models import Tenant
 from app.schemas import Offset, PathId
@@ -26,7 +27,15 @@ from app.training.jobs import (
 from app.training.models import TrainingJob
 from app.training.runner import resume_job as resume
 from app.training.runner import start_job
-from app.training.schemas import JobCreate, JobPlanPublic, JobPublic, JobReport, JobsPublic
+from app.training.schemas import (
+    DPSettings,
+    JobCreate,
+    JobPlanPublic,
+    JobPublic,
+    JobReport,
+    JobsPublic,
+    PrivacySettings,
+)
 
 router = APIRouter(prefix="/admin/jobs", tags=["admin: training"], responses=errors(401))
 JOB_NOT_FOUND = "Training job not found"
@@ -43,6 +52,30 @@ def _job(session, job_id: int) -> TrainingJob:
     if job is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, JOB_NOT_FOUND)
     return job
+
+
+def _privacy_settings(body: JobCreate) -> dict:
+    """The job's privacy request: ``privacy`` (user unit) or ``dp`` (tenant unit) as given;
+    with neither, the user unit when the algorithm can bound a user, else the tenant unit's
+    default (an unknown algorithm is refused later, naming it)."""
+    if body.dp is not None:
+        return body.dp.model_dump(exclude_none=True)
+    privacy = body.privacy
+    if privacy is None:
+        try:
+            bounded = registry.user_bounds(body.algorithm, registry.get(body.algorithm).config(
+                **body.config)) is not None
+        except (KeyError, ValueError):  # reported by create_job, naming the field
+            bounded = False
+        if not bounded:
+            return DPSettings(noise_multiplier=1.0).model_dump(exclude_none=True)
+        privacy = PrivacySettings(target_epsilon=DEFAULT_EPSILON)
+    return {"unit": privacy.unit, "placement": privacy.placement,
+            "epsilon": privacy.target_epsilon, "delta": privacy.delta}
+
+
+#: the target of a job that names no privacy: user level, as DPALS meets it on MovieLens
+DEFAULT_EPSILON = 8.0
 
 
 REPLAYED = {200: {"model": JobPublic | JobPlanPublic,
@@ -82,12 +115,10 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         session.scalars(sa.select(Tenant.id).order_by(Tenant.id)))
     check_limit(("body", "tenant_ids"), len(tenant_ids), settings.max_job_tenants,
                 "FEDREC_MAX_JOB_TENANTS", unit="tenants")
-    if body.privacy is not None and "dp" in body.model_fields_set:
+    if body.privacy is not None and body.dp is not None:
         raise HTTPException(422, "give either privacy (user-level DP) or dp (tenant-level "
                                  "DP), not both")
-    dp = body.dp.model_dump(exclude_none=True) if body.privacy is None else {
-        "unit": body.privacy.unit, "placement": body.privacy.placement,
-        "epsilon": body.privacy.target_epsilon, "delta": body.privacy.delta}
+    dp = _privacy_settings(body)
     spec = JobSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
                    per_round=body.per_round, seed=body.seed, config=body.config,
                    dp=dp, test_fraction=body.test_fraction,

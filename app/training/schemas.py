@@ -44,8 +44,8 @@ class PrivacySettings(BaseModel):
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    algorithm: str = Field("fedmc-admm", description="fedmc-admm, fedmavg, rfrec, rfrecf, "
-                                                     "or fedmgs (not private)")
+    algorithm: str = Field("dpals", description="dpals (user-level DP), fedmc-admm, fedmavg, "
+                                                "rfrec, rfrecf, or fedmgs (not private)")
     config: dict[str, Any] = Field(default_factory=dict,
                                    description="Algorithm options (e.g. rank); defaults are "
                                                "the algorithm's recommended settings.")
@@ -57,10 +57,14 @@ class JobCreate(BaseModel):
     per_round: int = Field(0, ge=0, le=MAX_DB_INT,
                            description="Tenants sampled per round; 0 = all.")
     seed: int = Field(0, ge=0, le=MAX_DB_INT)
-    dp: DPSettings = Field(default_factory=lambda: DPSettings(noise_multiplier=1.0),
-                           description="Tenant-unit DP of every upload (ignored with 'privacy').")
+    dp: DPSettings | None = Field(
+        None, description="Tenant-unit DP of every upload (a tenant's whole block protected). "
+                          "Give either this or 'privacy'.")
     privacy: PrivacySettings | None = Field(
-        None, description="User-level DP (algorithm dpals); give either this or 'dp'.")
+        None, description="User-level DP (algorithm dpals). With neither 'dp' nor "
+                          "'privacy': user level (target_epsilon 8, delta 1e-6) for an "
+                          "algorithm that can bound a user, else dp Gaussian with noise "
+                          "multiplier 1.")
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     allow_not_private: bool = False
 

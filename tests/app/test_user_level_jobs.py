@@ -111,7 +111,8 @@ def test_a_user_level_job_serves_recommendations_from_the_private_model(env):
     assert len(recs["data"]) == 5
 
 
-def test_central_placement_stages_bounded_sums_and_charges_only_at_aggregation(env):
+def test_central_placement_stages_bounded_sums_and_charges_only_at_aggregation(
+        env, monkeypatch):
     """The client step stores the tenant's bounded (un-noised) sum and charges nothing;
     the charge is made in the aggregation step's transaction, which noises the sum."""
     from app.training import pipeline
@@ -120,7 +121,7 @@ def test_central_placement_stages_bounded_sums_and_charges_only_at_aggregation(e
     app, client = env
     make_tenants(client, n=2, allow_non_private=False)
     seen: list[tuple[int, int]] = []
-    original = pipeline.aggregate
+    original = pipeline.TASKS[pipeline.TASK_AGGREGATE]
 
     def spy(sessions, dispatch, job_id, round_):
         with sessions() as s:
@@ -129,11 +130,8 @@ def test_central_placement_stages_bounded_sums_and_charges_only_at_aggregation(e
             seen.append((staged, charged))
         original(sessions, dispatch, job_id, round_)
 
-    pipeline.TASKS[pipeline.TASK_AGGREGATE] = spy
-    try:
-        job = wait_job(client, submit(client).json()["id"])
-    finally:
-        pipeline.TASKS[pipeline.TASK_AGGREGATE] = original
+    monkeypatch.setitem(pipeline.TASKS, pipeline.TASK_AGGREGATE, spy)
+    job = wait_job(client, submit(client).json()["id"])
     assert job["status"] == "completed"
     # round 1: two bounded sums staged, nothing charged yet; round 2: two more charges later
     assert seen[0] == (2, 0) and seen[1] == (2, 2), seen
@@ -198,3 +196,21 @@ def test_a_dry_run_projects_each_tenants_spend_and_creates_nothing(env, privacy)
         "algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS,
         "privacy": {"unit": "user", "target_epsilon": 80.0, "delta": 1e-3}})
     assert over.status_code == 409  # a dry run refuses what the job would be refused
+
+
+def test_a_job_that_names_no_privacy_protects_users_at_epsilon_8(env):
+    """The default is the useful unit: DPALS at user level (epsilon 8, delta 1e-6); an
+    algorithm that cannot bound a user falls back to the tenant unit's default noise."""
+    _, client = env
+    make_tenants(client, n=2, allow_non_private=False)
+    r = client.post("/admin/jobs", json={"config": CONFIG, "rounds": ROUNDS})
+    assert r.status_code == 202, r.text
+    dp = r.json()["dp"]
+    assert (r.json()["algorithm"], dp["unit"], dp["placement"], dp["epsilon"], dp["delta"]) \
+        == ("dpals", "user", "central", 8.0, 1e-6)
+    job = wait_job(client, r.json()["id"])
+    assert job["status"] == "completed", job
+    other = client.post("/admin/jobs", json={"algorithm": "fedmc-admm", "config": {"rank": 2},
+                                             "rounds": 1})
+    assert other.status_code == 202, other.text
+    assert (other.json()["dp"]["mechanism"], other.json()["dp"]["unit"]) == ("gaussian", "tenant")

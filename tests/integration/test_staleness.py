@@ -49,7 +49,8 @@ def _prepare(url: str, token: str) -> tuple[int, str, str, str, str]:
         client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
                     headers={"Content-Type": "text/csv",
                              "Authorization": f"Bearer {keys[0]}"}).raise_for_status()
-        job = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 2, "seed": 0,
+        job = client.post("/admin/jobs", json={"algorithm": "fedmc-admm", "config": CONFIG,
+                                               "rounds": 2, "seed": 0,
                                                "tenant_ids": [tid],
                                                "dp": {"mechanism": "none"}})
         assert wait_job(client, job.json()["id"])["status"] == "completed"
