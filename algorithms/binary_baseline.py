@@ -1,4 +1,4 @@
-"""The aggregated-BMF baseline of Felb (papers/felb.txt, Sec. 4, eqs. 11-13, Apx. B Alg. 2).
+"""The aggregated-BMF baseline of Felb (the Felb paper, Sec. 4, eqs. 11-13, Apx. B Alg. 2).
 
 Every tenant factorises its Boolean matrix alone with Elbmf (the relaxed Elb machinery of
 :mod:`algorithms.felb` without the proximity term: ``local_iters`` proximal-gradient steps

@@ -1,4 +1,4 @@
-"""Binary data: binarised federations and the metrics of Felb (papers/felb.txt, Sec. 4).
+"""Binary data: binarised federations and the metrics of Felb (the Felb paper, Sec. 4).
 
 :func:`binarise` turns a rating federation into the Boolean one the paper factorises
 (rating >= 3.5 -> 1, as for MovieLens in Sec. 4.2 and Apx. C); the blocks then list the

@@ -1,6 +1,6 @@
 r"""Federated clustering by orthogonal NMF, solved by FedMAvg or FedMGS.
 
-Wang and Chang (papers/fedmavg-fedmgs.md), Sec. V, eq. (35)-(36); model of [44]. Samples are
+Wang and Chang (the FedMAvg/FedMGS paper), Sec. V, eq. (35)-(36); model of [44]. Samples are
 the columns of X (M x N), split by columns over P clients (X_p: M x N_p). Shared W (M x K) lies
 in the box [min X, max X]; local H_p (K x N_p) >= 0; the objective is
 

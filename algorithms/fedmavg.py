@@ -1,8 +1,8 @@
 r"""FedMAvg: federated matrix factorisation by model averaging, for matrix completion.
 
 Wang and Chang, "Federated matrix factorization: algorithm design and application to data
-clustering" (papers/fedmavg-fedmgs.md), Algorithm 1, eqs. (6)-(14), in the matrix-completion
-form recalled in papers/fedmc-admm.md Sec. 5.2. In fedrec notation the paper's shared
+clustering" (the FedMAvg/FedMGS paper), Algorithm 1, eqs. (6)-(14), in the matrix-completion
+form recalled in the FedMC-ADMM paper Sec. 5.2. In fedrec notation the paper's shared
 W (M x K) is V^T (r x n items) and its local H_p is U_i^T (U_i: m_i users x r).
 
 Tenant i minimises f_i(U_i, V) = 1/2 ||P_Omega_i(M_i - U_i V)||^2 + R_U(U_i) and the
@@ -29,7 +29,7 @@ items). One round k:
       W <- W - (s U^T P_Omega(U W - M_i) + W Gam) / d_i,
       d_i = d_factor lambda_max(U^T U) + max Gam
 
-  with s = 1/p when ``scale_by_p`` (the formula of fedmc-admm.md Sec. 5.2) else 1 (the
+  with s = 1/p when ``scale_by_p`` (the formula of FedMC-ADMM paper Sec. 5.2) else 1 (the
   paper's d_i has no max Gam term; it only matters when gamma is not negligible);
   Q2^k = floor(Q_hat / k) + 1 when ``q_hat`` is set (diminishing Q2, Sec. III-A);
 * the server averages the uploaded W_i (eq. 9): V^{k+1} = (1/m) sum_{i in A^k} W_i.
@@ -45,7 +45,7 @@ Two ways of using m < p clients per round (Sec. III-A):
     broadcasts the m tickets of A^k. A ticket is an opaque pseudonym of the client the
     server already sees transmitting, never rating data. m is ``uploads_per_round`` (the
     server step does not see the simulator's ``per_round``, which pcc ignores). Uniform
-    sampling is the MC comparison's (fedmc-admm.md Sec. 5.2); Algorithm 1 samples with
+    sampling is the MC comparison's (FedMC-ADMM paper Sec. 5.2); Algorithm 1 samples with
     replacement by omega_p = N_p / N (see :mod:`algorithms.clustering`, which does).
 ``participation="pcp"`` (partial participation)
     Only the per-round sample S_k (the simulator's ``per_round``) runs and uploads.
@@ -96,7 +96,7 @@ class FedMAvgConfig(AlgorithmConfig):
 
     @classmethod
     def paper_settings(cls, **overrides: object) -> FedMAvgConfig:
-        """The FedMAvg baseline exactly as fedmc-admm.md Sec. 5.2 states it.
+        """The FedMAvg baseline exactly as FedMC-ADMM paper Sec. 5.2 states it.
 
         Q1 = Q2 = 10, lambda = gamma = 1e-6, d_i = 5 lambda_max(U^T U), the W gradient
         divided by p, U and V drawn from Uniform[0, 1], no centring, all tenants update and
@@ -201,7 +201,7 @@ def penalties(block: RatingBlock, cfg) -> tuple[np.ndarray, np.ndarray]:
 
 def u_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
             lam_rows: np.ndarray, c_factor: float, offset: float = 0.0) -> np.ndarray:
-    """Q1 gradient steps on U with V fixed (eq. 11; fedmc-admm.md Sec. 5.2).
+    """Q1 gradient steps on U with V fixed (eq. 11; FedMC-ADMM paper Sec. 5.2).
 
     U <- U - (P_Omega(U V - M) V^T + Lam U) / c, c = c_factor lambda_max(V V^T) + max Lam,
     Lam = diag(lam_rows).

@@ -1,7 +1,7 @@
 r"""FedMC-ADMM: linearised ADMM for federated matrix completion.
 
 Hytla, Nghia, Phan and Rice, *A Linearized Alternating Direction Multiplier Method for
-Federated Matrix Completion Problems* (papers/fedmc-admm.md), Algorithm 1 with the closed
+Federated Matrix Completion Problems* (the FedMC-ADMM paper), Algorithm 1 with the closed
 forms of Sec. 5. Tenant i splits the shared V into a local copy W_i = V with dual Y_i and
 minimises
 

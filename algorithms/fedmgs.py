@@ -1,6 +1,6 @@
 r"""FedMGS: federated matrix factorisation by gradient sharing. NOT privacy-preserving.
 
-Wang and Chang (papers/fedmavg-fedmgs.md), Algorithm 2, eqs. (28)-(32). The gradient of the
+Wang and Chang (the FedMAvg/FedMGS paper), Algorithm 2, eqs. (28)-(32). The gradient of the
 squared loss in the shared factor is linear in per-client sufficient statistics (eq. 29), so
 the clients send those statistics and the server rebuilds grad_V exactly and runs Q2
 gradient steps on V itself.
@@ -29,7 +29,7 @@ Clients not sampled are inactive (partial participation, PCP). Round 1 runs ever
 Privacy warning: the upload covers all n items, zeros for the items a tenant did not rate,
 so the zero pattern reveals which items were rated, and from G_j and b_j of an item rated
 by one user the server reads m_tj = u_t^T b_j / ||u_t||^2 with u_t from G_j. Ratings are
-recoverable (fedmc-admm.md Sec. 5 refuses to compare against FedMGS for this reason). The
+recoverable (FedMC-ADMM paper Sec. 5 refuses to compare against FedMGS for this reason). The
 method is in fedrec for comparison and for the privacy audit; its Algorithm is flagged
 ``privacy_preserving=False`` and so is its config (``privacy_preserving`` field, fixed).
 """
@@ -80,7 +80,7 @@ class FedMGSConfig(AlgorithmConfig):
 
     @classmethod
     def paper_settings(cls, **overrides: object) -> FedMGSConfig:
-        """FedMGS in the form of the papers' matrix-completion baseline (fedmc-admm.md
+        """FedMGS in the form of the papers' matrix-completion baseline (FedMC-ADMM paper
         Sec. 5.2, as :meth:`FedMAvgConfig.paper_settings`): rank 5, Q1 = Q2 = 10, plain
         ridge lambda = gamma = 1e-6, U and V from Uniform[0, 1], no centring; the paper
         (Algorithm 2) gives no matrix-completion values of its own. ``overrides`` replace

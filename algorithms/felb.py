@@ -1,7 +1,7 @@
 r"""Felb and Felb-MU: federated Boolean matrix factorisation by proximal gradients.
 
 Dalleiger, Vreeken and Kamp, *Federated Binary Matrix Factorization using Proximal
-Optimization* (papers/felb.txt): Algorithm 1, eqs. 3 and 6-10, settings of Appendix D.
+Optimization* (the Felb paper): Algorithm 1, eqs. 3 and 6-10, settings of Appendix D.
 
 Data. Tenant i holds a Boolean matrix A_i (m_i users x n items) as a :class:`RatingBlock`
 listing its 1s (``vals`` are used as given, normally all 1); every entry not listed is 0.

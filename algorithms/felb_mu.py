@@ -1,4 +1,4 @@
-"""Felb-MU: Felb with Lee-Seung multiplicative step sizes (papers/felb.txt, Sec. 3.1).
+"""Felb-MU: Felb with Lee-Seung multiplicative step sizes (the Felb paper, Sec. 3.1).
 
 The step-size matrices eta_U = U / (U V V^T) and eta_V = V / (U^T U V) replace Felb's
 Lipschitz steps 1/||V V^T||_2 and 1/||U^T U||_2 in eq. 8; everything else (the Elb prox,

@@ -1,4 +1,4 @@
-r"""RFRec and RFRecF: regularised federated recommendation (papers/rfrec.md).
+r"""RFRec and RFRecF: regularised federated recommendation (the RFRec paper).
 
 Liu et al., "Efficient and Robust Regularized Federated Recommendation", CIKM 2024.
 Every client i keeps a local model x_i = (U_i, V_(i)): its users' factors U_i (m_i x d)

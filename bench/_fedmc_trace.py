@@ -1,7 +1,7 @@
 """Shared by the FedMC-ADMM paper experiments: a seeded run traced every few rounds.
 
 :func:`algorithms.simulate.simulate` records figures only; Figs. 3 and 4 of
-fedmc-admm.md also need the training time and the sparsity of U and V, so :func:`trace`
+FedMC-ADMM paper also need the training time and the sparsity of U and V, so :func:`trace`
 drives the same round function (:func:`algorithms.simulate.run_round`, same random streams,
 so a traced run equals ``simulate`` with the same seed) and measures at round 0 and every
 ``every`` rounds. Training time counts client and server work only, as ``simulate`` does.

@@ -1,7 +1,7 @@
 """Synthetic tile data of Felb's Sec. 4.1 and the fits shared by its synthetic experiments.
 
 "Random binomial-noise matrices into which we insert random densely populated tiles
-containing approximately 90% 1s" (felb.txt Sec. 4.1): :func:`tiles` draws ``n_tiles``
+containing approximately 90% 1s" (Felb paper Sec. 4.1): :func:`tiles` draws ``n_tiles``
 tiles (a random subset of rows times a random subset of columns, each cell 1 with
 probability ``density``), ORs them into the signal S, and XORs S with Bernoulli(``noise``)
 ("destructive XOR noise", 0 = tiles only, 0.5 = pure noise). :func:`federation` deals the

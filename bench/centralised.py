@@ -26,14 +26,14 @@ from algorithms.data import Federation, build_federation, load_movielens
 from bench import _experiment as E
 from bench.fedmc_admm_targets import validation_federation
 
-EXPERIMENT = ("centralised ALS-MF with biases (ceiling for fedmc-admm.md Fig. 2; "
-              "rfrec.md Table 2 centralised PMF)")
+EXPERIMENT = ("centralised ALS-MF with biases (ceiling for FedMC-ADMM paper Fig. 2; "
+              "RFRec paper Table 2 centralised PMF)")
 NEEDS_DATA = True
 GRID = {"rank": [5, 10], "lam": [0.03, 0.06, 0.12, 0.25], "lam_bias": [2.0, 20.0]}
 QUICK_GRID = {"rank": [5], "lam": [0.05, 0.1], "lam_bias": [5.0]}
 SWEEPS, QUICK_SWEEPS = 10, 4
 INIT_STREAM = 20_000
-PAPER = {"ml-1m": (0.8762, "rfrec.md Table 2, centralised PMF (its own split)")}
+PAPER = {"ml-1m": (0.8762, "RFRec paper Table 2, centralised PMF (its own split)")}
 
 
 def pooled(blocks) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:

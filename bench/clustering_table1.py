@@ -1,5 +1,5 @@
 """FedMAvg and FedMGS clustering on the synthetic Gaussian model, iid and non-iid, m = 10 and
-m = 100 (fedmavg-fedmgs.md Sec. V-F, Table I, column "syn"; k-means++ as the reference).
+m = 100 (FedMAvg/FedMGS paper Sec. V-F, Table I, column "syn"; k-means++ as the reference).
 
 The paper's model X = W H + E at SNR -3 dB (:func:`algorithms.clustering.synthetic`), 100
 clients, iid (Case 1: random balanced split) or non-iid (Case 2: k-means into 100 groups),
@@ -33,7 +33,7 @@ from algorithms import clustering as cl  # noqa: E402
 from algorithms._rng import SPLIT, derive_rng  # noqa: E402
 from bench import _experiment as E  # noqa: E402
 
-EXPERIMENT = ("fedmavg-fedmgs.md Table I (syn): FedMAvg/FedMGS clustering accuracy, "
+EXPERIMENT = ("FedMAvg/FedMGS paper Table I (syn): FedMAvg/FedMGS clustering accuracy, "
               "iid and non-iid, m = 10 and 100")
 #: Table I, column "syn" (Case 2, non-iid), accuracy in %
 PAPER = {("fedmavg", 10): 86.2, ("fedmavg", 100): 85.5, ("fedmgs", 10): 88.4,

@@ -3,7 +3,7 @@
 100 tenants, 10 per round, 100 rounds, 80/20 split seed 0, no DP. Variants:
 
 * ``fedmavg``: fedrec's recommended FedMAvg (:class:`algorithms.fedmavg.FedMAvgConfig` defaults);
-* ``fedmavg-paper``: :func:`algorithms.fedmavg.paper_settings` (fedmc-admm.md Sec. 5.2, rank 5);
+* ``fedmavg-paper``: :func:`algorithms.fedmavg.paper_settings` (FedMC-ADMM paper Sec. 5.2, rank 5);
 * ``fedmgs``: FedMGS defaults (not privacy-preserving; for comparison);
 * ``fedmc-admm`` / ``fedmc-admm-paper``: FedMC-ADMM's defaults / its ``paper_settings()``
   (module function or config class method), when that module is present.

@@ -1,5 +1,5 @@
 """Effect of the number of inner steps N on FedMC-ADMM: objective and test RMSE against
-training time (fedmc-admm.md Sec. 5.3, Fig. 3).
+training time (FedMC-ADMM paper Sec. 5.3, Fig. 3).
 
 The paper's setting: l1 regularisers (eq. 69) with lambda = gamma = 1e-6, eqs. (70)-(73),
 N in {5, 10, 15, 20, 25, 30}; everything else as ``FedMCADMMConfig.paper_settings()``
@@ -22,7 +22,7 @@ from algorithms.data import build_federation, load_movielens
 from bench import _experiment as E
 from bench._fedmc_trace import plot_against_time, sweep
 
-EXPERIMENT = "fedmc-admm.md Sec. 5.3, Fig. 3: inner steps N in 5..30 vs training time (l1)"
+EXPERIMENT = "FedMC-ADMM paper Sec. 5.3, Fig. 3: inner steps N in 5..30 vs training time (l1)"
 NEEDS_DATA = True
 STEPS, QUICK_STEPS = [5, 10, 15, 20, 25, 30], [5, 30]
 NOTE = ("paper: figure only, Netflix (smaller N converges faster in time); fedrec: ML-1M, "
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_against_time(results, [("objective", "objective F (problem 1, l1)", True),
                                 ("test_rmse", "test RMSE", False)],
                       f"FedMC-ADMM, inner steps N ({data}, l1, lambda = gamma = 1e-6; "
-                      "fedmc-admm.md Fig. 3)", args.out / "fedmc_inner_steps.png")
+                      "FedMC-ADMM paper Fig. 3)", args.out / "fedmc_inner_steps.png")
     E.write_result(args.out, "fedmc_inner_steps", argv, args.quick,
                    {"data": data, "rounds": rounds, "results": results, "comparisons": rows})
     return 0

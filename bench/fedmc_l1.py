@@ -1,5 +1,5 @@
 """Effect of the l1 weight lambda on FedMC-ADMM: objective, test RMSE and the share of
-non-zero entries of U and V against training time (fedmc-admm.md Sec. 5.4, Fig. 4).
+non-zero entries of U and V against training time (FedMC-ADMM paper Sec. 5.4, Fig. 4).
 
 The paper's setting: l1 regularisers (eq. 69), lambda in {1e-6, 1e-5, ..., 1e-1} and
 gamma = 10 lambda beta, eqs. (70)-(73), N = 10; everything else as
@@ -22,7 +22,7 @@ from algorithms.data import build_federation, load_movielens
 from bench import _experiment as E
 from bench._fedmc_trace import plot_against_time, sweep
 
-EXPERIMENT = "fedmc-admm.md Sec. 5.4, Fig. 4: l1 weight lambda in 1e-6..1e-1, RMSE and sparsity"
+EXPERIMENT = "FedMC-ADMM paper Sec. 5.4, Fig. 4: l1 weight lambda in 1e-6..1e-1, RMSE and sparsity"
 NEEDS_DATA = True
 LAMBDAS, QUICK_LAMBDAS = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1], [1e-6, 1e-1]
 NOTE = ("paper: figure only, Netflix (lambda <= 1e-3 comparable, 1e-3 best balance, 1e-1 "
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                                 ("test_rmse", "test RMSE", False),
                                 ("nnz_uv", "non-zero share of U and V", False)],
                       f"FedMC-ADMM, l1 weight lambda, gamma = 10 lambda beta ({data}; "
-                      "fedmc-admm.md Fig. 4)", args.out / "fedmc_l1.png")
+                      "FedMC-ADMM paper Fig. 4)", args.out / "fedmc_l1.png")
     E.write_result(args.out, "fedmc_l1", argv, args.quick,
                    {"data": data, "rounds": rounds, "results": results, "comparisons": rows})
     return 0

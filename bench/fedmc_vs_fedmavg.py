@@ -1,4 +1,4 @@
-"""FedMC-ADMM against FedMAvg: training objective and test RMSE by round (fedmc-admm.md
+"""FedMC-ADMM against FedMAvg: training objective and test RMSE by round (FedMC-ADMM paper
 Sec. 5.2, Fig. 2) on MovieLens 100k and 1M.
 
 Paper settings unless stated: 80/20 split seed 0, 100 tenants, 10 per round, 100 rounds,
@@ -32,7 +32,7 @@ from algorithms.data import build_federation, load_movielens
 from bench import _experiment as E
 from bench._fedmc_trace import mean_curve, trace
 
-EXPERIMENT = "fedmc-admm.md Sec. 5.2, Fig. 2: FedMC-ADMM vs FedMAvg, objective and RMSE by round"
+EXPERIMENT = "FedMC-ADMM paper Sec. 5.2, Fig. 2: FedMC-ADMM vs FedMAvg, objective and RMSE by round"
 NEEDS_DATA = True
 VARIANTS = {
     "FedMC-ADMM (paper)": (F.ALGORITHM, F.FedMCADMMConfig.paper_settings),
@@ -96,7 +96,7 @@ def plot(results: dict, ceiling: dict, path) -> None:
             ax.set_title(name)
             ax.grid(alpha=0.3)
         row[1].legend(fontsize=8)
-    fig.suptitle("FedMC-ADMM vs FedMAvg (fedmc-admm.md Fig. 2), mean ± std over seeds")
+    fig.suptitle("FedMC-ADMM vs FedMAvg (FedMC-ADMM paper Fig. 2), mean ± std over seeds")
     E.save_figure(fig, path)
 
 

@@ -1,4 +1,4 @@
-"""Client scaling on synthetic tiles: data scarcity and abundance (felb.txt Sec. 4.1.2, Fig. 3).
+"""Client scaling on synthetic tiles: data scarcity and abundance (Felb paper Sec. 4.1.2, Fig. 3).
 
 Scarcity: the data size is fixed (``--rows``, default 2048 rows; the paper's 2^16) and the
 client count grows, so each client holds fewer rows. Abundance: every client holds
@@ -22,7 +22,7 @@ import numpy as np
 from bench import _experiment as E
 from bench import _felb_synth as S
 
-EXPERIMENT = "felb.txt Fig. 3: Felb, Felb-MU and the voting baseline as clients grow (tiles)"
+EXPERIMENT = "Felb paper Fig. 3: Felb, Felb-MU and the voting baseline as clients grow (tiles)"
 SCENARIOS = ("scarcity", "abundance")
 
 

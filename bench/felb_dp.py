@@ -1,4 +1,4 @@
-"""F1 under Gaussian, Laplace and Bernoulli (XOR) noise on synthetic tiles (felb.txt Sec.
+"""F1 under Gaussian, Laplace and Bernoulli (XOR) noise on synthetic tiles (Felb paper Sec.
 4.1.3, Fig. 4; Apx. E.6).
 
 Tiles of Sec. 4.1 (:mod:`bench._felb_synth`, 10% XOR noise), 10 clients, k = 6, Felb and
@@ -36,7 +36,7 @@ from bench import _felb_synth as S
 from privacy.ledger import Budget, Ledger
 from privacy.wrapper import DPPrivatizer, DPSpec
 
-EXPERIMENT = "felb.txt Fig. 4: F1 of Felb / Felb-MU under Gaussian, Laplace and Bernoulli DP"
+EXPERIMENT = "Felb paper Fig. 4: F1 of Felb / Felb-MU under Gaussian, Laplace and Bernoulli DP"
 DELTA = 0.05
 CONFIGS = (("felb", "gaussian"), ("felb", "laplace"), ("felb", "bernoulli"),
            ("felb-mu", "gaussian"), ("felb-mu", "laplace"), ("felb-mu", "bernoulli"),

@@ -1,4 +1,4 @@
-"""Robustness to destructive XOR noise on synthetic tiles (felb.txt Sec. 4.1.1, Fig. 2).
+"""Robustness to destructive XOR noise on synthetic tiles (Felb paper Sec. 4.1.1, Fig. 2).
 
 Tile data of Sec. 4.1 (:mod:`bench._felb_synth`: dense tiles with ~90% 1s, XOR noise from 0
 to 0.5), 10 clients, k = number of tiles, Felb / Felb-MU (T = 10 local steps, ``--rounds``
@@ -21,7 +21,7 @@ import numpy as np
 from bench import _experiment as E
 from bench import _felb_synth as S
 
-EXPERIMENT = "felb.txt Fig. 2: Felb, Felb-MU and the voting baseline under XOR noise (tiles)"
+EXPERIMENT = "Felb paper Fig. 2: Felb, Felb-MU and the voting baseline under XOR noise (tiles)"
 NOISE = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 
 

@@ -1,4 +1,4 @@
-"""Settings and runner shared by the RFRec / RFRecF experiments (papers/rfrec.md).
+"""Settings and runner shared by the RFRec / RFRecF experiments (the RFRec paper).
 
 Two settings per method:
 
@@ -7,7 +7,7 @@ Two settings per method:
     iterations, d = 20, alpha = 0.05 (RFRec) / 0.025 (RFRecF), lambda = 10, p = 0.5,
     lambda_u = 0.1, N(0, 1e-4) init, Algorithm 2's schedule for RFRecF. The printed
     gradient step diverges at these settings (BENCHMARKS.md), so the step is the authors'
-    code's Adam with a sigmoid link on ratings scaled to [0, 1] (ALGORITHMS.md).
+    code's Adam with a sigmoid link on ratings scaled to [0, 1].
 ``ours``
     chosen on a validation carve-out of ML-100k (10% of each client's training ratings,
     never the test ratings; ``python -m bench.rfrec_targets --validate``), starting from

@@ -1,4 +1,4 @@
-"""RFRec / RFRecF with dropped clients against the paper's Table 3 (papers/rfrec.md, Sec. 4.5).
+"""RFRec / RFRecF with dropped clients against the paper's Table 3 (the RFRec paper, Sec. 4.5).
 
 The paper drops "devices" at a rate of 0 to 90% "to simulate losing connection" and reads
 the result as a participation rate (Sec. 3.3: the server averages the uploads of the n_t

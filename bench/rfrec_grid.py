@@ -1,4 +1,4 @@
-"""RFRec / RFRecF test RMSE over the lambda x alpha grid of the paper's Table 4 (papers/rfrec.md).
+"""RFRec / RFRecF test RMSE over the lambda x alpha grid of the paper's Table 4 (the RFRec paper).
 
 Grid lambda in {5, 10, 20, 40}, alpha in {0.1, 0.05, 0.025, 0.0125} (Sec. 3.6.2 / 4.6),
 everything else at the paper's protocol: one client per user, K = 100 iterations,

@@ -1,4 +1,4 @@
-"""RFRec / RFRecF communication rounds to the paper's stop criterion (papers/rfrec.md, Fig. 2).
+"""RFRec / RFRecF communication rounds to the paper's stop criterion (the RFRec paper, Fig. 2).
 
 Sec. 4.3: communication stops when ||V_{t+1} - V_t|| / ||V_t|| <= eps_0, at most 200
 communication rounds. The paper gives no eps_0; the authors' notebook plots the criterion

@@ -1,4 +1,4 @@
-"""RFRec / RFRecF test RMSE and MAE against the paper's Table 2 (papers/rfrec.md).
+"""RFRec / RFRecF test RMSE and MAE against the paper's Table 2 (the RFRec paper).
 
 Each seed draws its own 80/20 random split and client partition (``build_federation``)
 and its own initialisation; the figures are those after the last iteration, predictions

@@ -1,4 +1,4 @@
-"""RFRec / RFRecF against the paper's Table 2 (papers/rfrec.md), on the batched fast path.
+"""RFRec / RFRecF against the paper's Table 2 (the RFRec paper), on the batched fast path.
 
 Usage::
 

@@ -5,7 +5,7 @@ charged transmission (as :class:`privacy.accountant.Event` runs) and the rounds 
 transmitted; its whole state is a plain JSON-ready dict (:meth:`Ledger.to_dict`), which the
 service persists per tenant and the simulator keeps in memory.
 
-Two checks keep the budgets (DESIGN.md, invariant 2 "accounting first"):
+Two checks keep the budgets (the architecture's invariant 2, "accounting first"):
 
 * before a run, :func:`check_plan` computes each participating tenant's projected spend
   (what it already spent plus its planned transmissions) and refuses the run with

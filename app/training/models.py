@@ -1,6 +1,6 @@
 """Tables of training jobs, their per-tenant state, rounds, ledger and factor snapshots.
 
-Durability rules (DESIGN.md, invariants 2-4):
+Durability rules (the architecture's invariants 2-4):
 
 * A client step stores its new local state, its (privatised) upload and the privacy
   charge of that upload in one transaction (:class:`RoundUpload` + :class:`LedgerEntry`);

@@ -1,4 +1,4 @@
-"""The aggregated-BMF baseline (papers/felb.txt, eqs. 11-13, Apx. B Alg. 2)."""
+"""The aggregated-BMF baseline (the Felb paper, eqs. 11-13, Apx. B Alg. 2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """FedMC-ADMM's update rules against a direct dense evaluation of the paper's equations.
 
-The reference below is written from papers/fedmc-admm.md Sec. 5 with dense matrices and an
+The reference below is written from the FedMC-ADMM paper Sec. 5 with dense matrices and an
 explicit 0/1 mask, independently of algorithms/_mf_kernels.py.
 """
 

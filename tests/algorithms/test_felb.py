@@ -1,4 +1,4 @@
-"""Felb / Felb-MU (papers/felb.txt, eqs. 3, 6-10) and the binary metrics.
+"""Felb / Felb-MU (the Felb paper, eqs. 3, 6-10) and the binary metrics.
 
 The update rules are checked against independent dense evaluations: brute-force
 minimisation on a fine grid for the proximal operators, central finite differences for the

@@ -1,4 +1,4 @@
-"""RFRec / RFRecF (algorithms/rfrec.py) against dense evaluations of papers/rfrec.md.
+"""RFRec / RFRecF (algorithms/rfrec.py) against dense evaluations of the RFRec paper.
 
 The reference computations here keep every V_(i) as a dense d x n matrix and apply
 Algorithm 1 line 7 and Algorithm 2 lines 10 and 12 literally, so they also check the lazy
