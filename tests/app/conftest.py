@@ -77,3 +77,31 @@ def api(database_url) -> Api:
 def sqlite_api(sqlite_url) -> Api:
     """The API on SQLite only (admin and auth behaviour does not depend on the backend)."""
     return make_api(sqlite_url)
+
+
+@pytest.fixture
+def admin_app(tmp_path):
+    """Factory of (app, client): the API on a fresh SQLite database with the training
+    pipeline in-process (no broker), the client acting as the admin; keyword arguments
+    are further settings (e.g. ``serving_cache_seconds``)."""
+    opened: list[TestClient] = []
+
+    def make(**settings) -> tuple:
+        url = f"sqlite:///{tmp_path}/app-{len(opened)}.db"
+        migrate(url)
+        app = create_app(Settings(database_url=url, admin_token=ADMIN_TOKEN, broker_url=None,
+                                  **settings))
+        client = TestClient(app).__enter__()
+        client.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        opened.append(client)
+        return app, client
+
+    yield make
+    for client in opened:
+        client.__exit__(None, None, None)
+
+
+@pytest.fixture
+def env(admin_app):
+    """The API on SQLite with the pipeline in-process, acting as the admin."""
+    return admin_app()

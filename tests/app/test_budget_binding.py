@@ -15,15 +15,10 @@
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
-from app.config import Settings
-from app.db import migrate
-from app.main import create_app
 from app.models import Tenant
 from app.training import pipeline
 from app.training.jobs import JobSpec, create_job
@@ -35,16 +30,6 @@ from tests.training_helpers import CONFIG, csv_body, make_tenants, submit_job, w
 DP = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
 
 
-@pytest.fixture
-def env(tmp_path):
-    """The API on SQLite with the pipeline in-process, acting as the admin."""
-    url = f"sqlite:///{tmp_path}/budget.db"
-    migrate(url)
-    token = secrets.token_urlsafe(32)
-    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None))
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        yield app, client
 
 
 def _count(app, table) -> int:

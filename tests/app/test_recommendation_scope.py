@@ -4,17 +4,12 @@ gave factors, scored on the tenant's scale (ranking by the raw score)."""
 from __future__ import annotations
 
 import io
-import secrets
 
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from algorithms import Message, RatingBlock, registry
-from app.config import Settings
-from app.db import migrate
-from app.main import create_app
 from app.models import Item
 from app.training import pipeline
 from app.training.models import FactorSnapshot, JobClient, TrainingJob
@@ -22,15 +17,9 @@ from tests.training_helpers import csv_body, make_tenants, submit_job, wait_job
 
 
 @pytest.fixture
-def env(tmp_path):
-    url = f"sqlite:///{tmp_path}/scope.db"
-    migrate(url)
-    token = secrets.token_urlsafe(32)
-    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None,
-                              serving_cache_seconds=0.0))
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        yield app, client
+def env(admin_app):
+    """The API with serving caches re-read on every request."""
+    return admin_app(serving_cache_seconds=0.0)
 
 
 def _tenant_e(client) -> tuple[int, dict[str, str]]:

@@ -6,19 +6,14 @@ same data, split and seed, and the privacy accountant on the charged events.
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import numpy as np
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from algorithms import Message, registry
 from algorithms.simulate import simulate
-from app.config import Settings
-from app.db import migrate
-from app.main import create_app
 from app.models import Item
 from app.training import pipeline
 from app.training.models import JobClient, LedgerEntry, TrainingJob
@@ -35,17 +30,6 @@ from tests.training_helpers import (
     submit_job,
     wait_job,
 )
-
-
-@pytest.fixture
-def env(tmp_path):
-    url = f"sqlite:///{tmp_path}/train.db"
-    migrate(url)
-    token = secrets.token_urlsafe(32)
-    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None))
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        yield app, client
 
 
 def test_job_reports_exactly_what_the_simulator_computes(env):
@@ -415,16 +399,9 @@ def test_a_forgotten_user_leaves_no_ratings_or_factors_behind(env):
 
 
 @pytest.fixture
-def fast_env(tmp_path):
+def fast_env(admin_app):
     """The API with a 0.2 s serving cache, so staleness bounds can be observed."""
-    url = f"sqlite:///{tmp_path}/fast.db"
-    migrate(url)
-    token = secrets.token_urlsafe(32)
-    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None,
-                              serving_cache_seconds=0.2))
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        yield app, client
+    return admin_app(serving_cache_seconds=0.2)
 
 
 def _eventually(fn, timeout=5.0):

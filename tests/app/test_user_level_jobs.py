@@ -6,18 +6,12 @@ privatizer on the job's own data, split and seed, and Google's dp-accounting for
 
 from __future__ import annotations
 
-import secrets
-
 import dp_accounting
 import pytest
 import sqlalchemy as sa
-from fastapi.testclient import TestClient
 
 from algorithms import registry
 from algorithms.simulate import simulate
-from app.config import Settings
-from app.db import migrate
-from app.main import create_app
 from app.training.models import LedgerEntry, TrainingJob
 from privacy import user_level
 from privacy.accountant import ORDERS, Event
@@ -27,15 +21,6 @@ CONFIG = {"rank": 3, "sweeps": 2}
 ROUNDS = 3  # two releases, then a round that only refreshes the users
 
 
-@pytest.fixture
-def env(tmp_path):
-    url = f"sqlite:///{tmp_path}/user.db"
-    migrate(url)
-    token = secrets.token_urlsafe(32)
-    app = create_app(Settings(database_url=url, admin_token=token, broker_url=None))
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        yield app, client
 
 
 def submit(client, placement="central", epsilon=4.0, delta=1e-3, **overrides):
