@@ -123,9 +123,10 @@ def scrub_client(jc: JobClient, forgotten: set[str]) -> None:
 def _scrub_snapshot(snap: FactorSnapshot, user_key: str) -> None:
     row = snap.user_keys.index(user_key)
     with np.load(io.BytesIO(snap.factors), allow_pickle=False) as z:
-        a, b, items = np.delete(z["A"], row, axis=0), z["B"], z["item_ids"]
+        arrays = {name: z[name] for name in z.files}  # B, item ids, a link: all kept
+    arrays["A"] = np.delete(arrays["A"], row, axis=0)
     buf = io.BytesIO()
-    np.savez(buf, A=a, B=b, item_ids=items)
+    np.savez(buf, **arrays)
     snap.factors = buf.getvalue()
     snap.user_keys = [k for k in snap.user_keys if k != user_key]
 

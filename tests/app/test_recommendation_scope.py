@@ -115,3 +115,22 @@ def test_a_sigmoid_link_model_is_served_with_its_predictions(env):
     assert [r["item"] for r in recs["data"]] == [columns[i] for i in candidates[order]]
     np.testing.assert_allclose([r["score"] for r in recs["data"]],
                                np.clip(pred[order], 1, 5), rtol=1e-9)
+
+
+def test_forgetting_a_user_keeps_the_served_link_of_the_others(env):
+    """Scrubbing a forgotten user's row from a sigmoid-link snapshot keeps its link: the
+    other users' scores stay the model's predictions (on the rating scale)."""
+    _, client = env
+    (tid, key), _ = make_tenants(client)
+    auth = {"Authorization": f"Bearer {key}"}
+    job = wait_job(client, submit_job(client, algorithm="rfrec", config={"rank": 3},
+                                      rounds=4).json()["id"])
+    assert job["status"] == "completed", job
+    users = sorted({r["user"] for r in client.get(f"/tenants/{tid}/ratings?limit=1000",
+                                                  headers=auth).json()["data"]})
+    before = client.get(f"/tenants/{tid}/users/{users[1]}/recommendations?k=5",
+                        headers=auth).json()
+    client.delete(f"/tenants/{tid}/users/{users[0]}/ratings", headers=auth).raise_for_status()
+    after = client.get(f"/tenants/{tid}/users/{users[1]}/recommendations?k=5",
+                       headers=auth).json()
+    assert after["source"] == "model" and after["data"] == before["data"]
