@@ -4,11 +4,10 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.stats import beta
 
 from algorithms.block import RatingBlock
 from algorithms.fedmgs import item_statistics
-from scipy.stats import beta
-
 from privacy.audit import (
     auc,
     clopper_pearson,
