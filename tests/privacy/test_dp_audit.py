@@ -44,3 +44,7 @@ def test_empirical_epsilon_stays_below_the_claim_and_the_control_breaks_through(
     assert private["runs"] == 100 and private["claimed_epsilon"] == 1.0
     assert private["epsilon_lower_bound"] < 1.0
     assert private["auc"] < 0.8
+    # the check has teeth: noise solved for epsilon 30 but claimed as 1 (a broken
+    # accountant) is caught by the same 100 runs
+    lax = audit(cfg, fed, with_canary, items, 30.0, 100)
+    assert lax["epsilon_lower_bound"] > 1.5
