@@ -19,13 +19,26 @@ Two attacks on what the server really receives (after the DP wrapper, if any):
     tenant-item mean rating on the upload's column j and the broadcast column j, and
     predicts it for the other tenants. Chance = predicting the shadow mean.
 
-Pure numpy; the runner is ``bench/privacy_audit.py``.
+**Empirical epsilon** (:func:`epsilon_lower_bound`): the standard DP audit of *Auditing
+Differentially Private Machine Learning: How Private is Private SGD?* (Jagielski, Ullman
+and Oprea, NeurIPS 2020) and *Adversary Instantiation: Lower Bounds for Differentially
+Private Machine Learning* (Nasr, Song, Thakurta, Papernot and Carlini, IEEE S&P 2021).
+Train many times with a canary and many times without; any test "canary in?" with false
+positive rate FPR and false negative rate FNR bounds an (epsilon, delta)-DP mechanism by
+``FPR + e^eps FNR >= 1 - delta`` and ``FNR + e^eps FPR >= 1 - delta``, so
+``eps >= log((1 - delta - FNR) / FPR)`` and ``log((1 - delta - FPR) / FNR)``. With the
+rates replaced by their Clopper-Pearson upper bounds (:func:`clopper_pearson`) the bound
+holds with the interval's confidence. Such a lower bound below the claimed epsilon is
+consistent with the claim but never proves it (a stronger attack may exist); one above it
+refutes the claim.
+
+Pure numpy (and scipy); the runners are ``bench/privacy_audit.py`` and ``bench/dp_audit.py``.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import rankdata
+from scipy.stats import beta, rankdata
 
 
 def auc(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -156,3 +169,65 @@ def resolve_sign(signed: np.ndarray, scale: tuple[float, float], histogram: np.n
         if ll > best_ll or best_ll == -np.inf and s == 1.0:
             best, best_ll = r, ll
     return best
+
+
+def clopper_pearson(k: np.ndarray | int, n: int, alpha: float = 0.05
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided Clopper-Pearson interval, confidence 1 - alpha, of a binomial rate from
+    ``k`` successes out of ``n`` (exact: beta quantiles; 0 and 1 at the ends)."""
+    k = np.asarray(k, dtype=float)
+    if n < 1 or np.any((k < 0) | (k > n)):
+        raise ValueError(f"need 0 <= k <= n and n >= 1, got k={k}, n={n}")
+    with np.errstate(invalid="ignore"):
+        lo = np.where(k > 0, beta.ppf(alpha / 2, k, n - k + 1), 0.0)
+        hi = np.where(k < n, beta.ppf(1 - alpha / 2, k + 1, n - k), 1.0)
+    return lo, hi
+
+
+def _epsilon_from_rates(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray:
+    """max(log((1 - delta - FNR) / FPR), log((1 - delta - FPR) / FNR), 0), elementwise."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.log(np.maximum(1.0 - delta - fnr, 0.0) / fpr)
+        b = np.log(np.maximum(1.0 - delta - fpr, 0.0) / fnr)
+    return np.maximum(np.nan_to_num(np.maximum(a, b), nan=0.0, neginf=0.0), 0.0)
+
+
+def epsilon_lower_bound(scores_in: np.ndarray, scores_out: np.ndarray, delta: float,
+                        alpha: float = 0.05) -> dict:
+    """Empirical epsilon lower bound of the test "score >= t means the canary was in".
+
+    For every threshold t among the observed scores: FPR = share of "out" runs with score
+    >= t, FNR = share of "in" runs below t, each replaced by its Clopper-Pearson upper
+    bound (confidence 1 - alpha); the bound is the best threshold's
+    :func:`_epsilon_from_rates` (module docstring). The direction (higher = in) must be
+    fixed before looking at the scores. The threshold is chosen on the same runs, as in
+    the papers above, so the stated confidence is per threshold (no multiple-testing
+    correction).
+
+    Returns the bound, its threshold, the raw and upper-bounded rates, the run counts and
+    ``max_measurable``: the bound a perfect attack would get with these run counts.
+    """
+    pos, neg = np.asarray(scores_in, dtype=float), np.asarray(scores_out, dtype=float)
+    if pos.size == 0 or neg.size == 0:
+        raise ValueError("need at least one run with and one without the canary")
+    t = np.unique(np.concatenate([pos, neg]))
+    fp = (neg[None, :] >= t[:, None]).sum(axis=1)
+    fn = (pos[None, :] < t[:, None]).sum(axis=1)
+    fpr_hi = clopper_pearson(fp, neg.size, alpha)[1]
+    fnr_hi = clopper_pearson(fn, pos.size, alpha)[1]
+    eps = _epsilon_from_rates(fpr_hi, fnr_hi, delta)
+    best = int(np.argmax(eps))
+    return {"epsilon_lower_bound": float(eps[best]), "threshold": float(t[best]),
+            "fpr": float(fp[best] / neg.size), "fnr": float(fn[best] / pos.size),
+            "fpr_upper": float(fpr_hi[best]), "fnr_upper": float(fnr_hi[best]),
+            "runs_in": int(pos.size), "runs_out": int(neg.size), "alpha": alpha,
+            "delta": delta, "max_measurable": max_measurable_epsilon(
+                pos.size, neg.size, delta, alpha)}
+
+
+def max_measurable_epsilon(n_in: int, n_out: int, delta: float, alpha: float = 0.05
+                           ) -> float:
+    """The lower bound of a perfect attack (no error at all) with these run counts: no
+    audit with so few runs can show more."""
+    return float(_epsilon_from_rates(clopper_pearson(0, n_out, alpha)[1],
+                                     clopper_pearson(0, n_in, alpha)[1], delta))

@@ -4,15 +4,19 @@ import itertools
 
 import numpy as np
 import pytest
+from scipy.stats import beta
 
 from algorithms.block import RatingBlock
 from algorithms.fedmgs import item_statistics
 from privacy.audit import (
     auc,
+    clopper_pearson,
+    epsilon_lower_bound,
     fedmgs_single_rater,
     fix_offset,
     item_features,
     item_membership_scores,
+    max_measurable_epsilon,
     resolve_sign,
     ridge_fit,
     ridge_predict,
@@ -89,3 +93,52 @@ def test_resolve_sign_picks_the_reflection_the_histogram_prefers():
     hist = np.array([5, 10, 30, 40, 15])                    # counts of 1..5, skewed high
     for s in (1.0, -1.0):
         np.testing.assert_allclose(resolve_sign(s * centred, (1.0, 5.0), hist, 3.5), ratings)
+
+
+def test_clopper_pearson_ends_have_closed_forms():
+    # k = 0: upper end solves (1 - p)^n = alpha/2; k = n: lower end solves p^n = alpha/2
+    lo, hi = clopper_pearson(0, 20, 0.05)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / 20))
+    lo, hi = clopper_pearson(20, 20, 0.05)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / 20))
+    lo, hi = clopper_pearson(np.array([3]), 10, 0.1)
+    assert lo[0] == pytest.approx(beta.ppf(0.05, 3, 8))
+    assert hi[0] == pytest.approx(beta.ppf(0.95, 4, 7))
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        clopper_pearson(11, 10)
+
+
+def test_epsilon_lower_bound_of_a_perfect_attack_is_set_by_the_run_count():
+    delta = 1e-5
+    got = epsilon_lower_bound(np.arange(10.0, 20.0), np.arange(10.0), delta)
+    h = 1 - 0.025 ** (1 / 10)                    # CP upper bound of 0 errors in 10 runs
+    assert got["epsilon_lower_bound"] == pytest.approx(np.log((1 - delta - h) / h))
+    assert got["threshold"] == 10.0 and got["fpr"] == 0.0 and got["fnr"] == 0.0
+    assert got["max_measurable"] == pytest.approx(got["epsilon_lower_bound"])
+    assert max_measurable_epsilon(200, 200, delta) == pytest.approx(
+        np.log((1 - delta - (1 - 0.025 ** (1 / 200))) / (1 - 0.025 ** (1 / 200))))
+
+
+def test_epsilon_lower_bound_takes_the_best_threshold_and_both_forms():
+    delta, alpha = 1e-3, 0.05
+    pos = np.array([5.0, 6.0, 7.0, 8.0, 2.0, 9.0, 10.0, 11.0])   # 8 runs with the canary
+    neg = np.array([0.0, 1.0, 3.0, 4.0, 4.5, 1.5])               # 6 runs without
+
+    def by_hand(t):
+        fp, fn = int(np.sum(neg >= t)), int(np.sum(pos < t))
+        fpr = 1.0 if fp == 6 else beta.ppf(1 - alpha / 2, fp + 1, 6 - fp)
+        fnr = 1.0 if fn == 8 else beta.ppf(1 - alpha / 2, fn + 1, 8 - fn)
+        forms = [np.log(max(1 - delta - fnr, 1e-300) / fpr) if 1 - delta > fnr else 0.0,
+                 np.log(max(1 - delta - fpr, 1e-300) / fnr) if 1 - delta > fpr else 0.0]
+        return max(forms + [0.0])
+
+    got = epsilon_lower_bound(pos, neg, delta, alpha)
+    want = max(by_hand(t) for t in np.concatenate([pos, neg]))
+    assert got["epsilon_lower_bound"] == pytest.approx(want)
+    assert got["threshold"] == 5.0                # only the run at 2.0 is missed
+    assert got["fnr"] == pytest.approx(1 / 8) and got["fpr"] == 0.0
+    # chance: identical score distributions give no evidence at all
+    same = epsilon_lower_bound(np.zeros(50), np.zeros(50), delta)
+    assert same["epsilon_lower_bound"] == 0.0
+    with pytest.raises(ValueError, match="at least one run"):
+        epsilon_lower_bound(np.array([]), neg, delta)
