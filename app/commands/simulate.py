@@ -167,14 +167,14 @@ def _add_algorithm_options(parser: argparse.ArgumentParser, args: list[str]) -> 
     name = _scan(args, "--algorithm", DEFAULT_ALGORITHM)
     name = name if name in registry.names() else DEFAULT_ALGORITHM
     preset = _scan(args, "--preset", "recommended")
+    preset = preset if preset in PRESETS else "recommended"  # a bad one fails in phase two
     alg = registry.get(name)
-    base = base_config(alg, preset if preset in PRESETS else "recommended")
+    base = base_config(alg, preset)
     parser._fedrec_algorithm = name
     _add_run_options(parser, alg, base)
     group = parser.add_argument_group(
-        f"options of --algorithm {name} (defaults: --preset "
-        f"{preset if preset in PRESETS else 'recommended'}; see another algorithm's with "
-        "--algorithm NAME --help)")
+        f"options of --algorithm {name} (defaults: --preset {preset}; see another "
+        "algorithm's with --algorithm NAME --help)")
     mine = set()
     for fname, f in option_fields(alg.config).items():
         parse, metavar = converter(f.annotation)
@@ -190,8 +190,8 @@ def _add_algorithm_options(parser: argparse.ArgumentParser, args: list[str]) -> 
             if flag_of(fname) not in mine:
                 owners.setdefault(flag_of(fname), []).append(other)
     for flag, algs in owners.items():
-        parser.add_argument(flag, action=_Foreign, algorithm=name, owners=algs,
-                            help=argparse.SUPPRESS)
+        parser.add_argument(flag, dest=f"foreign_{flag[2:]}", action=_Foreign,
+                            algorithm=name, owners=algs, help=argparse.SUPPRESS)
 
 
 class _Foreign(argparse.Action):
