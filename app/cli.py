@@ -17,10 +17,24 @@ COMMANDS = [
 ]
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A sub-command's parser. A command whose options depend on an earlier choice sets
+    ``late_options(parser, args)``: it runs on the command's own arguments just before they
+    are parsed, so ``fedrec simulate --algorithm X --help`` lists X's options only."""
+
+    late_options = None
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self.late_options is not None:
+            self.late_options(self, sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedrec", description="Privacy-focused federated recommender.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=CommandParser)
     for name in COMMANDS:
         importlib.import_module(name).register(sub)
     return parser

@@ -1,7 +1,8 @@
 """Command-line options of differential privacy, shared by ``fedrec simulate`` and the service.
 
-Defaults give a meaningful guarantee: with ``--dp gaussian`` (the default) or ``--dp laplace``
-and no noise option, the noise is solved so that every tenant spends at most
+Defaults give a meaningful guarantee: with ``--dp gaussian`` (the default of
+:func:`add_dp_arguments`; ``fedrec simulate`` passes ``none``) or ``--dp laplace`` and no
+noise option, the noise is solved so that every tenant spends at most
 ``DEFAULT_EPSILON`` over the whole run (worst case: it transmits in every round), at
 delta = min(1e-5, 1 / number of users), protecting its whole rating block; the budget is
 set to the same epsilon, so the ledger stops any tenant that would exceed it.

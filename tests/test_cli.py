@@ -14,6 +14,7 @@ from algorithms.data import build_federation, load_ratings
 from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
 from app.cli import main
+from app.commands import simulate as sim_cmd
 
 
 @pytest.fixture
@@ -57,10 +58,11 @@ def test_simulate_with_dp_reports_epsilon_per_tenant(tmp_path, ratings_csv):
 
 
 def test_simulate_rejects_an_option_of_another_algorithm(ratings_csv, capsys):
-    code = main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec",
-                 "--beta", "3"])
-    assert code == 2
-    assert "--beta not an option of rfrec" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec", "--beta", "3"])
+    assert exit_.value.code == 2
+    assert "--beta not an option of rfrec (it is an option of fedmc-admm)" in \
+        capsys.readouterr().err
 
 
 def test_simulate_reports_a_missing_file(tmp_path, capsys):
@@ -187,3 +189,285 @@ def test_privacy_tenant_is_the_dp_wrapper_with_epsilon(tmp_path, ratings_csv):
     priv = json.loads(out.read_text())["privacy"]
     assert priv["mechanism"] == "gaussian" and 0 < priv["epsilon_max"] <= 5.0
     assert "whole rating block" in priv["unit"] and priv["placement"] == "tenant"
+
+
+# --- the command line reaches every config field -------------------------------------------
+
+def _text(value) -> str:
+    """A value as a user types it (written here, independently of simulate's formatter)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _candidates(annotation, default) -> list:
+    """Values of a field's type to try (the invalid ones are dropped by the caller)."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return list(args)
+    if origin in (typing.Union, types.UnionType):
+        return [c for a in args for c in ([None] if a is type(None)
+                                          else _candidates(a, default))]
+    if origin is tuple:
+        return [(0.25, 0.75), (1.0, 10.0)]
+    if annotation is bool:
+        return [True, False]
+    base = default if isinstance(default, int | float) and not isinstance(default, bool) \
+        else 1
+    if annotation is int:
+        return [base + 1, base + 3, 1, 2]
+    return [base * 2, base / 2, base + 1.5, 0.5, 0.25, 0.123, base * 1.01]
+
+
+def _parse(argv: list[str]):
+    from app.cli import build_parser
+
+    return build_parser().parse_args(["simulate", *argv])
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_config_field_round_trips_through_the_cli(name):
+    import typing
+
+    alg = registry.get(name)
+    cls = alg.config
+    default = cls()
+    checked = {}
+    for field, info in cls.model_fields.items():
+        if typing.get_origin(info.annotation) is typing.Literal and \
+                len(typing.get_args(info.annotation)) == 1:
+            continue  # fixed, informational (FedMGS' privacy_preserving=False)
+        flag = "--" + {"center": "centre"}.get(field, field).replace("_", "-")
+        for value in _candidates(info.annotation, getattr(default, field)):
+            if value == getattr(default, field):
+                continue
+            for extra in ({}, {"link": "identity"}):  # rating_range none needs identity
+                try:
+                    want = cls(**{field: value, **extra})
+                except ValueError:
+                    continue
+                argv = ["--algorithm", name, flag, _text(value)]
+                for k, v in extra.items():
+                    argv += ["--" + k, _text(v)]
+                got = sim_cmd._config(alg, _parse(argv))
+                assert got == want, (flag, value)
+                assert getattr(got, field) == value, (flag, value)
+                checked.setdefault(field, []).append(value)
+                break
+    settable = [f for f, i in cls.model_fields.items()
+                if not (typing.get_origin(i.annotation) is typing.Literal
+                        and len(typing.get_args(i.annotation)) == 1)]
+    assert sorted(checked) == sorted(settable)  # every field got a non-default value
+    if name in ("rfrec", "rfrecf"):  # every arm of the union
+        assert {type(v) for v in checked["rating_range"]} == {tuple, type(None)}
+
+
+@pytest.mark.parametrize("spelling", ["0.5,5", "[0.5, 5]", "0.5 5", "(0.5,5)"])
+def test_rating_range_takes_a_pair_in_any_usual_spelling(spelling):
+    cfg = sim_cmd._config(registry.get("rfrec"),
+                          _parse(["--algorithm", "rfrec", "--rating-range", spelling]))
+    assert cfg.rating_range == (0.5, 5.0) and cfg.link == "sigmoid"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--algorithm", "rfrec", "--rating-range", "0.5"],
+     "argument --rating-range: expected A,B|tenant|none, got '0.5'"),
+    (["--algorithm", "rfrec", "--link", "tanh"],
+     "argument --link: expected one of identity, sigmoid, got 'tanh'"),
+    (["--algorithm", "fedmavg", "--centre", "maybe"],
+     "argument --centre: expected true or false, got 'maybe'"),
+    (["--algorithm", "fedmavg", "--center", "true"],
+     "unrecognized arguments: --center true"),
+    (["--algorithm", "fedmc-admm", "--rank", "2.5"],
+     "argument --rank: expected an integer, got '2.5'"),
+])
+def test_simulate_refuses_a_bad_value_naming_the_flag(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        _parse(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_value_the_config_refuses_names_the_flag(ratings_csv, capsys):
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec",
+                 "--alpha", "-1"]) == 2
+    assert "fedrec simulate: error: --alpha: Input should be greater than 0" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_preset_paper_starts_from_paper_settings(name):
+    alg = registry.get(name)
+    assert sim_cmd._config(alg, _parse(["--algorithm", name])) == alg.config()
+    assert sim_cmd._config(alg, _parse(["--algorithm", name, "--preset", "paper"])) == \
+        alg.config.paper_settings()
+    assert sim_cmd._config(alg, _parse(["--algorithm", name, "--preset", "paper",
+                                        "--rank", "7"])) == alg.config.paper_settings(rank=7)
+
+
+def test_preset_paper_differs_where_the_papers_do():
+    from algorithms.fedmc_admm import FedMCADMMConfig
+    from algorithms.rfrec import RFRecConfig
+
+    cfg = sim_cmd._config(registry.get("rfrec"), _parse(["--algorithm", "rfrec",
+                                                         "--preset", "paper"]))
+    assert (cfg.optimizer, cfg.link, cfg.alpha, cfg.iterations) == ("gd", "identity", 0.05,
+                                                                    100)
+    assert RFRecConfig().link == "sigmoid"
+    cfg = sim_cmd._config(registry.get("fedmc-admm"), _parse(["--preset", "paper"]))
+    assert (cfg.rank, cfg.u_anchor) == (5, "local") != (FedMCADMMConfig().rank, "global")
+
+
+def test_rfrec_iterations_are_the_default_rounds(tmp_path, ratings_csv):
+    out = tmp_path / "r.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec",
+                 "--clients", "4", "--iterations", "3", "--rating-range", "1,5",
+                 "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    assert report["rounds"] == 3 and len(report["rounds_detail"]) == 3
+    assert report["config"]["rating_range"] == [1.0, 5.0]
+    assert report["config"]["link"] == "sigmoid"
+    assert np.isfinite(report["final"]["test_rmse"])
+
+
+def _help(argv: list[str], capsys) -> str:
+    """``simulate --help`` on one line, from its option list (the usage lines dropped)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", *argv, "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    return text[text.index(" options: "):]
+
+
+def _shown_default(text: str, flag: str) -> str:
+    """The last "(default: X)" of ``flag``'s entry in one-line help text."""
+    import re
+
+    start = re.search(re.escape(flag) + r" [^-]", text)
+    assert start, flag
+    end = re.compile(r" --[a-z]").search(text, start.end())
+    entry = text[start.start():end.start() if end else len(text)]
+    return entry[entry.rindex("(default: ") + 10:].rsplit(")", 1)[0]
+
+
+def _flags(name: str) -> set[str]:
+    import typing
+
+    return {"--" + {"center": "centre"}.get(f, f).replace("_", "-")
+            for f, i in registry.get(name).config.model_fields.items()
+            if not (typing.get_origin(i.annotation) is typing.Literal
+                    and len(typing.get_args(i.annotation)) == 1)}
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_help_lists_only_the_chosen_algorithms_options_with_defaults(name, capsys):
+    import re
+
+    text = _help(["--algorithm", name], capsys)
+    default = registry.get(name).config()
+    others = set().union(*(_flags(n) for n in registry.names())) - _flags(name)
+    for flag in others:
+        assert not re.search(re.escape(flag) + r"(?![\w-])", text), flag
+    for field in registry.get(name).config.model_fields:
+        flag = "--" + {"center": "centre"}.get(field, field).replace("_", "-")
+        if flag not in _flags(name):
+            continue
+        assert _shown_default(text, flag) == _text(getattr(default, field)), flag
+    assert "--center" not in text  # one spelling: --centre
+    for flag in ("--clients", "--per-round", "--rounds", "--seed", "--preset", "--dp ",
+                 "--dp-clip", "--test-fraction", "--threshold"):
+        start = text.index(flag)
+        assert "default" in text[start:text.index(" --", start + 3)], flag
+
+
+def test_help_shows_the_presets_values(capsys):
+    text = _help(["--algorithm", "rfrec", "--preset", "paper"], capsys)
+    assert "(default: gd)" in text and "(default: 0.05)" in text
+    assert "--rounds T communication rounds T (default: iterations = 100)" in text
+    assert "--clients P number of tenants P, users split at random (default: 200)" in text
+
+
+# --- the README and --help agree --------------------------------------------------------------
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_table(header: str) -> list[list[str]]:
+    lines = README.read_text().splitlines()
+    start = lines.index(header) + 2
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def _readme_value(text: str, like):
+    if isinstance(like, bool):
+        return {"on": True, "off": False}[text]
+    if isinstance(like, int | float):
+        return type(like)(float(text))
+    return text
+
+
+def test_readme_fedmc_admm_table_equals_the_configs_and_help(capsys):
+    from algorithms.fedmc_admm import FedMCADMMConfig
+
+    rows = _readme_table("| field | default (recommended) | paper_settings() | meaning |")
+    rec, paper = FedMCADMMConfig(), FedMCADMMConfig.paper_settings()
+    text = _help(["--algorithm", "fedmc-admm"], capsys)
+    paper_text = _help(["--algorithm", "fedmc-admm", "--preset", "paper"], capsys)
+    seen = []
+    for fields, rec_text, paper_txt, _ in rows:
+        names = [f.strip() for f in fields.split(",")]
+        recs, papers = rec_text.split(","), paper_txt.split(",")
+        recs, papers = recs * (len(names) // len(recs)), papers * (len(names) // len(papers))
+        for f, r, p in zip(names, recs, papers, strict=True):
+            assert _readme_value(r.strip(), getattr(rec, f)) == getattr(rec, f), f
+            assert _readme_value(p.strip(), getattr(paper, f)) == getattr(paper, f), f
+            flag = "--" + f.replace("_", "-")
+            for shown, cfg in ((text, rec), (paper_text, paper)):
+                assert _shown_default(shown, flag) == _text(getattr(cfg, f)), flag
+            seen.append(f)
+    assert sorted(seen) == sorted(FedMCADMMConfig.model_fields)
+
+
+def test_readme_dp_options_equal_the_help(capsys):
+    import re
+
+    lines = README.read_text().splitlines()
+    start = lines.index("**Command line.** `fedrec simulate` takes these options:") + 1
+    block = "\n".join(lines[start:lines.index("", start)])
+    text = _help([], capsys)
+    flags = re.findall(r"`(--[a-z-]+)", block)
+    assert flags[0] == "--dp" and len(flags) >= 8
+    for flag in flags:
+        assert re.search(re.escape(flag) + r"(?![\w-])", text), flag
+    choices, default = re.search(r"`--dp \{([a-z,]+)\}` \(default `([a-z]+)`", block).groups()
+    assert f"--dp {{{choices}}}" in text
+    assert f"(default: {default})" in text[text.index("--dp {"):]
+    assert _parse([]).dp == default
+
+
+def test_readme_simulate_commands_parse():
+    """Every `fedrec simulate` command in the README is accepted (parsed, not run)."""
+    import shlex
+
+    text = README.read_text().replace("\\\n", " ")
+    commands = [line.strip() for line in text.splitlines()
+                if line.strip().startswith("fedrec simulate ")]
+    assert len(commands) >= 3
+    for command in commands:
+        argv = shlex.split(command.split("#")[0])[2:]
+        if "--help" in argv:
+            continue
+        args = _parse(argv)
+        sim_cmd._config(registry.get(args.algorithm), args)

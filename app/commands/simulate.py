@@ -5,11 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 import time
+import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from algorithms import registry
 from algorithms.base import default_select
@@ -27,23 +32,27 @@ from privacy.cli import (
 )
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
+PRESETS = ("recommended", "paper")
+#: one command-line spelling for fields two algorithms spell differently (FedMC-ADMM's
+#: ``centre``, FedMAvg/FedMGS's ``center``); no other spelling is accepted
+_FLAG_NAMES = {"center": "centre"}
 
 
-def _config_fields() -> dict[str, tuple[type, str]]:
-    """Every config field of every algorithm: flag name -> (type, help)."""
-    fields: dict[str, tuple[type, str]] = {}
-    for name in registry.names():
-        for fname, f in registry.get(name).config.model_fields.items():
-            ann = f.annotation
-            if typing.get_origin(ann) is typing.Literal and len(typing.get_args(ann)) == 1:
-                continue  # a fixed, informational field (FedMGS' privacy_preserving=False)
-            args = [a for a in typing.get_args(ann) if a is not type(None)]
-            typ = args[0] if typing.get_origin(ann) is not None and args else ann
-            typ = typ if typ in (int, float, str, bool) else str
-            helps = fields.get(fname, (typ, ""))[1]
-            text = f"{name}: {f.description or fname}"
-            fields[fname] = (typ, f"{helps}; {text}" if helps else text)
-    return fields
+def flag_of(field: str) -> str:
+    """The command-line flag of config field ``field`` (``inner_steps`` -> ``--inner-steps``)."""
+    field = _FLAG_NAMES.get(field, field)
+    return "--" + field.rstrip("_").replace("_", "-")
+
+
+def format_value(value: Any) -> str:
+    """``value`` in the syntax its flag parses (tuples as ``lo,hi``, None as ``none``)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(format_value(v) for v in value)
+    return str(value)
 
 
 def _bool(text: str) -> bool:
@@ -51,7 +60,169 @@ def _bool(text: str) -> bool:
         return True
     if text.lower() in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _scalar(typ: type) -> tuple[Callable[[str], Any], str]:
+    """Parser and metavar of a plain int / float / str / bool."""
+    if typ is bool:
+        return _bool, "{true,false}"
+    names = {int: "N", float: "X", str: "TEXT"}
+
+    def parse(text: str) -> Any:
+        try:
+            return typ(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if typ is int else 'a number'}, got {text!r}") from None
+    return parse, names.get(typ, "VALUE")
+
+
+def _tuple(items: tuple[type, ...]) -> tuple[Callable[[str], Any], str]:
+    """A fixed-length tuple, written ``a,b``, ``[a, b]``, ``(a, b)`` or ``'a b'``."""
+    parsers = [_scalar(t)[0] for t in items]
+
+    def parse(text: str) -> tuple:
+        body = text.strip()
+        if body[:1] in "[(" and body[-1:] in "])":
+            body = body[1:-1]
+        parts = [t for t in re.split(r"[,\s]+", body.strip()) if t]
+        if len(parts) != len(parsers):
+            raise argparse.ArgumentTypeError(
+                f"expected {len(parsers)} values as a,b (e.g. 0.5,5), got {text!r}")
+        return tuple(f(t) for f, t in zip(parsers, parts, strict=True))
+    return parse, ",".join("AB"[i] if len(items) == 2 else f"X{i + 1}"
+                           for i in range(len(items)))
+
+
+def converter(annotation: Any) -> tuple[Callable[[str], Any], str]:
+    """Parser of one command-line value for a config field's type, and its metavar.
+
+    Literals take their values, ``X | None`` also ``none``, tuples ``a,b``, and a union
+    tries its members in order (RFRec's rating_range: ``lo,hi``, ``tenant`` or ``none``).
+    """
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        values = {format_value(v): v for v in args}
+
+        def literal(text: str) -> Any:
+            if text not in values:
+                raise argparse.ArgumentTypeError(
+                    f"expected one of {', '.join(values)}, got {text!r}")
+            return values[text]
+        return literal, "{" + ",".join(values) + "}"
+    if origin is tuple:
+        return _tuple(args)
+    if origin in (typing.Union, types.UnionType):
+        nullable = type(None) in args
+        members = [converter(a) for a in args if a is not type(None)]
+
+        def union(text: str) -> Any:
+            if nullable and text.lower() == "none":
+                return None
+            for parse, _ in members:
+                try:
+                    return parse(text)
+                except argparse.ArgumentTypeError:
+                    continue
+            raise argparse.ArgumentTypeError(f"expected {metavar}, got {text!r}")
+        metavar = "|".join([m.strip("{}") for _, m in members] + (["none"] if nullable else []))
+        return union, metavar
+    return _scalar(annotation)
+
+
+def option_fields(cfg_cls: type) -> dict[str, Any]:
+    """The config fields a user can set: all but single-valued Literals, which are fixed
+    and informational (FedMGS' ``privacy_preserving=False``)."""
+    return {name: f for name, f in cfg_cls.model_fields.items()
+            if not (typing.get_origin(f.annotation) is typing.Literal
+                    and len(typing.get_args(f.annotation)) == 1)}
+
+
+def base_config(alg, preset: str):
+    """The config a run starts from: the recommended defaults, or ``paper_settings()``."""
+    return alg.config.paper_settings() if preset == "paper" else alg.config()
+
+
+def _scan(args: list[str], flag: str, default: str) -> str:
+    """The value of ``flag`` in raw arguments (before the full parser exists), else default."""
+    value = default
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def _add_algorithm_options(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """Second phase: add the options of the ``--algorithm`` in ``args`` (default fedmc-admm).
+
+    Options of the other algorithms are accepted only to refuse them by name.
+    """
+    if getattr(parser, "_fedrec_algorithm", None) is not None:
+        return
+    name = _scan(args, "--algorithm", DEFAULT_ALGORITHM)
+    name = name if name in registry.names() else DEFAULT_ALGORITHM
+    preset = _scan(args, "--preset", "recommended")
+    preset = preset if preset in PRESETS else "recommended"  # a bad one fails in phase two
+    alg = registry.get(name)
+    base = base_config(alg, preset)
+    parser._fedrec_algorithm = name
+    _add_run_options(parser, alg, base)
+    group = parser.add_argument_group(
+        f"options of --algorithm {name} (defaults: --preset {preset}; see another "
+        "algorithm's with --algorithm NAME --help)")
+    mine = set()
+    for fname, f in option_fields(alg.config).items():
+        parse, metavar = converter(f.annotation)
+        text = " ".join((f.description or fname).split())
+        # SUPPRESS: a field is in the namespace only when given (None is a value: "none")
+        group.add_argument(flag_of(fname), dest=f"cfg_{fname}", type=parse, metavar=metavar,
+                           default=argparse.SUPPRESS, help=f"{text} (default: "
+                           f"{format_value(getattr(base, fname))})".replace("%", "%%"))
+        mine.add(flag_of(fname))
+    owners: dict[str, list[str]] = {}
+    for other in registry.names():
+        for fname in option_fields(registry.get(other).config):
+            if flag_of(fname) not in mine:
+                owners.setdefault(flag_of(fname), []).append(other)
+    for flag, algs in owners.items():
+        parser.add_argument(flag, dest=f"foreign_{flag[2:]}", action=_Foreign,
+                            algorithm=name, owners=algs, help=argparse.SUPPRESS)
+
+
+class _Foreign(argparse.Action):
+    """An option of another algorithm: refused with a message naming both."""
+
+    def __init__(self, option_strings, dest, algorithm: str, owners: list[str], **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.algorithm, self.owners = algorithm, owners
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} not an option of {self.algorithm} (it is an option "
+                     f"of {', '.join(self.owners)})")
+
+
+def _add_run_options(parser: argparse.ArgumentParser, alg, base) -> None:
+    """--clients, --per-round and --rounds, whose defaults are the algorithm's."""
+    defaults = alg.run_defaults
+    rounds = (f"sweeps + 1 = {base.sweeps + 1}" if "sweeps" in type(base).model_fields else
+              f"iterations = {base.iterations}" if "iterations" in type(base).model_fields
+              else str(defaults["rounds"]))
+    g = parser.add_argument_group(f"run (defaults: {alg.name}'s recommended run)")
+    g.add_argument("--clients", type=int, metavar="P",
+                   help=f"number of tenants P, users split at random (default: "
+                        f"{defaults['clients']})")
+    g.add_argument("--per-round", type=int, metavar="K",
+                   help=f"tenants per round K, 0: all (default: {defaults['per_round']})")
+    g.add_argument("--rounds", type=int, metavar="T",
+                   help=f"communication rounds T (default: {rounds})")
+
+
+DEFAULT_ALGORITHM = "fedmc-admm"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,36 +230,49 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("--data", type=Path, default=None,
                    help="ratings file: MovieLens u.data, ML-1M '::' or CSV user,item,rating "
-                        "(gz accepted), or 'synthetic'; default: ml-100k/u.data under "
-                        "$FEDREC_DATA_DIR, else synthetic")
-    p.add_argument("--algorithm", default="fedmc-admm", choices=registry.names())
-    p.add_argument("--clients", type=int, help="number of tenants P (users split at random)")
-    p.add_argument("--per-round", type=int, help="tenants per round K (0: all)")
-    p.add_argument("--rounds", type=int, help="communication rounds T")
-    p.add_argument("--seed", type=int, default=0, help="seed of the split, init and sampling")
-    p.add_argument("--test-fraction", type=float, default=0.2)
+                        "(gz accepted), or 'synthetic' (default: ml-100k/u.data under "
+                        "$FEDREC_DATA_DIR, else synthetic)")
+    p.add_argument("--algorithm", default=DEFAULT_ALGORITHM, choices=registry.names(),
+                   help=f"the algorithm; --help after it lists its options (default: "
+                        f"{DEFAULT_ALGORITHM})")
+    p.add_argument("--preset", choices=PRESETS, default="recommended",
+                   help="starting config: 'recommended' (validated defaults) or 'paper' "
+                        "(the paper's literal settings, paper_settings()); the algorithm's "
+                        "options override it (default: recommended)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the split, init and sampling (default: 0)")
+    p.add_argument("--test-fraction", type=float, default=0.2,
+                   help="share of ratings held out for testing (default: 0.2)")
     p.add_argument("--threshold", type=float, default=3.5,
-                   help="binary algorithms: a rating >= threshold is a positive (paper: 3.5)")
-    p.add_argument("--json", type=Path, help="write config, per-round figures and results here")
+                   help="binary algorithms: a rating >= threshold is a positive (default: "
+                        "3.5, the paper's)")
+    p.add_argument("--json", type=Path, help="write config, per-round figures and results "
+                                             "here (default: none)")
     p.add_argument("--quiet", action="store_true", help="no per-round table")
-    group = p.add_argument_group("algorithm options (default: the algorithm's recommended "
-                                 "setting)")
-    for fname, (typ, text) in sorted(_config_fields().items()):
-        flag = "--" + fname.rstrip("_").replace("_", "-")
-        group.add_argument(flag, dest=f"cfg_{fname}", type=_bool if typ is bool else typ,
-                           default=None, help=text.replace("%", "%%"))
     add_privacy_arguments(p)
     add_dp_arguments(p, default="none")
+    if hasattr(p, "late_options"):
+        p.late_options = _add_algorithm_options
+    else:  # a plain parser (not fedrec's CLI): the default algorithm's options
+        _add_algorithm_options(p, [])
     p.set_defaults(func=run)
 
 
 def _config(alg, args: argparse.Namespace):
-    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_") and v is not None}
-    unknown = sorted(set(given) - set(alg.config.model_fields))
-    if unknown:
-        flags = ", ".join("--" + u.rstrip("_").replace("_", "-") for u in unknown)
-        raise ValueError(f"{flags} not an option of {alg.name}")
-    return alg.config(**given)
+    """The run's config: the ``--preset`` with the given options replacing its fields.
+
+    A value the config refuses is reported naming its flag.
+    """
+    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    preset = getattr(args, "preset", "recommended")
+    try:
+        return (alg.config.paper_settings(**given) if preset == "paper"
+                else alg.config(**given))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err["loc"] else ""
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{flag_of(field)}: {msg}" if field else msg) from None
 
 
 def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
@@ -138,6 +322,8 @@ def run(args: argparse.Namespace) -> int:
                for k in _RUN_FLAGS}
     if args.rounds is None and "sweeps" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.sweeps + 1  # the sweeps, then every user re-solved on V
+    elif args.rounds is None and "iterations" in type(cfg).model_fields:
+        run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
     ratings, data = _load(args.data, args.seed)
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction)
     rating_fed = fed
