@@ -208,6 +208,32 @@ def _privatize_bits(upload: Message, spec: DPSpec, rng: np.random.Generator
     return upload.replace(**noisy), event_for(spec, d)
 
 
+def release(upload: Message, spec: DPSpec, account: Hashable, ledger: Ledger,
+            rng: np.random.Generator, round_: int, private_algorithm: bool = True
+            ) -> tuple[Message | None, Event | None, str | None]:
+    """Check, privatise, charge: one transmission of a tenant (the tenant unit).
+
+    Refused, with the reason, when the account cannot afford it (a transmission without a
+    DP guarantee needs the tenant's ``allow_not_private`` opt-in and costs epsilon =
+    infinity, see :func:`transmission_event`); else privatised with ``rng`` and charged to
+    ``ledger`` before it is returned. Returns (upload as sent, event charged, refusal).
+    """
+    event = transmission_event(spec, n_entries(upload), private_algorithm)
+    if not ledger.can_afford(account, event):
+        if event.mechanism == NOT_PRIVATE.mechanism:
+            return None, None, (f"refused in round {round_}: the tenant did not opt in to "
+                                "non-private training (allow_non_private is false)")
+        spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
+        return None, None, (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, "
+                            f"one more transmission would exceed epsilon_max {cap:.4g}")
+    sent = upload
+    if spec.mechanism != "none":
+        sent, noised = privatize(upload, spec, rng)
+        event = event if event.mechanism == NOT_PRIVATE.mechanism else noised
+    ledger.charge(account, event, round_)
+    return sent, event, None
+
+
 class DPPrivatizer:
     """The simulator's / service's ``privatizer(upload, client, round_)``.
 
@@ -223,13 +249,12 @@ class DPPrivatizer:
     def __call__(self, upload: Message, client: int, round_: int) -> Message | None:
         if self.spec.mechanism == "none":
             return upload
-        event = event_for(self.spec, n_entries(upload))
-        if str(client) in self.ledger.stopped() or not self.ledger.can_afford(client, event):
-            self.ledger.stop(client, round_)
+        if str(client) in self.ledger.stopped():
             return None
-        noisy, event = privatize(upload, self.spec,
-                                 client_noise_rng(self.seed, round_, client))
-        self.ledger.charge(client, event, round_)
+        noisy, _, refused = release(upload, self.spec, client, self.ledger,
+                                    client_noise_rng(self.seed, round_, client), round_)
+        if refused is not None:
+            self.ledger.stop(client, round_)
         return noisy
 
     def check_plan(self, plan: Mapping[Hashable, int], n_entries: int | None = None) -> None:

@@ -48,8 +48,7 @@ from app.training.forget import forgotten_since, scrub_job_clients, without_forg
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
 from privacy import user_level
-from privacy.accountant import NONE
-from privacy.wrapper import DPSpec, n_entries, privatize, transmission_event
+from privacy.wrapper import DPSpec, release
 
 TASK_START = queue.TRAINING_START_ROUND
 TASK_CLIENT = queue.TRAINING_CLIENT_STEP
@@ -156,28 +155,17 @@ def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
 def _privatise(s: Session, job: TrainingJob, alg: Algorithm, tenant_id: int, client: int,
                round_: int, upload: Message
                ) -> tuple[Message | None, list | None, str | None]:
-    """(upload as sent, ledger event, refusal reason) for one transmission of a tenant.
-
-    Every transmission is charged, one without a DP guarantee too (epsilon = infinity,
-    only with the tenant's ``allow_non_private`` opt-in). The tenant row is locked so two
-    jobs cannot both spend the last of its budget.
+    """(upload as sent, ledger event, refusal reason) for one transmission of a tenant:
+    :func:`privacy.wrapper.release` on the tenant's ledger, every transmission charged
+    (one without a DP guarantee too: epsilon = infinity, only with the tenant's opt-in).
+    The tenant row is locked so two jobs cannot both spend the last of its budget.
     """
-    spec = DPSpec(**job.dp)
-    s.execute(sa.select(Tenant.id).where(Tenant.id == tenant_id).with_for_update())
-    ledger = load_ledger(s, [tenant_id])
-    event = transmission_event(spec, n_entries(upload), alg.privacy_preserving)
-    if not ledger.can_afford(tenant_id, event):
-        if event.mechanism == NONE:
-            return None, None, (f"refused in round {round_}: the tenant did not opt in to "
-                                "non-private training (allow_non_private is false)")
-        spent = ledger.spent(tenant_id).epsilon
-        cap = ledger.budget(tenant_id).epsilon_max
-        return None, None, (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, "
-                            f"one more transmission would exceed epsilon_max {cap:.4g}")
-    if spec.mechanism == "none":
-        return upload, event.as_list(), None
-    noisy, noised = privatize(upload, spec, client_noise_rng(job.seed, round_, client))
-    return noisy, (event if event.mechanism == NONE else noised).as_list(), None
+    _lock_tenants(s, [tenant_id])
+    sent, event, refused = release(upload, DPSpec(**job.dp), tenant_id,
+                                   load_ledger(s, [tenant_id]),
+                                   client_noise_rng(job.seed, round_, client), round_,
+                                   alg.privacy_preserving)
+    return sent, None if event is None else event.as_list(), refused
 
 
 def _lock_tenants(s: Session, tenant_ids: list[int]) -> None:
