@@ -30,7 +30,13 @@ import numpy as np
 
 from algorithms import dpals
 from algorithms.data import build_federation, federation_from_tenants, load_movielens
-from bench._dp_references import CENTRAL_ALS, CENTRAL_SWEEPS, bias_only, centralised_rmse, tenant_unit_rmse
+from bench._dp_references import (
+    CENTRAL_ALS,
+    CENTRAL_SWEEPS,
+    bias_only,
+    centralised_rmse,
+    tenant_unit_rmse,
+)
 from bench._experiment import comparison, parser, run_time, save_figure, write_result
 from bench.dpals_validate import run_dpals
 
@@ -236,7 +242,8 @@ def _plot(runs: list[dict[str, Any]], refs: dict[str, Any], data: str, size: str
         if off:
             label += "\n(triangles: above the axis, value beneath)"
         if inside:
-            ax.plot(*zip(*inside), fmt, c=colour, label=label)
+            ax.plot([p[0] for p in inside], [p[1] for p in inside], fmt, c=colour,
+                    label=label)
         if off:  # upward triangles on the top edge, each value written under it
             ax.plot([p[0] for p in off], [top] * len(off), "^", c=colour, ms=8,
                     clip_on=False, label=None if inside else label)
