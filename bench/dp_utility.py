@@ -20,6 +20,7 @@ tenants with N ratings (default Netflix's 100,480,507; as ``bench/scale.py`` doe
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import tempfile
@@ -115,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-epsilons", type=float, nargs="*", default=None,
                     help="epsilons also run with the small-epsilon setting (default 1, "
                     "netflix-synthetic none)")
+    ap.add_argument("--replot", action="store_true",
+                    help="only redraw <out>/dp_utility[_DATA].png from its JSON")
     args = ap.parse_args(argv)
+    if args.replot:
+        return _replot(args.out, args.data)
     netflix = args.data == "netflix-synthetic"
     data = args.data if netflix else "ml-100k" if args.quick else args.data
     if args.quick:
@@ -189,6 +194,19 @@ def main(argv: list[str] | None = None) -> int:
             path = written.replace(args.out / f"{stem}.json")
     _plot(runs, refs, data, _size(fed), args.clients, args.out / f"{stem}.png")
     print(f"wrote {path}")
+    return 0
+
+
+def _replot(out: Path, data: str) -> int:
+    """Redraw the figure of an earlier run from its result file (no training)."""
+    stem = "dp_utility" if data == "ml-1m" else f"dp_utility_{data}"
+    doc = json.loads((out / f"{stem}.json").read_text())
+    n = doc["size"]
+    size = (f"{n['users']:,} users, {n['items']:,} items, "
+            f"{n['train_ratings'] + n['test_ratings']:,} ratings")
+    _plot(doc["runs"], doc["references"], doc["data"], size, doc["clients"],
+          out / f"{stem}.png")
+    print(f"wrote {out / stem}.png")
     return 0
 
 
@@ -270,8 +288,9 @@ def _plot(runs: list[dict[str, Any]], refs: dict[str, Any], data: str, size: str
     ax.minorticks_off()
     ax.set_xlabel("epsilon (delta 1e-6)")
     ax.set_ylabel("test RMSE (lower is better)")
-    ax.set_title(f"DPALS on {data} ({size}),\n{clients} tenants, delta 1e-6, "
-                 "80/20 split", fontsize=9)
+    seeds = len(runs[0]["rmse"])
+    ax.set_title(f"DPALS on {data} ({size}),\n{clients} tenants, delta 1e-6, 80/20 split, "
+                 f"test RMSE (mean of {seeds} run seed{'s' if seeds > 1 else ''})", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)
     save_figure(fig, path)
