@@ -4,9 +4,13 @@ MovieLens 1M (``--data ml-100k`` for the small set), 80/20 split seed 0, 100 ten
 delta 1e-6, DPALS at its defaults (tuned on a validation carve-out of the training set by
 ``bench/dpals_validate.py``, never on the test ratings). One noise-free run, then per
 target epsilon one run with the noise added once to the sum of the tenants' bounded uploads
-(placement ``central``) and, at ``--tenant-epsilon``, one with each tenant noising its own
-upload (placement ``tenant``, T times the variance). Run seeds vary the initial V and the
-noise; the split stays seed 0. Reference: the global mean of the training ratings.
+(placement ``central``), at each ``--tenant-epsilon`` one with each tenant noising its own
+upload (placement ``tenant``, T times the variance), and at each ``--tenant-unit-epsilons``
+one under the tenant unit (the ``--dp gaussian`` wrapper); all three default to the
+``--epsilons``. Run seeds vary the initial V and the noise; the split stays seed 0.
+References (``bench/_dp_references.py``, drawn as horizontal lines): centralised ALS at
+its tuned setting, a bias-only model, and the global mean of the training ratings.
+``--replot`` redraws the figure from the result file.
 
     fedrec bench dp_utility --epsilons 0.5 1 2 4 8 16 --seeds 3
 
