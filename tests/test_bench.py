@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from algorithms.data import data_dir
@@ -84,3 +85,39 @@ def test_unknown_experiment_is_refused_with_the_choices():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "unknown experiment 'nope'; choose from:" in run.stderr
+
+
+def test_dp_utility_netflix_synthetic_quick(tmp_path):
+    """The Netflix-shaped option: 17,770 items, its noise-free and epsilon-1 runs, and the
+    ratio of their RMSEs (what the issue's 3% target is about)."""
+    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", "dp_utility", "--data",
+                          "netflix-synthetic", "--quick", "--out", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    doc = json.loads((tmp_path / "dp_utility.json").read_text())
+    assert doc["data"] == "netflix-synthetic" and doc["quick"] is True
+    assert doc["size"]["users"] == 20_000 and doc["size"]["items"] == 17_770
+    assert doc["size"]["train_ratings"] + doc["size"]["test_ratings"] == 400_000
+    by = {(r["epsilon"], r["placement"]): r["mean"] for r in doc["runs"]}
+    assert set(by) == {(None, "none"), (1.0, "central")}
+    assert doc["rmse_ratio_eps1"] == pytest.approx(by[1.0, "central"] / by[None, "none"])
+    assert doc["references"]["centralised_als"] is None  # no tuned setting for this set
+    assert (tmp_path / "dp_utility.png").stat().st_size > 0
+
+
+def test_bias_only_reference_matches_least_squares():
+    """fit_biases against the ridge normal equations solved directly."""
+    from bench._dp_references import fit_biases
+
+    rng = np.random.default_rng(3)
+    users, items = rng.integers(0, 7, 60), rng.integers(0, 5, 60)
+    values = rng.integers(1, 6, 60).astype(float)
+    mu, b, c = fit_biases(users, items, values, 8, 5, lam=2.0, sweeps=500)
+    design = np.zeros((60, 13))
+    design[np.arange(60), users] = 1.0
+    design[np.arange(60), 8 + items] = 1.0
+    coef = np.linalg.solve(design.T @ design + 2.0 * np.eye(13),
+                           design.T @ (values - values.mean()))
+    assert mu == pytest.approx(values.mean())
+    np.testing.assert_allclose(np.concatenate([b, c]), coef, atol=1e-8)
+    assert b[7] == 0.0  # a user without ratings keeps bias 0
