@@ -70,7 +70,9 @@ def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = 
     report["stopped_tenants"] = {t: why for t, why in (job.stopped_tenants or {}).items()
                                  if int(t) in ids}
     lifetime = load_ledger(s, ids)
-    report["lifetime"] = {t: _lifetime(lifetime, t) for t in lifetime.tenants()}
+    units = _units(s, ids)
+    report["lifetime"] = {t: {**_lifetime(lifetime, t), "unit": units.get(t, "tenant")}
+                          for t in lifetime.tenants()}
     report.pop("budget_epsilon_max", None)  # the lifetime section states budgets per tenant
     return report
 
@@ -93,6 +95,16 @@ def _not_private_report(spec: DPSpec, job: TrainingJob, ledger) -> dict[str, Any
             "epsilon_per_tenant": {t: _eps(sp.epsilon) for t, sp in spends.items()},
             "epsilon_max": _eps(max((sp.epsilon for sp in spends.values()), default=0.0)),
             "transmissions_per_tenant": {t: sp.transmissions for t, sp in spends.items()}}
+
+
+def _units(s: Session, tenant_ids: list[int]) -> dict[str, str]:
+    """The unit each tenant's lifetime spend is a guarantee for: "user" once any release
+    charged to it protected users only (composed with tenant-level charges that is still
+    a user-level bound, but no longer one for the tenant's whole block), else "tenant"."""
+    rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.event)
+                     .where(LedgerEntry.tenant_id.in_(tenant_ids))).all()
+    return {str(t): "user" for t, e in rows
+            if user_level.is_user_level((e or {}).get("dp") or {})}
 
 
 def _lifetime(ledger, tenant: str) -> dict[str, Any]:

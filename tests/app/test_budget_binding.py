@@ -98,7 +98,7 @@ def test_an_opted_in_noise_free_job_is_charged_infinity_and_ends_dp_for_the_tena
     assert privacy["epsilon_per_tenant"] == {str(a): "infinity", str(b): "infinity"}
     assert privacy["lifetime"][str(a)] | {"delta": None} == {
         "epsilon_spent": "infinity", "epsilon_max": 10.0, "epsilon_remaining": 0.0,
-        "delta": None, "private": False, "allow_non_private": True}
+        "delta": None, "private": False, "allow_non_private": True, "unit": "tenant"}
     own = client.get(f"/tenants/{a}/report", headers={"Authorization": f"Bearer {key}"})
     assert own.status_code == 200, own.text
     assert own.json()["privacy"]["guarantee"] == "not private (epsilon = infinity)"

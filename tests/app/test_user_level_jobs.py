@@ -199,3 +199,21 @@ def test_a_job_that_names_no_privacy_protects_users_at_epsilon_8(env):
                                              "rounds": 1})
     assert other.status_code == 202, other.text
     assert (other.json()["dp"]["mechanism"], other.json()["dp"]["unit"]) == ("gaussian", "tenant")
+
+
+def test_the_lifetime_budget_says_which_unit_it_covers(env):
+    """Once a user-level release is charged, a tenant's lifetime spend is a bound for its
+    users, not for its whole block: the report says so; a tenant-unit-only tenant says
+    "tenant"."""
+    _, client = env
+    (a, _), (b, _) = make_tenants(client, n=2, allow_non_private=False)
+    dp_job = client.post("/admin/jobs", json={
+        "algorithm": "fedmc-admm", "config": {"rank": 2}, "rounds": 1, "tenant_ids": [a, b],
+        "dp": {"mechanism": "gaussian", "noise_multiplier": 5.0}}).json()
+    assert wait_job(client, dp_job["id"])["status"] == "completed"
+    lifetime = client.get(f"/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
+    assert lifetime[str(a)]["unit"] == lifetime[str(b)]["unit"] == "tenant"
+    user_job = submit(client, tenant_ids=[a])
+    assert wait_job(client, user_job.json()["id"])["status"] == "completed"
+    lifetime = client.get(f"/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
+    assert (lifetime[str(a)]["unit"], lifetime[str(b)]["unit"]) == ("user", "tenant")
