@@ -18,16 +18,13 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "upload-memory-benchmark-token-0123456789abcdef"
 PORT = 8931
 
@@ -54,23 +51,13 @@ def proc_status(pid: int) -> dict[str, int]:
 
 
 def start(tmp: Path) -> subprocess.Popen:
+    """One uvicorn process on a fresh SQLite database (the upload benchmark's launcher)."""
     from app.db import migrate
+    from bench.upload_ratings import start_server
 
     url = f"sqlite:///{tmp}/mem.db"
     migrate(url)
-    env = {**os.environ, "DATABASE_URL": url, "FEDREC_ADMIN_TOKEN": TOKEN}
-    env.pop("REDIS_URL", None)
-    env.pop("FEDREC_BROKER_URL", None)
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "--factory",
-                               "app.main:create_app", "--host", "127.0.0.1", "--port",
-                               str(PORT), "--log-level", "warning"], cwd=ROOT, env=env)
-    for _ in range(200):
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/health").status_code == 200:
-                return server
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError("the server did not start")
+    return start_server(url, TOKEN, PORT)
 
 
 def tenant(client: httpx.Client, name: str) -> tuple[int, str]:
