@@ -44,7 +44,6 @@ sum is handed on; a tenant that cannot afford a release is left out of it.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -244,7 +243,7 @@ def from_settings(dp: Mapping[str, Any]) -> UserLevelSpec:
 def release_event(spec: UserLevelSpec, index: int) -> Event:
     """The event of release ``index`` (0-based) of the planned schedule; beyond the plan,
     the last one's."""
-    events = _schedule(spec)
+    events = spec.schedule()  # a few milliseconds: solved again rather than cached
     return events[min(index, len(events) - 1)]
 
 
@@ -293,12 +292,6 @@ def release_sum(spec: UserLevelSpec, bounds: UserBounds, uploads: Mapping[Any, M
     return noisy, {a: event for a in kept}, refused
 
 
-@functools.lru_cache(maxsize=64)
-def _schedule(spec: UserLevelSpec) -> tuple[Event, ...]:
-    """The planned events (solving the noise is a bisection: computed once per spec)."""
-    return tuple(spec.schedule())
-
-
 class UserLevelPrivatizer:
     """Check budget, privatise, charge for a user-level run.
 
@@ -316,7 +309,7 @@ class UserLevelPrivatizer:
                              f"algorithm's user sampling rate {bounds.sample_rate}")
         self.spec, self.bounds, self.seed = spec, bounds, int(seed)
         self.z = spec.noise_multiplier()
-        self.plan = list(_schedule(spec))
+        self.plan = spec.schedule()
         if ledger is None:
             budget = Budget(spec.epsilon, spec.delta)
             ledger = Ledger.open({i: budget for i in range(n_clients)})
@@ -382,14 +375,11 @@ class UserLevelPrivatizer:
                               "noise_std": self.stds(index), "tenants": len(clients)})
 
     def report(self) -> dict[str, Any]:
-        """JSON-ready summary: unit, placement, epsilon spent, delta, accounting, releases."""
-        eps = {t: self.ledger.spent(t).epsilon for t in self.ledger.tenants()}
-        return {
-            "mechanism": "gaussian", "unit": "user", "unit_detail": UNIT_USER,
-            "placement": self.spec.placement, "target_epsilon": self.spec.epsilon,
-            "epsilon_max": max(eps.values(), default=0.0), "delta": self.spec.delta,
-            "accounting": ACCOUNTING_USER, "noise_multiplier": self.z,
-            "release_growth": self.spec.release_growth,
+        """JSON-ready summary: :func:`release_report` (unit, placement, adversary, epsilon
+        spent, delta, accounting) with this run's noise, bounds and releases."""
+        out = release_report(self.spec, self.ledger, [])
+        out.update({
+            "noise_multiplier": self.z, "release_growth": self.spec.release_growth,
             "planned_noise_multipliers": [e.noise_multiplier for e in self.plan],
             "sample_rate": self.spec.sample_rate, "gram_share": self.spec.gram_share,
             "sensitivity": {"gram": gram_sensitivity(self.bounds),
@@ -399,4 +389,5 @@ class UserLevelPrivatizer:
                        "rating_bound": self.bounds.rating_bound},
             "noise_std": self.stds(0), "releases": self.releases,
             "stopped": self.ledger.stopped(),
-        }
+        })
+        return out
