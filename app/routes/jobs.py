@@ -10,7 +10,6 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, 
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
-from algorithms import registry
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.models import Tenant
 from app.schemas import Offset, PathId
@@ -27,15 +26,7 @@ from app.training.jobs import (
 from app.training.models import TrainingJob
 from app.training.runner import resume_job as resume
 from app.training.runner import start_job
-from app.training.schemas import (
-    DPSettings,
-    JobCreate,
-    JobPlanPublic,
-    JobPublic,
-    JobReport,
-    JobsPublic,
-    PrivacySettings,
-)
+from app.training.schemas import JobCreate, JobPlanPublic, JobPublic, JobReport, JobsPublic
 
 router = APIRouter(prefix="/admin/jobs", tags=["admin: training"], responses=errors(401))
 JOB_NOT_FOUND = "Training job not found"
@@ -54,28 +45,16 @@ def _job(session, job_id: int) -> TrainingJob:
     return job
 
 
-def _privacy_settings(body: JobCreate) -> dict:
+def _privacy_settings(body: JobCreate) -> dict | None:
     """The job's privacy request: ``privacy`` (user unit) or ``dp`` (tenant unit) as given;
-    with neither, the user unit when the algorithm can bound a user, else the tenant unit's
-    default (an unknown algorithm is refused later, naming it)."""
+    None for neither (the default is chosen with the algorithm's config, see
+    :func:`app.training.jobs.create_job`)."""
     if body.dp is not None:
         return body.dp.model_dump(exclude_none=True)
-    privacy = body.privacy
-    if privacy is None:
-        try:
-            bounded = registry.user_bounds(body.algorithm, registry.get(body.algorithm).config(
-                **body.config)) is not None
-        except (KeyError, ValueError):  # reported by create_job, naming the field
-            bounded = False
-        if not bounded:
-            return DPSettings(noise_multiplier=1.0).model_dump(exclude_none=True)
-        privacy = PrivacySettings(target_epsilon=DEFAULT_EPSILON)
-    return {"unit": privacy.unit, "placement": privacy.placement,
-            "epsilon": privacy.target_epsilon, "delta": privacy.delta}
-
-
-#: the target of a job that names no privacy: user level, as DPALS meets it on MovieLens
-DEFAULT_EPSILON = 8.0
+    if body.privacy is None:
+        return None
+    return {"unit": body.privacy.unit, "placement": body.privacy.placement,
+            "epsilon": body.privacy.target_epsilon, "delta": body.privacy.delta}
 
 
 REPLAYED = {200: {"model": JobPublic | JobPlanPublic,

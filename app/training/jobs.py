@@ -44,7 +44,9 @@ class JobSpec:
     per_round: int
     seed: int
     config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    dp: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: tenant unit (DPSpec fields), user unit (``unit: user``, placement, epsilon, delta)
+    #: or None: the default of :func:`_default_privacy`
+    dp: dict[str, Any] | None = None
     test_fraction: float = 0.2
     allow_not_private: bool = False
     parent_job_id: int | None = None
@@ -62,7 +64,8 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "rating models")
     try:
         cfg = alg.config(**spec.config)
-        dp = spec.dp if user_level.is_user_level(spec.dp) else DPSpec(**spec.dp)
+        request = _default_privacy(alg, cfg) if spec.dp is None else spec.dp
+        dp = request if user_level.is_user_level(request) else DPSpec(**request)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
@@ -78,6 +81,22 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "uploads are not sums of per-user bounded terms); use dpals, or "
                               "the tenant unit through dp")
     return alg, cfg, dp
+
+
+#: a job that names no privacy: users protected at this target, as DPALS meets it on
+#: MovieLens (central placement, delta 1e-6)
+DEFAULT_USER_PRIVACY = {"unit": user_level.USER, "placement": "central", "epsilon": 8.0,
+                        "delta": 1e-6}
+#: ... and, for an algorithm that cannot bound a user, the tenant unit's default noise
+DEFAULT_TENANT_DP = {"mechanism": "gaussian", "noise_multiplier": 1.0}
+
+
+def _default_privacy(alg: Algorithm, cfg: Any) -> dict[str, Any]:
+    """The privacy of a job that names none: the user unit when the algorithm can bound a
+    user, else the tenant unit's default."""
+    if registry.user_bounds(alg.name, cfg) is not None:
+        return dict(DEFAULT_USER_PRIVACY)
+    return dict(DEFAULT_TENANT_DP)
 
 
 def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
@@ -217,10 +236,12 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
         events = list(planned.schedule())
     except ValidationError as exc:
         first = exc.errors()[0]
-        field = {"epsilon": "target_epsilon"}.get(str(first["loc"][0]) if first["loc"] else "",
-                                                  str(first["loc"][0]) if first["loc"] else "")
         msg = first["msg"].removeprefix("Value error, ")
-        raise JobRefused(422, f"invalid privacy.{field or 'delta'}: {msg}") from None
+        # a field's own error has its name in loc; the spec's cross-field checks (delta
+        # against the number of users) name the field first in the message
+        name = str(first["loc"][0]) if first["loc"] else msg.split()[0]
+        field = {"epsilon": "target_epsilon"}.get(name, name)
+        raise JobRefused(422, f"invalid privacy.{field}: {msg}") from None
     try:
         projected = check_schedule(load_ledger(s, spec.tenant_ids), spec.tenant_ids, events)
     except BudgetExceeded as exc:
