@@ -501,13 +501,6 @@ def validate(raw: RawRows, scale: tuple[float, float]) -> Batch:
     return batch
 
 
-def unknown_item_errors(batch: Batch, known: Iterable[str]) -> list[RowError]:
-    """One error per row whose item is not in the catalogue ``known``."""
-    known = set(known)
-    return [RowError(line, "item", f"item {item!r} is not in the catalogue")
-            for line, item in zip(batch.lines, batch.items, strict=True) if item not in known]
-
-
 class UnsupportedMediaType(Exception):
     """The upload is neither JSON nor CSV."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
 import re
 
@@ -16,10 +17,10 @@ from app.ingest import (
     UploadRejected,
     _validate_rows,
     check_rows,
+    collect,
     parse_body,
     parse_csv,
     parse_json,
-    unknown_item_errors,
     validate,
 )
 
@@ -106,10 +107,10 @@ def test_unknown_json_fields_and_invalid_utf8_are_rejected():
 
 
 def test_unknown_items_are_reported_per_row():
-    batch = validate(parse_csv(b"u,1,4\nu,2,4\nv,2,4\n"), SCALE)
-    assert unknown_item_errors(batch, {"1"}) == [
+    collected = collect(io.BytesIO(b"u,1,4\nu,2,4\nv,2,4\n"), "text/csv", SCALE)
+    assert collected.with_unknown_items({"1"}) == ([
         RowError(2, "item", "item '2' is not in the catalogue"),
-        RowError(3, "item", "item '2' is not in the catalogue")]
+        RowError(3, "item", "item '2' is not in the catalogue")], 2)
 
 
 def test_media_type_selects_the_parser():
