@@ -99,6 +99,18 @@ def _default_privacy(alg: Algorithm, cfg: Any) -> dict[str, Any]:
     return dict(DEFAULT_TENANT_DP)
 
 
+def _public_scale(alg: Algorithm, cfg: Any, request: dict[str, Any],
+                  scale: tuple[float, float]) -> Any:
+    """``cfg`` with the tenants' declared rating scale as its public scale, for a config
+    that takes one (DPALS: ``scale_min``/``scale_max`` set its centre and rating clip, and
+    so the per-user sensitivity) and was not given one: the declared scales are public,
+    the data's own range is not."""
+    fields = ("scale_min", "scale_max")
+    if not set(fields) <= set(type(cfg).model_fields) or set(fields) & set(request):
+        return cfg
+    return alg.config(**{**request, "scale_min": scale[0], "scale_max": scale[1]})
+
+
 def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
                                                                  list[np.ndarray], np.ndarray]:
     """Every tenant's ratings, sorted by (user, item) so the split is reproducible."""
@@ -136,6 +148,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
     blocks, user_keys, item_ids = _snapshot_blocks(s, tenants)
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
+    cfg = _public_scale(alg, cfg, spec.config, scale)
     fed = federation_from_tenants(blocks, user_keys, item_ids, spec.seed, spec.test_fraction,
                                   scale)
     server, glob, locals_ = initialise(alg, cfg, fed.train, spec.seed)

@@ -217,3 +217,17 @@ def test_the_lifetime_budget_says_which_unit_it_covers(env):
     assert wait_job(client, user_job.json()["id"])["status"] == "completed"
     lifetime = client.get(f"/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
     assert (lifetime[str(a)]["unit"], lifetime[str(b)]["unit"]) == ("user", "tenant")
+
+
+def test_a_user_level_job_takes_the_tenants_declared_scale_as_its_public_scale(env):
+    """DPALS's centre and rating clip (and so the per-user sensitivity) come from the
+    tenants' declared scale, not from the 1-5 default: on a 0-10 scale nothing is clipped
+    away. A scale given in the config is kept."""
+    _, client = env
+    make_tenants(client, n=2, allow_non_private=False, rating_min=0.0, rating_max=10.0)
+    job = wait_job(client, submit(client).json()["id"])
+    assert job["status"] == "completed", job
+    assert (job["config"]["scale_min"], job["config"]["scale_max"]) == (0.0, 10.0)
+    given = submit(client, config={**CONFIG, "scale_min": 1.0, "scale_max": 5.0}).json()
+    assert (given["config"]["scale_min"], given["config"]["scale_max"]) == (1.0, 5.0)
+    assert wait_job(client, given["id"])["status"] == "completed"
