@@ -23,6 +23,9 @@ class Message:
     """Base class of all messages. Subclasses must be ``@dataclass(frozen=True)``."""
 
     kind: ClassVar[str] = "message"
+    #: array fields with one row per user of the tenant's block (a local state's U_i and
+    #: anything else derived per user): what :meth:`forget_rows` erases
+    user_rows: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -36,6 +39,20 @@ class Message:
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), np.ndarray)
         }
+
+    def forget_rows(self, rows: np.ndarray) -> Self:
+        """A copy with rows ``rows`` of every :attr:`user_rows` array set to zero: what is
+        left of forgotten users in a tenant's local state (a zero row stays zero under
+        the algorithms' ridge / weight-decay updates once the user has no ratings)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        changes: dict[str, Any] = {}
+        for name in self.user_rows:
+            arr = getattr(self, name)
+            if isinstance(arr, np.ndarray) and rows.size:
+                arr = arr.copy()
+                arr[rows] = 0
+                changes[name] = arr
+        return self.replace(**changes) if changes else self
 
     def replace(self, **changes: Any) -> Self:
         """A copy with some fields replaced (messages are immutable)."""

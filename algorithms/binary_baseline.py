@@ -13,7 +13,7 @@ Round 1: fit and upload; server aggregates. Round 2 onwards: refit only.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -67,6 +67,7 @@ class BaselineServer(Message):
 
 @dataclasses.dataclass(frozen=True)
 class BaselineLocal(Message):
+    user_rows: ClassVar[tuple[str, ...]] = ("u",)
     u: np.ndarray  #: (m_i, k) relaxed U_i
     v: np.ndarray  #: (k, n) relaxed local V_i (the local model before aggregation)
     fitted: bool

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import ClassVar
 
 import numpy as np
 import scipy.sparse as sp
@@ -205,13 +206,18 @@ class ServerState(Message):
 @dataclasses.dataclass(frozen=True)
 class LocalState(Message):
     """Tenant i's private state: ``U`` (m_i x r+1: factors and user bias), ``keep`` (the
-    indices, into the block's entries, of the ratings that enter the released sums)."""
+    indices, into the block's entries, of the ratings that enter the released sums) and
+    ``kept_of`` (the number of entries of the block ``keep`` was drawn on; -1 in states
+    stored before the field existed)."""
+
+    user_rows: ClassVar[tuple[str, ...]] = ("U",)
 
     U: np.ndarray
     keep: np.ndarray
     rank: int
     mu: float
     bias_coordinate: float
+    kept_of: int = -1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,7 +256,24 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: DPALSConfig,
     """U^0 = 0 (solved in the first step) and the capped subset of the block's ratings."""
     keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
     return LocalState(U=np.zeros((block.n_users, cfg.rank + 1)), keep=keep, rank=cfg.rank,
-                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate)
+                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate, kept_of=block.nnz)
+
+
+def kept_entries(state: LocalState, block: RatingBlock, cfg: DPALSConfig,
+                 rng: np.random.Generator) -> np.ndarray:
+    """The capped subset of ``block``'s entries for this sweep: ``state.keep`` when it was
+    drawn on this block, else (the block lost entries since, e.g. a forgotten user's) a
+    fresh draw from ``rng``. Either way at most ``max_ratings_per_user`` per user: the
+    bound the privacy layer calibrates on never rests on indices into another block."""
+    keep = state.keep
+    if state.kept_of >= 0:
+        stale = state.kept_of != block.nnz
+    else:  # a state stored before ``kept_of``: check the indices and the cap themselves
+        stale = bool(keep.size) and (keep[-1] >= block.nnz or np.bincount(
+            block.rows[keep], minlength=block.n_users).max() > cfg.max_ratings_per_user)
+    if stale:
+        keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
+    return keep
 
 
 def _outer_flat(x: np.ndarray) -> np.ndarray:
@@ -327,10 +350,10 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     """Solve the users against V; upload the bounded item sums while sweeps remain
     (over the users drawn at rate ``user_sample_rate`` from ``rng``)."""
     u = solve_users(global_msg.V, block, cfg)
-    new = state.replace(U=u)
     if global_msg.sweep >= cfg.sweeps:
-        return new, None  # final refresh: U now matches the released V
-    keep = state.keep
+        return state.replace(U=u), None  # final refresh: U now matches the released V
+    keep = kept_entries(state, block, cfg, rng)
+    new = state.replace(U=u, keep=keep, kept_of=block.nnz)
     if cfg.user_sample_rate < 1:  # Poisson sampling of users, unseen outside the tenant
         present = rng.random(block.n_users) < cfg.user_sample_rate
         keep = keep[present[block.rows[keep]]]

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -142,6 +142,8 @@ class FedMAvgLocal(Message):
     """Tenant state, never uploaded: U_i, its ticket and its mean training rating, in the
     tenant's rating units; ``scale_unit`` maps predictions back to the tenant's
     scale (:mod:`algorithms._scale`; the defaults are the identity of older states)."""
+
+    user_rows: ClassVar[tuple[str, ...]] = ("u",)
 
     u: np.ndarray
     ticket: int

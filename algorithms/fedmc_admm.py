@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -159,6 +159,8 @@ class LocalState(Message):
     and the rank r (columns of U / rows of V beyond r are bias terms); ratings are divided by
     the tenant's unit and ``scale_unit`` maps predictions back to the
     tenant's (:mod:`algorithms._scale`; the defaults are the identity of older states)."""
+
+    user_rows: ClassVar[tuple[str, ...]] = ("U",)
 
     U: np.ndarray
     W: np.ndarray

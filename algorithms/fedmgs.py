@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -118,6 +118,8 @@ class FedMGSServer(Message):
 class FedMGSLocal(Message):
     """Tenant state: U_i, the U_i whose statistics the server holds (if sent), mu_i (in the
     tenant's rating units) and the unit back to the tenant's scale (:mod:`algorithms._scale`)."""
+
+    user_rows: ClassVar[tuple[str, ...]] = ("u", "u_sent")
 
     u: np.ndarray
     u_sent: np.ndarray

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -82,6 +82,7 @@ class FelbServer(Message):
 
 @dataclasses.dataclass(frozen=True)
 class FelbLocal(Message):
+    user_rows: ClassVar[tuple[str, ...]] = ("u", "u_prev")
     u: np.ndarray  #: (m_i, k) relaxed U_i, never leaves the tenant
     u_prev: np.ndarray  #: U_i of the previous local step (iPALM inertia)
 

@@ -99,7 +99,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -266,6 +266,8 @@ class RFRecLocal(Message):
     iteration the client took part in (0 before the first); ``offset``/``spread`` map the
     model's scale to this tenant's ratings with ``rating_range='tenant'`` (None: the global
     message's, as states stored before the field existed)."""
+
+    user_rows: ClassVar[tuple[str, ...]] = ("u", "u_m1", "u_m2")
 
     u: np.ndarray
     v_rated: np.ndarray

@@ -10,8 +10,9 @@ the rest: a job whose ratings snapshot predates the deletion (it may commit its 
 after it) honours the tombstone at every later step. A client step trains without the
 user's ratings (:func:`without_forgotten`), the aggregate step scrubs the stored blocks
 (:func:`scrub_job_clients`) before evaluating or publishing, and a published snapshot
-never holds a ``FORGOTTEN`` row. What is left is the user's row of U_i inside jobs' stored
-local state: factors, not ratings, and no longer linked to the user's key.
+never holds a ``FORGOTTEN`` row. The user's rows of every job's stored local state (U_i,
+and whatever else an algorithm keeps per user: ``Message.user_rows``), committed or staged
+for a round not yet aggregated, are set to zero in the same scrub.
 
 Locks (PostgreSQL): the deletion locks the tenant's job rows before it reads the
 snapshots, and the aggregate step locks its job rows before it reads the tombstones, so
@@ -30,10 +31,10 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 from sqlalchemy.orm import Session
 
-from algorithms import RatingBlock
+from algorithms import Message, RatingBlock
 from app import store
 from app.models import ForgottenUser, Tenant, utcnow
-from app.training.models import FactorSnapshot, JobClient, TrainingJob
+from app.training.models import FactorSnapshot, JobClient, RoundUpload, TrainingJob
 
 FORGOTTEN = ""
 
@@ -62,7 +63,11 @@ def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
     with s.no_autoflush:  # one UPDATE per row: a second one would re-check its foreign key
         for job_id, index, keys, versions in rows:
             if user_key in keys and tomb.version > _version(versions, tenant_id):
-                scrub_client(s.get(JobClient, (job_id, index), options=blocks), {user_key})
+                rows = scrub_client(s.get(JobClient, (job_id, index), options=blocks),
+                                    {user_key})
+                for staged in s.scalars(sa.select(RoundUpload).where(
+                        RoundUpload.job_id == job_id, RoundUpload.client_index == index)):
+                    staged.local_state = _forget_rows(staged.local_state, rows)
     for snap in s.scalars(sa.select(FactorSnapshot).where(FactorSnapshot.tenant_id ==
                                                           tenant_id)):
         if user_key in snap.user_keys:
@@ -110,14 +115,22 @@ def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) ->
         scrub_client(jc, forgotten.get(jc.tenant_id, set()))
 
 
-def scrub_client(jc: JobClient, forgotten: set[str]) -> None:
-    """Drop the ``forgotten`` users' ratings from a job's blocks and unlink their keys."""
-    if not forgotten.intersection(jc.user_keys):
-        return
+def scrub_client(jc: JobClient, forgotten: set[str]) -> list[int]:
+    """Drop the ``forgotten`` users' ratings from a job's blocks, zero their rows of its
+    local state and unlink their keys; returns their row indices."""
+    rows = [i for i, key in enumerate(jc.user_keys) if key in forgotten]
+    if not rows:
+        return rows
     for column in ("train_block", "test_block"):
         block = RatingBlock.from_bytes(getattr(jc, column))
         setattr(jc, column, without_forgotten(block, jc.user_keys, forgotten).to_bytes())
+    jc.local_state = _forget_rows(jc.local_state, rows)
     jc.user_keys = [FORGOTTEN if k in forgotten else k for k in jc.user_keys]
+    return rows
+
+
+def _forget_rows(state: bytes, rows: list[int]) -> bytes:
+    return Message.from_bytes(state).forget_rows(np.asarray(rows)).to_bytes()
 
 
 def _scrub_snapshot(snap: FactorSnapshot, user_key: str) -> None:

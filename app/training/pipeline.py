@@ -314,11 +314,11 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                                  .options(orm.undefer(JobClient.train_block),
                                           orm.undefer(JobClient.test_block))
                                  .with_for_update(key_share=True)))  # before tombstones
-        scrub_job_clients(s, job, clients)  # deletions win over evaluation and publishing
         for jc in clients:
             if jc.client_index in staged:
                 jc.local_state = staged[jc.client_index].local_state
                 jc.transmissions += staged[jc.client_index].upload is not None
+        scrub_job_clients(s, job, clients)  # deletions win over evaluation and publishing
         metrics = _evaluate(s, job, alg, cfg, glob,
                             clients, {jc.client_index: jc.local_state for jc in clients})
         started = (job.latest_metrics or {}).get("round_started", time.time())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -238,8 +240,56 @@ def test_the_server_receives_no_per_user_quantity():
         arrays = up.arrays()
         assert all(users not in a.shape for a in arrays.values()), \
             {k: a.shape for k, a in arrays.items()}
-        scalars = {f: getattr(up, f) for f in type(up).__dataclass_fields__
-                   if f not in arrays and not isinstance(getattr(up, f), str)}
+        scalars = {f.name: getattr(up, f.name) for f in dataclasses.fields(up)
+                   if f.name not in arrays}
         assert all(v == 0.0 for v in scalars.values()), scalars  # noise levels, none yet
         shapes.append({k: a.shape for k, a in arrays.items()})
     assert shapes[0] == shapes[1]
+
+
+def test_a_block_that_lost_a_user_gets_a_fresh_cap_not_stale_indices():
+    """After a user is forgotten the block loses entries: the stored ``keep`` indices point
+    into the old block, so the step redraws the cap on the new one (the per-user bound
+    must hold whatever happened to the block)."""
+    rng = np.random.default_rng(3)
+    rows = np.repeat(np.arange(6), 40)
+    cols = np.concatenate([rng.choice(50, 40, replace=False) for _ in range(6)])
+    block = RatingBlock(rows, cols, rng.uniform(1, 5, rows.size), 6, 50)
+    cfg = D.DPALSConfig(rank=2, max_ratings_per_user=15, sweeps=3)
+    server, glob = D.init_server(50, 1, cfg, np.random.default_rng(0))
+    state = D.init_client(block, glob, cfg, np.random.default_rng(1))
+    assert state.kept_of == block.nnz and state.keep.size == 6 * 15
+    smaller = block.subset(block.rows != 0)  # user 0 forgotten: 40 entries gone
+    new, up = D.client_step(glob, state, smaller, cfg, np.random.default_rng(2))
+    assert new.kept_of == smaller.nnz and new.keep.max() < smaller.nnz
+    np.testing.assert_array_equal(np.bincount(smaller.rows[new.keep], minlength=6),
+                                  [0, 15, 15, 15, 15, 15])
+    # the old indices, used as they were, would have broken the cap (or run off the end)
+    stale = state.keep[state.keep < smaller.nnz]
+    assert np.bincount(smaller.rows[stale], minlength=6).max() > 15 or \
+        state.keep.max() >= smaller.nnz
+    # an unchanged block keeps its draw
+    same, _ = D.client_step(glob, new, smaller, cfg, np.random.default_rng(4))
+    np.testing.assert_array_equal(same.keep, new.keep)
+    # a state stored before ``kept_of`` existed is checked on its own indices
+    old = new.replace(kept_of=-1)
+    again, _ = D.client_step(glob, old, smaller, cfg, np.random.default_rng(4))
+    np.testing.assert_array_equal(again.keep, new.keep)
+    broken = state.replace(kept_of=-1)
+    fixed, _ = D.client_step(glob, broken, smaller, cfg, np.random.default_rng(5))
+    assert np.bincount(smaller.rows[fixed.keep], minlength=6).max() <= 15
+
+
+def test_forget_rows_zeroes_only_the_user_rows_of_a_local_state():
+    block, _, _ = _block()
+    cfg = D.DPALSConfig(rank=2)
+    _, glob = D.init_server(N, 1, cfg, np.random.default_rng(0))
+    state = D.init_client(block, glob, cfg, np.random.default_rng(1))
+    state, _ = D.client_step(glob, state, block, cfg, np.random.default_rng(2))
+    assert np.all(np.abs(state.U).sum(axis=1) > 0)
+    gone = state.forget_rows(np.array([1, 4]))
+    assert not gone.U[[1, 4]].any()
+    np.testing.assert_array_equal(np.delete(gone.U, [1, 4], axis=0),
+                                  np.delete(state.U, [1, 4], axis=0))
+    np.testing.assert_array_equal(gone.keep, state.keep)  # per-entry, not per-user
+    assert not state.U[[1, 4]].sum() == 0  # the original is untouched

@@ -7,6 +7,7 @@ import secrets
 import threading
 import time
 
+import numpy as np
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -155,3 +156,36 @@ def test_a_deletion_racing_the_final_aggregate_step_is_honoured(env, monkeypatch
     assert all(user not in keys for keys in _snapshot_users(app, tid))
     r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
     assert r.status_code == 404
+
+
+def test_forgetting_zeroes_the_users_rows_of_every_stored_local_state(env):
+    """The user's U_i row (and any per-user array) of a finished job's local state is
+    erased with the ratings; the other users' rows are untouched."""
+    from algorithms import Message
+    from app.training.models import JobClient
+
+    app, client, _ = env
+    (tid, key), _ = make_tenants(client)
+    auth = {"Authorization": f"Bearer {key}"}
+    user = _a_user(client, tid, auth)
+    job = wait_job(client, submit_job(client).json()["id"])
+    assert job["status"] == "completed", job
+
+    def stored():
+        with app.state.sessions() as s:
+            jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job["id"],
+                                                      JobClient.tenant_id == tid)).one()
+            return list(jc.user_keys), Message.from_bytes(jc.local_state)
+
+    keys, before = stored()
+    row = keys.index(user)
+    fields = type(before).user_rows
+    assert fields and all(getattr(before, f)[row].any() for f in fields)
+    r = client.delete(f"/tenants/{tid}/users/{user}/ratings", headers=auth)
+    assert r.status_code == 200 and r.json()["deleted"] > 0
+    keys_after, after = stored()
+    assert keys_after[row] == "" and user not in keys_after
+    for f in fields:
+        assert not getattr(after, f)[row].any(), f
+        np.testing.assert_array_equal(np.delete(getattr(after, f), row, axis=0),
+                                      np.delete(getattr(before, f), row, axis=0))
