@@ -9,13 +9,19 @@ through an in-process call, a Celery task or an HTTP request.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import json
+import pkgutil
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import numpy as np
 
 _REGISTRY: dict[str, type[Message]] = {}
+#: the only modules a payload's type may name for import: this package's own
+_ALGORITHM_MODULES = frozenset(
+    f"algorithms.{m.name}" for m in pkgutil.iter_modules([str(Path(__file__).parent)]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +92,10 @@ class Message:
             meta = json.loads(npz["__meta__"].tobytes().decode())
             arrays = {k: npz[k] for k in npz.files if k != "__meta__"}
         cls = _REGISTRY.get(meta["type"])
+        module = str(meta["type"]).rpartition(".")[0]
+        if cls is None and module.startswith("algorithms.") and module in _ALGORITHM_MODULES:
+            importlib.import_module(module)  # a process that has not run this algorithm yet
+            cls = _REGISTRY.get(meta["type"])
         if cls is None:
             raise ValueError(f"unknown message type {meta['type']!r}")
         return cls(**arrays, **meta["scalars"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import io
 
 import numpy as np
 import pytest
@@ -179,3 +180,30 @@ def test_block_bytes_round_trip_and_tenant_splits():
         got = sorted(zip(np.r_[tr.rows, te.rows].tolist(), np.r_[tr.cols, te.cols].tolist(),
                          strict=True))
         assert got == sorted(zip(b.rows.tolist(), b.cols.tolist(), strict=True))
+
+
+def test_a_message_of_an_algorithm_not_yet_imported_is_read_and_others_are_refused():
+    """A process that never ran an algorithm (the API deleting a user) still reads its
+    stored states; a payload naming a module outside the algorithms package is refused
+    without importing it."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "from algorithms._messages import Message\n"
+            "assert 'algorithms.fedmc_admm' not in sys.modules\n"
+            "m = Message.from_bytes(sys.stdin.buffer.read())\n"
+            "print(type(m).__module__, m.U.shape)\n")
+    from algorithms import fedmc_admm
+
+    state = fedmc_admm.LocalState(U=np.ones((3, 2)), W=np.zeros((4, 2)),
+                                  Y=np.zeros((4, 2)), mean=3.0, rank=2)
+    out = subprocess.run([sys.executable, "-c", code], input=state.to_bytes(),
+                         capture_output=True, check=True)
+    assert out.stdout.decode().split() == ["algorithms.fedmc_admm", "(3,", "2)"]
+    buf = io.BytesIO()
+    np.savez(buf, __meta__=np.frombuffer(json.dumps(
+        {"type": "os.path.Evil", "scalars": {}}).encode(), dtype=np.uint8))
+    with pytest.raises(ValueError, match="unknown message type 'os.path.Evil'"):
+        Message.from_bytes(buf.getvalue())
