@@ -21,6 +21,7 @@ from algorithms.base import default_select
 from algorithms.binary_metrics import binarise, binary_report
 from algorithms.data import Ratings, build_federation, data_dir, load_ratings
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
+from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
 from algorithms.synthetic import generate_ratings
 from privacy.cli import (
     add_dp_arguments,
@@ -246,6 +247,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=3.5,
                    help="binary algorithms: a rating >= threshold is a positive (default: "
                         "3.5, the paper's)")
+    add_evaluation_arguments(p)
     p.add_argument("--json", type=Path, help="write config, per-round figures and results "
                                              "here (default: none)")
     p.add_argument("--quiet", action="store_true", help="no per-round table")
@@ -325,7 +327,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.rounds is None and "iterations" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
     ratings, data = _load(args.data, args.seed)
-    fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction)
+    fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction,
+                           partition=args.partition)
     rating_fed = fed
     if alg.data_kind == "binary":
         fed = binarise(fed, args.threshold)
@@ -344,6 +347,7 @@ def run(args: argparse.Namespace) -> int:
     final = result.final
     print(f"{alg.name}: test RMSE {final.test_rmse:.4f}, MAE {final.test_mae:.4f} after "
           f"{final.round} rounds ({wall:.1f} s)")
+    ranking = ranking_of(alg, result, rating_fed, args)
     binary = None
     if alg.data_kind == "binary":
         binary = binary_report(alg, result, fed, seen=rating_fed.train).as_dict()
@@ -370,7 +374,8 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed, "test_fraction": args.test_fraction, **run_cfg,
             "n_ratings": len(ratings), "n_items": fed.n_items,
             "rounds_detail": [r.as_dict() for r in result.history],
-            "privacy": privacy, "binary": binary,
+            "privacy": privacy, "binary": binary, "ranking": ranking,
+            "partition": partition_summary(rating_fed, args.partition),
             "final": {"test_rmse": final.test_rmse, "test_mae": final.test_mae,
                       "objective": final.objective, "wall_seconds": wall},
         }
