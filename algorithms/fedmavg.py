@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -92,6 +92,11 @@ class FedMAvgConfig(AlgorithmConfig):
     init: Literal["normal", "uniform"] = Field("normal", description="distribution of U, V")
     init_scale: float = Field(0.1, gt=0, description="std (normal) or upper bound (uniform)")
     center: bool = Field(True, description="predict U V + the tenant's mean training rating")
+
+    #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`)
+    search_space: ClassVar[dict[str, tuple]] = {
+        "rank": ("choice", [5, 10, 20]), "lam": ("log", 0.01, 1.0),
+        "gamma": ("log", 0.01, 1.0)}
 
 
     @classmethod

@@ -21,8 +21,8 @@ from algorithms.base import default_select
 from algorithms.binary_metrics import binarise, binary_report
 from algorithms.data import Ratings, build_federation, data_dir, load_ratings
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
-from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
 from algorithms.synthetic import generate_ratings
+from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
 from privacy.cli import (
     add_dp_arguments,
     add_privacy_arguments,
@@ -240,6 +240,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="starting config: 'recommended' (validated defaults) or 'paper' "
                         "(the paper's literal settings, paper_settings()); the algorithm's "
                         "options override it (default: recommended)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="JSON config to start from (e.g. `fedrec tune --json`'s output, "
+                        "or an object of config fields); options given override it "
+                        "(default: none)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the split, init and sampling (default: 0)")
     p.add_argument("--test-fraction", type=float, default=0.2,
@@ -266,6 +270,8 @@ def _config(alg, args: argparse.Namespace):
     A value the config refuses is reported naming its flag.
     """
     given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    if getattr(args, "config", None) is not None:
+        given = {**config_file(args.config, alg.name), **given}
     preset = getattr(args, "preset", "recommended")
     try:
         return (alg.config.paper_settings(**given) if preset == "paper"
@@ -275,6 +281,23 @@ def _config(alg, args: argparse.Namespace):
         field = str(err["loc"][0]) if err["loc"] else ""
         msg = err["msg"].removeprefix("Value error, ")
         raise ValueError(f"{flag_of(field)}: {msg}" if field else msg) from None
+
+
+def config_file(path: Path, algorithm: str) -> dict[str, Any]:
+    """Config fields from a JSON file: ``{"algorithm", "config": {...}}`` (what ``fedrec
+    tune --json`` writes) or a bare object of fields."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"--config {path}: expected a JSON object")
+    if "config" in obj:
+        if obj.get("algorithm", algorithm) != algorithm:
+            raise ValueError(f"--config {path}: a config of {obj['algorithm']}, not of "
+                             f"{algorithm}")
+        obj = obj["config"]
+    return dict(obj)
 
 
 def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:

@@ -30,7 +30,8 @@ def ratings():
 
 def _test_set(fed):
     return sorted((int(fed.user_ids[t][r]), int(fed.item_ids[c]), float(v))
-                  for t, b in enumerate(fed.test) for r, c, v in zip(b.rows, b.cols, b.vals))
+                  for t, b in enumerate(fed.test)
+                  for r, c, v in zip(b.rows, b.cols, b.vals, strict=True))
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

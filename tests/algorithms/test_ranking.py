@@ -25,11 +25,12 @@ def _brute(a, b, train: RatingBlock, test: RatingBlock, threshold: float, k: int
     """One user at a time with the served top_k and the textbook formulas."""
     prec, rec, ndcg, shown = [], [], [], set()
     for t in range(test.n_users):
-        rel = {int(c) for r, c, v in zip(test.rows, test.cols, test.vals)
+        rel = {int(c) for r, c, v in zip(test.rows, test.cols, test.vals, strict=True)
                if r == t and v >= threshold}
         if not rel:
             continue
-        seen = np.array([c for r, c in zip(train.rows, train.cols) if r == t], dtype=int)
+        seen = np.array([c for r, c in zip(train.rows, train.cols, strict=True) if r == t],
+                        dtype=int)
         items, _ = top_k(a[t] @ b, k, seen)
         shown.update(int(i) for i in items)
         h = [1.0 if int(i) in rel else 0.0 for i in items]
