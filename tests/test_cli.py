@@ -457,10 +457,15 @@ def test_readme_dp_options_equal_the_help(capsys):
     assert _parse([]).dp == default
 
 
-def test_readme_simulate_commands_parse():
-    """Every `fedrec simulate` command in the README is accepted (parsed, not run)."""
+def test_readme_simulate_commands_parse(tmp_path, monkeypatch):
+    """Every `fedrec simulate` command in the README is accepted (parsed, not run); a
+    `--config` file is what `fedrec tune --json` writes."""
+    import json
     import shlex
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tuned.json").write_text(json.dumps(
+        {"algorithm": "fedmc-admm", "config": {"lam": 2.5}}))
     text = README.read_text().replace("\\\n", " ")
     commands = [line.strip() for line in text.splitlines()
                 if line.strip().startswith("fedrec simulate ")]

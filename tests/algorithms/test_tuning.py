@@ -100,3 +100,13 @@ def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsy
                  "--quiet"]) == 0
     assert json.loads(report.read_text())["config"] == ALG.config(**tuned["config"]).model_dump()
     assert "ranking" in json.loads(report.read_text())
+
+
+def test_simulate_refuses_a_config_file_of_another_algorithm(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"algorithm": "rfrec", "config": {"lam": 3.0}}))
+    assert main(["simulate", "--data", "synthetic", "--config", str(path)]) == 2
+    assert "a config of rfrec, not of fedmc-admm" in capsys.readouterr().err
+    path.write_text(json.dumps({"lam": -1.0, "rank": 0}))
+    assert main(["simulate", "--data", "synthetic", "--config", str(path)]) == 2
+    assert "rank must be at least 1" in capsys.readouterr().err
