@@ -110,3 +110,12 @@ def test_simulate_refuses_a_config_file_of_another_algorithm(tmp_path, capsys):
     path.write_text(json.dumps({"lam": -1.0, "rank": 0}))
     assert main(["simulate", "--data", "synthetic", "--config", str(path)]) == 2
     assert "rank must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["fedmavg", "rfrec", "rfrecf"])
+def test_every_declared_space_tunes(fed, name):
+    alg = registry.get(name)
+    res = tune(alg, fed, rounds=9, per_round=6, seed=1, trials=4, budget_seconds=60)
+    assert np.isfinite(res.default.rmse) and res.best.rmse <= res.default.rmse
+    assert all(set(t.params) == set(alg.config.search_space) for t in res.trials[1:])
+    res.config(alg)  # every draw is a valid config
