@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from algorithms._rng import SPLIT, derive_rng
+from algorithms._rng import PARTITION, SPLIT, derive_rng
 from algorithms.block import RatingBlock
 
 DATA_DIR_ENV = "FEDREC_DATA_DIR"
@@ -121,18 +121,30 @@ def split_mask(n: int, test_fraction: float, rng: np.random.Generator) -> np.nda
 
 
 def build_federation(ratings: Ratings, n_clients: int, seed: int,
-                     test_fraction: float = 0.2) -> Federation:
+                     test_fraction: float = 0.2, partition: str = "random") -> Federation:
     """Split ratings at random (seeded) and partition users into ``n_clients`` disjoint,
-    near-equal random blocks, as in the FedMC-ADMM and RFRec experiments."""
+    near-equal random blocks, as in the FedMC-ADMM and RFRec experiments.
+
+    ``partition`` chooses another (non-IID) grouping of users into tenants
+    (:mod:`algorithms.partition`: ``by-activity``, ``by-item-cluster``, ``dirichlet:A``,
+    ``sizes:A``); the train/test split is the same under every partition."""
+    from algorithms.partition import assign_users, parse_partition
+
+    scheme = parse_partition(partition)
     item_ids, cols = np.unique(ratings.items, return_inverse=True)
     user_ids, users = np.unique(ratings.users, return_inverse=True)
     if not 1 <= n_clients <= user_ids.shape[0]:
         raise ValueError(f"clients must be between 1 and the number of users ({len(user_ids)})")
     rng = derive_rng(seed, 0, SPLIT)
     test = split_mask(len(ratings), test_fraction, rng)
-    tenant_of_user = np.empty(user_ids.shape[0], dtype=np.int64)
-    for t, chunk in enumerate(np.array_split(rng.permutation(user_ids.shape[0]), n_clients)):
-        tenant_of_user[chunk] = t
+    if scheme.kind == "random":
+        tenant_of_user = np.empty(user_ids.shape[0], dtype=np.int64)
+        for t, chunk in enumerate(np.array_split(rng.permutation(user_ids.shape[0]),
+                                                 n_clients)):
+            tenant_of_user[chunk] = t
+    else:
+        tenant_of_user = assign_users(users, cols, user_ids.shape[0], item_ids.shape[0],
+                                      n_clients, scheme, derive_rng(seed, 0, PARTITION))
     order = np.argsort(tenant_of_user, kind="stable")
     local_row = np.empty_like(order)
     bounds = np.searchsorted(tenant_of_user[order], np.arange(n_clients + 1))

@@ -93,6 +93,11 @@ class FedMAvgConfig(AlgorithmConfig):
     init_scale: float = Field(0.1, gt=0, description="std (normal) or upper bound (uniform)")
     center: bool = Field(True, description="predict U V + the tenant's mean training rating")
 
+    #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`)
+    search_space: ClassVar[dict[str, tuple]] = {
+        "rank": ("choice", [5, 10, 20]), "lam": ("log", 0.01, 1.0),
+        "gamma": ("log", 0.01, 1.0)}
+
 
     @classmethod
     def paper_settings(cls, **overrides: object) -> FedMAvgConfig:

@@ -155,6 +155,9 @@ class RFRecConfig(AlgorithmConfig):
     """With ``optimizer='adam'`` and dropped clients: ``restart`` zeroes the first moments
     of a client that missed an iteration before its next step; ``keep`` resumes them as it
     left them. No effect when every client takes part in every iteration."""
+    #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`), around the defaults
+    search_space: ClassVar[dict[str, tuple]] = {
+        "lam": ("log", 5.0, 80.0), "lam_u": ("log", 0.05, 3.0), "alpha": ("log", 0.03, 0.3)}
 
     @model_validator(mode="after")
     def _check_options(self) -> RFRecConfig:
@@ -201,6 +204,9 @@ class RFRecFConfig(RFRecConfig):
     momentum_on_return: Literal["restart", "keep"] = "keep"
     """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
     the restart measurably hurts it with dropped clients (module docstring)."""
+    search_space: ClassVar[dict[str, tuple]] = {
+        "lam": ("log", 10.0, 160.0), "lam_u": ("log", 0.5, 12.0),
+        "alpha": ("log", 0.005, 0.08)}
     schedule: Literal["paper", "code"] = "code"
     """paper: Algorithm 2 as printed (the first zeta = 0 iteration after an aggregation only
     moves to the average, at rate alpha lambda / p). code: the authors' notebook, where every

@@ -9,6 +9,7 @@ import sys
 # One module per sub-command; each exposes register(subparsers) and sets func=run(args)->int.
 COMMANDS = [
     "app.commands.simulate",
+    "app.commands.tune",
     "app.commands.serve",
     "app.commands.migrate",
     "app.commands.demo",

@@ -19,21 +19,17 @@ import json
 import time
 
 from algorithms import fedmc_admm as F
-from algorithms._rng import derive_rng
-from algorithms.data import Federation, build_federation, load_movielens, split_mask
+from algorithms import tuning
+from algorithms.data import Federation, build_federation, load_movielens
 from algorithms.simulate import simulate
 
-VALIDATION_STREAM = 10_000
+VALIDATION_STREAM = tuning.VALIDATION
 
 
 def validation_federation(fed: Federation, seed: int = 0, fraction: float = 0.1) -> Federation:
-    """Train on 90% of each tenant's training ratings, validate on the other 10%."""
-    train, val = [], []
-    for i, block in enumerate(fed.train):
-        mask = split_mask(block.nnz, fraction, derive_rng(seed, 0, VALIDATION_STREAM + i))
-        train.append(block.subset(~mask))
-        val.append(block.subset(mask))
-    return Federation(train, val, fed.user_ids, fed.item_ids, fed.scale)
+    """Train on 90% of each tenant's training ratings, validate on the other 10% (the
+    carve-out ``fedrec tune`` uses: :func:`algorithms.tuning.validation_federation`)."""
+    return tuning.validation_federation(fed, seed, fraction)
 
 
 def run(cfg: F.FedMCADMMConfig, fed: Federation, rounds: int, per_round: int,

@@ -457,10 +457,15 @@ def test_readme_dp_options_equal_the_help(capsys):
     assert _parse([]).dp == default
 
 
-def test_readme_simulate_commands_parse():
-    """Every `fedrec simulate` command in the README is accepted (parsed, not run)."""
+def test_readme_simulate_commands_parse(tmp_path, monkeypatch):
+    """Every `fedrec simulate` command in the README is accepted (parsed, not run); a
+    `--config` file is what `fedrec tune --json` writes."""
+    import json
     import shlex
 
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tuned.json").write_text(json.dumps(
+        {"algorithm": "fedmc-admm", "config": {"lam": 2.5}}))
     text = README.read_text().replace("\\\n", " ")
     commands = [line.strip() for line in text.splitlines()
                 if line.strip().startswith("fedrec simulate ")]
@@ -471,3 +476,25 @@ def test_readme_simulate_commands_parse():
             continue
         args = _parse(argv)
         sim_cmd._config(registry.get(args.algorithm), args)
+
+
+def test_readme_tune_commands_parse_and_tune_offers_only_searchable_algorithms(capsys):
+    """Every `fedrec tune` command in the README parses; --help lists the algorithms that
+    declare a search space, and an algorithm without one is refused by the parser."""
+    import shlex
+
+    from app.cli import build_parser
+
+    text = README.read_text().replace("\\\n", " ")
+    commands = [line.strip() for line in text.splitlines()
+                if line.strip().startswith("fedrec tune ")]
+    assert commands
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command.split("#")[0])[1:])
+        assert args.command == "tune" and args.trials >= 1
+    tunable = [n for n in registry.names() if getattr(registry.get(n).config, "search_space",
+                                                      None)]
+    assert {"fedmc-admm", "fedmavg", "rfrec", "rfrecf"} <= set(tunable)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["tune", "--algorithm", "felb"])
+    assert "invalid choice: 'felb'" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from algorithms.binary_metrics import binarise, binary_report
 from algorithms.data import Ratings, build_federation, data_dir, load_ratings
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
+from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
 from privacy.cli import (
     add_dp_arguments,
     add_privacy_arguments,
@@ -239,6 +240,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="starting config: 'recommended' (validated defaults) or 'paper' "
                         "(the paper's literal settings, paper_settings()); the algorithm's "
                         "options override it (default: recommended)")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE",
+                   help="JSON config to start from (e.g. `fedrec tune --json`'s output, "
+                        "or an object of config fields); options given override it "
+                        "(default: none)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the split, init and sampling (default: 0)")
     p.add_argument("--test-fraction", type=float, default=0.2,
@@ -246,6 +251,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=3.5,
                    help="binary algorithms: a rating >= threshold is a positive (default: "
                         "3.5, the paper's)")
+    add_evaluation_arguments(p)
     p.add_argument("--json", type=Path, help="write config, per-round figures and results "
                                              "here (default: none)")
     p.add_argument("--quiet", action="store_true", help="no per-round table")
@@ -264,6 +270,8 @@ def _config(alg, args: argparse.Namespace):
     A value the config refuses is reported naming its flag.
     """
     given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    if getattr(args, "config", None) is not None:
+        given = {**config_file(args.config, alg.name), **given}
     preset = getattr(args, "preset", "recommended")
     try:
         return (alg.config.paper_settings(**given) if preset == "paper"
@@ -273,6 +281,23 @@ def _config(alg, args: argparse.Namespace):
         field = str(err["loc"][0]) if err["loc"] else ""
         msg = err["msg"].removeprefix("Value error, ")
         raise ValueError(f"{flag_of(field)}: {msg}" if field else msg) from None
+
+
+def config_file(path: Path, algorithm: str) -> dict[str, Any]:
+    """Config fields from a JSON file: ``{"algorithm", "config": {...}}`` (what ``fedrec
+    tune --json`` writes) or a bare object of fields."""
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"--config {path}: expected a JSON object")
+    if "config" in obj:
+        if obj.get("algorithm", algorithm) != algorithm:
+            raise ValueError(f"--config {path}: a config of {obj['algorithm']}, not of "
+                             f"{algorithm}")
+        obj = obj["config"]
+    return dict(obj)
 
 
 def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
@@ -325,7 +350,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.rounds is None and "iterations" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
     ratings, data = _load(args.data, args.seed)
-    fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction)
+    fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction,
+                           partition=args.partition)
     rating_fed = fed
     if alg.data_kind == "binary":
         fed = binarise(fed, args.threshold)
@@ -344,6 +370,7 @@ def run(args: argparse.Namespace) -> int:
     final = result.final
     print(f"{alg.name}: test RMSE {final.test_rmse:.4f}, MAE {final.test_mae:.4f} after "
           f"{final.round} rounds ({wall:.1f} s)")
+    ranking = ranking_of(alg, result, rating_fed, args)
     binary = None
     if alg.data_kind == "binary":
         binary = binary_report(alg, result, fed, seen=rating_fed.train).as_dict()
@@ -370,7 +397,8 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed, "test_fraction": args.test_fraction, **run_cfg,
             "n_ratings": len(ratings), "n_items": fed.n_items,
             "rounds_detail": [r.as_dict() for r in result.history],
-            "privacy": privacy, "binary": binary,
+            "privacy": privacy, "binary": binary, "ranking": ranking,
+            "partition": partition_summary(rating_fed, args.partition),
             "final": {"test_rmse": final.test_rmse, "test_mae": final.test_mae,
                       "objective": final.objective, "wall_seconds": wall},
         }

@@ -115,7 +115,9 @@ def read_tenant_report(tenant: OwnTenantDep, session: SessionDep) -> TenantRepor
     rounds = reports.curve(session, job.id)
     return TenantReport(tenant_id=tenant.id, job_id=job.id,
                         curve=reports.tenant_curve(rounds, tenant.id),
-                        privacy=reports.privacy_of_job(session, job, [tenant.id]))
+                        privacy=reports.privacy_of_job(session, job, [tenant.id]),
+                        ranking=reports.final_ranking(rounds).get("per_tenant", {})
+                        .get(str(tenant.id)))
 
 
 @router.get("/report/plot.png", response_class=Response,

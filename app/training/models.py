@@ -115,6 +115,9 @@ class JobRound(Base):
     test_mae: Mapped[float | None]
     per_tenant: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     """tenant id -> {"test_rmse", "test_mae", "n_test"}."""
+    ranking: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
+    """Final round only: {"overall": {...}, "per_tenant": {...}} of
+    :func:`app.training.evaluation.job_ranking`."""
     participants: Mapped[list[int]] = mapped_column(sa.JSON)
     uploads: Mapped[int]
     seconds: Mapped[float]

@@ -286,6 +286,18 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
             "per_tenant": per_tenant}
 
 
+def _final_ranking(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
+                   clients: list[JobClient]) -> dict[str, Any]:
+    """Ranking metrics of the final model (:mod:`app.training.evaluation`)."""
+    from app.training.evaluation import job_ranking
+
+    scales = {t: (lo, hi) for t, lo, hi in s.execute(
+        sa.select(Tenant.id, Tenant.rating_min, Tenant.rating_max)
+        .where(Tenant.id.in_(job.tenant_ids)))}
+    return job_ranking(alg, glob, clients, {jc.client_index: jc.local_state for jc in clients},
+                       scales, _block)
+
+
 def _num(x: float) -> float | None:
     return None if not np.isfinite(x) else float(x)
 
@@ -323,10 +335,11 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                             clients, {jc.client_index: jc.local_state for jc in clients})
         started = (job.latest_metrics or {}).get("round_started", time.time())
         seconds = max(0.0, time.time() - started)
+        ranking = _final_ranking(s, job, alg, glob, clients) if round_ >= job.rounds else None
         s.add(JobRound(job_id=job_id, round=round_, objective=metrics["objective"],
                        test_rmse=metrics["test_rmse"], test_mae=metrics["test_mae"],
                        per_tenant=metrics["per_tenant"], participants=selected,
-                       uploads=len(uploads), seconds=seconds))
+                       uploads=len(uploads), seconds=seconds, ranking=ranking))
         refused = {str(job.tenant_ids[i]): r.refused for i, r in staged.items() if r.refused}
         refused.update(released_refusals)
         if refused:

@@ -116,13 +116,21 @@ def _lifetime(ledger, tenant: str) -> dict[str, Any]:
             "allow_non_private": budget.allow_not_private}
 
 
+def final_ranking(rounds: list[JobRound]) -> dict[str, Any]:
+    """The ranking metrics stored with the final round ({} before the job completes)."""
+    return next((r.ranking for r in reversed(rounds) if r.ranking), None) or {}
+
+
 def job_report(s: Session, job: TrainingJob, public: JobPublic) -> JobReport:
     rounds = curve(s, job.id)
+    ranking = final_ranking(rounds)
     return JobReport(
         job=public,
         curve=[RoundPublic.model_validate(r, from_attributes=True) for r in rounds],
         per_tenant={str(t): tenant_curve(rounds, t) for t in job.tenant_ids},
-        privacy=privacy_of_job(s, job))
+        privacy=privacy_of_job(s, job), ranking=ranking.get("overall"),
+        ranking_per_tenant={t: v for t, v in ranking.get("per_tenant", {}).items()
+                            if int(t) in job.tenant_ids})
 
 
 def plot_png(s: Session, job: TrainingJob, tenant_id: int | None = None) -> bytes:

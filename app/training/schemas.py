@@ -132,11 +132,28 @@ class TenantRoundPublic(BaseModel):
     n_test: int
 
 
+class RankingPublic(BaseModel):
+    """Ranking metrics of the final model on held-out ratings (training items excluded)."""
+
+    k: int
+    threshold: float | None = Field(
+        description="held-out ratings >= threshold are relevant (62.5% up the tenant's "
+                    "scale; null overall, where each tenant uses its own)")
+    precision_at_k: float | None
+    recall_at_k: float | None
+    ndcg_at_k: float | None
+    coverage: float = Field(description="share of the catalogue in some scored user's top k")
+    users_ranked: int = Field(description="users with at least one relevant held-out item")
+
+
 class JobReport(BaseModel):
     job: JobPublic
     curve: list[RoundPublic]
     per_tenant: dict[str, list[TenantRoundPublic]]
     privacy: dict[str, Any]
+    ranking: RankingPublic | None = Field(
+        None, description="final round, all tenants (null until the job completes)")
+    ranking_per_tenant: dict[str, RankingPublic] = Field(default_factory=dict)
 
 
 class Recommendation(BaseModel):
@@ -174,3 +191,5 @@ class TenantReport(BaseModel):
     job_id: int | None
     curve: list[TenantRoundPublic]
     privacy: dict[str, Any]
+    ranking: RankingPublic | None = Field(
+        None, description="this tenant's ranking metrics at the job's final round")

@@ -49,6 +49,40 @@ def test_job_reports_exactly_what_the_simulator_computes(env):
     assert report["privacy"]["mechanism"] == "none"
 
 
+def test_job_reports_the_simulators_ranking_metrics_at_the_final_round(env):
+    """precision/recall/NDCG@10 and coverage of the final model, overall and per tenant,
+    equal algorithms.ranking on the simulator's run of the same federation."""
+    from algorithms.ranking import ranking_report
+
+    app, client = env
+    ids = make_tenants(client)
+    r = submit_job(client)
+    job = wait_job(client, r.json()["id"])
+    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    fed, _ = federation_of(app, job["id"])
+    alg = registry.get("fedmc-admm")
+    sim = simulate(alg, alg.config(**CONFIG), fed, rounds=4, per_round=2, seed=11)
+    want = ranking_report(alg, sim.global_msg, sim.local_states, fed.train, fed.test,
+                          (1.0, 5.0), k=10)
+    got = report["ranking"]
+    assert got["users_ranked"] == want.users_ranked > 0
+    for key in ("precision_at_k", "recall_at_k", "ndcg_at_k", "coverage"):
+        assert got[key] == pytest.approx(getattr(want, key), rel=1e-12), key
+    per = report["ranking_per_tenant"]
+    assert set(per) == {str(t) for t in job["tenant_ids"]}
+    assert sum(p["users_ranked"] for p in per.values()) == want.users_ranked
+    for i, t in enumerate(job["tenant_ids"]):
+        one = ranking_report(alg, sim.global_msg, sim.local_states[i:i + 1], fed.train[i:i + 1],
+                             fed.test[i:i + 1], (1.0, 5.0), k=10)
+        assert per[str(t)]["ndcg_at_k"] == pytest.approx(one.ndcg_at_k, rel=1e-12)
+        assert per[str(t)]["threshold"] == 3.5
+    # the tenant's own report carries its figures only
+    tid, key = ids[0]
+    own = client.get(f"/tenants/{tid}/report", headers={"Authorization": f"Bearer {key}"})
+    assert own.status_code == 200, own.text
+    assert own.json()["ranking"] == per[str(tid)]
+
+
 def test_dp_job_charges_each_transmission_once_and_reports_the_accountants_epsilon(env):
     app, client = env
     tenants = make_tenants(client)

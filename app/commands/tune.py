@@ -1,0 +1,139 @@
+"""``fedrec tune``: choose an algorithm's hyper-parameters for new rating data.
+
+The data are split exactly as ``fedrec simulate`` splits them (same --seed,
+--test-fraction, --clients and --partition), and the search reads the *training* ratings
+only: 10% of each tenant's training ratings are carved out for validation, and the test
+ratings are never used (:mod:`algorithms.tuning`). The best config is printed as a
+ready-to-paste ``fedrec simulate`` command line and written with --json as
+``{"algorithm", "config", ...}``: ``fedrec simulate --config FILE`` and a job body's
+``config`` take it as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from algorithms import registry
+from algorithms.data import build_federation
+from algorithms.tuning import Trial, search_space, tune
+from app.commands.evaluation import add_partition_argument
+from app.commands.simulate import _load, flag_of, format_value
+
+TUNABLE = [n for n in registry.names() if getattr(registry.get(n).config, "search_space", None)]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="choose hyper-parameters on a validation carve-out of "
+                                    "the training ratings", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", type=Path, default=None,
+                   help="ratings file, as for simulate (default: ml-100k/u.data under "
+                        "$FEDREC_DATA_DIR, else synthetic)")
+    p.add_argument("--algorithm", default="fedmc-admm", choices=TUNABLE,
+                   help="the algorithm to tune (default: fedmc-admm)")
+    p.add_argument("--clients", type=int, default=None, metavar="P",
+                   help="tenants (default: the algorithm's recommended run)")
+    p.add_argument("--per-round", type=int, default=None, metavar="K",
+                   help="tenants per round, 0: all (default: the algorithm's)")
+    p.add_argument("--rounds", type=int, default=None, metavar="T",
+                   help="rounds of the last rung of the search, and of the printed run "
+                        "(default: the algorithm's recommended run)")
+    p.add_argument("--trials", type=int, default=9, metavar="N",
+                   help="configs drawn, the default included (default: 9)")
+    p.add_argument("--eta", type=int, default=3,
+                   help="successive halving: keep 1/eta per rung, eta x the rounds "
+                        "(default: 3)")
+    p.add_argument("--budget-seconds", type=float, default=600.0, metavar="S",
+                   help="stop starting new trials after S seconds (default: 600)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the split, carve-out, search and runs (default: 0)")
+    p.add_argument("--test-fraction", type=float, default=0.2,
+                   help="share of ratings held out for testing, never read (default: 0.2)")
+    add_partition_argument(p)
+    p.add_argument("--json", type=Path, help="write the chosen config and every trial here")
+    p.add_argument("--quiet", action="store_true", help="no line per trial")
+    p.set_defaults(func=run)
+
+
+def _run_rounds(alg, args: argparse.Namespace) -> dict[str, int]:
+    d = dict(alg.run_defaults)
+    cfg = alg.config()
+    if "iterations" in type(cfg).model_fields:
+        d["rounds"] = cfg.iterations
+    for k in ("clients", "per_round", "rounds"):
+        if getattr(args, k) is not None:
+            d[k] = getattr(args, k)
+    return d
+
+
+def command_line(args: argparse.Namespace, alg, run: dict[str, int],
+                 params: dict[str, Any]) -> str:
+    """``fedrec simulate`` with the data, split, run and the chosen fields."""
+    parts = ["fedrec", "simulate"]
+    if args.data is not None:
+        parts += ["--data", str(args.data)]
+    parts += ["--algorithm", alg.name, "--clients", str(run["clients"]), "--per-round",
+              str(run["per_round"]), "--rounds", str(run["rounds"]), "--seed", str(args.seed)]
+    if args.test_fraction != 0.2:
+        parts += ["--test-fraction", format_value(args.test_fraction)]
+    if args.partition != "random":
+        parts += ["--partition", args.partition]
+    for field, value in params.items():
+        parts += [flag_of(field), format_value(value)]
+    return shlex.join(parts)
+
+
+def _finite(obj: Any) -> Any:
+    """The report with non-finite numbers (a diverged trial) as null (valid JSON)."""
+    if isinstance(obj, float):
+        return obj if obj == obj and abs(obj) != float("inf") else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def run(args: argparse.Namespace) -> int:
+    alg = registry.get(args.algorithm)
+    search_space(alg)  # refuses an algorithm without one
+    run_cfg = _run_rounds(alg, args)
+    ratings, data = _load(args.data, args.seed)
+    fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction,
+                           partition=args.partition)
+    fed = type(fed)(fed.train, [], fed.user_ids, fed.item_ids, fed.scale)  # no test set
+    per_round = run_cfg["per_round"] or fed.n_clients
+
+    def show(t: Trial) -> None:
+        if not args.quiet:
+            print(f"  {t.rounds:>5} rounds  validation RMSE {t.rmse:.4f}  "
+                  f"{t.params or '(default)'}", flush=True)
+
+    print(f"tuning {alg.name} on {data}: {args.trials} trials, budget "
+          f"{args.budget_seconds:g} s, validation = 10% of each tenant's training ratings")
+    res = tune(alg, fed, rounds=run_cfg["rounds"], per_round=per_round, seed=args.seed,
+               trials=args.trials, eta=args.eta, budget_seconds=args.budget_seconds,
+               on_trial=show)
+    cfg = res.config(alg)
+    cmd = command_line(args, alg, run_cfg, res.best.params)
+    note = " (time budget reached)" if res.budget_exhausted else ""
+    print(f"best: validation RMSE {res.best.rmse:.4f} at {res.best.rounds} rounds against "
+          f"the default's {res.default.rmse:.4f}{note}; {res.seconds:.1f} s")
+    print(cmd)
+    out = {"algorithm": alg.name, "config": cfg.model_dump(mode="json"),
+           "changed": res.best.params, "command": cmd, "data": data, "seed": args.seed,
+           "test_fraction": args.test_fraction, "partition": args.partition, **run_cfg,
+           "validation_rmse": res.best.rmse, "default_validation_rmse": res.default.rmse,
+           "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
+           "trials": [{"params": t.params, "history": t.history} for t in res.trials]}
+    text = json.dumps(_finite(out), indent=2)
+    if args.json:
+        args.json.write_text(text)
+    else:
+        print(json.dumps({"algorithm": alg.name, "config": out["config"]}), file=sys.stdout)
+    return 0
