@@ -49,14 +49,14 @@ def line_chart(chart: Chart) -> Markup:
         parts.append(f'<line x1="{LEFT}" x2="{W - RIGHT}" y1="{y(t):.1f}" y2="{y(t):.1f}" '
                      'stroke="#eee"/>')
         parts.append(f'<text x="{LEFT - 6}" y="{y(t) + 4:.1f}" text-anchor="end" '
-                     f'font-size="11">{t:.{decimals}f}</text>')
+                     f'font-size="13">{t:.{decimals}f}</text>')
     for t in _ticks(x0, x1, min(10, x1 - x0)):
         if abs(t - round(t)) < 1e-9:
             parts.append(f'<text x="{x(t):.1f}" y="{H - BOTTOM + 16}" text-anchor="middle" '
-                         f'font-size="11">{int(round(t))}</text>')
+                         f'font-size="13">{int(round(t))}</text>')
     parts.append(f'<text x="{LEFT + pw / 2}" y="{H - 6}" text-anchor="middle" '
-                 'font-size="12">round</text>')
-    parts.append(f'<text x="14" y="{TOP + ph / 2}" text-anchor="middle" font-size="12" '
+                 'font-size="13">round</text>')
+    parts.append(f'<text x="14" y="{TOP + ph / 2}" text-anchor="middle" font-size="13" '
                  f'transform="rotate(-90 14 {TOP + ph / 2})">{escape(chart.y_label)}</text>')
     legend = []
     if chart.baseline is not None:

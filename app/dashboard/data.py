@@ -96,6 +96,19 @@ def epsilon_text(value: Any) -> str:
     return f"{float(value):.3g}"
 
 
+def settings_words(dp: dict[str, Any]) -> str:
+    """A job's privacy settings (as stored, noise solved) in a few words."""
+    if dp.get("unit") == "user":
+        return (f"user-level DP, ε {dp.get('epsilon'):g} at δ {dp.get('delta'):.0e} per user, "
+                f"noise placed {dp.get('placement')}, {dp.get('releases')} releases over "
+                f"{dp.get('n_users')} users")
+    if dp.get("mechanism") == "none":
+        return "not private: uploads sent without noise"
+    noise = dp.get("noise_multiplier") or dp.get("noise_scale")
+    return (f"tenant-level DP, {dp.get('mechanism')} noise ×{noise} on uploads clipped to "
+            f"{dp.get('clip')}")
+
+
 def plain_privacy(report: dict[str, Any]) -> list[str]:
     """The privacy report of a job as sentences."""
     out = [report.get("guarantee", "").capitalize() + "."]

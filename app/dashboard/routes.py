@@ -51,6 +51,7 @@ def _iso(value: dt.datetime | None) -> str:
 
 templates.env.filters["iso"] = _iso
 templates.env.filters["eps"] = data.epsilon_text
+templates.env.filters["privacy_words"] = data.settings_words
 templates.env.filters["named"] = lambda ids, names: (
     ", ".join(names.get(i, str(i)) for i in ids) if len(ids) <= 4 else f"{len(ids)} tenants")
 
