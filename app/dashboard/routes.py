@@ -9,6 +9,7 @@ pages: any other tenant's page, and every operator page, is a 404 (never a 403).
 from __future__ import annotations
 
 import datetime as dt
+import hmac
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -118,7 +119,7 @@ def login_form(request: Request) -> HTMLResponse:
 def login(request: Request, session: Db, secret: Annotated[str, Form()] = "",
           csrf: Annotated[str, Form()] = "") -> Response:
     expected = request.cookies.get(auth.LOGIN_CSRF_COOKIE)
-    if not expected or not csrf or expected != csrf:
+    if not expected or not csrf or not hmac.compare_digest(expected, csrf):
         return _login_page(request, "The form expired; please sign in again.", 403)
     try:
         tenant = auth.check_secret(request, session, secret.strip())

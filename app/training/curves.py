@@ -156,6 +156,7 @@ def job_chart(s: Session, job: TrainingJob, metric: str = "test_rmse",
     base = mean_baselines(s, job).get("all" if tenant_id is None else str(tenant_id))
     baseline = None if base is None else base[0 if metric == "test_rmse" else 1]
     who = "all tenants" if tenant_id is None else names.get(tenant_id, f"tenant {tenant_id}")
-    title = (f"{METRICS[metric].capitalize()}, job {job.id} ({job.algorithm}), {who}: "
+    label = METRICS[metric]
+    title = (f"{label[0].upper()}{label[1:]}, job {job.id} ({job.algorithm}), {who}: "
              f"{privacy_title(report)}")
     return Chart(title, metric, series, baseline, None if ref is None else ref.id)
