@@ -41,22 +41,63 @@ def budgets(s: Session, tenant_ids: list[int]) -> dict[int, Budget]:
             for t in ledger.tenants()}
 
 
+_BY_VERSION: dict[tuple, tuple[int, Any]] = {}
+"""(engine, what, tenant) -> (the tenant's ratings_version, value): every upload or
+deletion bumps the version, so a tenant's counts and histogram are read once per change."""
+
+
+def _versions(s: Session, tenant_ids: list[int] | None) -> dict[int, int]:
+    q = sa.select(Tenant.id, Tenant.ratings_version)
+    if tenant_ids is not None:
+        q = q.where(Tenant.id.in_(tenant_ids))
+    return dict(s.execute(q).all())
+
+
+def _cached(s: Session, what: str, versions: dict[int, int], load) -> dict[int, Any]:
+    """``load(stale ids) -> {id: value}`` for the tenants whose version changed."""
+    engine = id(s.get_bind())
+    out, stale = {}, []
+    for t, v in versions.items():
+        hit = _BY_VERSION.get((engine, what, t))
+        if hit is not None and hit[0] == v:
+            out[t] = hit[1]
+        else:
+            stale.append(t)
+    if stale:
+        fresh = load(stale)
+        if len(_BY_VERSION) > 100_000:
+            _BY_VERSION.clear()
+        for t in stale:
+            out[t] = fresh.get(t, _EMPTY[what])
+            _BY_VERSION[(engine, what, t)] = (versions[t], out[t])
+    return out
+
+
+_EMPTY: dict[str, Any] = {"counts": {"ratings": 0, "users": 0, "items": 0}, "histogram": []}
+
+
 def counts(s: Session, tenant_ids: list[int] | None = None) -> dict[int, dict[str, int]]:
     """tenant id -> ratings, users with a rating, distinct items rated."""
-    q = (sa.select(User.tenant_id, sa.func.count(), sa.func.count(sa.distinct(Rating.user_id)),
-                   sa.func.count(sa.distinct(Rating.item_id)))
-         .join(User, User.id == Rating.user_id).group_by(User.tenant_id))
-    if tenant_ids is not None:
-        q = q.where(User.tenant_id.in_(tenant_ids))
-    return {t: {"ratings": r, "users": u, "items": i} for t, r, u, i in s.execute(q)}
+    def load(ids: list[int]) -> dict[int, dict[str, int]]:
+        q = (sa.select(User.tenant_id, sa.func.count(),
+                       sa.func.count(sa.distinct(Rating.user_id)),
+                       sa.func.count(sa.distinct(Rating.item_id)))
+             .join(User, User.id == Rating.user_id).where(User.tenant_id.in_(ids))
+             .group_by(User.tenant_id))
+        return {t: {"ratings": r, "users": u, "items": i} for t, r, u, i in s.execute(q)}
+
+    return _cached(s, "counts", _versions(s, tenant_ids), load)
 
 
 def histogram(s: Session, tenant_id: int) -> list[tuple[float, int]]:
     """(rating value, count) of the tenant's ratings, by value (up to 50 distinct values)."""
-    rows = s.execute(sa.select(Rating.value, sa.func.count()).join(
-        User, User.id == Rating.user_id).where(User.tenant_id == tenant_id)
-        .group_by(Rating.value).order_by(Rating.value).limit(51)).all()
-    return [(float(v), int(c)) for v, c in rows]
+    def load(ids: list[int]) -> dict[int, list[tuple[float, int]]]:
+        rows = s.execute(sa.select(Rating.value, sa.func.count()).join(
+            User, User.id == Rating.user_id).where(User.tenant_id == ids[0])
+            .group_by(Rating.value).order_by(Rating.value).limit(51)).all()
+        return {ids[0]: [(float(v), int(c)) for v, c in rows]}
+
+    return _cached(s, "histogram", _versions(s, [tenant_id]), load)[tenant_id]
 
 
 def last_jobs(s: Session, tenant_ids: list[int]) -> dict[int, TrainingJob]:
