@@ -234,24 +234,35 @@ async def create_job(request: Request, viewer: OperatorDep, session: Db) -> Resp
     return RedirectResponse(f"/dashboard/jobs/{result.id}", status_code=303)
 
 
+DONE = {"cancel": "Cancel requested: the job stops after its current round.",
+        "resume": "Resume requested: the next round was sent again."}
+
+
 @router.get("/jobs/{job_id}")
 def job_page(request: Request, job_id: int, viewer: OperatorDep, session: Db) -> HTMLResponse:
+    return _job_page(request, job_id, viewer, session)
+
+
+def _job_page(request: Request, job_id: int, viewer: auth.Viewer, session: Session,
+              message: str | None = None, status: int = 200) -> HTMLResponse:
     job = _job(session, job_id)
     report = reports.privacy_of_job(session, job)
     names = dict(session.execute(sa.select(Tenant.id, Tenant.name)).all())
     rmse = job_chart(session, job, "test_rmse", report=report)
     mae = job_chart(session, job, "test_mae", report=report)
     rounds = reports.curve(session, job.id)
-    return _page(request, "job.html", viewer, job=job, report=report, names=names,
+    done = DONE.get(request.query_params.get("done", ""))
+    return _page(request, "job.html", viewer, status, job=job, report=report, names=names,
                  rmse=charts.line_chart(rmse), mae=charts.line_chart(mae),
                  reference=rmse.reference_job_id, baselines=mean_baselines(session, job),
                  last=rounds[-1] if rounds else None, sentences=data.plain_privacy(report),
-                 refresh=job.status in ACTIVE, message=request.query_params.get("message"))
+                 refresh=job.status in ACTIVE and message is None, message=message or done)
 
 
 @router.post("/jobs/{job_id}/{action}")
 def job_action(request: Request, job_id: int, action: str, viewer: OperatorDep, session: Db,
-               csrf: Annotated[str, Form()] = "") -> RedirectResponse:
+               csrf: Annotated[str, Form()] = "") -> Response:
+    """Cancel or resume through the admin API's own route functions."""
     auth.check_csrf(viewer, csrf)
     _job(session, job_id)
     calls = {"cancel": lambda: job_routes.cancel_training_job(job_id, session, None),
@@ -260,10 +271,11 @@ def job_action(request: Request, job_id: int, action: str, viewer: OperatorDep, 
         raise auth.PageNotFound()
     try:
         calls[action]()
-        message = f"Job {job_id}: {action} requested"
     except HTTPException as exc:
-        message = exc.detail
-    return RedirectResponse(f"/dashboard/jobs/{job_id}?message={message}", status_code=303)
+        session.rollback()
+        return _job_page(request, job_id, viewer, session, message=exc.detail,
+                         status=exc.status_code)
+    return RedirectResponse(f"/dashboard/jobs/{job_id}?done={action}", status_code=303)
 
 
 @router.get("/health")

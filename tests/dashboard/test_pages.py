@@ -115,3 +115,26 @@ def test_job_chart_names_tenants_and_spans_its_references(client):
     assert baselines["all"][0] == pytest.approx(pooled)
     png = admin.get(f"/admin/jobs/{record.id}/plot.png")
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
+
+
+def test_cancel_and_resume_buttons_use_the_admin_api_logic(client):
+    admin = TestClient(client.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    tenants = make_tenants(admin, 2, seed=2)
+    created = submit_job(admin, tenant_ids=[t for t, _ in tenants], rounds=5000)
+    assert created.status_code == 202, created.text
+    job_id = created.json()["id"]
+    assert sign_in(client, ADMIN_TOKEN).status_code == 303
+    page = client.get(f"/dashboard/jobs/{job_id}")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)[1]
+    assert "Cancel after this round" in page.text
+    done = client.post(f"/dashboard/jobs/{job_id}/cancel", data={"csrf": csrf},
+                       follow_redirects=False)
+    assert (done.status_code, done.headers["location"]) == (
+        303, f"/dashboard/jobs/{job_id}?done=cancel")
+    assert "Cancel requested" in client.get(done.headers["location"]).text
+    job = wait_job(admin, job_id)
+    assert job["status"] == "cancelled" and job["current_round"] < 5000
+    again = client.post(f"/dashboard/jobs/{job_id}/resume", data={"csrf": csrf})
+    assert again.status_code == 409
+    assert f"Job {job_id} is cancelled; nothing to resume" in again.text
+    assert "Cancel after this round" not in again.text
