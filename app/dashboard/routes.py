@@ -183,21 +183,37 @@ def _job_form(request: Request, viewer: auth.Viewer, session: Session, form: dic
                  budgets=data.budgets(session, [t.id for t in tenants]))
 
 
+def _number(form: dict, field: str, kind=float, default=None):
+    raw = (form.get(field) or "").strip()
+    if not raw and default is not None:
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{LABELS[field]}: {raw!r} is not a "
+                         f"{'whole ' if kind is int else ''}number") from None
+
+
+LABELS = {"rounds": "Rounds", "seed": "Seed", "epsilon": "Target epsilon", "delta": "Delta",
+          "noise_multiplier": "Noise multiplier", "clip": "Clip bound"}
+
+
 def _job_body(form: dict) -> dict:
-    """The ``POST /admin/jobs`` body the form describes."""
-    body: dict[str, Any] = {"algorithm": form["algorithm"], "rounds": int(form["rounds"]),
-                            "seed": int(form.get("seed") or 0)}
+    """The ``POST /admin/jobs`` body the form describes; ValueError names a bad field."""
+    body: dict[str, Any] = {"algorithm": form.get("algorithm"),
+                            "rounds": _number(form, "rounds", int),
+                            "seed": _number(form, "seed", int, 0)}
     if form.get("tenant_ids"):
         body["tenant_ids"] = [int(t) for t in form["tenant_ids"]]
     privacy = form.get("privacy", "user")
     if privacy == "user":
         body["privacy"] = {"unit": "user", "placement": form.get("placement", "central"),
-                           "target_epsilon": float(form["epsilon"]),
-                           "delta": float(form.get("delta") or 1e-6)}
+                           "target_epsilon": _number(form, "epsilon"),
+                           "delta": _number(form, "delta", float, 1e-6)}
     elif privacy == "tenant":
         body["dp"] = {"mechanism": form.get("mechanism", "gaussian"),
-                      "noise_multiplier": float(form["noise_multiplier"]),
-                      "clip": float(form.get("clip") or 1.0)}
+                      "noise_multiplier": _number(form, "noise_multiplier"),
+                      "clip": _number(form, "clip", float, 1.0)}
     else:
         body["dp"] = {"mechanism": "none"}
         body["allow_not_private"] = True
@@ -212,9 +228,9 @@ async def create_job(request: Request, viewer: OperatorDep, session: Db) -> Resp
     form["tenant_ids"] = raw.getlist("tenant_ids")
     try:
         body = JobCreate(**_job_body(form))
-    except (ValidationError, ValueError, KeyError) as exc:
+    except (ValidationError, ValueError) as exc:
         msg = ([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-               if isinstance(exc, ValidationError) else f"Invalid form: {exc}")
+               if isinstance(exc, ValidationError) else str(exc))
         return _job_form(request, viewer, session, form, error=msg, status=422)
     dry_run = form.get("action") != "start"
     try:

@@ -138,3 +138,22 @@ def test_cancel_and_resume_buttons_use_the_admin_api_logic(client):
     assert again.status_code == 409
     assert f"Job {job_id} is cancelled; nothing to resume" in again.text
     assert "Cancel after this round" not in again.text
+
+
+def test_job_form_names_a_bad_field_and_dry_runs_a_tenant_level_job(client):
+    admin = TestClient(client.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    tenants = make_tenants(admin, 2, seed=3, allow_non_private=False)
+    assert sign_in(client, ADMIN_TOKEN).status_code == 303
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/dashboard/jobs/new").text)[1]
+    form = {"csrf": csrf, "algorithm": "fedmc-admm", "rounds": "3", "privacy": "tenant",
+            "mechanism": "gaussian", "noise_multiplier": "lots", "clip": "1",
+            "action": "plan", "tenant_ids": [str(t) for t, _ in tenants]}
+    bad = client.post("/dashboard/jobs/new", data=form)
+    assert bad.status_code == 422 and "Noise multiplier: &#39;lots&#39; is not a number" in bad.text
+    plan = client.post("/dashboard/jobs/new", data={**form, "noise_multiplier": "2"})
+    assert plan.status_code == 200 and "nothing was created or charged" in plan.text
+    assert "tenant-level DP, gaussian noise ×2.0 on uploads clipped to 1.0" in plan.text
+    refused = client.post("/dashboard/jobs/new", data={**form, "privacy": "none",
+                                                       "action": "start"})
+    assert refused.status_code == 409 and "did not opt in to non-private training" in refused.text
+    assert admin.get("/admin/jobs").json()["count"] == 0
