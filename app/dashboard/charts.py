@@ -11,7 +11,7 @@ from app.training.curves import Chart
 PALETTE = ["#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22",
            "#7f7f7f", "#aec7e8", "#ffbb78", "#c5b0d5", "#c49c94"]
 W, H = 720, 320
-LEFT, RIGHT, TOP, BOTTOM = 56, 16, 16, 40
+LEFT, RIGHT, TOP, BOTTOM = 74, 16, 16, 40
 
 
 def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
