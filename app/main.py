@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerDown
 
 from app.config import Settings, get_settings, resolve_admin_token
+from app.dashboard import install_dashboard
 from app.db import DATABASE_DOWN, make_engine, session_factory
 from app.limits import BodyLimit, UploadSlots
 from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         engine.dispose()
 
     app = FastAPI(title="fedrec", version="0.1.0", lifespan=lifespan,
+                  docs_url=None, redoc_url=None,  # served offline by app.dashboard
                   description="Privacy-focused federated recommender: tenants, items, ratings.")
     app.state.settings, app.state.admin_token, app.state.engine = settings, token, engine
     app.state.sessions = session_factory(engine)
@@ -80,5 +82,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
     app.add_exception_handler(RequestValidationError, invalid_request)
+    install_dashboard(app)  # /docs, /redoc and the /dashboard pages
     app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
     return app

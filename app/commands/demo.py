@@ -279,7 +279,10 @@ def run(args: argparse.Namespace) -> int:
                   "measured trade-off at every epsilon.")
     if args.serve:
         print(f"\nServing on {base}; admin token: {token}\nTenant keys: " +
-              ", ".join(f"{t['name']}={t['key']}" for t in tenants) + "\nCtrl-C to stop.")
+              ", ".join(f"{t['name']}={t['key']}" for t in tenants))
+        print(f"\nDashboard: {base}/dashboard\n  sign in as the operator with the admin "
+              f"token: {token}\n  or as tenant {tenants[0]['name']} with its key: "
+              f"{tenants[0]['key']}\nCtrl-C to stop.")
         try:
             thread.join()
         except KeyboardInterrupt:

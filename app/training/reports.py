@@ -134,26 +134,33 @@ def job_report(s: Session, job: TrainingJob, public: JobPublic) -> JobReport:
 
 
 def plot_png(s: Session, job: TrainingJob, tenant_id: int | None = None) -> bytes:
-    """Test RMSE per round: overall plus each tenant (or one tenant only)."""
+    """Test RMSE per round: overall plus each tenant by name (or one tenant only), with the
+    noise-free reference job and the mean-prediction baseline drawn in, epsilon in the
+    title, and the y-axis spanning those references (see :mod:`app.training.curves`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    rounds = curve(s, job.id)
+    from app.training.curves import job_chart
+
+    chart = job_chart(s, job, "test_rmse", tenant_id)
     fig = Figure(figsize=(7, 4.2), dpi=100)
     ax = fig.add_subplot()
-    tenants = job.tenant_ids if tenant_id is None else [tenant_id]
-    for t in tenants[:20]:
-        pts = tenant_curve(rounds, t)
-        ax.plot([p.round for p in pts], [p.test_rmse for p in pts], lw=1, alpha=0.6,
-                label=f"tenant {t}")
-    if tenant_id is None:
-        ax.plot([r.round for r in rounds], [r.test_rmse for r in rounds], "k-", lw=2.5,
-                label="all tenants")
+    style = {"tenant": {"lw": 1, "alpha": 0.6}, "overall": {"color": "k", "lw": 2.5},
+             "reference": {"color": "tab:green", "lw": 2, "ls": "--"}}
+    for series in chart.series:
+        ax.plot([p[0] for p in series.points], [p[1] for p in series.points],
+                label=series.label, **style[series.kind])
+    if chart.baseline is not None:
+        ax.axhline(chart.baseline, color="tab:red", lw=1.2, ls=":",
+                   label=f"predict the mean ({chart.baseline:.3f})")
+    ax.set_ylim(*chart.y_range())
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
-    ax.set_ylabel("test RMSE")
-    ax.set_title(f"job {job.id}: {job.algorithm}, DP {job.dp.get('mechanism')}")
+    ax.set_ylabel(chart.y_label)
+    ax.set_title(chart.title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     buf = io.BytesIO()
