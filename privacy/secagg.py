@@ -227,8 +227,8 @@ def _unlimbs(limbs: np.ndarray) -> bytes:
 def shamir_split(secret: bytes, holders: Sequence[int], threshold: int) -> dict[int, np.ndarray]:
     """t-of-n shares of a 32-byte secret: holder h gets ``f(h + 1)`` for a random polynomial
     f of degree t - 1 over GF(p) per limb with ``f(0)`` = the limb."""
-    if not 1 <= threshold <= len(holders):
-        raise SecAggError(f"threshold {threshold} must be in [1, {len(holders)}]")
+    if threshold < 1:
+        raise SecAggError(f"threshold must be at least 1, got {threshold}")
     coeffs = np.vstack([_limbs(secret)[None, :], _random_field((threshold - 1, LIMBS))])
     xs = np.asarray([int(h) + 1 for h in holders], dtype=np.int64)
     acc = np.zeros((xs.size, LIMBS), dtype=np.int64)
@@ -515,8 +515,12 @@ def route_shares(roster: KeyRoster, messages: Iterable[ShareKeys]) -> dict[int, 
         raise TooManyDropouts(f"{len(complete)} tenants sent their shares, fewer than the "
                               f"threshold {roster.threshold}")
     u2 = tuple(sorted(complete))
-    return {v: ShareInbox(v, u2, tuple(e for u in u2 if u != v for e in complete[u].shares
-                                       if e.recipient == v)) for v in u2}
+    by_recipient: dict[int, list[EncryptedShare]] = {v: [] for v in u2}
+    for u in u2:
+        for e in complete[u].shares:
+            if e.recipient in by_recipient:
+                by_recipient[e.recipient].append(e)
+    return {v: ShareInbox(v, u2, tuple(by_recipient[v])) for v in u2}
 
 
 def unmask_request(roster: KeyRoster, participants: Sequence[int],
