@@ -114,7 +114,7 @@ def cost_sampled(n: int, length: int, sample: int, dropped_frac: float = 0.1
     t0 = time.perf_counter()
     roster = S.make_roster(adverts, rid, length)
     coord = {"advertise": time.perf_counter() - t0}
-    messages, real_inbox = [], defaultdict(list)
+    messages: list[S.ShareKeys] = []
     for i in range(n):
         if i in sampled:
             t0 = time.perf_counter()

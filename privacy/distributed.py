@@ -83,6 +83,10 @@ def pack(upload: Message, bounds: UserBounds | None = None) -> np.ndarray:
 def unpack(vector: np.ndarray, template: Message, bounds: UserBounds | None = None
            ) -> Message:
     """Inverse of :func:`pack` (gram arrays mirrored), shaped like ``template``."""
+    expected = pack(template, bounds).size
+    if vector.size != expected:
+        raise ValueError(f"vector of {vector.size} values does not fit the upload "
+                         f"({expected})")
     changes: dict[str, Any] = {}
     at = 0
     for name, upper in _blocks(template, bounds):
@@ -99,8 +103,6 @@ def unpack(vector: np.ndarray, template: Message, bounds: UserBounds | None = No
             out = vector[at:at + size].reshape(shape)
         changes[name] = out
         at += size
-    if at != vector.size:
-        raise ValueError(f"vector of {vector.size} values does not fit the upload ({at})")
     return template.replace(**changes)
 
 
