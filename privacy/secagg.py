@@ -595,20 +595,24 @@ def message_bytes(msg: Any) -> int:
 def run_round(inputs: Mapping[int, np.ndarray], round_id: bytes, *,
               dropout_tolerance: float = DEFAULT_DROPOUT_TOLERANCE,
               drop_before_input: Iterable[int] = (), drop_before_unmask: Iterable[int] = (),
-              timer: Callable[[str, int | None, float], None] | None = None) -> RoundResult:
+              timer: Callable[[str, int | None, float], None] | None = None,
+              clock: Callable[[], float] | None = None) -> RoundResult:
     """Every phase in-process for tenants ``inputs`` (id -> encoded uint64 vector).
 
     ``drop_before_input``: tenants that vanish after sending their shares (their input is
     left out of the sum, their pairwise masks recovered); ``drop_before_unmask``: tenants
     whose input is in the sum but who do not answer the unmasking. ``timer(phase, tenant or
-    None for the coordinator, seconds)`` receives the time of every step."""
+    None for the coordinator, seconds)`` receives the time of every step, read from
+    ``clock`` (default ``time.perf_counter``; ``time.thread_time`` for CPU seconds)."""
     import time
 
+    tick = clock or time.perf_counter
+
     def timed(phase: str, who: int | None, fn: Callable[[], Any]) -> Any:
-        t0 = time.perf_counter()
+        t0 = tick()
         out = fn()
         if timer is not None:
-            timer(phase, who, time.perf_counter() - t0)
+            timer(phase, who, tick() - t0)
         return out
 
     ids = sorted(int(i) for i in inputs)
