@@ -371,6 +371,35 @@ class TenantState:
     answered: bool = False
 
 
+def state_to_dict(state: TenantState) -> dict[str, Any]:
+    """A tenant's round state as JSON-ready data, private keys included: for the tenant's
+    own disk only (an agent that restarts mid-round must reuse the same keys and seed, or
+    its masks no longer cancel). Never send it."""
+    return {"tenant": state.tenant, "round_id": to_wire(state.round_id),
+            "channel_sk": to_wire(_priv_bytes(state.channel_sk)),
+            "mask_sk": to_wire(_priv_bytes(state.mask_sk)),
+            "roster": None if state.roster is None else to_wire(state.roster),
+            "self_seed": None if state.self_seed is None else to_wire(state.self_seed),
+            "own_shares": None if state.own_shares is None else to_wire(list(state.own_shares)),
+            "inbox": None if state.inbox is None else to_wire(state.inbox),
+            "answered": bool(state.answered)}
+
+
+def state_from_dict(data: Mapping[str, Any]) -> TenantState:
+    """Inverse of :func:`state_to_dict`."""
+    def opt(key: str) -> Any:
+        return None if data.get(key) is None else from_wire(data[key])
+    try:
+        return TenantState(
+            int(data["tenant"]), from_wire(data["round_id"]),
+            X25519PrivateKey.from_private_bytes(from_wire(data["channel_sk"])),
+            X25519PrivateKey.from_private_bytes(from_wire(data["mask_sk"])),
+            opt("roster"), opt("self_seed"), opt("own_shares"), opt("inbox"),
+            bool(data["answered"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SecAggError(f"malformed secure-aggregation state: {exc}") from exc
+
+
 # --------------------------------------------------------------------------- tenant side
 
 def advertise(tenant: int, round_id: bytes) -> tuple[TenantState, AdvertiseKeys]:

@@ -237,3 +237,26 @@ def test_discrete_gaussian_variance_and_ddg_tau():
         assert abs(z.mean()) < 5 * math.sqrt(var / z.size)
     assert S.ddg_tau(1e3, 1000) == 0.0
     assert S.ddg_tau(0.5, 2) == pytest.approx(10 * math.exp(-math.pi ** 2 / 4 * 1))
+
+
+def test_a_tenant_restarted_mid_round_from_its_saved_state_still_cancels():
+    xs, enc = _inputs(4, seed=7)
+    states, ads = {}, []
+    for i in range(4):
+        states[i], a = S.advertise(i, b"resume")
+        ads.append(a)
+    roster = S.make_roster(ads, b"resume", 500, 0.25)
+    inboxes = S.route_shares(roster, [S.share_keys(states[i], roster) for i in range(4)])
+    saved = json.dumps(S.state_to_dict(states[2]))  # written to the tenant's disk
+    states[2] = S.state_from_dict(json.loads(saved))  # ... crash, restart
+    masked = {i: S.mask_input(states[i], inboxes[i], enc[i]) for i in range(4)}
+    states[1] = S.state_from_dict(json.loads(json.dumps(S.state_to_dict(states[1]))))
+    request = S.unmask_request(roster, tuple(range(4)), masked)
+    responses = [S.unmask(states[i], request) for i in range(4)]
+    total = S.aggregate(roster, request, masked, responses)
+    assert np.abs(FP.decode(total) - sum(xs.values())).max() <= FP.error_bound(4)
+    again = S.state_from_dict(json.loads(json.dumps(S.state_to_dict(states[1]))))
+    with pytest.raises(S.SecAggError, match="already answered"):
+        S.unmask(again, request)  # the answered flag survives a restart too
+    with pytest.raises(S.SecAggError, match="malformed secure-aggregation state"):
+        S.state_from_dict({"tenant": 1})
