@@ -148,6 +148,14 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     g.add_argument("--release-growth", type=float, default=None,
                    help="user unit: release k gets a privacy share proportional to g^k "
                         "(later, less noisy releases; 1 = equal; default 2.5)")
+    g.add_argument("--secure-aggregation", action="store_true",
+                   help="the coordinator sees only the sum of the uploads (pairwise-masked, "
+                        "Bonawitz et al. CCS 2017); with --privacy user --placement tenant "
+                        "each tenant adds 1/sqrt(t) of the noise (distributed DP, central "
+                        "accuracy); with --privacy none a noise-free secure sum")
+    g.add_argument("--dropout-tolerance", type=float, default=None,
+                   help="secure aggregation: largest fraction of a round's tenants that may "
+                        "drop (default 0.1; noise is planned for the remaining t)")
     g.add_argument("--gram-share", type=float, default=None,
                    help="user unit: share of each release's privacy spent on the Gram "
                         "matrices, the rest on the right-hand sides (default 0.2)")
@@ -171,6 +179,15 @@ def privacy_unit(args: argparse.Namespace) -> str:
     for flag in ("gram_share", "release_growth"):
         if unit != "user" and getattr(args, flag) is not None:
             raise ValueError(f"--{flag.replace('_', '-')} applies to --privacy user only")
+    secure = getattr(args, "secure_aggregation", False)
+    if secure and unit == "tenant":
+        raise ValueError("--secure-aggregation applies to --privacy user --placement tenant "
+                         "or --privacy none (the tenant unit noises each upload in full)")
+    if secure and unit == "user" and args.placement != "tenant":
+        raise ValueError("--secure-aggregation needs --placement tenant (central placement "
+                         "already noises one sum)")
+    if getattr(args, "dropout_tolerance", None) is not None and not secure:
+        raise ValueError("--dropout-tolerance applies to --secure-aggregation only")
     if unit == "none" and (args.epsilon is not None or args.delta is not None):
         raise ValueError("--epsilon/--delta need --privacy user or tenant")
     if unit == "tenant":
@@ -199,11 +216,17 @@ def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n
             epsilon=args.epsilon if args.epsilon is not None else DEFAULT_EPSILON,
             delta=delta, n_users=n_users, releases=releases,
             placement=args.placement or "central", sample_rate=bounds.sample_rate,
-            **{k: getattr(args, k) for k in ("gram_share", "release_growth")
-               if getattr(args, k) is not None})
+            secure_aggregation=bool(getattr(args, "secure_aggregation", False)),
+            **{k: getattr(args, k) for k in ("gram_share", "release_growth",
+                                             "dropout_tolerance")
+               if getattr(args, k, None) is not None})
     except ValidationError as exc:  # one line naming the flag, not pydantic's dump
         err = exc.errors()[0]
         field = str(err["loc"][0]).replace("_", "-") if err["loc"] else ""
         msg = err["msg"].removeprefix("Value error, ")
         raise ValueError(f"--{field}: {msg}" if field else msg) from None
+    if spec.secure_aggregation:
+        from privacy.distributed import SecureAggregationPrivatizer
+
+        return SecureAggregationPrivatizer(spec, bounds, n_clients, seed)
     return UserLevelPrivatizer(spec, bounds, n_clients, seed)

@@ -362,6 +362,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         privatizer, aggregator = _privatizer(args, alg, cfg, fed, run_cfg["rounds"],
                                              per_round), None
+    if unit == "none" and getattr(args, "secure_aggregation", False):
+        from privacy.distributed import SecureSum
+
+        aggregator = SecureSum(args.seed, dropout_tolerance=args.dropout_tolerance
+                               if args.dropout_tolerance is not None else 0.1)
     t0 = time.perf_counter()
     result = simulate(alg, cfg, fed, rounds=run_cfg["rounds"], per_round=per_round,
                       seed=args.seed, privatizer=privatizer, aggregator=aggregator,
@@ -379,13 +384,17 @@ def run(args: argparse.Namespace) -> int:
               f"recall@10 {binary['recall_at_k']:.4f}")
     if unit == "user":
         privacy = privatizer.report()
-        print(f"privacy: unit user, placement {privacy['placement']}, epsilon max "
+        secure = " with secure aggregation" if privacy.get("secure_aggregation") else ""
+        print(f"privacy: unit user, placement {privacy['placement']}{secure}, epsilon max "
               f"{privacy['epsilon_max']:.4g} at delta {privacy['delta']:.3g} over "
               f"{len(privacy['releases'])} releases (noise multiplier "
               f"{privacy['noise_multiplier']:.4g})")
     else:
         privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer \
             else {"mechanism": "none"}
+    if unit == "none" and aggregator is not None:
+        privacy["secure_aggregation"] = {"rounds": aggregator.rounds}
+        print("secure aggregation (no noise): the server step saw only each round's sum")
     if unit == "tenant" and privatizer is not None:
         privacy["placement"] = "tenant"
         print(f"privacy: {privacy['mechanism']}, epsilon max over tenants "
