@@ -65,3 +65,18 @@ def test_public_kernels_choose_parallel_by_size_and_agree():
     for got, want in zip(K.w_linearised_steps_numba(*w_args, parallel=True),
                          K.w_linearised_steps_numba(*w_args, parallel=False), strict=True):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_concurrent_calls_from_threads_are_safe_and_equal():
+    """Only one parallel kernel runs at a time per process (the workqueue layer would abort
+    on concurrent launches); the other threads run the serial kernel: the same numbers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    csr, _, (u, bt, *_rest) = _block(800, 300, 10, seed=7)
+    args = (csr.indptr, csr.indices, csr.data, u, bt, K.LIP_BLOCK_DIAG, 0.0, 0.01, 0.05,
+            True, 10)
+    want = K.u_prox_steps_numba(*args, parallel=False)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: K.u_prox_steps_numba(*args, parallel=True), range(16)))
+    for result in got:
+        np.testing.assert_allclose(result, want, rtol=0, atol=1e-12)
