@@ -312,7 +312,7 @@ class Collector:
     def _intern(self, index: dict[str, int], keys: list[str]) -> list[int]:
         """The index of each key, new keys numbered in order of first appearance."""
         new = [k for k in dict.fromkeys(keys) if k not in index]
-        index.update(zip(new, range(len(index), len(index) + len(new))))
+        index.update(zip(new, range(len(index), len(index) + len(new)), strict=True))
         return list(map(index.__getitem__, keys))
 
     def _add_fast(self, rows: list[tuple]) -> bool:

@@ -2,8 +2,9 @@
 
 PostgreSQL: a binary COPY built from the upload's columns, straight into ``ratings`` for
 users the upload creates, else into a temporary table merged with one INSERT ... ON
-CONFLICT DO UPDATE. SQLite: an executemany upsert. Both run inside the caller's transaction (the session), so
-an upload and its idempotency record commit together or not at all.
+CONFLICT DO UPDATE. SQLite: an executemany upsert. Both run inside the caller's
+transaction (the session), so an upload and its idempotency record commit together or not
+at all.
 """
 
 from __future__ import annotations
