@@ -20,16 +20,67 @@ Two implementations of the FedMC-ADMM inner loops are provided and agree to ~1e-
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 import scipy.sparse as sp
 
 try:  # numba is optional: the numpy path is always available
     import numba
+    from numba import prange
 
     HAVE_NUMBA = True
+    if "NUMBA_THREADING_LAYER" not in os.environ:
+        # workqueue's threads sleep between kernels, where OpenMP's spin: on a shared
+        # 2-core machine (load 8) a round took 1.8x less wall time than serially with
+        # workqueue, 1.15x with OpenMP. It must never run two kernels at once, which
+        # _run_parallel's lock guarantees.
+        numba.config.THREADING_LAYER = "workqueue"
 except ImportError:  # pragma: no cover - exercised only where numba is absent
     numba = None
+    prange = range
     HAVE_NUMBA = False
+
+PARALLEL_MIN_ROWS = 256
+"""Fewer rows (or items) than this run the serial kernel: thread start-up would cost more."""
+
+
+def threads() -> int:
+    """Threads the parallel fused kernels use (numba's, ``NUMBA_NUM_THREADS``: the cores)."""
+    return numba.get_num_threads() if HAVE_NUMBA else 1
+
+
+_PARALLEL_OK = [True]
+"""Set to False when numba has no usable threading layer: then the serial kernels run."""
+
+
+def _use_parallel(parallel: bool | None, size: int) -> bool:
+    if parallel is None:
+        parallel = size >= PARALLEL_MIN_ROWS
+    return bool(parallel) and _PARALLEL_OK[0] and threads() > 1
+
+
+_LAUNCH = threading.Lock()
+"""Held while a parallel kernel runs: one at a time per process (the workqueue threading
+layer aborts the process on concurrent launches); a thread finding it busy runs the serial
+kernel, which gives the same numbers."""
+
+
+def _run_parallel(kernel, serial, *args):
+    """``kernel(*args, threads())``, or ``serial(*args)`` when another thread is running a
+    parallel kernel or no threading layer loads."""
+    if not _LAUNCH.acquire(blocking=False):
+        return serial(*args)
+    try:
+        return kernel(*args, threads())
+    except (ValueError, ImportError, RuntimeError) as exc:  # no threading layer
+        if "threading layer" not in str(exc):
+            raise
+        _PARALLEL_OK[0] = False
+        return serial(*args)
+    finally:
+        _LAUNCH.release()
 
 
 def observed_residual(a: np.ndarray, bt: np.ndarray, rows: np.ndarray, cols: np.ndarray,
@@ -278,6 +329,78 @@ def _w_linearised_steps_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given
     return w_out, y_out
 
 
+def _chunks(count, parts):
+    """Bounds of ``parts`` near-equal contiguous chunks of ``range(count)``."""
+    return np.linspace(0, count, parts + 1).astype(np.int64)
+
+
+def _u_prox_steps_par_loops(indptr, indices, target, u, bt, mode, given, floor, lam, l1,
+                            n_steps, parts):
+    """:func:`_u_prox_steps_loops` with the rows split into ``parts`` chunks run in
+    parallel (``prange``), each with its own scratch arrays: every row is computed by the
+    same code as in the serial kernel, so the result is identical."""
+    m, q = u.shape
+    out = u.copy()
+    bounds = _chunks(m, parts)
+    for part in prange(parts):
+        gram, h, g, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
+        for t in range(bounds[part], bounds[part + 1]):
+            _gram_into(gram, h, indices, target, bt, indptr[t], indptr[t + 1])
+            _bound_into(lip, gram, mode, given, floor)
+            row = out[t]
+            for _ in range(n_steps):
+                for c in range(q):
+                    g[c] = -h[c]
+                    for d in range(q):
+                        g[c] += gram[c, d] * row[d]
+                for c in range(q):
+                    if l1:
+                        z = row[c] - g[c] / lip[c]
+                        row[c] = np.sign(z) * max(abs(z) - lam / lip[c], 0.0)
+                    else:
+                        row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam)
+    return out
+
+
+def _w_linearised_steps_par_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given, floor,
+                                  beta, p, n_steps, parts):
+    """:func:`_w_linearised_steps_loops` with the items split into ``parts`` chunks of
+    about equal numbers of ratings, run in parallel: the same numbers."""
+    n, q = wt.shape
+    w_out = np.empty_like(wt)
+    y_out = np.empty_like(yt)
+    l_free = given if mode == LIP_GIVEN else floor
+    den = l_free / p + beta
+    c_pow, c_sum, cc, inv_den = 1.0, 0.0, (l_free / p) / den, 1.0 / den
+    for _ in range(n_steps):
+        c_sum += c_pow
+        c_pow *= cc
+    # balance by work: ratings plus a fixed cost per item
+    work = colptr[1:] + np.arange(1, n + 1) * (2 * q)
+    bounds = np.searchsorted(work, _chunks(work[-1] if n else 0, parts)[1:], side="right")
+    starts = np.empty(parts + 1, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = bounds
+    starts[parts] = n
+    for part in prange(parts):
+        gram, h, grad, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
+        k0, k1, k2 = np.empty(q), np.empty(q), np.empty(q)
+        for j in range(starts[part], max(starts[part], starts[part + 1])):
+            lo, hi = colptr[j], colptr[j + 1]
+            col = w_out[j]
+            if lo == hi:
+                for c in range(q):
+                    col[c] = c_pow * wt[j, c] + c_sum * (beta * vt[j, c] - yt[j, c]) * inv_den
+            else:
+                for c in range(q):
+                    col[c] = wt[j, c]
+                _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target,
+                                lo, hi, vt, yt, mode, given, floor, beta, p, n_steps)
+            for c in range(q):
+                y_out[j, c] = yt[j, c] + beta * (col[c] - vt[j, c])
+    return w_out, y_out
+
+
 if HAVE_NUMBA:
     # reassociation lets LLVM vectorise the short dot products; results stay within
     # ~1e-13 of the numpy path (tested) and are deterministic on a given machine
@@ -291,27 +414,39 @@ if HAVE_NUMBA:
     _w_column_steps = _inline(_w_column_steps)
     _u_prox_steps_jit = _jit(_u_prox_steps_loops)
     _w_linearised_steps_jit = _jit(_w_linearised_steps_loops)
+    _chunks = _inline(_chunks)
+    _par = numba.njit(cache=True, fastmath=_FAST, parallel=True)
+    _u_prox_steps_par = _par(_u_prox_steps_par_loops)
+    _w_linearised_steps_par = _par(_w_linearised_steps_par_loops)
 
 
 def u_prox_steps_numba(indptr: np.ndarray, indices: np.ndarray, target: np.ndarray,
                        u: np.ndarray, bt: np.ndarray, mode: int, given: float, floor: float,
-                       lam: float, l1: bool, n_steps: int) -> np.ndarray:
+                       lam: float, l1: bool, n_steps: int, parallel: bool | None = None
+                       ) -> np.ndarray:
     """Same as :func:`u_prox_steps_numpy`, fused per user row (rows are independent).
 
     One pass per row builds its Gram matrix G_t and h_t = sum target b_j, from which the
     gradient of every inner step is ``G_t u_t - h_t`` and the Lipschitz bound (``mode``:
     ``LIP_GIVEN`` uses ``given``; ``LIP_BLOCK_FRO`` / ``LIP_BLOCK_DIAG`` as in
     :func:`block_lipschitz`, at least ``floor``).
+
+    ``parallel`` (default: when there are at least :data:`PARALLEL_MIN_ROWS` rows) splits
+    the rows over :func:`threads` threads; each row is computed exactly as serially, so
+    the result is the same to the bit.
     """
-    return _u_prox_steps_jit(indptr, indices, target, np.ascontiguousarray(u),
-                             np.ascontiguousarray(bt), int(mode), float(given), float(floor),
-                             float(lam), bool(l1), int(n_steps))
+    args = (indptr, indices, target, np.ascontiguousarray(u), np.ascontiguousarray(bt),
+            int(mode), float(given), float(floor), float(lam), bool(l1), int(n_steps))
+    if _use_parallel(parallel, u.shape[0]):
+        return _run_parallel(_u_prox_steps_par, _u_prox_steps_jit, *args)
+    return _u_prox_steps_jit(*args)
 
 
 def w_linearised_steps_numba(colptr: np.ndarray, rowidx: np.ndarray, target: np.ndarray,
                              a: np.ndarray, wt: np.ndarray, vt: np.ndarray, yt: np.ndarray,
                              mode: int, given: float, floor: float, beta: float, p: int,
-                             n_steps: int) -> tuple[np.ndarray, np.ndarray]:
+                             n_steps: int, parallel: bool | None = None
+                             ) -> tuple[np.ndarray, np.ndarray]:
     """Same as :func:`w_linearised_steps_numpy` (transposed, n x q), fused per item.
 
     Takes the block's CSC structure (``colptr``, ``rowidx``, ``target`` in CSC order) and
@@ -319,8 +454,12 @@ def w_linearised_steps_numba(colptr: np.ndarray, rowidx: np.ndarray, target: np.
     U, so each rated item runs its N steps in cache; an unrated item has zero gradient and
     takes the closed form ``c^N w + (1 + c + ... + c^(N-1)) d`` with
     ``c = (L/p) / (L/p + beta)``, ``d = (beta v - y) / (L/p + beta)``. Returns (W^T, Y^T).
+    ``parallel`` as in :func:`u_prox_steps_numba`, over items in chunks of about equal
+    numbers of ratings; the same numbers as serially.
     """
-    return _w_linearised_steps_jit(colptr, rowidx, target, np.ascontiguousarray(a),
-                                   np.ascontiguousarray(wt), np.ascontiguousarray(vt),
-                                   np.ascontiguousarray(yt), int(mode), float(given),
-                                   float(floor), float(beta), int(p), int(n_steps))
+    args = (colptr, rowidx, target, np.ascontiguousarray(a), np.ascontiguousarray(wt),
+            np.ascontiguousarray(vt), np.ascontiguousarray(yt), int(mode), float(given),
+            float(floor), float(beta), int(p), int(n_steps))
+    if _use_parallel(parallel, wt.shape[0]):
+        return _run_parallel(_w_linearised_steps_par, _w_linearised_steps_jit, *args)
+    return _w_linearised_steps_jit(*args)

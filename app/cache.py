@@ -12,6 +12,7 @@ the reader must re-check it before answering.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Hashable
 
@@ -43,3 +44,27 @@ class SingleFlight:
         """The refresh of ``key`` finished (or failed): release the claim."""
         with self._lock:
             self._claims.pop(key, None)
+
+
+class Coalesced:
+    """Concurrent identical re-checks of one process's event loop, run once: the first
+    caller starts ``fn`` in the threadpool, later callers with the same key await the same
+    outcome (result or exception) until it is done.
+
+    On a loaded machine the background renewal can fall behind and a cache entry expire;
+    without this, every request arriving then re-read the database in its own threadpool
+    call, and the extra load made the next renewal later still.
+    """
+
+    def __init__(self) -> None:
+        self._running: dict[Hashable, asyncio.Future] = {}
+
+    async def run(self, key: Hashable, fn):
+        from starlette.concurrency import run_in_threadpool
+
+        future = self._running.get(key)
+        if future is None:
+            future = asyncio.ensure_future(run_in_threadpool(fn))
+            self._running[key] = future
+            future.add_done_callback(lambda _done: self._running.pop(key, None))
+        return await asyncio.shield(future)

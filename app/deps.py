@@ -175,10 +175,10 @@ async def serving_tenant(request: Request, tenant_id: PathId,
         with request.app.state.sessions() as session:
             return _verified_tenant(request, session, creds.credentials, force=True)
 
-    tenant, recheck = request.app.state.key_cache.lookup(hash_key(creds.credentials),
-                                                         time.monotonic())
-    if tenant is None:
-        tenant = await run_in_threadpool(verify)
+    digest = hash_key(creds.credentials)
+    tenant, recheck = request.app.state.key_cache.lookup(digest, time.monotonic())
+    if tenant is None:  # requests with the same key wait for one verification
+        tenant = await request.app.state.coalesced.run(("key", digest), verify)
     elif recheck:  # due for re-verification: done in the background, this request proceeds
         in_background(request, verify)
     if tenant.id != tenant_id:

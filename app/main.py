@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerDown
 
+from app.cache import Coalesced
 from app.config import Settings, get_settings, resolve_admin_token
 from app.dashboard import install_dashboard
 from app.db import DATABASE_DOWN, make_engine, session_factory
@@ -77,7 +78,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.background_tasks = set()
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
-    for module in (health, tenants, items, ratings, stats, jobs, recommendations):
+    app.state.coalesced = Coalesced()  # one re-check at a time per key (app.cache)
+    # recommendations first: routes are matched in order, and it is the hot path
+    for module in (recommendations, health, tenants, items, ratings, stats, jobs):
         app.include_router(module.router)
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)

@@ -1,8 +1,10 @@
 """Database operations on items and ratings, including the bulk upload path.
 
-PostgreSQL: COPY into a temporary table, then one INSERT ... ON CONFLICT DO UPDATE.
-SQLite: an executemany upsert. Both run inside the caller's transaction (the session), so
-an upload and its idempotency record commit together or not at all.
+PostgreSQL: a binary COPY built from the upload's columns, straight into ``ratings`` for
+users the upload creates, else into a temporary table merged with one INSERT ... ON
+CONFLICT DO UPDATE. SQLite: an executemany upsert. Both run inside the caller's
+transaction (the session), so an upload and its idempotency record commit together or not
+at all.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from algorithms.block import RatingBlock
-from app.ingest import Batch
+from app.ingest import NO_TIME, Batch, Collected
 from app.models import Item, Rating, RatingStats, Tenant, User, utcnow
 from app.stats import BlockStats
 
@@ -57,19 +59,23 @@ def create_missing_items(session: Session, keys: Iterable[str]) -> None:
         session.execute(_insert(session, Item).on_conflict_do_nothing(), rows)
 
 
-def upsert_ratings(session: Session, tenant_id: int, batches: Batch | Iterable[Batch],
-                   ids: dict[str, int]) -> int:
-    """Store ``batches`` (one :class:`Batch` or an iterable of them, consumed once, so that
-    a large upload is materialised one batch at a time) for the tenant, creating its users;
-    re-uploads update the rating.
+def upsert_ratings(session: Session, tenant_id: int,
+                   batches: Collected | Batch | Iterable[Batch], ids: dict[str, int]) -> int:
+    """Store an upload's valid rows for the tenant, creating its users; re-uploads update
+    the rating. ``batches`` is the :class:`Collected` upload (PostgreSQL writes it with a
+    binary COPY straight from its columns), one :class:`Batch`, or an iterable of them
+    (consumed once, so that a large upload is materialised one batch at a time).
 
     Returns how many ratings changed: inserted, or updated to another value or timestamp
     (a row identical to the stored one is not written). Only a change bumps the tenant's
     ratings version, which is what starts scheduled retraining.
     """
-    batches = [batches] if isinstance(batches, Batch) else batches
     if session.get_bind().dialect.name == "postgresql":
-        return _copy_upsert(session, tenant_id, batches, ids)
+        rows = batches if isinstance(batches, Collected) else Collected.of(batches)
+        return _copy_collected(session, tenant_id, rows, ids)
+    if isinstance(batches, Collected):
+        batches = batches.batches()
+    batches = [batches] if isinstance(batches, Batch) else batches
     return sum(_executemany_upsert(session, tenant_id, batch, ids) for batch in batches)
 
 
@@ -105,56 +111,121 @@ def _executemany_upsert(session: Session, tenant_id: int, batch: Batch,
     return int(session.connection().execute(_rating_upsert(session), rows).rowcount)
 
 
-def _copy_text(value: str) -> str:
-    """Escape a value for COPY's text format (keys are printable, so only backslash)."""
-    return value.replace("\\", "\\\\")
+COPY_CHUNK = 65_536
+"""Rows per binary COPY message (about 2 MB), so the encoded upload is never in memory at once."""
+PG_EPOCH_MICROS = 946_684_800_000_000
+"""2000-01-01T00:00:00Z, PostgreSQL's binary timestamp origin, in Unix microseconds."""
+BINARY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, extension length
+BINARY_TRAILER = b"\xff\xff"
 
 
-COPY_UPSERT = [
-    "SET LOCAL work_mem = '256MB'",  # sort the batch in memory, not in temporary files
-    "CREATE TEMP TABLE fedrec_upload (user_key text, item_id integer, "
-    "value double precision, rated_at timestamptz) ON COMMIT DROP",
-    None,  # the COPY itself
-    # In key order, so concurrent uploads creating the same new users cannot deadlock.
-    "INSERT INTO users (tenant_id, key) SELECT DISTINCT %(tenant)s, user_key "
-    "FROM fedrec_upload ORDER BY user_key ON CONFLICT (tenant_id, key) DO NOTHING",
-    # Sorted by the primary key, so the index is filled in order.
-    "INSERT INTO ratings (user_id, item_id, value, rated_at) "
-    "SELECT u.id, f.item_id, f.value, f.rated_at FROM fedrec_upload f "
-    "JOIN users u ON u.tenant_id = %(tenant)s AND u.key = f.user_key ORDER BY u.id, f.item_id "
-    "ON CONFLICT (user_id, item_id) DO UPDATE "
-    "SET value = EXCLUDED.value, rated_at = EXCLUDED.rated_at "
-    # an identical row is not rewritten, so the statement's row count is the real change
-    "WHERE (ratings.value, ratings.rated_at) "
-    "IS DISTINCT FROM (EXCLUDED.value, EXCLUDED.rated_at)",
-    "DROP TABLE fedrec_upload",
-]
+def _binary_copy(cursor, table: str, users: np.ndarray, items: np.ndarray,
+                 values: np.ndarray, micros: np.ndarray) -> None:
+    """COPY (user_id, item_id, value[, rated_at]) rows into ``table`` in PostgreSQL's
+    binary format, built with numpy: rows without a timestamp and rows with one go in two
+    fixed-width COPYs (rated_at is left NULL by the first)."""
+    timed = micros != NO_TIME
+    for has_time in (False, True):
+        keep = timed if has_time else ~timed
+        if not keep.any():
+            continue
+        fields = [("n", ">i2"), ("lu", ">i4"), ("u", ">i4"), ("li", ">i4"), ("i", ">i4"),
+                  ("lv", ">i4"), ("v", ">f8")] + ([("lt", ">i4"), ("t", ">i8")] * has_time)
+        columns = "user_id, item_id, value" + ", rated_at" * has_time
+        rows = np.flatnonzero(keep)
+        with cursor.copy(f"COPY {table} ({columns}) FROM STDIN (FORMAT BINARY)") as copy:
+            copy.write(BINARY_HEADER)
+            for start in range(0, len(rows), COPY_CHUNK):
+                part = rows[start:start + COPY_CHUNK]
+                record = np.empty(len(part), dtype=np.dtype(fields))
+                record["n"], record["lu"], record["li"], record["lv"] = 3 + has_time, 4, 4, 8
+                record["u"], record["i"], record["v"] = users[part], items[part], values[part]
+                if has_time:
+                    record["lt"], record["t"] = 8, micros[part] - PG_EPOCH_MICROS
+                copy.write(record.tobytes())
+            copy.write(BINARY_TRAILER)
 
 
-CHANGED_BY = COPY_UPSERT.index(None) + 2  # the ratings INSERT: its row count is the change
+NEW_USERS = ("INSERT INTO users (tenant_id, key) SELECT %s, k FROM unnest(%s::text[]) AS k "
+             # in key order, so concurrent uploads creating the same users cannot deadlock
+             "ORDER BY k ON CONFLICT (tenant_id, key) DO NOTHING RETURNING key, id")
+LOCK_USERS = ("SELECT key, id FROM users WHERE tenant_id = %s AND key = ANY(%s) "
+              "ORDER BY key FOR KEY SHARE")
+STAGE = ("CREATE TEMP TABLE fedrec_upload (user_id integer, item_id integer, "
+         "value double precision, rated_at timestamptz) ON COMMIT DROP")
+MERGE = ("INSERT INTO ratings (user_id, item_id, value, rated_at) "
+         "SELECT user_id, item_id, value, rated_at FROM fedrec_upload ORDER BY user_id, item_id "
+         "ON CONFLICT (user_id, item_id) DO UPDATE "
+         "SET value = EXCLUDED.value, rated_at = EXCLUDED.rated_at "
+         # an identical row is not rewritten, so the statement's row count is the real change
+         "WHERE (ratings.value, ratings.rated_at) "
+         "IS DISTINCT FROM (EXCLUDED.value, EXCLUDED.rated_at)")
 
 
-def _copy_lines(batch: Batch, ids: dict[str, int]) -> str:
-    stamps = ["\\N" if t is None else t.isoformat() for t in batch.timestamps]
-    return "".join(f"{_copy_text(u)}\t{ids[i]}\t{v!r}\t{t}\n" for u, i, v, t in
-                   zip(batch.users, batch.items, batch.values, stamps, strict=True))
+def _lock_users(cursor, tenant_id: int, keys: list[str]) -> tuple[dict[str, int], set[str]]:
+    """(id of each key, keys created here): creates the missing users of the tenant and
+    locks the existing ones ``FOR KEY SHARE`` until commit, what a foreign key's check
+    would lock, once per user instead of once per rating. A user deleted meanwhile (by a
+    transaction that held it) is created again."""
+    found: dict[str, int] = {}
+    created: set[str] = set()
+    missing = keys
+    while missing:
+        cursor.execute(NEW_USERS, (tenant_id, missing))
+        new = dict(cursor.fetchall())
+        found.update(new)
+        created.update(new)
+        old = [k for k in missing if k not in new]
+        if old:
+            cursor.execute(LOCK_USERS, (tenant_id, old))
+            found.update(cursor.fetchall())
+        missing = [k for k in old if k not in found]
+    return found, created
 
 
-def _copy_upsert(session: Session, tenant_id: int, batches: Iterable[Batch],
-                 ids: dict[str, int]) -> int:
-    """One COPY of every batch into a temporary table, then one upsert: a batch at a time
-    in memory, and the users still created in key order (no deadlock between uploads).
-    Returns the number of ratings changed (see :func:`upsert_ratings`)."""
+def _copy_collected(session: Session, tenant_id: int, rows: Collected,
+                    ids: dict[str, int]) -> int:
+    """Store a collected upload on PostgreSQL; returns the number of ratings changed.
+
+    The users are created first (one statement, in key order). Users that this
+    transaction created can have no stored ratings, and no other transaction can add any
+    before it commits, so their rows are copied straight into ``ratings`` (the COPY floor).
+    Rows of users that existed before are copied into a temporary table and merged with
+    one ``INSERT ... ON CONFLICT DO UPDATE``. Rows go in (user id, item id) order, so the
+    primary-key index is filled in order. Rows are de-duplicated by the collector, so no
+    (user, item) comes twice.
+    """
+    if not len(rows):
+        return 0
     cursor = session.connection().connection.driver_connection.cursor()
-    changed = 0
-    for n, statement in enumerate(COPY_UPSERT):
-        if statement is None:
-            with cursor.copy("COPY fedrec_upload FROM STDIN") as copy:
-                for batch in batches:
-                    copy.write(_copy_lines(batch, ids))
-        else:
-            cursor.execute(statement, {"tenant": tenant_id})
-            changed = cursor.rowcount if n == CHANGED_BY else changed
+    used = np.unique(rows.users).tolist()
+    keys = [rows.user_keys[u] for u in used]
+    found, created = _lock_users(cursor, tenant_id, keys)
+    user_id = np.zeros(len(rows.user_keys), dtype=np.int64)
+    is_new = np.zeros(len(rows.user_keys), dtype=bool)
+    user_id[used] = [found[k] for k in keys]
+    is_new[used] = [k in created for k in keys]
+    item_id = np.array([ids.get(k, -1) for k in rows.item_keys], dtype=np.int64)
+    users, items = user_id[rows.users], item_id[rows.items]
+    order = np.lexsort((items, users))
+    users, items = users[order], items[order]
+    values, micros, fresh = rows.values[order], rows.micros[order], is_new[rows.users][order]
+    del order
+    if fresh.all():
+        _binary_copy(cursor, "ratings", users, items, values, micros)
+        return len(users)
+    changed = int(fresh.sum())
+    if changed:
+        _binary_copy(cursor, "ratings", users[fresh], items[fresh], values[fresh],
+                     micros[fresh])
+    stale = ~fresh
+    cursor.execute("SET LOCAL work_mem = '256MB'")  # sort the staged rows in memory
+    cursor.execute(STAGE)
+    _binary_copy(cursor, "fedrec_upload", users[stale], items[stale], values[stale],
+                 micros[stale])
+    cursor.execute(MERGE)
+    changed += cursor.rowcount
+    cursor.execute("DROP TABLE fedrec_upload")
     return changed
 
 
@@ -188,9 +259,14 @@ def count_users(session: Session, tenant_id: int) -> int:
 
 
 def delete_user(session: Session, tenant_id: int, user_key: str) -> int | None:
-    """Forget one user of the tenant and all their ratings; None if there is no such user."""
+    """Forget one user of the tenant and all their ratings; None if there is no such user.
+
+    The user row is locked first (ratings have no foreign key): an upload writing to the
+    user holds ``FOR KEY SHARE`` on it until it commits, so either the upload's ratings are
+    committed before they are deleted here, or the upload waits and creates the user anew.
+    """
     user = session.scalar(sa.select(User).where(User.tenant_id == tenant_id,
-                                                User.key == user_key))
+                                                User.key == user_key).with_for_update())
     if user is None:
         return None
     deleted = session.execute(sa.delete(Rating).where(Rating.user_id == user.id)).rowcount

@@ -75,7 +75,7 @@ def _store(session: Session, tenant: Tenant, body: BinaryIO, content_type: str,
     errors, total = collected.with_unknown_items(ids)
     if total:
         raise UploadRejected(errors, total=total)
-    if store.upsert_ratings(session, tenant.id, collected.batches(), ids):
+    if store.upsert_ratings(session, tenant.id, collected, ids):
         store.bump_ratings_version(session, tenant.id)  # only a real change counts
     return len(collected)
 

@@ -55,12 +55,13 @@ def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPu
 
 @router.get("/users/{user_key}/recommendations", response_model=RecommendationsPublic)
 async def read_recommendations(user_key: str, request: Request, tenant: ServingTenantDep,
-                               settings: SettingsDep,
                                k: Annotated[int, Query(ge=1, description=K_DOC)] = 10,
                                offset: Annotated[int, Query(ge=0, le=100_000)] = 0,
-                               include_rated: bool = False) -> RecommendationsPublic:
+                               include_rated: bool = False) -> Response:
     """Top-k items for one user, excluding those already rated unless include_rated."""
-    check_limit(("query", "k"), k, settings.max_top_k, "FEDREC_MAX_TOP_K")
+    # Settings from app.state, not SettingsDep: a synchronous dependency costs every
+    # request a hop through the threadpool.
+    check_limit(("query", "k"), k, request.app.state.settings.max_top_k, "FEDREC_MAX_TOP_K")
     ranked, due = recommend_from_memory(*_caches(request), tenant, user_key, k, offset,
                                         include_rated)
     if ranked is not None and due:  # answer now; re-check snapshot and ratings meanwhile
@@ -68,6 +69,13 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
             with request.app.state.sessions() as session:
                 refresh_caches(session, *_caches(request), tenant.id)
         in_background(request, refresh)
+    if ranked is None and due:  # expired: one re-check of the tenant's caches for all waiting
+        def recheck() -> None:
+            with request.app.state.sessions() as session:
+                refresh_caches(session, *_caches(request), tenant.id)
+        await request.app.state.coalesced.run(("serving", tenant.id), recheck)
+        ranked, _ = recommend_from_memory(*_caches(request), tenant, user_key, k, offset,
+                                          include_rated)
     if ranked is None:  # a cache miss: one threadpool call with its own session
         def load() -> Ranked:
             with request.app.state.sessions() as session:
@@ -78,7 +86,9 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
         except UnknownUser:
             raise HTTPException(status.HTTP_404_NOT_FOUND,
                                 UNKNOWN_USER.format(user_key)) from None
-    return _public(user_key, ranked, k, offset)
+    # Serialised here: FastAPI would dump, re-validate and re-encode the response model.
+    return Response(_public(user_key, ranked, k, offset).model_dump_json(),
+                    media_type="application/json")
 
 
 @router.post("/recommendations", response_model=BatchRecommendationsPublic,
