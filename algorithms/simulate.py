@@ -162,6 +162,8 @@ class RoundState:
     uploads: Mapping[int, Any] = dataclasses.field(default_factory=dict)
     previous_global: Any = None
     seconds: float = 0.0
+    #: of ``seconds``, the part spent before the server step (selection, clients, aggregation)
+    client_seconds: float = 0.0
 
 
 class Steps(Protocol):
@@ -189,9 +191,10 @@ def step(steps: Steps, state: RoundState, k: int, aggregator: Aggregator | None 
     selected = steps.select(k, state)
     local_states, uploads = steps.clients(k, state, selected)
     received = uploads if aggregator is None else aggregator(uploads, k)
+    t1 = time.perf_counter()
     server_state, global_msg = steps.server(k, state.server_state, received)
     return RoundState(k, global_msg, server_state, local_states, selected, uploads,
-                      state.global_msg, time.perf_counter() - t0)
+                      state.global_msg, time.perf_counter() - t0, t1 - t0)
 
 
 def drive(steps: Steps, state: RoundState, rounds: int, *,
