@@ -56,7 +56,7 @@ from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.dpals import UserBounds
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise
-from privacy.ledger import Budget, Ledger, check_schedule
+from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
 
 UNIT_USER = ("user: all ratings of one person (add/remove one user); joint DP, each user's "
              "factor stays in the tenant and only per-user-bounded item sums are released")
@@ -252,44 +252,39 @@ def release_stds(spec: UserLevelSpec, bounds: UserBounds, index: int) -> dict[st
     return noise_stds(bounds, release_event(spec, index).noise_multiplier, spec.gram_share)
 
 
-def _refusal(ledger: Ledger, account: Any, round_: int) -> str:
-    spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
-    return (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, one more "
-            f"user-level release would exceed epsilon_max {cap:.4g}")
+#: what :func:`privacy.ledger.refusal` calls one user-level release
+_RELEASE = "user-level release"
 
 
 def release_one(spec: UserLevelSpec, bounds: UserBounds, upload: Message, account: Any,
                 ledger: Ledger, index: int, rng: np.random.Generator, round_: int
                 ) -> tuple[Message | None, Event | None, str | None]:
     """Placement ``tenant``: check the account can afford release ``index``, noise the
-    upload, charge ``ledger``; returns (noisy upload, event charged, refusal reason)."""
-    event = release_event(spec, index)
-    if not ledger.can_afford(account, event):
-        return None, None, _refusal(ledger, account, round_)
-    noisy = add_noise(upload, bounds, release_stds(spec, bounds, index), rng)
-    ledger.charge(account, event, round_)
-    return noisy, event, None
+    upload, charge ``ledger`` (:func:`privacy.ledger.charged_release`); returns (noisy
+    upload, event charged, refusal reason)."""
+    noisy, charged, refused = charged_release(
+        ledger, [account], release_event(spec, index), round_,
+        lambda _: add_noise(upload, bounds, release_stds(spec, bounds, index), rng), _RELEASE)
+    if refused:
+        return None, None, refused[account]
+    return noisy, charged[account], None
 
 
 def release_sum(spec: UserLevelSpec, bounds: UserBounds, uploads: Mapping[Any, Message],
                 ledger: Ledger, index: int, rng: np.random.Generator, round_: int
                 ) -> tuple[Message | None, dict[Any, Event], dict[Any, str]]:
     """Placement ``central``: every contributor that can afford release ``index`` is
-    charged in ``ledger``, then their uploads are summed and noised once.
+    charged in ``ledger``, and their uploads are summed and noised once
+    (:func:`privacy.ledger.charged_release`).
 
     Returns (noisy sum or None when nobody could pay, {account: event charged},
     {account: refusal reason}). The sum is returned only after every charge."""
-    event = release_event(spec, index)
-    refused = {a: _refusal(ledger, a, round_) for a in uploads
-               if not ledger.can_afford(a, event)}
-    kept = sorted(a for a in uploads if a not in refused)
-    if not kept:
-        return None, {}, refused
-    for a in kept:
-        ledger.charge(a, event, round_)
-    total = sum_uploads([uploads[a] for a in kept], bounds)
-    noisy = add_noise(total, bounds, release_stds(spec, bounds, index), rng)
-    return noisy, {a: event for a in kept}, refused
+    def noisy_sum(kept: list) -> Message:
+        total = sum_uploads([uploads[a] for a in sorted(kept)], bounds)
+        return add_noise(total, bounds, release_stds(spec, bounds, index), rng)
+
+    return charged_release(ledger, sorted(uploads), release_event(spec, index), round_,
+                           noisy_sum, _RELEASE)
 
 
 class UserLevelPrivatizer:
@@ -330,7 +325,8 @@ class UserLevelPrivatizer:
         return len(self.ledger.rounds(client))
 
     def _affordable(self, client: int, round_: int, event: Event) -> bool:
-        if str(client) in self.ledger.stopped() or not self.ledger.can_afford(client, event):
+        if (str(client) in self.ledger.stopped()
+                or refusal(self.ledger, client, event, round_, _RELEASE) is not None):
             self.ledger.stop(client, round_)
             return False
         return True

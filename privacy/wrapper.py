@@ -58,7 +58,7 @@ from privacy.bernoulli import (
 from privacy.clipping import clip_arrays
 from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
-from privacy.ledger import Ledger, check_plan
+from privacy.ledger import Ledger, charged_release, check_plan
 
 UNIT_TENANT = ("tenant: a tenant's whole rating block; neighbouring = the block replaced "
                "by any other block (replace-one), sensitivity = diameter of the clip ball")
@@ -219,19 +219,14 @@ def release(upload: Message, spec: DPSpec, account: Hashable, ledger: Ledger,
     ``ledger`` before it is returned. Returns (upload as sent, event charged, refusal).
     """
     event = transmission_event(spec, n_entries(upload), private_algorithm)
-    if not ledger.can_afford(account, event):
-        if event.mechanism == NOT_PRIVATE.mechanism:
-            return None, None, (f"refused in round {round_}: the tenant did not opt in to "
-                                "non-private training (allow_non_private is false)")
-        spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
-        return None, None, (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, "
-                            f"one more transmission would exceed epsilon_max {cap:.4g}")
-    sent = upload
-    if spec.mechanism != "none":
-        sent, noised = privatize(upload, spec, rng)
-        event = event if event.mechanism == NOT_PRIVATE.mechanism else noised
-    ledger.charge(account, event, round_)
-    return sent, event, None
+
+    def privatise(_: list) -> Message:
+        return upload if spec.mechanism == "none" else privatize(upload, spec, rng)[0]
+
+    sent, charged, refused = charged_release(ledger, [account], event, round_, privatise)
+    if refused:
+        return None, None, refused[account]
+    return sent, charged[account], None
 
 
 class DPPrivatizer:
