@@ -20,10 +20,31 @@ import numpy as np
 
 from algorithms import registry
 from algorithms._messages import Message
+from algorithms._rng import SAMPLING, derive_rng, sample_clients
+from algorithms.base import default_select
 from privacy import user_level
 from privacy.accountant import Event
 from privacy.ledger import Ledger
 from privacy.wrapper import DPSpec, release
+
+
+def transmission_plan(n_clients: int, rounds: int, per_round: int, seed: int,
+                      select: Any = None, global_msg: Message | None = None) -> dict[int, int]:
+    """How often each client index transmits at most over ``rounds``: the budget check's
+    plan, one function for the service, the CLI and the benchmarks.
+
+    With the default sampler (``select`` None or :func:`algorithms.base.default_select`)
+    the schedule is ``sample_clients(derive_rng(seed, k, SAMPLING), ...)``, a function of
+    the seed only (planning with it leaks nothing), so the counts are exact; any other
+    selection gets the worst case, every round. A client that transmits more than planned
+    is stopped by the in-run check, so a wrong plan never costs the guarantee."""
+    if select is not None and select is not default_select:
+        return {i: rounds for i in range(n_clients)}
+    counts = dict.fromkeys(range(n_clients), 0)
+    for k in range(1, rounds + 1):
+        for i in sample_clients(derive_rng(seed, k, SAMPLING), n_clients, per_round):
+            counts[int(i)] += 1
+    return counts
 
 
 def central(dp: Mapping[str, Any]) -> bool:

@@ -81,6 +81,17 @@ ADVERSARY = {
 }
 
 
+#: data-dependent figures a user-level run uses without charging them, and why that is
+#: acceptable; stated in every report (issue: "no unaccounted data-dependent constant")
+PUBLIC_INPUTS = {
+    "n_users": ("the number of users the tenants hold, treated as public (the operator's "
+                "account count): used only to check delta < 1 / n_users and stated in this "
+                "report; it sets no noise scale, and the guarantee does not hide it"),
+    "rating_scale": ("the tenants' declared rating scales (set when a tenant is created, "
+                     "not computed from ratings): DPALS's centre and rating clip"),
+}
+
+
 def release_report(spec: UserLevelSpec, ledger: Ledger,
                    charges: Sequence[tuple[Any, int, Event]]) -> dict[str, Any]:
     """JSON-ready report of a user-level job: unit, placement, adversary, delta,
@@ -97,6 +108,7 @@ def release_report(spec: UserLevelSpec, ledger: Ledger,
                       f"placement {spec.placement}"),
         "target_epsilon": spec.epsilon, "epsilon_max": worst, "epsilon_per_tenant": eps,
         "delta": spec.delta, "users": spec.n_users, "accounting": ACCOUNTING_USER,
+        "public_inputs": PUBLIC_INPUTS,
         "planned_releases": spec.releases,
         "releases": [{"tenant": str(t), "round": int(r),
                       "noise_multiplier": ev.noise_multiplier,
@@ -122,7 +134,10 @@ class UserLevelSpec(BaseModel):
 
     epsilon: float = Field(gt=0, allow_inf_nan=False)
     delta: float = Field(gt=0, lt=1)
-    #: users protected: delta must be below 1 / n_users
+    #: users protected: delta must be below 1 / n_users. Treated as PUBLIC (not charged):
+    #: the number of users the tenants hold, known to the operator and stated in reports;
+    #: it sets no noise scale and enters nothing released but that check and the report
+    #: (:data:`PUBLIC_INPUTS`). Add/remove of one user moves it by one.
     n_users: int = Field(ge=1)
     #: releases each user takes part in (DPALS: the sweeps)
     releases: int = Field(ge=1)

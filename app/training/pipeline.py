@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from algorithms import Message, RatingBlock, registry
 from algorithms._rng import NOISE, client_noise_rng, derive_rng
-from algorithms.base import Algorithm, default_select
+from algorithms.base import Algorithm
 from algorithms.simulate import (
     client_round,
     combine_errors,
@@ -412,18 +412,10 @@ def resume(sessions: Sessions, dispatch: Dispatcher, job_id: int) -> bool:
 
 def planned_transmissions(alg: Algorithm, job_rounds: int, per_round: int, seed: int,
                           n_clients: int, global_msg: Message) -> dict[int, int]:
-    """How often each client index will transmit at most (the budget check's plan).
-
-    With the default sampler the schedule is a function of the seed only, so the counts
-    are exact; algorithms with their own ``select`` get the worst case, every round.
-    """
-    if alg.select is not default_select:
-        return {i: job_rounds for i in range(n_clients)}
-    counts = dict.fromkeys(range(n_clients), 0)
-    for k in range(1, job_rounds + 1):
-        for i in select_clients(alg, global_msg, n_clients, per_round, seed, k):
-            counts[int(i)] += 1
-    return counts
+    """How often each client index will transmit at most (the budget check's plan):
+    :func:`privacy.release.transmission_plan` for this algorithm's selection."""
+    return privacy_release.transmission_plan(n_clients, job_rounds, per_round, seed,
+                                             alg.select, global_msg)
 
 
 def item_ids_bytes(ids: np.ndarray) -> bytes:
