@@ -58,7 +58,7 @@ from privacy.bernoulli import (
 from privacy.clipping import clip_arrays
 from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
-from privacy.ledger import Ledger, charged_release, check_plan
+from privacy.ledger import BudgetExceeded, Ledger, charged_release, check_plan
 
 UNIT_TENANT = ("tenant: a tenant's whole rating block; neighbouring = the block replaced "
                "by any other block (replace-one), sensitivity = diameter of the clip ball")
@@ -251,6 +251,29 @@ class DPPrivatizer:
         if refused is not None:
             self.ledger.stop(client, round_)
         return noisy
+
+    def noise(self, round_: int, client: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The noise of client ``client``'s upload (one array of ``shape``) in ``round_``,
+        for a path that clips and sums the uploads itself (RFRec's batched path: the
+        engine's aggregator adds the noise to the sum): the same draw as :meth:`__call__`
+        makes, checked and charged by the same rule (:func:`privacy.ledger.
+        charged_release`). Raises :class:`privacy.ledger.BudgetExceeded` when the client
+        cannot afford it (such a path cannot leave one client out)."""
+        d = int(np.prod(shape))
+        event = event_for(self.spec, d)
+        draw = gaussian_noise if self.spec.mechanism == "gaussian" else laplace_noise
+        if self.spec.mechanism not in ("gaussian", "laplace"):
+            raise ValueError(f"mechanism {self.spec.mechanism!r} has no additive noise")
+        out, _, refused = charged_release(
+            self.ledger, [client], event, round_,
+            lambda _: draw(shape, noise_scale(self.spec, d),
+                           client_noise_rng(self.seed, round_, client)))
+        if refused:
+            self.ledger.stop(client, round_)
+            raise BudgetExceeded(str(client), self.ledger.projected(client, event).epsilon,
+                                 self.ledger.budget(client), self.ledger.spent(client).epsilon,
+                                 1)
+        return out
 
     def check_plan(self, plan: Mapping[Hashable, int], n_entries: int | None = None) -> None:
         """Refuse (``BudgetExceeded``) a run whose planned transmissions exceed a budget.
