@@ -38,7 +38,6 @@ non-iid (k-means) partitions, k-means++ (the reference) and accuracy by best lab
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
@@ -58,6 +57,7 @@ from algorithms._rng import (
 )
 from algorithms.base import AlgorithmConfig
 from algorithms.fedmgs import full_statistics
+from algorithms.simulate import RoundState, drive
 
 
 class ClusterConfig(AlgorithmConfig):
@@ -337,42 +337,73 @@ def _who(cfg: ClusterConfig, k: int, sizes: np.ndarray, rng: np.random.Generator
     return everyone, {int(i): float(c) for i, c in zip(ids, counts, strict=True)}
 
 
+class ClusterSteps:
+    """:class:`algorithms.simulate.Steps` of federated ONMF: who runs and who sends (with
+    its weight) from the round's sampling stream, the clients' H_p/W steps, the server
+    step; the record evaluates F, applies the SNCP schedule to rho and stops when F
+    settles (``stop_tol``)."""
+
+    def __init__(self, xs: Sequence[np.ndarray], cfg: ClusterConfig, seed: int,
+                 labels: Sequence[np.ndarray] | None = None) -> None:
+        self.xs, self.cfg, self.seed = xs, cfg, int(seed)
+        self.truth = np.concatenate(labels) if labels is not None else None
+        self.sizes = np.array([x.shape[1] for x in xs], dtype=float)
+        self._senders: dict[int, float] = {}
+
+    def start(self) -> RoundState:
+        server, glob = init_server(self.xs, self.cfg, derive_rng(self.seed, 0, SERVER))
+        locs = [init_client(x, glob, self.cfg, client_init_rng(self.seed, p))
+                for p, x in enumerate(self.xs)]
+        return RoundState(0, glob, server, locs)
+
+    def select(self, k: int, state: RoundState) -> np.ndarray:
+        runners, self._senders = _who(self.cfg, k, self.sizes,
+                                      derive_rng(self.seed, k, SAMPLING))
+        return runners
+
+    def clients(self, k: int, state: RoundState, selected: np.ndarray
+                ) -> tuple[list[ClusterLocal], dict[int, Message]]:
+        locs, uploads = list(state.local_states), {}
+        for p in (int(i) for i in selected):
+            locs[p], up = client_step(state.global_msg, locs[p], self.xs[p], self.cfg,
+                                      client_rng(self.seed, k, p), self._senders.get(p, 0.0))
+            if up is not None:
+                uploads[p] = up
+        return locs, uploads
+
+    def server(self, k: int, server_state: ClusterServer, received: Mapping[int, Message]
+               ) -> tuple[ClusterServer, ClusterGlobal]:
+        return server_step(server_state, received, self.cfg, derive_rng(self.seed, k, SERVER))
+
+    def record(self, state: RoundState, due: bool
+               ) -> tuple[RoundState, ClusterRound, bool]:
+        server, glob, hs = state.server_state, state.global_msg, [lc.h for lc in
+                                                                  state.local_states]
+        value = objective(glob.w, hs, self.xs, server.rho, self.cfg.nu0 * server.x_scale,
+                          server.n_total)
+        previous = server.last_objective
+        server, glob = with_objective(server, glob, value, self.cfg)
+        acc = accuracy(self.truth, assignments(hs)) if self.truth is not None else float("nan")
+        rec = ClusterRound(state.round, value, server.rho, acc, state.seconds,
+                           len(state.uploads))
+        stop = bool(np.isfinite(previous)
+                    and abs(value - previous) / abs(previous) < self.cfg.stop_tol)
+        return dataclasses.replace(state, server_state=server, global_msg=glob), rec, stop
+
+
 def run(xs: Sequence[np.ndarray], cfg: ClusterConfig, seed: int,
         labels: Sequence[np.ndarray] | None = None,
         on_round: Callable[[ClusterRound], None] | None = None) -> ClusterResult:
     """Simulate the federation on the parts ``xs`` (X_p, M x N_p) until the stopping rule.
 
+    The round engine (:func:`algorithms.simulate.drive`) with :class:`ClusterSteps`.
     ``labels`` (true cluster of each column of each part) enables the accuracy column.
     Seconds per round count client and server work, not the objective evaluation.
     """
-    server, glob = init_server(xs, cfg, derive_rng(seed, 0, SERVER))
-    locs = [init_client(x, glob, cfg, client_init_rng(seed, p)) for p, x in enumerate(xs)]
-    truth = np.concatenate(labels) if labels is not None else None
-    sizes = np.array([x.shape[1] for x in xs], dtype=float)
-    history: list[ClusterRound] = []
-    for k in range(1, cfg.rounds + 1):
-        t0 = time.perf_counter()
-        runners, senders = _who(cfg, k, sizes, derive_rng(seed, k, SAMPLING))
-        uploads = {}
-        for p in (int(i) for i in runners):
-            locs[p], up = client_step(glob, locs[p], xs[p], cfg, client_rng(seed, k, p),
-                                      senders.get(p, 0.0))
-            if up is not None:
-                uploads[p] = up
-        server, glob = server_step(server, uploads, cfg, derive_rng(seed, k, SERVER))
-        seconds = time.perf_counter() - t0
-        value = objective(glob.w, [lc.h for lc in locs], xs, server.rho,
-                          cfg.nu0 * server.x_scale, server.n_total)
-        previous = server.last_objective
-        server, glob = with_objective(server, glob, value, cfg)
-        pred = assignments([lc.h for lc in locs])
-        acc = accuracy(truth, pred) if truth is not None else float("nan")
-        history.append(ClusterRound(k, value, server.rho, acc, seconds, len(uploads)))
-        if on_round is not None:
-            on_round(history[-1])
-        if np.isfinite(previous) and abs(value - previous) / abs(previous) < cfg.stop_tol:
-            break
-    return ClusterResult(history, assignments([lc.h for lc in locs]), glob.w)
+    steps = ClusterSteps(xs, cfg, seed, labels)
+    history, last = drive(steps, steps.start(), cfg.rounds, on_round=on_round)
+    return ClusterResult(history, assignments([lc.h for lc in last.local_states]),
+                         last.global_msg.w)
 
 
 # --------------------------------------------------------------------------- data & metrics

@@ -97,7 +97,6 @@ client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Callable, Mapping
 from typing import ClassVar, Literal
 
@@ -107,12 +106,20 @@ from pydantic import ConfigDict, Field, model_validator
 from scipy.special import expit
 
 from algorithms._messages import Message
-from algorithms._rng import SAMPLING, SERVER, derive_rng, sample_clients
+from algorithms._rng import SERVER, derive_rng, sample_clients
 from algorithms._scale import scale_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
-from algorithms.simulate import RoundRecord, SimulationResult, initialise
+from algorithms.simulate import (
+    AGGREGATE,
+    RoundRecord,
+    RoundState,
+    SimulationResult,
+    drive,
+    initialise,
+    select_clients,
+)
 
 
 class RFRecConfig(AlgorithmConfig):
@@ -696,19 +703,15 @@ def _keep_all(lay_act: _Active, c: _Clients, u: np.ndarray, p: np.ndarray, u_m: 
                     (_keep(p_m[0], c.p_m[0], mp), _keep(p_m[1], c.p_m[1], mp)))
 
 
-def _batched_mean(lay: _Layout, p: np.ndarray, h: np.ndarray, clip: float | None,
-                  noise_sum: np.ndarray | None, act: _Active | None = None) -> np.ndarray:
-    """Mean of the active clients' dense (clipped, noised) V_(i):
-    (n_t H + sum over their pairs of (V_p - H_j)) / n_t."""
-    n_clients = lay.pair_start.shape[0] - 1 if act is None else act.n
+def _batched_total(lay: _Layout, p: np.ndarray, h: np.ndarray, clip: float | None,
+                   act: _Active) -> np.ndarray:
+    """Sum of the active clients' dense (clipped) V_(i):
+    n_t H + sum over their pairs of (V_p - H_j)."""
     cl = (lambda x: x) if clip is None else (lambda x: np.clip(x, -clip, clip))
     diff = cl(p) - cl(h[:, lay.pair_item].T)
-    if act is not None and act.pairs is not None:
+    if act.pairs is not None:
         diff = diff * act.pairs[:, None]
-    total = n_clients * cl(h) + (lay.by_item @ diff).T
-    if noise_sum is not None:
-        total = total + noise_sum
-    return total / n_clients
+    return act.n * cl(h) + (lay.by_item @ diff).T
 
 
 def _batched_eval(lay: _Layout, g: RFRecGlobal, u: np.ndarray, tests: list[RatingBlock],
@@ -738,10 +741,32 @@ def _batched_objective(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConf
     return float(e @ e + cfg.lam_u * np.sum(c.u * c.u) + 0.5 * cfg.lam * psi)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _BatchUpload:
+    """What all active clients send together in one iteration of the batched path: the
+    sum ``total`` of their (clipped) dense V_(i) (None when nobody uploads), how many
+    (``n``) and who (``clients``). ``pending`` is the broadcast as every client advanced
+    it (H and its moments, RFRecF's step count), which the server step completes."""
+
+    pending: RFRecGlobal
+    total: np.ndarray | None
+    n: int
+    clients: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Batch:
+    """The batched path's client states: stacked arrays and each client's last iteration."""
+
+    c: _Clients
+    last: np.ndarray
+
+
 def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
-                   privacy: tuple[float | None, np.ndarray | None], act: _Active
-                   ) -> tuple[RFRecGlobal, _Clients]:
-    """Algorithm 1 for the active clients and the server (the server's k is not advanced)."""
+                   clip: float | None, act: _Active
+                   ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
+    """Algorithm 1's client side for the active clients: (broadcast with H advanced,
+    clients, sum of their uploads)."""
     t = g.k + 1
     g_u, g_p = _batched_grad(lay, c, cfg)
     g_p = g_p + cfg.lam * (c.p - g.v_bar[:, lay.pair_item].T)
@@ -749,29 +774,104 @@ def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg)
     c = _keep_all(act, c, u, p, u_m, p_m)
     h, (h_m1, h_m2) = _step_h(g, cfg)
-    v_bar = _batched_mean(lay, c.p, h, *privacy, act)
-    return g.replace(v_bar=v_bar, h=h, h_m1=h_m1, h_m2=h_m2), c
+    return g.replace(h=h, h_m1=h_m1, h_m2=h_m2), c, _batched_total(lay, c.p, h, clip, act)
 
 
 def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig,
-                    privacy: tuple[float | None, np.ndarray | None], act: _Active
-                    ) -> tuple[RFRecGlobal, _Clients]:
-    """Algorithm 2 for the active clients and the server (zeta not yet redrawn)."""
+                    clip: float | None, act: _Active
+                    ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
+    """Algorithm 2's client side for the active clients (zeta not yet redrawn)."""
     if g.zeta == 1:
         if g.zeta_prev == 1:
-            return g, c
-        return g.replace(v_bar=_batched_mean(lay, c.p, g.h, *privacy, act)), c
+            return g, c, None
+        return g, c, _batched_total(lay, c.p, g.h, clip, act)
     if g.zeta_prev == 1:
         rate = move_rate(cfg)
         p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p, act.pairs)
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
         if cfg.schedule == "paper":
-            return g, c
+            return g, c, None
     lr, t = cfg.alpha / (1.0 - cfg.p), g.steps + 1
     g_u, g_p = _batched_grad(lay, c, cfg)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg, lr)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg, lr)
-    return g.replace(steps=t), _keep_all(act, c, u, p, u_m, p_m)
+    return g.replace(steps=t), _keep_all(act, c, u, p, u_m, p_m), None
+
+
+class BatchedSteps:
+    """:class:`algorithms.simulate.Steps` of the batched path: every active client's step
+    at once on the lazy representation, the upload being the sum of their (clipped) V_(i)
+    (an aggregator may add the noise to it), and the server's mean of it."""
+
+    def __init__(self, cfg: RFRecConfig, fed: Federation, seed: int, per_round: int,
+                 clip: float | None = None) -> None:
+        self.fast = isinstance(cfg, RFRecFConfig)
+        self.alg = ALGORITHMS["rfrecf" if self.fast else "rfrec"]
+        self.cfg, self.fed, self.seed, self.per_round, self.clip = (
+            cfg, fed, int(seed), per_round, clip)
+        self.lay = _layout(fed.train, cfg)
+
+    def start(self) -> RoundState:
+        """Round 0, from the same :func:`algorithms.simulate.initialise` as the generic
+        driver."""
+        _, g, locals_ = initialise(self.alg, self.cfg, self.fed.train, self.seed)
+        return RoundState(0, g, g, _Batch(_stack(locals_),
+                                          np.zeros(self.fed.n_clients, dtype=np.int64)))
+
+    def select(self, k: int, state: RoundState) -> np.ndarray:
+        return select_clients(self.alg, state.global_msg, self.fed.n_clients, self.per_round,
+                              self.seed, k)
+
+    def clients(self, k: int, state: RoundState, chosen: np.ndarray
+                ) -> tuple[_Batch, dict[int, _BatchUpload]]:
+        g, c, last = state.global_msg, state.local_states.c, state.local_states.last.copy()
+        act = _active(self.lay, chosen)
+        returning = np.zeros(self.fed.n_clients, dtype=bool)
+        returning[chosen] = last[chosen] < k - 1
+        c = _on_return_all(self.lay, c, self.cfg, returning)
+        last[chosen] = k
+        step = _batched_rfrecf if self.fast else _batched_rfrec
+        pending, c, total = step(self.lay, g, c, self.cfg, self.clip, act)
+        return _Batch(c, last), {AGGREGATE: _BatchUpload(pending, total, act.n, chosen)}
+
+    def server(self, k: int, server_state: RFRecGlobal,
+               received: Mapping[int, _BatchUpload]) -> tuple[RFRecGlobal, RFRecGlobal]:
+        up = received[AGGREGATE]
+        g = up.pending if up.total is None else up.pending.replace(v_bar=up.total / up.n)
+        g = g.replace(k=g.k + 1, zeta=_coin(self.cfg, derive_rng(self.seed, k, SERVER))
+                      if self.fast else 0, zeta_prev=g.zeta)
+        return g, g
+
+    def record(self, state: RoundState, due: bool) -> tuple[RoundState, RoundRecord, bool]:
+        g, c = state.global_msg, state.local_states.c
+        rmse = mae = obj = float("nan")
+        if due:
+            rmse, mae = _batched_eval(self.lay, g, c.u, self.fed.test, self.fed.scale)
+            obj = _batched_objective(self.lay, g, c, self.cfg)
+        up = state.uploads[AGGREGATE]
+        ups = up.n if up.total is not None else 0
+        rec = RoundRecord(state.round, obj, rmse, mae, state.seconds, up.n, ups,
+                          ups * g.v_bar.nbytes)
+        return state, rec, False
+
+    def result(self, history: list[RoundRecord], state: RoundState) -> SimulationResult:
+        return SimulationResult(history, state.global_msg, state.global_msg,
+                                _unpack(self.lay, state.local_states.c,
+                                        state.local_states.last))
+
+
+def noise_aggregator(noise: Callable[[int, int, tuple[int, int]], np.ndarray]
+                     ) -> Callable[[Mapping[int, _BatchUpload], int], dict[int, _BatchUpload]]:
+    """The batched path's aggregator: ``noise(round, client, shape)`` of every client that
+    uploaded, added to the sum (each tenant's upload noised, summed)."""
+    def aggregate(uploads: Mapping[int, _BatchUpload], round_: int
+                  ) -> dict[int, _BatchUpload]:
+        up = uploads[AGGREGATE]
+        if up.total is None:
+            return dict(uploads)
+        noise_sum = sum(noise(round_, int(i), up.total.shape) for i in up.clients)
+        return {AGGREGATE: dataclasses.replace(up, total=up.total + noise_sum)}
+    return aggregate
 
 
 def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
@@ -782,49 +882,26 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
                 on_global: Callable[[RFRecGlobal], None] | None = None) -> SimulationResult:
     """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
 
-    Same seeds, draws and update equations as the generic driver (up to floating-point
+    The round engine (:func:`algorithms.simulate.drive`) with :class:`BatchedSteps`: same
+    seeds, draws and update equations as the generic driver (up to floating-point
     summation order), so it returns the same :class:`SimulationResult`; with ``clip`` and
     ``noise(round, client, shape)`` each upload is ``clip(V_(i)) + noise`` (a stand-in for
-    the privacy layer's element-wise wrapper). ``per_round`` is the simulator's: 0 (or at
-    least the number of clients) means everybody, otherwise that many clients drawn by
-    :func:`select` from the same stream. ``on_global`` sees the broadcast of every round
-    (e.g. for a stopping rule on V_bar). Per round O(nnz d + n d) plus the noise draws.
+    the privacy layer's element-wise wrapper; the engine's aggregator adds the noise to
+    the sum). ``per_round`` is the simulator's: 0 (or at least the number of clients)
+    means everybody, otherwise that many clients drawn by :func:`select` from the same
+    stream. ``on_global`` sees the broadcast of every round (e.g. for a stopping rule on
+    V_bar). Per round O(nnz d + n d) plus the noise draws.
     """
-    fast = isinstance(cfg, RFRecFConfig)
-    alg = ALGORITHMS["rfrecf" if fast else "rfrec"]
-    server, g, locals_ = initialise(alg, cfg, fed.train, seed)
-    lay, c = _layout(fed.train, cfg), _stack(locals_)
-    history, n_clients = [], fed.n_clients
-    last = np.zeros(n_clients, dtype=np.int64)
-    for k in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        chosen = alg.select(g, n_clients, per_round, derive_rng(seed, k, SAMPLING))
-        act = _active(lay, chosen)
-        returning = np.zeros(n_clients, dtype=bool)
-        returning[chosen] = last[chosen] < k - 1
-        c = _on_return_all(lay, c, cfg, returning)
-        last[chosen] = k
-        sending = not fast or (g.zeta == 1 and g.zeta_prev == 0)
-        noise_sum = None
-        if noise is not None and sending:
-            noise_sum = sum(noise(k, int(i), g.v_bar.shape) for i in chosen)
-        step = _batched_rfrecf if fast else _batched_rfrec
-        g, c = step(lay, g, c, cfg, (clip, noise_sum), act)
-        g = g.replace(k=g.k + 1, zeta=_coin(cfg, derive_rng(seed, k, SERVER)) if fast else 0,
-                      zeta_prev=g.zeta)
-        seconds = time.perf_counter() - t0
-        rmse = mae = obj = float("nan")
-        if k % evaluate_every == 0 or k == rounds:
-            rmse, mae = _batched_eval(lay, g, c.u, fed.test, fed.scale)
-            obj = _batched_objective(lay, g, c, cfg)
-        ups = act.n if sending else 0
-        rec = RoundRecord(k, obj, rmse, mae, seconds, act.n, ups, ups * g.v_bar.nbytes)
-        history.append(rec)
-        if on_round is not None:
-            on_round(rec)
+    def see(state: RoundState) -> bool:
         if on_global is not None:
-            on_global(g)
-    return SimulationResult(history, g, g, _unpack(lay, c, last))
+            on_global(state.global_msg)
+        return False
+
+    steps = BatchedSteps(cfg, fed, seed, per_round, clip)
+    history, last = drive(steps, steps.start(), rounds,
+                          aggregator=None if noise is None else noise_aggregator(noise),
+                          evaluate_every=evaluate_every, on_round=on_round, on_state=see)
+    return steps.result(history, last)
 
 
 def _stack(states: list[RFRecLocal]) -> _Clients:

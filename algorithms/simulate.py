@@ -1,5 +1,9 @@
-"""In-process driver: p clients and the server for R rounds, evaluated every round.
+"""The round engine: p clients and the server for R rounds, evaluated every round.
 
+:func:`drive` owns the loop (select, client steps with their privatizer, aggregation, server
+step, record, hooks); :class:`PerClient` is the default set of steps, and variants (RFRec's
+all-clients-at-once path, federated clustering) plug in their own :class:`Steps` instead of
+copying the loop. :func:`simulate` is the CLI's and the benchmarks' entry point.
 The same pure functions run one per Celery task in the service; this driver derives
 every random stream exactly as the service does (:mod:`algorithms._rng`), so a seeded
 service job and a seeded simulation give the same numbers.
@@ -19,6 +23,9 @@ from algorithms._rng import SAMPLING, SERVER, client_init_rng, client_rng, deriv
 from algorithms.base import Algorithm, predict
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
+
+#: key under which an aggregated upload (a sum over tenants) reaches the server step
+AGGREGATE = -1
 
 
 class Privatizer(Protocol):
@@ -129,28 +136,6 @@ def server_round(alg: Algorithm, cfg: Any, round_: int, seed: int, server_state:
     return alg.server_step(server_state, uploads, cfg, derive_rng(seed, round_, SERVER))
 
 
-def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
-              global_msg: Message, server_state: Message, local_states: list[Message],
-              blocks: Sequence[RatingBlock], privatizer: Privatizer | None = None,
-              aggregator: Aggregator | None = None,
-              ) -> tuple[Message, Message, list[Message], np.ndarray, Mapping[int, Message]]:
-    """One communication round; returns new (global, server, locals, selected, uploads).
-
-    ``uploads`` are what the tenants sent; with an ``aggregator`` the server step receives
-    ``aggregator(uploads, round_)`` instead."""
-    selected = select_clients(alg, global_msg, len(blocks), per_round, seed, round_)
-    locals_ = list(local_states)
-    uploads: dict[int, Message] = {}
-    for i in (int(c) for c in selected):
-        locals_[i], up = client_round(alg, cfg, round_, seed, i, global_msg, locals_[i],
-                                      blocks[i], privatizer)
-        if up is not None:
-            uploads[i] = up
-    received = uploads if aggregator is None else aggregator(uploads, round_)
-    server_state, global_msg = server_round(alg, cfg, round_, seed, server_state, received)
-    return global_msg, server_state, locals_, selected, uploads
-
-
 def initialise(alg: Algorithm, cfg: Any, blocks: Sequence[RatingBlock], seed: int
                ) -> tuple[Message, Message, list[Message]]:
     """Round-0 states: the server's and every client's, from the seed."""
@@ -161,32 +146,171 @@ def initialise(alg: Algorithm, cfg: Any, blocks: Sequence[RatingBlock], seed: in
     return server_state, global_msg, local_states
 
 
-def simulate(alg: Algorithm, cfg: Any, fed: Federation, *, rounds: int, per_round: int,
-             seed: int, privatizer: Privatizer | None = None,
-             aggregator: Aggregator | None = None, evaluate_every: int = 1,
-             on_round: Callable[[RoundRecord], None] | None = None) -> SimulationResult:
-    """Run ``rounds`` rounds with ``per_round`` clients each; evaluate on ``fed.test``.
+@dataclasses.dataclass
+class RoundState:
+    """Where a run stands after round ``round`` (0: initialised), as the engine hands it to
+    hooks. ``local_states`` is a list of client states for the per-client steps, or a
+    variant's own representation (e.g. RFRec's stacked arrays); ``uploads`` are what the
+    tenants sent this round (before any aggregator), ``previous_global`` the broadcast they
+    answered, ``seconds`` the round's client and server work."""
 
-    Seconds per round count client and server work only (evaluation excluded).
+    round: int
+    global_msg: Any
+    server_state: Any
+    local_states: Any
+    selected: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    uploads: Mapping[int, Any] = dataclasses.field(default_factory=dict)
+    previous_global: Any = None
+    seconds: float = 0.0
+    #: of ``seconds``, the part spent before the server step (selection, clients, aggregation)
+    client_seconds: float = 0.0
+
+
+class Steps(Protocol):
+    """The parts of a round: who takes part, the client steps, the server step, and the
+    record after it. :class:`PerClient` (every selected client stepped one by one, each
+    upload through the privatizer) is the default; a variant replaces a part by passing
+    its own ``Steps`` to :func:`drive` (RFRec's all-clients-at-once path, clustering)."""
+
+    def select(self, k: int, state: RoundState) -> np.ndarray: ...
+
+    def clients(self, k: int, state: RoundState, selected: np.ndarray
+                ) -> tuple[Any, Mapping[int, Any]]: ...
+
+    def server(self, k: int, server_state: Any, received: Mapping[int, Any]
+               ) -> tuple[Any, Any]: ...
+
+    def record(self, state: RoundState, due: bool) -> tuple[RoundState, Any, bool]: ...
+
+
+def step(steps: Steps, state: RoundState, k: int, aggregator: Aggregator | None = None
+         ) -> RoundState:
+    """Round ``k`` from ``state``: select, client steps (bounded and privatised there),
+    aggregation (``aggregator``: e.g. central noise on the sum), server step."""
+    t0 = time.perf_counter()
+    selected = steps.select(k, state)
+    local_states, uploads = steps.clients(k, state, selected)
+    received = uploads if aggregator is None else aggregator(uploads, k)
+    t1 = time.perf_counter()
+    server_state, global_msg = steps.server(k, state.server_state, received)
+    return RoundState(k, global_msg, server_state, local_states, selected, uploads,
+                      state.global_msg, time.perf_counter() - t0, t1 - t0)
+
+
+def drive(steps: Steps, state: RoundState, rounds: int, *,
+          aggregator: Aggregator | None = None, evaluate_every: int = 1,
+          on_round: Callable[[Any], None] | None = None,
+          on_state: Callable[[RoundState], bool | None] | None = None
+          ) -> tuple[list[Any], RoundState]:
+    """The round engine: rounds ``state.round + 1 .. rounds`` of ``steps``; returns every
+    round's record and the last state.
+
+    After each round ``steps.record`` builds the round's record (evaluated when the round
+    is a multiple of ``evaluate_every`` or the last one; ``evaluate_every`` 0: never) and
+    may end the run (a stopping rule); then ``on_round(record)`` and ``on_state(state)``
+    are called, and the run ends early if ``on_state`` returns True.
     """
     if rounds < 0:
         raise ValueError("rounds must be non-negative")
-    server_state, global_msg, local_states = initialise(alg, cfg, fed.train, seed)
-    history: list[RoundRecord] = []
-    for k in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        global_msg, server_state, local_states, selected, uploads = run_round(
-            alg, cfg, k, seed, per_round, global_msg, server_state, local_states, fed.train,
-            privatizer, aggregator)
-        seconds = time.perf_counter() - t0
-        if k % evaluate_every == 0 or k == rounds:
-            rmse, mae = evaluate(alg, global_msg, local_states, fed.test, fed.scale)
-            obj = total_objective(alg, global_msg, local_states, fed.train, cfg)
-        else:
-            rmse = mae = obj = float("nan")
-        rec = RoundRecord(k, obj, rmse, mae, seconds, len(selected), len(uploads),
-                          sum(u.nbytes() for u in uploads.values()))
+    if evaluate_every < 0:
+        raise ValueError("evaluate_every must be non-negative")
+    history: list[Any] = []
+    for k in range(state.round + 1, rounds + 1):
+        state = step(steps, state, k, aggregator)
+        due = evaluate_every > 0 and (k % evaluate_every == 0 or k == rounds)
+        state, rec, stop = steps.record(state, due)
         history.append(rec)
         if on_round is not None:
             on_round(rec)
-    return SimulationResult(history, global_msg, server_state, local_states)
+        if on_state is not None and on_state(state):
+            break
+        if stop:
+            break
+    return history, state
+
+
+class PerClient:
+    """The default :class:`Steps`: clients of ``alg`` selected by its ``select``, stepped one
+    by one (each upload through ``privatizer``), the algorithm's server step, and a
+    :class:`RoundRecord` evaluated on ``test`` (when given)."""
+
+    def __init__(self, alg: Algorithm, cfg: Any, seed: int, per_round: int,
+                 train: Sequence[RatingBlock], test: Sequence[RatingBlock] | None = None,
+                 scale: tuple[float, float] | None = None,
+                 privatizer: Privatizer | None = None) -> None:
+        self.alg, self.cfg, self.seed, self.per_round = alg, cfg, int(seed), per_round
+        self.train, self.test, self.scale, self.privatizer = train, test, scale, privatizer
+
+    def select(self, k: int, state: RoundState) -> np.ndarray:
+        return select_clients(self.alg, state.global_msg, len(self.train), self.per_round,
+                              self.seed, k)
+
+    def clients(self, k: int, state: RoundState, selected: np.ndarray
+                ) -> tuple[list[Message], dict[int, Message]]:
+        locals_ = list(state.local_states)
+        uploads: dict[int, Message] = {}
+        for i in (int(c) for c in selected):
+            locals_[i], up = client_round(self.alg, self.cfg, k, self.seed, i,
+                                          state.global_msg, locals_[i], self.train[i],
+                                          self.privatizer)
+            if up is not None:
+                uploads[i] = up
+        return locals_, uploads
+
+    def server(self, k: int, server_state: Message, received: Mapping[int, Message]
+               ) -> tuple[Message, Message]:
+        return server_round(self.alg, self.cfg, k, self.seed, server_state, received)
+
+    def record(self, state: RoundState, due: bool
+               ) -> tuple[RoundState, RoundRecord, bool]:
+        rmse = mae = obj = float("nan")
+        if due and self.test is not None:
+            rmse, mae = evaluate(self.alg, state.global_msg, state.local_states,
+                                        self.test, self.scale)
+            obj = total_objective(self.alg, state.global_msg, state.local_states,
+                                  self.train, self.cfg)
+        rec = RoundRecord(state.round, obj, rmse, mae, state.seconds, len(state.selected),
+                          len(state.uploads),
+                          sum(u.nbytes() for u in state.uploads.values()))
+        return state, rec, False
+
+
+def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
+              global_msg: Message, server_state: Message, local_states: list[Message],
+              blocks: Sequence[RatingBlock], privatizer: Privatizer | None = None,
+              aggregator: Aggregator | None = None,
+              ) -> tuple[Message, Message, list[Message], np.ndarray, Mapping[int, Message]]:
+    """One communication round (:func:`step` of :class:`PerClient`); returns new (global,
+    server, locals, selected, uploads).
+
+    ``uploads`` are what the tenants sent; with an ``aggregator`` the server step receives
+    ``aggregator(uploads, round_)`` instead."""
+    st = step(PerClient(alg, cfg, seed, per_round, blocks, privatizer=privatizer),
+              RoundState(round_ - 1, global_msg, server_state, local_states), round_,
+              aggregator)
+    return st.global_msg, st.server_state, st.local_states, st.selected, st.uploads
+
+
+def simulate(alg: Algorithm, cfg: Any, fed: Federation, *, rounds: int, per_round: int,
+             seed: int, privatizer: Privatizer | None = None,
+             aggregator: Aggregator | None = None, evaluate_every: int = 1,
+             on_round: Callable[[RoundRecord], None] | None = None,
+             on_state: Callable[[RoundState], bool | None] | None = None,
+             start: RoundState | None = None) -> SimulationResult:
+    """Run ``rounds`` rounds with ``per_round`` clients each; evaluate on ``fed.test``
+    every ``evaluate_every`` rounds and at the last (0: never).
+
+    :func:`drive` with :class:`PerClient`. ``on_state`` sees every round's full state
+    (e.g. to trace or attack the uploads) and may end the run by returning True;
+    ``start`` continues from a state instead of :func:`initialise`. Seconds per round
+    count client and server work only (evaluation excluded).
+    """
+    if rounds < 0:
+        raise ValueError("rounds must be non-negative")
+    if start is None:
+        server_state, global_msg, local_states = initialise(alg, cfg, fed.train, seed)
+        start = RoundState(0, global_msg, server_state, local_states)
+    steps = PerClient(alg, cfg, seed, per_round, fed.train, fed.test, fed.scale, privatizer)
+    history, last = drive(steps, start, rounds, aggregator=aggregator,
+                          evaluate_every=evaluate_every, on_round=on_round, on_state=on_state)
+    return SimulationResult(history, last.global_msg, last.server_state, last.local_states)

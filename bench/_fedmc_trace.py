@@ -2,21 +2,28 @@
 
 :func:`algorithms.simulate.simulate` records figures only; Figs. 3 and 4 of
 FedMC-ADMM paper also need the training time and the sparsity of U and V, so :func:`trace`
-drives the same round function (:func:`algorithms.simulate.run_round`, same random streams,
-so a traced run equals ``simulate`` with the same seed) and measures at round 0 and every
-``every`` rounds. Training time counts client and server work only, as ``simulate`` does.
+runs ``simulate`` itself (same random streams) with a hook on the round state and measures
+at round 0 and every ``every`` rounds. Training time counts client and server work only,
+as ``simulate`` does.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
 
 from algorithms.base import Algorithm
 from algorithms.data import Federation
-from algorithms.simulate import evaluate, initialise, run_round, tenant_errors, total_objective
+from algorithms.simulate import (
+    RoundState,
+    evaluate,
+    initialise,
+    run_round,
+    simulate,
+    tenant_errors,
+    total_objective,
+)
 from bench import _experiment as E
 
 
@@ -56,14 +63,16 @@ def trace(alg: Algorithm, cfg: Any, fed: Federation, *, rounds: int, per_round: 
     rows = [{"round": 0, "seconds": 0.0,
              **measure(alg, cfg, fed, global_msg, local_states, sparsity)}]
     seconds = 0.0
-    for k in range(1, rounds + 1):
-        t0 = time.perf_counter()
-        global_msg, server, local_states, _, _ = run_round(
-            alg, cfg, k, seed, per_round, global_msg, server, local_states, fed.train)
-        seconds += time.perf_counter() - t0
-        if k % every == 0 or k == rounds:
-            rows.append({"round": k, "seconds": seconds,
-                         **measure(alg, cfg, fed, global_msg, local_states, sparsity)})
+
+    def see(st: RoundState) -> None:
+        nonlocal seconds
+        seconds += st.seconds
+        if st.round % every == 0 or st.round == rounds:
+            rows.append({"round": st.round, "seconds": seconds,
+                         **measure(alg, cfg, fed, st.global_msg, st.local_states, sparsity)})
+
+    simulate(alg, cfg, fed, rounds=rounds, per_round=per_round, seed=seed, evaluate_every=0,
+             on_state=see, start=RoundState(0, global_msg, server, local_states))
     return rows
 
 

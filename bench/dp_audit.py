@@ -35,7 +35,7 @@ import numpy as np
 from algorithms import dpals
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, build_federation
-from algorithms.simulate import initialise, run_round
+from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
 from bench._experiment import parser, write_result
 from privacy.audit import auc, epsilon_lower_bound
@@ -77,13 +77,10 @@ def released_vs(cfg: dpals.DPALSConfig, fed: Federation, seed: int,
     alg = dpals.ALGORITHM
     priv = None if spec is None else UserLevelPrivatizer(
         spec, dpals.user_bounds(cfg), fed.n_clients, seed)
-    server, glob, locals_ = initialise(alg, cfg, fed.train, seed)
-    out = []
-    for k in range(1, cfg.sweeps + 1):
-        glob, server, locals_, _, _ = run_round(
-            alg, cfg, k, seed, fed.n_clients, glob, server, locals_, fed.train, priv,
-            None if priv is None else priv.aggregate)
-        out.append(glob.V)
+    out: list[np.ndarray] = []
+    simulate(alg, cfg, fed, rounds=cfg.sweeps, per_round=fed.n_clients, seed=seed,
+             privatizer=priv, aggregator=None if priv is None else priv.aggregate,
+             evaluate_every=0, on_state=lambda st: out.append(st.global_msg.V))
     return out
 
 

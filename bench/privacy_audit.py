@@ -30,7 +30,7 @@ import numpy as np
 from algorithms import registry
 from algorithms.base import default_select
 from algorithms.data import build_federation, data_dir, load_ratings
-from algorithms.simulate import evaluate, initialise, run_round
+from algorithms.simulate import RoundState, evaluate, simulate
 from privacy.accountant import noise_for_epsilon
 from privacy.audit import (
     auc,
@@ -52,16 +52,16 @@ DELTA = 1e-5
 def observe(alg, cfg, fed, rounds, per_round, seed, privatizer, keep=None):
     """Run the federation; return each tenant's last upload with the broadcast it answered
     (only for tenants ``i < keep`` if given, to bound memory)."""
-    server, glob, locals_ = initialise(alg, cfg, fed.train, seed)
     seen: dict[int, tuple] = {}
-    for k in range(1, rounds + 1):
-        before = glob
-        glob, server, locals_, _, uploads = run_round(
-            alg, cfg, k, seed, per_round, glob, server, locals_, fed.train, privatizer)
-        for i, up in uploads.items():
+
+    def see(st: RoundState) -> None:
+        for i, up in st.uploads.items():
             if keep is None or i < keep:
-                seen[i] = (up, before)
-    rmse, _ = evaluate(alg, glob, locals_, fed.test, fed.scale)
+                seen[i] = (up, st.previous_global)
+
+    res = simulate(alg, cfg, fed, rounds=rounds, per_round=per_round, seed=seed,
+                   privatizer=privatizer, evaluate_every=0, on_state=see)
+    rmse, _ = evaluate(alg, res.global_msg, res.local_states, fed.test, fed.scale)
     return seen, rmse
 
 

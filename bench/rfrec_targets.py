@@ -15,34 +15,38 @@ other 10% (``bench.fedmc_admm_targets.validation_federation``), never on the tes
 
 80/20 random split with ``--seed`` (build_federation); ``--clients 0`` (default) is one
 client per user, the paper's setting. ``--dp`` adds the paper's eq. (9) perturbation through
-:func:`paper_laplace_noise`, a STAND-IN for the privacy layer (element-wise clip to
-[-delta, delta] plus Laplace(0, s) noise on every entry of every upload, drawn from
-``client_noise_rng``), with the paper's (delta, s) from ``paper_dp``.
+:func:`paper_privatizer` (element-wise clip to [-delta, delta] plus Laplace(0, s) noise on
+every entry of every upload, drawn from ``client_noise_rng`` and charged to a ledger by the
+privacy layer), with the paper's (delta, s) from ``paper_dp``; the JSON reports the spend.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
-from collections.abc import Callable
 
 import numpy as np
 
-from algorithms._rng import client_noise_rng
 from algorithms.data import build_federation, load_movielens
 from algorithms.rfrec import ALGORITHMS, RFRecConfig, RFRecFConfig, paper_dp, run_batched
 from algorithms.simulate import simulate
+from privacy.ledger import Budget, Ledger
+from privacy.wrapper import DPPrivatizer, DPSpec
 
 TABLE2 = {("ml-100k", "rfrec"): (0.9325, 0.7237), ("ml-100k", "rfrecf"): (0.9385, 0.7317),
           ("ml-1m", "rfrec"): (0.8831, 0.6937), ("ml-1m", "rfrecf"): (0.8840, 0.6906)}
 
 
-def paper_laplace_noise(seed: int, s: float) -> Callable[[int, int, tuple[int, int]], np.ndarray]:
-    """Stand-in for the privacy layer: Laplace(0, s) per entry from ``client_noise_rng``."""
-    def noise(round_: int, client: int, shape: tuple[int, int]) -> np.ndarray:
-        return client_noise_rng(seed, round_, client).laplace(0.0, s, size=shape)
-    return noise
+def paper_privatizer(seed: int, clip: float, s: float, n_clients: int) -> DPPrivatizer:
+    """The paper's eq. (9) through the privacy layer: entries clipped to [-clip, clip]
+    (the batched path clips), Laplace(0, s) per entry from ``client_noise_rng``, each
+    upload checked and charged by :meth:`privacy.wrapper.DPPrivatizer.noise` (tenant unit;
+    the paper states no budget, so it is unlimited and the spend is reported)."""
+    spec = DPSpec(mechanism="laplace", norm="value", clip=clip, noise_scale=s)
+    budget = Budget(math.inf, 1e-5)
+    return DPPrivatizer(spec, Ledger.open({i: budget for i in range(n_clients)}), seed)
 
 
 def compare_generic(cfg: RFRecConfig, fed, rounds: int, seed: int) -> dict:
@@ -105,10 +109,11 @@ def main(argv: list[str] | None = None) -> dict:
         from bench.fedmc_admm_targets import validation_federation
         fed = validation_federation(fed)
     cfg = _config(args)
-    clip, noise = None, None
+    clip, noise, priv = None, None, None
     if args.dp:
         clip, s = paper_dp(args.algorithm)
-        noise = paper_laplace_noise(args.seed, s)
+        priv = paper_privatizer(args.seed, clip, s, fed.n_clients)
+        noise = priv.noise
     if args.compare_generic:
         return compare_generic(cfg, fed, args.compare_generic, args.seed)
     t0 = time.perf_counter()
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
            "best_rmse": float(np.nanmin([r.test_rmse for r in res.history])),
            "paper_rmse": paper[0], "paper_mae": paper[1], "wall_seconds": wall,
            "median_round_seconds": float(np.median([r.seconds for r in res.history])),
-           "uploads": int(sum(r.uploads for r in res.history))}
+           "uploads": int(sum(r.uploads for r in res.history)),
+           "privacy": None if priv is None else priv.report(cfg.rank * fed.n_items)}
     print(json.dumps(out))
     if args.json:
         with open(args.json, "w") as fh:

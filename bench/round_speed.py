@@ -24,7 +24,7 @@ import time
 from algorithms import _mf_kernels as K
 from algorithms import fedmc_admm as F
 from algorithms.data import build_federation, load_movielens
-from algorithms.simulate import initialise, run_round
+from algorithms.simulate import run_round, simulate
 
 
 def wait_for_idle(threshold: float, max_wait: float) -> float:
@@ -37,11 +37,9 @@ def wait_for_idle(threshold: float, max_wait: float) -> float:
 
 def prepared_states(cfg, fed, warm_rounds: int):
     """States after ``warm_rounds`` rounds, so timings see trained, not initial, factors."""
-    server, glob, locs = initialise(F.ALGORITHM, cfg, fed.train, 0)
-    for k in range(1, warm_rounds + 1):
-        glob, server, locs, _, _ = run_round(F.ALGORITHM, cfg, k, 0, 10, glob, server, locs,
-                                             fed.train)
-    return server, glob, locs
+    res = simulate(F.ALGORITHM, cfg, fed, rounds=warm_rounds, per_round=10, seed=0,
+                   evaluate_every=0)
+    return res.server_state, res.global_msg, res.local_states
 
 
 SERIAL = 1 << 62

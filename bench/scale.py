@@ -81,20 +81,17 @@ def reset_peak_rss() -> bool:
 
 
 def timed_round(alg, cfg, k, glob, server, locs, blocks):
-    """One round as :func:`algorithms.simulate.run_round`, timing clients and server apart."""
-    from algorithms.simulate import client_round, select_clients, server_round
+    """One round of the round engine (:func:`algorithms.simulate.step`), timing clients and
+    server apart."""
+    from algorithms.simulate import PerClient, RoundState, step
 
     w0, c0 = time.perf_counter(), time.thread_time()
-    selected = select_clients(alg, glob, len(blocks), PER_ROUND, SEED, k)
-    locs, uploads = list(locs), {}
-    for i in (int(c) for c in selected):
-        locs[i], up = client_round(alg, cfg, k, SEED, i, glob, locs[i], blocks[i])
-        uploads[i] = up
-    w1 = time.perf_counter()
-    server, glob = server_round(alg, cfg, k, SEED, server, uploads)
+    st = step(PerClient(alg, cfg, SEED, PER_ROUND, blocks),
+              RoundState(k - 1, glob, server, locs), k)
     w2, c2 = time.perf_counter(), time.thread_time()
-    return (glob, server, locs), {"wall_s": w2 - w0, "cpu_s": c2 - c0, "client_s": w1 - w0,
-                                  "server_s": w2 - w1}
+    return (st.global_msg, st.server_state, st.local_states), {
+        "wall_s": w2 - w0, "cpu_s": c2 - c0, "client_s": st.client_seconds,
+        "server_s": st.seconds - st.client_seconds}
 
 
 def profile_round(alg, cfg, k, states, blocks, top: int = 12) -> list[dict]:

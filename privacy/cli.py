@@ -14,9 +14,9 @@ import argparse
 import math
 from collections.abc import Hashable, Mapping
 
-from algorithms._rng import SAMPLING, derive_rng, sample_clients
 from privacy.accountant import noise_for_epsilon
-from privacy.ledger import Budget, Ledger, plan_from_schedule, worst_case_plan
+from privacy.ledger import Budget, Ledger, worst_case_plan
+from privacy.release import transmission_plan
 from privacy.wrapper import DPPrivatizer, DPSpec
 
 DEFAULT_EPSILON = 8.0
@@ -61,19 +61,10 @@ def default_delta(n_users: int | None) -> float:
 
 
 def sampling_plan(n_clients: int, rounds: int, per_round: int, seed: int) -> dict[str, int]:
-    """Exact transmissions per tenant under the default sampling (``default_select``).
-
-    The schedule is derived from the job seed (``derive_rng(seed, k, SAMPLING)``), not from
-    data, so planning with it leaks nothing. Valid only for algorithms using
-    ``algorithms.base.default_select``; if a tenant transmits more than planned, the ledger
-    stops it, so a wrong plan can cost utility but never the guarantee. Tenants never
-    selected are listed with 0.
-    """
-    plan = {str(i): 0 for i in range(n_clients)}
-    plan.update(plan_from_schedule(
-        sample_clients(derive_rng(seed, k, SAMPLING), n_clients, per_round).tolist()
-        for k in range(1, rounds + 1)))
-    return plan
+    """Exact transmissions per tenant under the default sampling (``default_select``):
+    :func:`privacy.release.transmission_plan` keyed by tenant as the ledger is. Tenants
+    never selected are listed with 0."""
+    return {str(i): n for i, n in transmission_plan(n_clients, rounds, per_round, seed).items()}
 
 
 def spec_from_args(args: argparse.Namespace, transmissions: int, n_users: int | None = None

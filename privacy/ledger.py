@@ -33,12 +33,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from privacy.accountant import NONE, Event, Spend, compose, spend
 
 LEDGER_VERSION = 1
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +180,45 @@ class Ledger:
         acc = self._account(tenant)
         if acc["stopped_at"] is None:
             acc["stopped_at"] = int(round_)
+
+
+def refusal(ledger: Ledger, account: Hashable, event: Event, round_: int,
+            what: str = "transmission") -> str | None:
+    """None when ``account`` can afford ``event``; else why not, in words a tenant reads
+    (a transmission without a DP guarantee: it did not opt in; else: its budget)."""
+    if ledger.can_afford(account, event):
+        return None
+    if event.mechanism == NONE:
+        return (f"refused in round {round_}: the tenant did not opt in to non-private "
+                "training (allow_non_private is false)")
+    spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
+    return (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, one more "
+            f"{what} would exceed epsilon_max {cap:.4g}")
+
+
+def charged_release(ledger: Ledger, accounts: Iterable[Hashable], event: Event, round_: int,
+                    privatise: Callable[[list[Hashable]], T], what: str = "transmission"
+                    ) -> tuple[T | None, dict[Hashable, Event], dict[Hashable, str]]:
+    """Check budget, privatise, charge: the one rule every noisy release follows.
+
+    Every account that cannot afford ``event`` is refused (with :func:`refusal`'s reason);
+    ``privatise(kept)`` builds the noisy release of the others (noise is drawn, nothing is
+    handed on yet); each of them is charged ``event`` in ``ledger``; only then is the
+    release returned. Nobody able to pay: nothing is privatised or charged. Returns
+    (release or None, {account: event charged}, {account: refusal}). The simulator's
+    in-memory ledger and the service's database ledger (loaded, charged, persisted by the
+    caller in the transaction that stores the release) go through the same function.
+    """
+    accounts = list(accounts)
+    refused = {a: why for a in accounts
+               if (why := refusal(ledger, a, event, round_, what)) is not None}
+    kept = [a for a in accounts if a not in refused]
+    if not kept:
+        return None, {}, refused
+    released = privatise(kept)
+    for a in kept:
+        ledger.charge(a, event, round_)
+    return released, {a: event for a in kept}, refused
 
 
 def worst_case_plan(tenants: Iterable[Hashable], rounds: int) -> dict[str, int]:

@@ -56,7 +56,7 @@ from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.dpals import UserBounds
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise
-from privacy.ledger import Budget, Ledger, check_schedule
+from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
 
 UNIT_USER = ("user: all ratings of one person (add/remove one user); joint DP, each user's "
              "factor stays in the tenant and only per-user-bounded item sums are released")
@@ -99,6 +99,17 @@ def adversary_of(spec: UserLevelSpec) -> str:
     return ADVERSARY[spec.placement]
 
 
+#: data-dependent figures a user-level run uses without charging them, and why that is
+#: acceptable; stated in every report (issue: "no unaccounted data-dependent constant")
+PUBLIC_INPUTS = {
+    "n_users": ("the number of users the tenants hold, treated as public (the operator's "
+                "account count): used only to check delta < 1 / n_users and stated in this "
+                "report; it sets no noise scale, and the guarantee does not hide it"),
+    "rating_scale": ("the tenants' declared rating scales (set when a tenant is created, "
+                     "not computed from ratings): DPALS's centre and rating clip"),
+}
+
+
 def release_report(spec: UserLevelSpec, ledger: Ledger,
                    charges: Sequence[tuple[Any, int, Event]]) -> dict[str, Any]:
     """JSON-ready report of a user-level job: unit, placement, adversary, delta,
@@ -116,6 +127,7 @@ def release_report(spec: UserLevelSpec, ledger: Ledger,
                       f"placement {spec.placement}"),
         "target_epsilon": spec.epsilon, "epsilon_max": worst, "epsilon_per_tenant": eps,
         "delta": spec.delta, "users": spec.n_users, "accounting": ACCOUNTING_USER,
+        "public_inputs": PUBLIC_INPUTS,
         "planned_releases": spec.releases,
         "releases": [{"tenant": str(t), "round": int(r),
                       "noise_multiplier": ev.noise_multiplier,
@@ -141,7 +153,10 @@ class UserLevelSpec(BaseModel):
 
     epsilon: float = Field(gt=0, allow_inf_nan=False)
     delta: float = Field(gt=0, lt=1)
-    #: users protected: delta must be below 1 / n_users
+    #: users protected: delta must be below 1 / n_users. Treated as PUBLIC (not charged):
+    #: the number of users the tenants hold, known to the operator and stated in reports;
+    #: it sets no noise scale and enters nothing released but that check and the report
+    #: (:data:`PUBLIC_INPUTS`). Add/remove of one user moves it by one.
     n_users: int = Field(ge=1)
     #: releases each user takes part in (DPALS: the sweeps)
     releases: int = Field(ge=1)
@@ -283,44 +298,39 @@ def release_stds(spec: UserLevelSpec, bounds: UserBounds, index: int) -> dict[st
     return noise_stds(bounds, release_event(spec, index).noise_multiplier, spec.gram_share)
 
 
-def _refusal(ledger: Ledger, account: Any, round_: int) -> str:
-    spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
-    return (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, one more "
-            f"user-level release would exceed epsilon_max {cap:.4g}")
+#: what :func:`privacy.ledger.refusal` calls one user-level release
+_RELEASE = "user-level release"
 
 
 def release_one(spec: UserLevelSpec, bounds: UserBounds, upload: Message, account: Any,
                 ledger: Ledger, index: int, rng: np.random.Generator, round_: int
                 ) -> tuple[Message | None, Event | None, str | None]:
     """Placement ``tenant``: check the account can afford release ``index``, noise the
-    upload, charge ``ledger``; returns (noisy upload, event charged, refusal reason)."""
-    event = release_event(spec, index)
-    if not ledger.can_afford(account, event):
-        return None, None, _refusal(ledger, account, round_)
-    noisy = add_noise(upload, bounds, release_stds(spec, bounds, index), rng)
-    ledger.charge(account, event, round_)
-    return noisy, event, None
+    upload, charge ``ledger`` (:func:`privacy.ledger.charged_release`); returns (noisy
+    upload, event charged, refusal reason)."""
+    noisy, charged, refused = charged_release(
+        ledger, [account], release_event(spec, index), round_,
+        lambda _: add_noise(upload, bounds, release_stds(spec, bounds, index), rng), _RELEASE)
+    if refused:
+        return None, None, refused[account]
+    return noisy, charged[account], None
 
 
 def release_sum(spec: UserLevelSpec, bounds: UserBounds, uploads: Mapping[Any, Message],
                 ledger: Ledger, index: int, rng: np.random.Generator, round_: int
                 ) -> tuple[Message | None, dict[Any, Event], dict[Any, str]]:
     """Placement ``central``: every contributor that can afford release ``index`` is
-    charged in ``ledger``, then their uploads are summed and noised once.
+    charged in ``ledger``, and their uploads are summed and noised once
+    (:func:`privacy.ledger.charged_release`).
 
     Returns (noisy sum or None when nobody could pay, {account: event charged},
     {account: refusal reason}). The sum is returned only after every charge."""
-    event = release_event(spec, index)
-    refused = {a: _refusal(ledger, a, round_) for a in uploads
-               if not ledger.can_afford(a, event)}
-    kept = sorted(a for a in uploads if a not in refused)
-    if not kept:
-        return None, {}, refused
-    for a in kept:
-        ledger.charge(a, event, round_)
-    total = sum_uploads([uploads[a] for a in kept], bounds)
-    noisy = add_noise(total, bounds, release_stds(spec, bounds, index), rng)
-    return noisy, {a: event for a in kept}, refused
+    def noisy_sum(kept: list) -> Message:
+        total = sum_uploads([uploads[a] for a in sorted(kept)], bounds)
+        return add_noise(total, bounds, release_stds(spec, bounds, index), rng)
+
+    return charged_release(ledger, sorted(uploads), release_event(spec, index), round_,
+                           noisy_sum, _RELEASE)
 
 
 class UserLevelPrivatizer:
@@ -361,7 +371,8 @@ class UserLevelPrivatizer:
         return len(self.ledger.rounds(client))
 
     def _affordable(self, client: int, round_: int, event: Event) -> bool:
-        if str(client) in self.ledger.stopped() or not self.ledger.can_afford(client, event):
+        if (str(client) in self.ledger.stopped()
+                or refusal(self.ledger, client, event, round_, _RELEASE) is not None):
             self.ledger.stop(client, round_)
             return False
         return True

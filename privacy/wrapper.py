@@ -58,7 +58,7 @@ from privacy.bernoulli import (
 from privacy.clipping import clip_arrays
 from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
-from privacy.ledger import Ledger, check_plan
+from privacy.ledger import BudgetExceeded, Ledger, charged_release, check_plan
 
 UNIT_TENANT = ("tenant: a tenant's whole rating block; neighbouring = the block replaced "
                "by any other block (replace-one), sensitivity = diameter of the clip ball")
@@ -219,19 +219,14 @@ def release(upload: Message, spec: DPSpec, account: Hashable, ledger: Ledger,
     ``ledger`` before it is returned. Returns (upload as sent, event charged, refusal).
     """
     event = transmission_event(spec, n_entries(upload), private_algorithm)
-    if not ledger.can_afford(account, event):
-        if event.mechanism == NOT_PRIVATE.mechanism:
-            return None, None, (f"refused in round {round_}: the tenant did not opt in to "
-                                "non-private training (allow_non_private is false)")
-        spent, cap = ledger.spent(account).epsilon, ledger.budget(account).epsilon_max
-        return None, None, (f"budget exhausted in round {round_}: epsilon spent {spent:.4g}, "
-                            f"one more transmission would exceed epsilon_max {cap:.4g}")
-    sent = upload
-    if spec.mechanism != "none":
-        sent, noised = privatize(upload, spec, rng)
-        event = event if event.mechanism == NOT_PRIVATE.mechanism else noised
-    ledger.charge(account, event, round_)
-    return sent, event, None
+
+    def privatise(_: list) -> Message:
+        return upload if spec.mechanism == "none" else privatize(upload, spec, rng)[0]
+
+    sent, charged, refused = charged_release(ledger, [account], event, round_, privatise)
+    if refused:
+        return None, None, refused[account]
+    return sent, charged[account], None
 
 
 class DPPrivatizer:
@@ -256,6 +251,29 @@ class DPPrivatizer:
         if refused is not None:
             self.ledger.stop(client, round_)
         return noisy
+
+    def noise(self, round_: int, client: int, shape: tuple[int, ...]) -> np.ndarray:
+        """The noise of client ``client``'s upload (one array of ``shape``) in ``round_``,
+        for a path that clips and sums the uploads itself (RFRec's batched path: the
+        engine's aggregator adds the noise to the sum): the same draw as :meth:`__call__`
+        makes, checked and charged by the same rule (:func:`privacy.ledger.
+        charged_release`). Raises :class:`privacy.ledger.BudgetExceeded` when the client
+        cannot afford it (such a path cannot leave one client out)."""
+        d = int(np.prod(shape))
+        event = event_for(self.spec, d)
+        draw = gaussian_noise if self.spec.mechanism == "gaussian" else laplace_noise
+        if self.spec.mechanism not in ("gaussian", "laplace"):
+            raise ValueError(f"mechanism {self.spec.mechanism!r} has no additive noise")
+        out, _, refused = charged_release(
+            self.ledger, [client], event, round_,
+            lambda _: draw(shape, noise_scale(self.spec, d),
+                           client_noise_rng(self.seed, round_, client)))
+        if refused:
+            self.ledger.stop(client, round_)
+            raise BudgetExceeded(str(client), self.ledger.projected(client, event).epsilon,
+                                 self.ledger.budget(client), self.ledger.spent(client).epsilon,
+                                 1)
+        return out
 
     def check_plan(self, plan: Mapping[Hashable, int], n_entries: int | None = None) -> None:
         """Refuse (``BudgetExceeded``) a run whose planned transmissions exceed a budget.

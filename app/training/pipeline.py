@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from algorithms import Message, RatingBlock, registry
 from algorithms._rng import NOISE, client_noise_rng, derive_rng
-from algorithms.base import Algorithm, default_select
+from algorithms.base import Algorithm
 from algorithms.simulate import (
     client_round,
     combine_errors,
@@ -47,8 +47,8 @@ from app.models import Tenant, utcnow
 from app.training.forget import forgotten_since, scrub_job_clients, without_forgotten
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
+from privacy import release as privacy_release
 from privacy import user_level
-from privacy.wrapper import DPSpec, release
 
 TASK_START = queue.TRAINING_START_ROUND
 TASK_CLIENT = queue.TRAINING_CLIENT_STEP
@@ -152,19 +152,17 @@ def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
         dispatch.send(TASK_AGGREGATE, job_id, round_)
 
 
-def _privatise(s: Session, job: TrainingJob, alg: Algorithm, tenant_id: int, client: int,
-               round_: int, upload: Message
+def _privatise(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id: int,
+               client: int, round_: int, upload: Message
                ) -> tuple[Message | None, list | None, str | None]:
-    """(upload as sent, ledger event, refusal reason) for one transmission of a tenant:
-    :func:`privacy.wrapper.release` on the tenant's ledger, every transmission charged
-    (one without a DP guarantee too: epsilon = infinity, only with the tenant's opt-in).
-    The tenant row is locked so two jobs cannot both spend the last of its budget.
-    """
+    """(upload as sent, ledger event, refusal reason) for one upload of a tenant:
+    :func:`privacy.release.release_upload` on the tenant's ledger, whatever the unit. The
+    tenant row is locked so two jobs cannot both spend the last of its budget."""
     _lock_tenants(s, [tenant_id])
-    sent, event, refused = release(upload, DPSpec(**job.dp), tenant_id,
-                                   load_ledger(s, [tenant_id]),
-                                   client_noise_rng(job.seed, round_, client), round_,
-                                   alg.privacy_preserving)
+    index = _job_releases(s, job.id, tenant_id) if user_level.is_user_level(job.dp) else 0
+    sent, event, refused = privacy_release.release_upload(
+        job.dp, job.algorithm, cfg, upload, tenant_id, load_ledger(s, [tenant_id]),
+        client_noise_rng(job.seed, round_, client), round_, index, alg.privacy_preserving)
     return sent, None if event is None else event.as_list(), refused
 
 
@@ -184,40 +182,23 @@ def _job_releases(s: Session, job_id: int, tenant_id: int | None = None) -> int:
     return int(s.scalar(q) or 0)
 
 
-def _release_tenant(s: Session, job: TrainingJob, cfg: Any, tenant_id: int, client: int,
-                    round_: int, upload: Message
-                    ) -> tuple[Message | None, list | None, str | None]:
-    """User-level DP, placement ``tenant``: this tenant's bounded upload noised and charged
-    (:func:`privacy.user_level.release_one`). Placement ``central``: the bounded upload is
-    staged as it is and charged by the aggregation step, which noises the sum once."""
-    spec = user_level.from_settings(job.dp)
-    if spec.placement == "central":
-        return upload, None, None
-    _lock_tenants(s, [tenant_id])
-    noisy, event, refused = user_level.release_one(
-        spec, registry.user_bounds(job.algorithm, cfg), upload, tenant_id,
-        load_ledger(s, [tenant_id]), _job_releases(s, job.id, tenant_id),
-        client_noise_rng(job.seed, round_, client), round_)
-    return noisy, None if event is None else event.as_list(), refused
-
-
 def _release_central(s: Session, job: TrainingJob, cfg: Any, round_: int,
                      uploads: dict[int, Message]) -> tuple[dict[int, Message], dict[str, str]]:
-    """User-level DP, placement ``central``: charge every contributing tenant, then noise
-    the sum of their bounded uploads once (:func:`privacy.user_level.release_sum`), in the
-    round's transaction. Returns (what the server step receives, refusals by tenant id)."""
-    if not uploads:
+    """What the server step receives (:func:`privacy.release.release_round`: for central
+    user-level DP, every contributing tenant charged, then the sum of their bounded
+    uploads noised once), the charges persisted in the round's transaction. Returns
+    (received, refusals by tenant id)."""
+    if not uploads or not privacy_release.central(job.dp):
         return uploads, {}
     tenant_of = {i: job.tenant_ids[i] for i in uploads}
     _lock_tenants(s, list(tenant_of.values()))
-    noisy, charged, refused = user_level.release_sum(
-        user_level.from_settings(job.dp), registry.user_bounds(job.algorithm, cfg),
-        {tenant_of[i]: up for i, up in uploads.items()}, load_ledger(s, tenant_of.values()),
-        _job_releases(s, job.id), derive_rng(job.seed, round_, NOISE), round_)
+    received, charged, refused = privacy_release.release_round(
+        job.dp, job.algorithm, cfg, {tenant_of[i]: up for i, up in uploads.items()},
+        load_ledger(s, tenant_of.values()), _job_releases(s, job.id),
+        derive_rng(job.seed, round_, NOISE), round_)
     for tenant_id, event in charged.items():  # committed with the round that uses the sum
         s.add(LedgerEntry(tenant_id=tenant_id, job_id=job.id, round=round_,
                           event={"event": event.as_list(), "dp": job.dp}))
-    received = {} if noisy is None else {user_level.AGGREGATE: noisy}
     return received, {str(t): why for t, why in refused.items()}
 
 
@@ -238,11 +219,8 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                 alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
                 Message.from_bytes(jc.local_state), train)
             event = refused = None
-            if upload is not None and user_level.is_user_level(job.dp):
-                upload, event, refused = _release_tenant(s, job, cfg, jc.tenant_id, client,
-                                                         round_, upload)
-            elif upload is not None:
-                upload, event, refused = _privatise(s, job, alg, jc.tenant_id, client,
+            if upload is not None:
+                upload, event, refused = _privatise(s, job, alg, cfg, jc.tenant_id, client,
                                                      round_, upload)
             s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
                               local_state=local.to_bytes(), refused=refused,
@@ -316,9 +294,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
             return  # not complete yet: a later client step sends aggregate again
         uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
                    if staged[i].upload is not None}
-        received, released_refusals = uploads, {}
-        if user_level.is_user_level(job.dp) and job.dp.get("placement") == "central":
-            received, released_refusals = _release_central(s, job, cfg, round_, uploads)
+        received, released_refusals = _release_central(s, job, cfg, round_, uploads)
         server, glob = server_round(alg, cfg, round_, job.seed,
                                     Message.from_bytes(job.server_state), received)
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
@@ -449,18 +425,10 @@ def resume(sessions: Sessions, dispatch: Dispatcher, job_id: int) -> bool:
 
 def planned_transmissions(alg: Algorithm, job_rounds: int, per_round: int, seed: int,
                           n_clients: int, global_msg: Message) -> dict[int, int]:
-    """How often each client index will transmit at most (the budget check's plan).
-
-    With the default sampler the schedule is a function of the seed only, so the counts
-    are exact; algorithms with their own ``select`` get the worst case, every round.
-    """
-    if alg.select is not default_select:
-        return {i: job_rounds for i in range(n_clients)}
-    counts = dict.fromkeys(range(n_clients), 0)
-    for k in range(1, job_rounds + 1):
-        for i in select_clients(alg, global_msg, n_clients, per_round, seed, k):
-            counts[int(i)] += 1
-    return counts
+    """How often each client index will transmit at most (the budget check's plan):
+    :func:`privacy.release.transmission_plan` for this algorithm's selection."""
+    return privacy_release.transmission_plan(n_clients, job_rounds, per_round, seed,
+                                             alg.select, global_msg)
 
 
 def item_ids_bytes(ids: np.ndarray) -> bytes:

@@ -143,13 +143,15 @@ def test_the_analysis_loaded_without_torch_is_opacus_own():
 
 
 def test_the_service_and_the_cli_account_without_importing_torch():
-    """opacus' package imports torch (seconds at every start-up); fedrec must not."""
+    """opacus' package imports torch (seconds at every start-up); fedrec must not, with
+    the RDP or the PRV analysis."""
     import subprocess
     import sys
 
     code = ("import sys, app.main, app.cli\n"
-            "from privacy.accountant import Event, spend\n"
+            "from privacy.accountant import Event, prv_epsilon, spend\n"
             "assert spend([Event('gaussian', 2.0, 3)], 1e-5).epsilon > 0\n"
+            "assert prv_epsilon([Event('gaussian', 3.0, 10, 0.5)], 1e-6) > 0\n"
             "print(sorted(m for m in ('torch', 'opacus') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout

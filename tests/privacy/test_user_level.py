@@ -258,3 +258,18 @@ def test_growing_schedule_with_user_sampling_meets_the_target_by_dp_accounting()
         pld.compose(sampled)
     assert rdp.get_epsilon(1e-6) == pytest.approx(2.0, rel=1e-5)
     assert pld.get_epsilon(1e-6) <= 2.0
+
+
+def test_the_report_names_the_data_dependent_inputs_it_treats_as_public():
+    """Every data-dependent figure a run uses without charging it is declared public in
+    the report (the user count checks delta; the declared scale centres DPALS)."""
+    cfg = D.DPALSConfig(rank=2, sweeps=2)
+    spec = UserLevelSpec(epsilon=4.0, delta=1e-6, n_users=1000, releases=2)
+    priv = UserLevelPrivatizer(spec, D.user_bounds(cfg), 2, seed=0)
+    report = priv.report()
+    assert report["users"] == 1000
+    assert set(report["public_inputs"]) == {"n_users", "rating_scale"}
+    assert "delta < 1 / n_users" in report["public_inputs"]["n_users"]
+    # the noise does not depend on the user count: only the check does
+    other = UserLevelSpec(epsilon=4.0, delta=1e-6, n_users=5000, releases=2)
+    assert other.noise_multiplier() == spec.noise_multiplier()
