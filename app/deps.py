@@ -6,18 +6,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
 from app.models import ApiKey, Tenant
+from app.problems import ApiError
 from app.schemas import PathId
 from app.security import hash_key, key_prefix, same_secret
 
@@ -28,10 +28,9 @@ tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
 TENANT_NOT_FOUND = "Tenant not found"
 
 
-class ErrorMessage(BaseModel):
-    """The body of every refusal that is not a request-validation error."""
-
-    detail: str
+def tenant_not_found() -> ApiError:
+    """The 404 of a tenant that does not exist, or is not the caller's."""
+    return ApiError(status.HTTP_404_NOT_FOUND, "tenant_not_found", TENANT_NOT_FOUND)
 
 
 ERROR_DESCRIPTIONS = {
@@ -42,35 +41,18 @@ ERROR_DESCRIPTIONS = {
 }
 
 
-class FieldError(BaseModel):
-    """One entry of FastAPI's request-validation error list."""
-
-    loc: list[str | int]
-    msg: str
-    type: str
-    input: Any = None
-    ctx: dict[str, Any] | None = None
-
-
-class ValidationErrors(BaseModel):
-    """FastAPI's 422 body: ``{"detail": [FieldError, ...]}``."""
-
-    detail: list[FieldError]
-
-
-UNPROCESSABLE = {422: {"model": ValidationErrors | ErrorMessage,
-                       "description": "A validation error list, or a message."}}
+UNPROCESSABLE = {422: {"description": "Validation error: ``errors`` names every field at "
+                                      "fault, ``detail`` says what is wrong."}}
 
 
 def errors(*codes: int) -> dict[int | str, dict]:
-    """OpenAPI ``responses`` documenting refusals with an :class:`ErrorMessage` body."""
-    return {code: {"model": ErrorMessage, "description": ERROR_DESCRIPTIONS[code]}
-            for code in codes}
+    """OpenAPI ``responses`` of refusals; their body is a problem (see app/problems.py)."""
+    return {code: {"description": ERROR_DESCRIPTIONS[code]} for code in codes}
 
 
-def _unauthorized(detail: str) -> HTTPException:
-    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail,
-                         headers={"WWW-Authenticate": "Bearer"})
+def _unauthorized(code: str, detail: str) -> HTTPException:
+    return ApiError(status.HTTP_401_UNAUTHORIZED, code, detail,
+                    headers={"WWW-Authenticate": "Bearer"})
 
 
 def over_limit(loc: tuple[str, ...], value: int, bound: int, setting: str,
@@ -109,9 +91,9 @@ Credentials = HTTPAuthorizationCredentials | None
 def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_bearer)]) -> None:
     """401 unless the request carries the admin token."""
     if creds is None:
-        raise _unauthorized("Admin token required")
+        raise _unauthorized("admin_token_required", "Admin token required")
     if not same_secret(creds.credentials, request.app.state.admin_token, hashed=False):
-        raise _unauthorized("Invalid admin token")
+        raise _unauthorized("invalid_admin_token", "Invalid admin token")
 
 
 def _verified_tenant(request: Request, session: Session, presented: str,
@@ -128,7 +110,7 @@ def _verified_tenant(request: Request, session: Session, presented: str,
         key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) if prefix else None
         if key is None or key.revoked_at is not None or not same_secret(presented,
                                                                          key.key_hash):
-            raise _unauthorized("Invalid API key")
+            raise _unauthorized("invalid_api_key", "Invalid API key")
         tenant = session.get(Tenant, key.tenant_id)
     except BaseException:
         cache.drop(digest)
@@ -143,7 +125,7 @@ def current_tenant(request: Request, session: SessionDep,
     """The tenant owning the presented, unrevoked API key; 401 otherwise (verified keys
     are cached per process for FEDREC_SERVING_CACHE_SECONDS, see KeyCache)."""
     if creds is None:
-        raise _unauthorized("API key required")
+        raise _unauthorized("api_key_required", "API key required")
     return _verified_tenant(request, session, creds.credentials)
 
 
@@ -169,7 +151,7 @@ async def serving_tenant(request: Request, tenant_id: PathId,
     """:func:`own_tenant` for the serving hot path: on the event loop when the key is
     cached, one threadpool call with its own session when it is not."""
     if creds is None:
-        raise _unauthorized("API key required")
+        raise _unauthorized("api_key_required", "API key required")
 
     def verify() -> Tenant:
         with request.app.state.sessions() as session:
@@ -182,7 +164,7 @@ async def serving_tenant(request: Request, tenant_id: PathId,
     elif recheck:  # due for re-verification: done in the background, this request proceeds
         in_background(request, verify)
     if tenant.id != tenant_id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+        raise tenant_not_found()
     return tenant
 
 
@@ -192,7 +174,7 @@ TenantDep = Annotated[Tenant, Depends(current_tenant)]
 def own_tenant(tenant: TenantDep, tenant_id: PathId) -> Tenant:
     """The caller's tenant when the path names it; 404 (never 403) for any other tenant."""
     if tenant.id != tenant_id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+        raise tenant_not_found()
     return tenant
 
 

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import logging
-import math
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerDown
 
+from app import problems
 from app.config import Settings, get_settings, resolve_admin_token
 from app.db import DATABASE_DOWN, make_engine, session_factory
 from app.limits import BodyLimit, UploadSlots
@@ -29,26 +27,9 @@ async def unavailable(request: Request, exc: Exception) -> JSONResponse:
     transaction was rolled back, so it can be retried (with its Idempotency-Key)."""
     what = "broker" if isinstance(exc, BrokerDown) else "database"
     log.warning("%s unavailable during %s %s: %s", what, request.method, request.url.path, exc)
-    return JSONResponse({"detail": f"The {what} is unavailable; retry the request later"},
-                        status_code=503, headers={"Retry-After": "5"})
-
-
-def json_safe(value):
-    """``value`` with every NaN or infinity spelt as a string ("NaN", "Infinity",
-    "-Infinity"): strict JSON has no such numbers, and echoing one must not become a 500."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
-async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422 validation-error list, with non-finite inputs echoed as strings."""
-    return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))},
-                        status_code=422)
+    return problems.problem(request, 503, f"{what}_unavailable",
+                            f"The {what} is unavailable; retry the request later",
+                            headers={"Retry-After": "5"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -77,8 +58,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations):
         app.include_router(module.router)
+    problems.install(app)  # every error as problem+json, documented in the OpenAPI
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
-    app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
     return app

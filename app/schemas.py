@@ -185,18 +185,6 @@ class UploadResult(BaseModel):
     stored: int = Field(description="Rows inserted or updated (exact duplicates counted once).")
 
 
-class RowErrorPublic(BaseModel):
-    line: int = Field(description="CSV line number (header counts), or 1-based JSON position.")
-    field: str
-    reason: str
-
-
-class UploadRejection(BaseModel):
-    message: str
-    errors: list[RowErrorPublic]
-    omitted: int = Field(description="Offending rows not listed (the list is capped).")
-
-
 class UserRatingsDeleted(BaseModel):
     user: str
     deleted: int

@@ -5,22 +5,15 @@ from __future__ import annotations
 import tempfile
 from typing import Annotated, BinaryIO
 
-from fastapi import APIRouter, Header, HTTPException, Request, status
+from fastapi import APIRouter, Header, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 
 from app import store
-from app.deps import (
-    ErrorMessage,
-    OwnTenantDep,
-    SessionDep,
-    SettingsDep,
-    ValidationErrors,
-    errors,
-)
+from app.deps import OwnTenantDep, SessionDep, SettingsDep, errors
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
+from app.problems import ApiError
 from app.schemas import (
     Limit,
     Offset,
@@ -28,7 +21,6 @@ from app.schemas import (
     RatingsCount,
     RatingsPublic,
     RatingsUpload,
-    UploadRejection,
     UploadResult,
     UserRatingsDeleted,
 )
@@ -37,12 +29,6 @@ from app.uploads import IdempotencyConflict, request_digest, upload_ratings
 
 router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"],
                    responses=errors(401, 404))
-
-
-class UploadRejectionBody(BaseModel):
-    """The 422 of an upload with offending rows."""
-
-    detail: UploadRejection
 
 
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {
@@ -79,20 +65,19 @@ async def spool_body(request: Request, limit: int, content_type: str) -> tuple[B
     return spool, digest.hexdigest()
 
 
-def _rejection(exc: UploadRejected, cap: int) -> dict:
-    errors = [{"line": e.line, "field": e.field, "reason": e.reason} for e in exc.errors[:cap]]
-    return {"message": str(exc), "errors": errors, "omitted": max(0, exc.total - cap)}
+def rejection(exc: UploadRejected, cap: int) -> ApiError:
+    """The 422 of an upload with offending rows: each row's line, field and reason."""
+    rows = [{"line": e.line, "field": e.field, "message": e.reason} for e in exc.errors[:cap]]
+    return ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, "upload_rejected", str(exc),
+                    errors=rows, omitted=max(0, exc.total - cap))
 
 
 @router.post("/ratings", response_model=UploadResult, openapi_extra=UPLOAD_BODY, responses={
-    413: {"description": "Body over the size limit or more rows than allowed.",
-          "model": ErrorMessage},
-    415: {"description": "Neither JSON nor CSV.", "model": ErrorMessage},
-    429: {"description": "Too many uploads of this tenant in progress; see Retry-After.",
-          "model": ErrorMessage},
-    422: {"description": "Offending rows (nothing stored), a bad Idempotency-Key, or an "
-                         "invalid path.",
-          "model": UploadRejectionBody | ErrorMessage | ValidationErrors}})
+    413: {"description": "Body over the size limit or more rows than allowed."},
+    415: {"description": "Not JSON, CSV, TSV or multipart."},
+    429: {"description": "Too many uploads of this tenant in progress; see Retry-After."},
+    422: {"description": "Offending rows (``errors``: line, field, message; nothing "
+                         "stored), a bad Idempotency-Key, or an invalid path."}})
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
                          idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
@@ -116,14 +101,15 @@ async def _upload(session, settings, tenant, body: BinaryIO, digest: str, conten
                                           idempotency_key, settings.max_upload_rows, digest,
                                           settings.max_reported_errors)
     except UploadRejected as exc:
-        detail = _rejection(exc, settings.max_reported_errors)
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail) from None
+        raise rejection(exc, settings.max_reported_errors) from None
     except IdempotencyConflict as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        raise ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, "idempotency_conflict",
+                       str(exc)) from None
     except TooManyRows as exc:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, str(exc)) from None
+        raise ApiError(status.HTTP_413_CONTENT_TOO_LARGE, "too_many_rows", str(exc)) from None
     except UnsupportedMediaType as exc:
-        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, str(exc)) from None
+        raise ApiError(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
+                       str(exc)) from None
     headers = {"Idempotency-Replayed": "true"} if outcome.replayed else {}
     return JSONResponse(outcome.body, status_code=outcome.status_code, headers=headers)
 
@@ -153,6 +139,6 @@ def delete_user_ratings(tenant: OwnTenantDep, session: SessionDep,
     (repeatable: 0 deleted when the user was forgotten before)."""
     deleted = forget_user(session, tenant.id, user)
     if deleted is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "User not found")
+        raise ApiError(status.HTTP_404_NOT_FOUND, "user_not_found", "User not found")
     session.commit()
     return UserRatingsDeleted(user=user, deleted=deleted)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request, status
+from fastapi import APIRouter, Request, status
 
 from app.deps import OwnTenantDep, SessionDep, errors
 from app.models import RatingStats
+from app.problems import ApiError
 from app.queue import RECOMPUTE_RATING_STATS, enqueue
 from app.schemas import RatingStatsPublic, TaskEnqueued
 
@@ -27,6 +28,6 @@ def read_stats(tenant: OwnTenantDep, session: SessionDep) -> RatingStats:
     """The last computed statistics."""
     stats = session.get(RatingStats, tenant.id)
     if stats is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND,
+        raise ApiError(status.HTTP_404_NOT_FOUND, "stats_not_computed",
                             "Statistics not computed yet; POST to this URL to compute them")
     return stats

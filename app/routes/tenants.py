@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request, status
+from fastapi import APIRouter, Depends, Request, status
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from app.deps import TENANT_NOT_FOUND, SessionDep, errors, require_admin
+from app.deps import SessionDep, errors, require_admin, tenant_not_found
 from app.models import ApiKey, Tenant, utcnow
+from app.problems import ApiError
 from app.schemas import (
     ApiKeyCreate,
     ApiKeyCreated,
@@ -27,7 +28,7 @@ router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"],
 def _tenant(session: SessionDep, tenant_id: int) -> Tenant:
     tenant = session.get(Tenant, tenant_id)
     if tenant is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+        raise tenant_not_found()
     return tenant
 
 
@@ -41,8 +42,8 @@ def create_tenant(session: SessionDep, body: TenantCreate) -> Tenant:
         session.commit()
     except IntegrityError:
         session.rollback()
-        raise HTTPException(status.HTTP_409_CONFLICT,
-                            f"A tenant named {body.name!r} already exists") from None
+        raise ApiError(status.HTTP_409_CONFLICT, "tenant_name_taken",
+                       f"A tenant named {body.name!r} already exists") from None
     return tenant
 
 
@@ -90,7 +91,7 @@ def revoke_api_key(request: Request, session: SessionDep, tenant_id: PathId,
     """Revoke a key: refused at once by this process, by others within the serving cache."""
     key = session.get(ApiKey, key_id)
     if key is None or key.tenant_id != tenant_id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "API key not found")
+        raise ApiError(status.HTTP_404_NOT_FOUND, "api_key_not_found", "API key not found")
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         session.commit()
