@@ -74,6 +74,38 @@ def check_limit(loc: tuple[str, ...], value: int, bound: int, setting: str,
         raise over_limit(loc, value, bound, setting, unit)
 
 
+CONFIGURED_LIMITS = (
+    # (where: "query" or a component schema, field, setting, JSON Schema keyword)
+    ("query", "limit", "max_page_size", "maximum"),
+    ("query", "k", "max_top_k", "maximum"),
+    ("JobCreate", "rounds", "max_job_rounds", "maximum"),
+    ("JobCreate", "tenant_ids", "max_job_tenants", "maxItems"),
+    ("BatchRecommendationsRequest", "k", "max_top_k", "maximum"),
+)
+"""Bounds set by the settings, enforced with :func:`check_limit` (422 beyond, never a
+silent cut) and stated in the OpenAPI document by :func:`document_limits`."""
+
+
+def document_limits(schema: dict, settings: Settings) -> None:
+    """Write the configured bounds (:data:`CONFIGURED_LIMITS`) into the OpenAPI document,
+    so it states what this server enforces."""
+    components = schema.get("components", {}).get("schemas", {})
+    for where, name, setting, keyword in CONFIGURED_LIMITS:
+        bound = getattr(settings, setting)
+        if where == "query":
+            targets = [p["schema"] for item in schema["paths"].values()
+                       for op in item.values() if isinstance(op, dict)
+                       for p in op.get("parameters", ())
+                       if p.get("in") == "query" and p.get("name") == name]
+        else:
+            prop = components.get(where, {}).get("properties", {}).get(name)
+            targets = [] if prop is None else [prop]
+        for target in targets:
+            for branch in target.get("anyOf", [target]):
+                if branch.get("type") in ("integer", "number", "array"):
+                    branch[keyword] = min(bound, branch.get(keyword, bound))
+
+
 def get_session(request: Request) -> Iterator[Session]:
     with request.app.state.sessions() as session:
         yield session

@@ -12,8 +12,18 @@ from kombu.exceptions import OperationalError as BrokerDown
 from app import problems
 from app.config import Settings, get_settings, resolve_admin_token
 from app.db import DATABASE_DOWN, make_engine, session_factory
+from app.deps import document_limits
 from app.limits import BodyLimit, UploadSlots
-from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
+from app.routes import (
+    health,
+    items,
+    jobs,
+    ratings,
+    recommendations,
+    stats,
+    tenant_privacy,
+    tenants,
+)
 from app.security import KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
@@ -56,8 +66,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.background_tasks = set()
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
-    for module in (health, tenants, items, ratings, stats, jobs, recommendations):
+    for module in (health, tenants, items, ratings, stats, jobs, recommendations,
+                   tenant_privacy):
         app.include_router(module.router)
+    app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
     problems.install(app)  # every error as problem+json, documented in the OpenAPI
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)

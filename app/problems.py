@@ -274,6 +274,8 @@ def openapi_with_problems(app: FastAPI) -> dict:
                     response["content"] = {PROBLEM_JSON: {"schema": PROBLEM_REF}}
                     if response.get("description") in ("Validation Error", None, ""):
                         response["description"] = DESCRIPTIONS.get(code, _title(int(code)))
+    for hook in getattr(app.state, "openapi_hooks", ()):
+        hook(schema)
     for unused in ("HTTPValidationError", "ValidationError"):
         if not _referenced(schema, COMPONENTS + unused):
             components.pop(unused, None)

@@ -8,6 +8,7 @@ from alembic import context
 
 from app.config import Settings
 from app.db import make_engine, normalise_url
+import app.training.models  # noqa: F401 - the training tables belong to the metadata too
 from app.models import Base
 
 config = context.config

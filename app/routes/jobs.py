@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.models import Tenant
 from app.problems import ApiError
-from app.schemas import Offset, PathId
+from app.schemas import Limit, Offset, PathId
 from app.training import reports
 from app.training.jobs import (
     JobRefused,
@@ -150,12 +150,14 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         _discard(session, job.id)
         raise
     session.refresh(job)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 
 
 def _replayed(response: Response, job: TrainingJob) -> JobPublic:
     response.status_code = status.HTTP_200_OK
     response.headers["Idempotency-Replayed"] = "true"
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 
 
@@ -168,10 +170,10 @@ def _discard(session, job_id: int) -> None:
 
 
 @router.get("", response_model=JobsPublic)
-def read_jobs(session: SessionDep, _: AdminDep,
-              limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+def read_jobs(session: SessionDep, settings: SettingsDep, _: AdminDep, limit: Limit = 100,
               offset: Offset = 0) -> JobsPublic:
     """Training jobs, newest first."""
+    check_limit(("query", "limit"), limit, settings.max_page_size, "FEDREC_MAX_PAGE_SIZE")
     jobs = session.scalars(sa.select(TrainingJob).order_by(TrainingJob.id.desc())
                            .limit(limit).offset(offset)).all()
     count = session.scalar(sa.select(sa.func.count()).select_from(TrainingJob))
@@ -196,8 +198,8 @@ def cancel_training_job(job_id: PathId, session: SessionDep, _: AdminDep) -> Job
 
 @router.post("/{job_id}/resume", response_model=JobPublic, status_code=202,
              responses=errors(404, 409))
-def resume_training_job(job_id: PathId, request: Request, session: SessionDep,
-                        _: AdminDep) -> JobPublic:
+def resume_training_job(job_id: PathId, request: Request, response: Response,
+                        session: SessionDep, _: AdminDep) -> JobPublic:
     """Re-send the next round of an interrupted job; completed rounds are kept."""
     job = _job(session, job_id)
     session.commit()
@@ -205,6 +207,7 @@ def resume_training_job(job_id: PathId, request: Request, session: SessionDep,
         raise ApiError(status.HTTP_409_CONFLICT, "job_not_resumable",
                        f"Job {job_id} is {job.status}; nothing to resume")
     session.refresh(job)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 
 

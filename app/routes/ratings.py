@@ -10,9 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app import store
-from app.deps import OwnTenantDep, SessionDep, SettingsDep, errors
+from app.deps import OwnTenantDep, SessionDep, SettingsDep, check_limit, errors
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
+from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.problems import ApiError
 from app.schemas import (
     Limit,
@@ -35,6 +36,15 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": RatingsUpload.model_json_schema()},
     "text/csv": {"schema": {"type": "string", "example": "user,item,rating,timestamp\n"
                                                          "u1,1193,5,978300760\nu1,661,3\n"}},
+    "text/tab-separated-values": {"schema": {"type": "string",
+                                             "example": "196\t242\t3\t881250949\n"
+                                                        "186\t302\t3\t891717742\n"}},
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary", "description":
+                                "CSV, TSV or JSON ratings, read by the part's Content-Type, "
+                                "else its filename's extension (.csv, .tsv, .data, .json), "
+                                "else its first character."}}}},
 }}}
 
 
@@ -81,7 +91,8 @@ def rejection(exc: UploadRejected, cap: int) -> ApiError:
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
                          idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
-    """Upload ratings as JSON or CSV; all rows are stored or none.
+    """Upload ratings as JSON, CSV, TSV (MovieLens ``u.data`` as it is) or a multipart
+    form's ``file`` (``curl -F file=@u.data``); all rows are stored or none.
 
     The body is read as a stream in bounded memory; at most FEDREC_MAX_CONCURRENT_UPLOADS
     uploads of one tenant run at once in a process (429 with Retry-After beyond)."""
@@ -89,8 +100,27 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
     with request.app.state.upload_slots.slot(tenant.id):
         body, digest = await spool_body(request, settings.max_upload_bytes, content_type)
         with body:
-            return await _upload(session, settings, tenant, body, digest, content_type,
-                                 idempotency_key)
+            if media_type(content_type) != MULTIPART:
+                return await _upload(session, settings, tenant, body, digest, content_type,
+                                     idempotency_key)
+            with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as part:
+                try:
+                    media, digest = await run_in_threadpool(_unwrap, body, content_type, part)
+                except UploadRejected as exc:
+                    raise rejection(exc, settings.max_reported_errors) from None
+                return await _upload(session, settings, tenant, part, digest, media,
+                                     idempotency_key)
+
+
+def _unwrap(body: BinaryIO, content_type: str, part: BinaryIO) -> tuple[str, str]:
+    """The media type of a multipart body's file (copied into ``part``) and its digest:
+    over the file, not the form, so a retry (with a new random boundary) still matches."""
+    media = unwrap_multipart(body, content_type, part)
+    digest = request_digest(media)
+    while chunk := part.read(1 << 20):
+        digest.update(chunk)
+    part.seek(0)
+    return media, digest.hexdigest()
 
 
 async def _upload(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
@@ -103,8 +133,7 @@ async def _upload(session, settings, tenant, body: BinaryIO, digest: str, conten
     except UploadRejected as exc:
         raise rejection(exc, settings.max_reported_errors) from None
     except IdempotencyConflict as exc:
-        raise ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, "idempotency_conflict",
-                       str(exc)) from None
+        raise ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.code, str(exc)) from None
     except TooManyRows as exc:
         raise ApiError(status.HTTP_413_CONTENT_TOO_LARGE, "too_many_rows", str(exc)) from None
     except UnsupportedMediaType as exc:
@@ -119,7 +148,8 @@ def read_ratings(tenant: OwnTenantDep, session: SessionDep, settings: SettingsDe
                  user: str | None = None, offset: Offset = 0,
                  limit: Limit = 100) -> RatingsPublic:
     """A page of the tenant's ratings (one user's with ``?user=``); ``count`` is the total."""
-    rows = store.list_ratings(session, tenant.id, user, min(limit, settings.max_page_size),
+    check_limit(("query", "limit"), limit, settings.max_page_size, "FEDREC_MAX_PAGE_SIZE")
+    rows = store.list_ratings(session, tenant.id, user, limit,
                               offset)
     data = [RatingPublic(user=u, item=i, rating=v, timestamp=t) for u, i, v, t in rows]
     return RatingsPublic(data=data, count=store.count_ratings(session, tenant.id, user))

@@ -117,4 +117,5 @@ def test_openapi_docs_are_served(sqlite_api):
     paths = sqlite_api.client.get("/openapi.json").json()["paths"]
     assert "/tenants/{tenant_id}/ratings" in paths
     content = paths["/tenants/{tenant_id}/ratings"]["post"]["requestBody"]["content"]
-    assert set(content) == {"application/json", "text/csv"}
+    assert set(content) == {"application/json", "text/csv", "text/tab-separated-values",
+                            "multipart/form-data"}
