@@ -16,6 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.logs import bind
 from app.models import ApiKey, Tenant
 from app.problems import ApiError
 from app.schemas import PathId
@@ -158,7 +159,9 @@ def current_tenant(request: Request, session: SessionDep,
     are cached per process for FEDREC_SERVING_CACHE_SECONDS, see KeyCache)."""
     if creds is None:
         raise _unauthorized("api_key_required", "API key required")
-    return _verified_tenant(request, session, creds.credentials)
+    tenant = _verified_tenant(request, session, creds.credentials)
+    bind(tenant_id=tenant.id)
+    return tenant
 
 
 def in_background(request: Request, fn) -> None:
@@ -191,10 +194,13 @@ async def serving_tenant(request: Request, tenant_id: PathId,
 
     tenant, recheck = request.app.state.key_cache.lookup(hash_key(creds.credentials),
                                                          time.monotonic())
+    request.app.state.metrics.cache.labels("api_keys", "miss" if tenant is None
+                                           else "hit").inc()
     if tenant is None:
         tenant = await run_in_threadpool(verify)
     elif recheck:  # due for re-verification: done in the background, this request proceeds
         in_background(request, verify)
+    bind(tenant_id=tenant.id)
     if tenant.id != tenant_id:
         raise tenant_not_found()
     return tenant

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import sqlalchemy as sa
+from fastapi import Header
 from sqlalchemy.orm import Session
 
 MAX_IDEMPOTENCY_KEY = 255
 Row = TypeVar("Row")
+IdempotencyKey = Annotated[str | None, Header(
+    min_length=1, max_length=MAX_IDEMPOTENCY_KEY,
+    description="Makes the request safe to retry: a retry with the same key and body "
+                "answers what the first one created (header Idempotency-Replayed); the "
+                "same key with another body is 422.")]
+"""The ``Idempotency-Key`` header parameter of a creating route (422 when empty or longer
+than 255 characters, like any invalid field)."""
 
 
 class IdempotencyError(ValueError):

@@ -14,10 +14,13 @@ from app.config import Settings, get_settings, resolve_admin_token
 from app.db import DATABASE_DOWN, make_engine, session_factory
 from app.deps import document_limits
 from app.limits import BodyLimit, UploadSlots
+from app.logs import RequestContext, configure_logging
+from app.metrics import Metrics, RequestMetrics
 from app.routes import (
     health,
     items,
     jobs,
+    metrics,
     ratings,
     recommendations,
     stats,
@@ -45,6 +48,8 @@ async def unavailable(request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API from ``settings`` (default: the environment). Does not migrate."""
     settings = settings or get_settings()
+    if settings.log_format == "json":  # text: leave the host's (uvicorn's, pytest's) setup
+        configure_logging("json")
     token, generated = resolve_admin_token(settings)
     if generated:
         log.warning("FEDREC_ADMIN_TOKEN is not set; development admin token for this "
@@ -67,11 +72,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     for module in (health, tenants, items, ratings, stats, jobs, recommendations,
-                   tenant_privacy):
+                   tenant_privacy, metrics):
         app.include_router(module.router)
     app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
     problems.install(app)  # every error as problem+json, documented in the OpenAPI
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
     app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
+    app.add_middleware(RequestMetrics)  # times every answer, 413s included
+    app.add_middleware(RequestContext)  # outermost: X-Request-ID and the access log line
+    app.state.metrics = Metrics(app.state.sessions)
     return app

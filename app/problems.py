@@ -265,10 +265,12 @@ def openapi_with_problems(app: FastAPI) -> dict:
     components.update(defs)
     components.update(problem_schemas())
     for item in schema["paths"].values():
-        for method, op in item.items():
+        for op in item.values():
             responses = op.setdefault("responses", {})
             for code, text in ALWAYS.items():
                 responses.setdefault(code, {"description": text})
+            if "requestBody" in op:  # a body that is not valid JSON (or not a form)
+                responses.setdefault("400", {"description": DESCRIPTIONS["400"]})
             for code, response in responses.items():
                 if code.isdigit() and int(code) >= 400 and not response.get("x-not-problem"):
                     response["content"] = {PROBLEM_JSON: {"schema": PROBLEM_REF}}

@@ -7,6 +7,7 @@ import logging
 
 from app.config import get_settings, resolve_admin_token
 from app.db import migrate
+from app.logs import configure_logging
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -28,13 +29,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = get_settings()
+    configure_logging(settings.log_format)
+    if args.no_access_log:
+        logging.getLogger("fedrec.access").setLevel(logging.WARNING)
     if args.workers > 1 and resolve_admin_token(settings)[1]:
         raise ValueError("--workers > 1 needs FEDREC_ADMIN_TOKEN (each worker would "
                          "generate its own development token)")
     if not args.no_migrate:
         migrate(settings.database_url)
+    # fedrec logs one access line per request itself (with its request id); uvicorn keeps
+    # the logging configured here (log_config=None)
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers, access_log=not args.no_access_log)
+                workers=args.workers, access_log=False, log_config=None)
     return 0

@@ -6,11 +6,13 @@ import logging
 from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Header, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
+from app.idempotency import IdempotencyKey
+from app.logs import bind
 from app.models import Tenant
 from app.problems import ApiError
 from app.schemas import Limit, Offset, PathId
@@ -41,6 +43,7 @@ REFUSALS = (  # (status, start of the message, code) of JobRefused, first match 
     (422, "Idempotency-Key must be", "invalid_idempotency_key"),
     (422, "Idempotency-Key", "idempotency_conflict"),
     (422, "unknown algorithm", "unknown_algorithm"),
+    (422, "tenant ", "no_ratings"),  # "tenant 3 (acme) has no ratings to train on"
     (422, "invalid privacy", "invalid_privacy"),
     (422, "invalid config", "invalid_config"),
 )
@@ -50,7 +53,9 @@ def refused(exc: JobRefused) -> ApiError:
     """The problem of a refused job, with a stable code per kind of refusal."""
     code = next((c for s, start, c in REFUSALS
                  if s == exc.status and exc.detail.startswith(start)), "job_refused")
-    return ApiError(exc.status, code, exc.detail)
+    # a tenant without ratings is the data's state, not the request's fault: 409
+    status_code = status.HTTP_409_CONFLICT if code == "no_ratings" else exc.status
+    return ApiError(status_code, code, exc.detail)
 
 
 def _public(job: TrainingJob) -> JobPublic:
@@ -59,6 +64,7 @@ def _public(job: TrainingJob) -> JobPublic:
 
 
 def _job(session, job_id: int) -> TrainingJob:
+    bind(job_id=job_id)
     job = session.get(TrainingJob, job_id)
     if job is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "job_not_found", JOB_NOT_FOUND)
@@ -89,7 +95,7 @@ REPLAYED = {200: {"model": JobPublic | JobPlanPublic,
              responses={**REPLAYED, **errors(400, 404, 409), **UNPROCESSABLE})
 def create_training_job(body: JobCreate, request: Request, response: Response,
                         session: SessionDep, settings: SettingsDep, _: AdminDep,
-                        idempotency_key: Annotated[str | None, Header()] = None,
+                        idempotency_key: IdempotencyKey = None,
                         dry_run: Annotated[bool, Query(description="Plan only: check "
                                                        "and project every tenant's spend, "
                                                        "create nothing.")] = False
@@ -150,6 +156,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         _discard(session, job.id)
         raise
     session.refresh(job)
+    bind(job_id=job.id)
+    log.info("job %s created: %s over tenants %s", job.id, job.algorithm, job.tenant_ids)
     response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Annotated, BinaryIO
+from typing import BinaryIO
 
-from fastapi import APIRouter, Header, Request, status
+from fastapi import APIRouter, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app import store
 from app.deps import OwnTenantDep, SessionDep, SettingsDep, check_limit, errors
+from app.idempotency import IdempotencyKey
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
-from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.problems import ApiError
+from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.schemas import (
     Limit,
     Offset,
@@ -90,7 +91,7 @@ def rejection(exc: UploadRejected, cap: int) -> ApiError:
                          "stored), a bad Idempotency-Key, or an invalid path."}})
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
-                         idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
+                         idempotency_key: IdempotencyKey = None) -> JSONResponse:
     """Upload ratings as JSON, CSV, TSV (MovieLens ``u.data`` as it is) or a multipart
     form's ``file`` (``curl -F file=@u.data``); all rows are stored or none.
 
@@ -102,14 +103,14 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
         with body:
             if media_type(content_type) != MULTIPART:
                 return await _upload(session, settings, tenant, body, digest, content_type,
-                                     idempotency_key)
+                                     idempotency_key, request.app.state.metrics)
             with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as part:
                 try:
                     media, digest = await run_in_threadpool(_unwrap, body, content_type, part)
                 except UploadRejected as exc:
                     raise rejection(exc, settings.max_reported_errors) from None
                 return await _upload(session, settings, tenant, part, digest, media,
-                                     idempotency_key)
+                                     idempotency_key, request.app.state.metrics)
 
 
 def _unwrap(body: BinaryIO, content_type: str, part: BinaryIO) -> tuple[str, str]:
@@ -124,8 +125,18 @@ def _unwrap(body: BinaryIO, content_type: str, part: BinaryIO) -> tuple[str, str
 
 
 async def _upload(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
-                  idempotency_key: str | None) -> JSONResponse:
+                  idempotency_key: str | None, metrics) -> JSONResponse:
     """Parse, check and store the spooled body in the threadpool; domain errors to HTTP."""
+    try:
+        return await _store(session, settings, tenant, body, digest, content_type,
+                            idempotency_key, metrics)
+    except ApiError as exc:
+        metrics.uploads.labels(exc.code).inc()
+        raise
+
+
+async def _store(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
+                 idempotency_key: str | None, metrics) -> JSONResponse:
     try:
         outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
                                           idempotency_key, settings.max_upload_rows, digest,
@@ -140,6 +151,9 @@ async def _upload(session, settings, tenant, body: BinaryIO, digest: str, conten
         raise ApiError(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
                        str(exc)) from None
     headers = {"Idempotency-Replayed": "true"} if outcome.replayed else {}
+    metrics.uploads.labels("replayed" if outcome.replayed else "stored").inc()
+    if not outcome.replayed:
+        metrics.rows.inc(outcome.body.get("stored", 0))
     return JSONResponse(outcome.body, status_code=outcome.status_code, headers=headers)
 
 

@@ -69,6 +69,8 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
             with request.app.state.sessions() as session:
                 refresh_caches(session, *_caches(request), tenant.id)
         in_background(request, refresh)
+    request.app.state.metrics.cache.labels("recommendations",
+                                           "miss" if ranked is None else "hit").inc()
     if ranked is None:  # a cache miss: one threadpool call with its own session
         def load() -> Ranked:
             with request.app.state.sessions() as session:

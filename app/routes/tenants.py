@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 from typing import Annotated
 
@@ -11,7 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from app.deps import UNPROCESSABLE, SessionDep, errors, require_admin, tenant_not_found
-from app.idempotency import IdempotencyError, request_hash, row_for_key
+from app.idempotency import IdempotencyError, IdempotencyKey, request_hash, row_for_key
+from app.logs import bind
 from app.models import ApiKey, Tenant, TenantAudit, utcnow
 from app.problems import ApiError
 from app.schemas import (
@@ -33,11 +35,13 @@ from app.security import generate_key
 from app.training.ledger import change_budget, spend_summary
 from privacy.ledger import BudgetChangeRefused
 
+log = logging.getLogger("fedrec")
 router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"],
                    dependencies=[Depends(require_admin)], responses=errors(401))
 
 
 def _tenant(session: SessionDep, tenant_id: int) -> Tenant:
+    bind(tenant_id=tenant_id)
     tenant = session.get(Tenant, tenant_id)
     if tenant is None:
         raise tenant_not_found()
@@ -52,7 +56,7 @@ TENANT_REPLAYED = {200: {"model": TenantPublic, "description": "A replay: the te
 @router.post("", response_model=TenantPublic, status_code=status.HTTP_201_CREATED,
              responses={**TENANT_REPLAYED, **errors(400, 409), **UNPROCESSABLE})
 def create_tenant(session: SessionDep, body: TenantCreate, response: Response,
-                  idempotency_key: Annotated[str | None, Header()] = None) -> Tenant:
+                  idempotency_key: IdempotencyKey = None) -> Tenant:
     """Create a tenant (``Location``: its URL).
 
     With an ``Idempotency-Key``, a retry with the same body returns the tenant created the
@@ -145,6 +149,8 @@ def update_tenant(request: Request, session: SessionDep, tenant_id: PathId,
         if name != "privacy_budget":
             setattr(tenant, name, change["new"])
     if changes:
+        log.info("tenant %s changed by %s: %s", tenant.id, actor(request, x_actor),
+                 sorted(changes))
         session.add(TenantAudit(tenant_id=tenant.id, actor=actor(request, x_actor),
                                 changes=changes))
         try:
@@ -207,8 +213,13 @@ def _key(session, tenant_id: int, key_id: int) -> ApiKey:
 @router.get("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic,
             responses=errors(404))
 def read_api_key(session: SessionDep, tenant_id: PathId, key_id: PathId) -> ApiKey:
-    """One key (its prefix, never its secret)."""
-    return _key(session, tenant_id, key_id)
+    """One active key (its prefix, never its secret); a revoked (deleted) key is 404 here
+    and stays listed, with ``revoked_at``, in the tenant's key list."""
+    key = _key(session, tenant_id, key_id)
+    if key.revoked_at is not None:
+        raise ApiError(status.HTTP_404_NOT_FOUND, "api_key_revoked",
+                       f"API key {key_id} was revoked")
+    return key
 
 
 @router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic,

@@ -248,7 +248,8 @@ def test_the_same_idempotency_key_with_another_body_is_422(env):
                                       "different request body; use a new key for a new job")
     empty = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
                         headers={"Idempotency-Key": ""})
-    assert refusal(empty)[:2] == (422, "invalid_idempotency_key")
+    assert refusal(empty)[:2] == (422, "validation_error")
+    assert empty.json()["errors"][0]["loc"] == ["header", "idempotency-key"]
     assert _count(app, TrainingJob) == 1
 
 

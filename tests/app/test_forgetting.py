@@ -19,9 +19,9 @@ from app.db import downgrade, make_engine, migrate
 from app.main import create_app
 from app.training import jobs
 from app.training.models import FactorSnapshot
+from tests.app.conftest import refusal
 from tests.integration.conftest import wait_for
 from tests.training_helpers import csv_body, job_ratings, make_tenants, submit_job, wait_job
-from tests.app.conftest import refusal
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
