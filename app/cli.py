@@ -15,6 +15,7 @@ COMMANDS = [
     "app.commands.demo",
     "app.commands.cluster",
     "app.commands.bench",
+    "app.commands.doctor",
 ]
 
 

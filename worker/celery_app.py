@@ -70,6 +70,27 @@ def _task_context(task_id=None, task=None, args=None, kwargs=None, **_: object) 
     new_context(**{**context(), **fields})  # an in-process task keeps its request id
 
 
+@signals.task_success.connect
+def _beat_heartbeat(sender=None, **_: object) -> None:
+    """Record each run of the beat-scheduled watchdog for ``fedrec doctor`` (best effort)."""
+    if getattr(sender, "name", None) != TRAINING_RESUME_STALLED:
+        return
+    url = sender.app.conf.broker_url or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return
+    import time
+
+    import redis
+
+    from app.commands.doctor import BEAT_KEY
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            client.set(BEAT_KEY, time.time())
+    except redis.RedisError:
+        pass  # doctor will report beat as silent
+
+
 @lru_cache
 def get_celery_app() -> Celery:
     """The process-wide app built from :func:`app.config.get_settings`."""
