@@ -27,9 +27,6 @@ def test_created_and_accepted_resources_have_a_location(env):
     shown = client.get(key.headers["location"])
     assert shown.status_code == 200 and shown.json()["id"] == key.json()["id"]
     assert "key" not in shown.json()  # the secret is in the creating answer only
-    assert client.delete(key.headers["location"]).status_code == 200
-    assert refusal(client.get(key.headers["location"])) == (
-        404, "api_key_revoked", f"API key {key.json()['id']} was revoked")
     (a, _), (b, _) = make_tenants(client)
     job = submit_job(client, rounds=1, tenant_ids=[a, b])
     assert job.status_code == 202 and job.headers["location"] == f"/admin/jobs/{job.json()['id']}"
@@ -38,6 +35,9 @@ def test_created_and_accepted_resources_have_a_location(env):
     stats = client.post(f"/tenants/{tid}/stats",
                         headers={"Authorization": f"Bearer {key.json()['key']}"})
     assert stats.status_code == 202 and stats.headers["location"] == f"/tenants/{tid}/stats"
+    assert client.delete(key.headers["location"]).status_code == 200
+    assert refusal(client.get(key.headers["location"])) == (
+        404, "api_key_revoked", f"API key {key.json()['id']} was revoked")
 
 
 def test_tenant_creation_with_an_idempotency_key_creates_once(env):
