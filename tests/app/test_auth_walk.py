@@ -180,7 +180,7 @@ def results(walk) -> list[tuple]:
 def test_every_route_is_classified_and_only_health_is_public(walk):
     for method, path, op in operations(walk.app.openapi()):
         kind = kind_of(path, op)
-        if path.startswith("/admin/"):
+        if path.startswith("/admin/") or path == "/metrics":  # metrics: admin-only
             assert kind == "admin", (method, path)
         elif path.startswith("/tenants/"):
             assert kind == "tenant", (method, path)
