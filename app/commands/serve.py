@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     configure_logging(settings.log_format)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # fedrec.access has it all
     if args.no_access_log:
         logging.getLogger("fedrec.access").setLevel(logging.WARNING)
     if args.workers > 1 and resolve_admin_token(settings)[1]:
