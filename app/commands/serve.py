@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes (needs FEDREC_ADMIN_TOKEN when > 1)")
     parser.add_argument("--no-access-log", action="store_true",
-                        help="do not log every request (uvicorn's access log)")
+                        help="do not log every request (the fedrec.access line)")
     parser.add_argument("--no-migrate", action="store_true",
                         help="do not run the Alembic migrations before starting")
     parser.set_defaults(func=run)
