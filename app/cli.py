@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # One module per sub-command; each exposes register(subparsers) and sets func=run(args)->int.
@@ -15,6 +16,7 @@ COMMANDS = [
     "app.commands.demo",
     "app.commands.cluster",
     "app.commands.bench",
+    "app.commands.doctor",
 ]
 
 
@@ -34,6 +36,9 @@ class CommandParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fedrec", description="Privacy-focused federated recommender.")
+    parser.add_argument("--log-format", choices=("text", "json"), default=None,
+                        help="log lines as text or JSON objects (default: FEDREC_LOG_FORMAT, "
+                             "else text); applies to serve and to the commands' own logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=CommandParser)
     for name in COMMANDS:
@@ -43,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.log_format is not None:  # before any command reads the settings
+        os.environ["FEDREC_LOG_FORMAT"] = args.log_format
+        from app.config import get_settings
+
+        get_settings.cache_clear()
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as exc:

@@ -68,6 +68,9 @@ class Settings(BaseSettings):
     """Beat period of the retraining check (a new job when ratings changed); 0 disables."""
     stalled_job_seconds: float = Field(600.0, gt=0)
     """A running job with no progress for this long is resumed by beat's watchdog."""
+    log_format: Literal["text", "json"] = "text"
+    """Log lines of the API, worker and beat: ``text`` or ``json`` (one object a line, with
+    request_id, tenant_id, job_id); ``fedrec --log-format`` sets it too."""
     job_max_attempts: int = Field(3, ge=1)
     """A job whose steps raise this many times without a round committing in between is
     marked ``failed`` with the error (the watchdog then leaves it alone)."""

@@ -6,18 +6,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.logs import bind
 from app.models import ApiKey, Tenant
+from app.problems import ApiError
 from app.schemas import PathId
 from app.security import hash_key, key_prefix, same_secret
 
@@ -28,10 +29,9 @@ tenant_bearer = HTTPBearer(auto_error=False, scheme_name="TenantApiKey",
 TENANT_NOT_FOUND = "Tenant not found"
 
 
-class ErrorMessage(BaseModel):
-    """The body of every refusal that is not a request-validation error."""
-
-    detail: str
+def tenant_not_found() -> ApiError:
+    """The 404 of a tenant that does not exist, or is not the caller's."""
+    return ApiError(status.HTTP_404_NOT_FOUND, "tenant_not_found", TENANT_NOT_FOUND)
 
 
 ERROR_DESCRIPTIONS = {
@@ -42,35 +42,18 @@ ERROR_DESCRIPTIONS = {
 }
 
 
-class FieldError(BaseModel):
-    """One entry of FastAPI's request-validation error list."""
-
-    loc: list[str | int]
-    msg: str
-    type: str
-    input: Any = None
-    ctx: dict[str, Any] | None = None
-
-
-class ValidationErrors(BaseModel):
-    """FastAPI's 422 body: ``{"detail": [FieldError, ...]}``."""
-
-    detail: list[FieldError]
-
-
-UNPROCESSABLE = {422: {"model": ValidationErrors | ErrorMessage,
-                       "description": "A validation error list, or a message."}}
+UNPROCESSABLE = {422: {"description": "Validation error: ``errors`` names every field at "
+                                      "fault, ``detail`` says what is wrong."}}
 
 
 def errors(*codes: int) -> dict[int | str, dict]:
-    """OpenAPI ``responses`` documenting refusals with an :class:`ErrorMessage` body."""
-    return {code: {"model": ErrorMessage, "description": ERROR_DESCRIPTIONS[code]}
-            for code in codes}
+    """OpenAPI ``responses`` of refusals; their body is a problem (see app/problems.py)."""
+    return {code: {"description": ERROR_DESCRIPTIONS[code]} for code in codes}
 
 
-def _unauthorized(detail: str) -> HTTPException:
-    return HTTPException(status.HTTP_401_UNAUTHORIZED, detail,
-                         headers={"WWW-Authenticate": "Bearer"})
+def _unauthorized(code: str, detail: str) -> HTTPException:
+    return ApiError(status.HTTP_401_UNAUTHORIZED, code, detail,
+                    headers={"WWW-Authenticate": "Bearer"})
 
 
 def over_limit(loc: tuple[str, ...], value: int, bound: int, setting: str,
@@ -92,6 +75,38 @@ def check_limit(loc: tuple[str, ...], value: int, bound: int, setting: str,
         raise over_limit(loc, value, bound, setting, unit)
 
 
+CONFIGURED_LIMITS = (
+    # (where: "query" or a component schema, field, setting, JSON Schema keyword)
+    ("query", "limit", "max_page_size", "maximum"),
+    ("query", "k", "max_top_k", "maximum"),
+    ("JobCreate", "rounds", "max_job_rounds", "maximum"),
+    ("JobCreate", "tenant_ids", "max_job_tenants", "maxItems"),
+    ("BatchRecommendationsRequest", "k", "max_top_k", "maximum"),
+)
+"""Bounds set by the settings, enforced with :func:`check_limit` (422 beyond, never a
+silent cut) and stated in the OpenAPI document by :func:`document_limits`."""
+
+
+def document_limits(schema: dict, settings: Settings) -> None:
+    """Write the configured bounds (:data:`CONFIGURED_LIMITS`) into the OpenAPI document,
+    so it states what this server enforces."""
+    components = schema.get("components", {}).get("schemas", {})
+    for where, name, setting, keyword in CONFIGURED_LIMITS:
+        bound = getattr(settings, setting)
+        if where == "query":
+            targets = [p["schema"] for item in schema["paths"].values()
+                       for op in item.values() if isinstance(op, dict)
+                       for p in op.get("parameters", ())
+                       if p.get("in") == "query" and p.get("name") == name]
+        else:
+            prop = components.get(where, {}).get("properties", {}).get(name)
+            targets = [] if prop is None else [prop]
+        for target in targets:
+            for branch in target.get("anyOf", [target]):
+                if branch.get("type") in ("integer", "number", "array"):
+                    branch[keyword] = min(bound, branch.get(keyword, bound))
+
+
 def get_session(request: Request) -> Iterator[Session]:
     with request.app.state.sessions() as session:
         yield session
@@ -109,9 +124,9 @@ Credentials = HTTPAuthorizationCredentials | None
 def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_bearer)]) -> None:
     """401 unless the request carries the admin token."""
     if creds is None:
-        raise _unauthorized("Admin token required")
+        raise _unauthorized("admin_token_required", "Admin token required")
     if not same_secret(creds.credentials, request.app.state.admin_token, hashed=False):
-        raise _unauthorized("Invalid admin token")
+        raise _unauthorized("invalid_admin_token", "Invalid admin token")
 
 
 def _verified_tenant(request: Request, session: Session, presented: str,
@@ -128,7 +143,7 @@ def _verified_tenant(request: Request, session: Session, presented: str,
         key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix)) if prefix else None
         if key is None or key.revoked_at is not None or not same_secret(presented,
                                                                          key.key_hash):
-            raise _unauthorized("Invalid API key")
+            raise _unauthorized("invalid_api_key", "Invalid API key")
         tenant = session.get(Tenant, key.tenant_id)
     except BaseException:
         cache.drop(digest)
@@ -143,8 +158,10 @@ def current_tenant(request: Request, session: SessionDep,
     """The tenant owning the presented, unrevoked API key; 401 otherwise (verified keys
     are cached per process for FEDREC_SERVING_CACHE_SECONDS, see KeyCache)."""
     if creds is None:
-        raise _unauthorized("API key required")
-    return _verified_tenant(request, session, creds.credentials)
+        raise _unauthorized("api_key_required", "API key required")
+    tenant = _verified_tenant(request, session, creds.credentials)
+    bind(tenant_id=tenant.id)
+    return tenant
 
 
 def in_background(request: Request, fn) -> None:
@@ -169,7 +186,7 @@ async def serving_tenant(request: Request, tenant_id: PathId,
     """:func:`own_tenant` for the serving hot path: on the event loop when the key is
     cached, one threadpool call with its own session when it is not."""
     if creds is None:
-        raise _unauthorized("API key required")
+        raise _unauthorized("api_key_required", "API key required")
 
     def verify() -> Tenant:
         with request.app.state.sessions() as session:
@@ -177,12 +194,15 @@ async def serving_tenant(request: Request, tenant_id: PathId,
 
     digest = hash_key(creds.credentials)
     tenant, recheck = request.app.state.key_cache.lookup(digest, time.monotonic())
+    request.app.state.metrics.cache.labels("api_keys", "miss" if tenant is None
+                                           else "hit").inc()
     if tenant is None:  # requests with the same key wait for one verification
         tenant = await request.app.state.coalesced.run(("key", digest), verify)
     elif recheck:  # due for re-verification: done in the background, this request proceeds
         in_background(request, verify)
+    bind(tenant_id=tenant.id)
     if tenant.id != tenant_id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+        raise tenant_not_found()
     return tenant
 
 
@@ -192,7 +212,7 @@ TenantDep = Annotated[Tenant, Depends(current_tenant)]
 def own_tenant(tenant: TenantDep, tenant_id: PathId) -> Tenant:
     """The caller's tenant when the path names it; 404 (never 403) for any other tenant."""
     if tenant.id != tenant_id:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, TENANT_NOT_FOUND)
+        raise tenant_not_found()
     return tenant
 
 

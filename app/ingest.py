@@ -551,8 +551,9 @@ def validate(raw: RawRows, scale: tuple[float, float]) -> Batch:
 
 
 class UnsupportedMediaType(Exception):
-    """The upload is neither JSON nor CSV."""
+    """The upload is not JSON, CSV, TSV or multipart."""
 
     def __init__(self, media: str):
         self.media = media
-        super().__init__(f"unsupported Content-Type {media!r}; use application/json or text/csv")
+        super().__init__(f"unsupported Content-Type {media!r}; use application/json, "
+                         "text/csv, text/tab-separated-values or multipart/form-data")

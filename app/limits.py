@@ -12,16 +12,18 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from fastapi import HTTPException, status
-from fastapi.responses import JSONResponse
+from fastapi import status
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.problems import ApiError, problem
 
 TOO_LARGE = "Request body exceeds the upload limit of {} bytes (FEDREC_MAX_UPLOAD_BYTES)"
 
 
-def too_large(limit: int) -> HTTPException:
+def too_large(limit: int) -> ApiError:
     """The 413 of a body over ``limit`` bytes."""
-    return HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, TOO_LARGE.format(limit))
+    return ApiError(status.HTTP_413_CONTENT_TOO_LARGE, "body_too_large", TOO_LARGE.format(limit))
 
 
 def declared_length(scope: Scope) -> int | None:
@@ -50,9 +52,9 @@ class UploadSlots:
         """Hold one of the tenant's slots for the duration of the block."""
         with self._lock:
             if self._active[tenant_id] >= self.limit:
-                raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
-                                    TOO_MANY_UPLOADS.format(self.limit),
-                                    headers={"Retry-After": str(UPLOAD_RETRY_SECONDS)})
+                raise ApiError(status.HTTP_429_TOO_MANY_REQUESTS, "too_many_uploads",
+                               TOO_MANY_UPLOADS.format(self.limit),
+                               headers={"Retry-After": str(UPLOAD_RETRY_SECONDS)})
             self._active[tenant_id] += 1
         try:
             yield
@@ -76,8 +78,8 @@ class BodyLimit:
         limit = scope["app"].state.settings.max_upload_bytes
         declared, seen = declared_length(scope), 0
         if declared is not None and declared > limit:
-            response = JSONResponse({"detail": TOO_LARGE.format(limit)},
-                                    status.HTTP_413_CONTENT_TOO_LARGE)
+            response = problem(Request(scope), status.HTTP_413_CONTENT_TOO_LARGE,
+                               "body_too_large", TOO_LARGE.format(limit))
             await response(scope, receive, send)
             return
 

@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import logging
-import math
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerDown
 
+from app import problems
 from app.cache import Coalesced
 from app.config import Settings, get_settings, resolve_admin_token
 from app.dashboard import install_dashboard
 from app.db import DATABASE_DOWN, make_engine, session_factory
+from app.deps import document_limits
 from app.limits import BodyLimit, UploadSlots
-from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
+from app.logs import RequestContext, configure_logging
+from app.metrics import Metrics, RequestMetrics
+from app.routes import (
+    health,
+    items,
+    jobs,
+    metrics,
+    ratings,
+    recommendations,
+    stats,
+    tenant_privacy,
+    tenants,
+)
 from app.security import KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
@@ -31,31 +42,16 @@ async def unavailable(request: Request, exc: Exception) -> JSONResponse:
     transaction was rolled back, so it can be retried (with its Idempotency-Key)."""
     what = "broker" if isinstance(exc, BrokerDown) else "database"
     log.warning("%s unavailable during %s %s: %s", what, request.method, request.url.path, exc)
-    return JSONResponse({"detail": f"The {what} is unavailable; retry the request later"},
-                        status_code=503, headers={"Retry-After": "5"})
-
-
-def json_safe(value):
-    """``value`` with every NaN or infinity spelt as a string ("NaN", "Infinity",
-    "-Infinity"): strict JSON has no such numbers, and echoing one must not become a 500."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value
-
-
-async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    """FastAPI's 422 validation-error list, with non-finite inputs echoed as strings."""
-    return JSONResponse({"detail": json_safe(jsonable_encoder(exc.errors()))},
-                        status_code=422)
+    return problems.problem(request, 503, f"{what}_unavailable",
+                            f"The {what} is unavailable; retry the request later",
+                            headers={"Retry-After": "5"})
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API from ``settings`` (default: the environment). Does not migrate."""
     settings = settings or get_settings()
+    if settings.log_format == "json":  # text: leave the host's (uvicorn's, pytest's) setup
+        configure_logging("json")
     token, generated = resolve_admin_token(settings)
     if generated:
         log.warning("FEDREC_ADMIN_TOKEN is not set; development admin token for this "
@@ -80,11 +76,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     app.state.coalesced = Coalesced()  # one re-check at a time per key (app.cache)
     # recommendations first: routes are matched in order, and it is the hot path
-    for module in (recommendations, health, tenants, items, ratings, stats, jobs):
+    for module in (recommendations, health, tenants, items, ratings, stats, jobs,
+                   tenant_privacy, metrics):
         app.include_router(module.router)
+    app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
+    problems.install(app)  # every error as problem+json, documented in the OpenAPI
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
-    app.add_exception_handler(RequestValidationError, invalid_request)
     install_dashboard(app)  # /docs, /redoc and the /dashboard pages
     app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
+    app.add_middleware(RequestMetrics)  # times every answer, 413s included
+    app.add_middleware(RequestContext)  # outermost: X-Request-ID and the access log line
+    app.state.metrics = Metrics(app.state.sessions)
     return app

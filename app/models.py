@@ -54,12 +54,32 @@ class Tenant(Base):
     """At least this long between two scheduled retrainings that include the tenant."""
     last_retrained_at: Mapped[dt.datetime | None]
     """When the latest scheduled retraining including the tenant was started."""
+    idempotency_key: Mapped[str | None] = mapped_column(sa.String(KEY_LENGTH))
+    """The ``Idempotency-Key`` the tenant was created with (migration 0005)."""
+    request_hash: Mapped[str | None] = mapped_column(sa.String(64))
+    """SHA-256 of the creating request's body: a replay of the key must match it."""
 
     __table_args__ = (
         sa.CheckConstraint("rating_min < rating_max", name="ck_tenants_scale"),
         sa.CheckConstraint("privacy_budget > 0", name="ck_tenants_budget"),
         sa.CheckConstraint("retrain_min_seconds >= 0", name="ck_tenants_retrain_min"),
+        sa.UniqueConstraint("idempotency_key", name="uq_tenants_idempotency_key"),
     )
+
+
+class TenantAudit(Base):
+    """One change of a tenant's settings by an admin (PATCH): who, when, old and new."""
+
+    __tablename__ = "tenant_audit"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    tenant_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    actor: Mapped[str] = mapped_column(sa.String(KEY_LENGTH))
+    """``admin:<fingerprint of the admin token>``, plus the ``X-Actor`` header if given."""
+    at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    changes: Mapped[dict[str, Any]]
+    """``{field: {"old": value, "new": value}}`` of every field the request changed."""
 
 
 class ApiKey(Base):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import codecs
 import csv
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from typing import BinaryIO
@@ -64,10 +65,17 @@ def _is_header(fields: list[str]) -> bool:
     return tuple(f.strip().lower() for f in fields) in CSV_HEADERS
 
 
-def csv_rows(stream: BinaryIO) -> Iterator[RawRow | RowError]:
-    """The rows of a CSV body ``user,item,rating[,timestamp]``; ``line`` is the line number
-    (an optional header line counts); blank lines are skipped."""
-    reader = csv.reader(_lines(_decoded(stream, "CSV")))
+def csv_rows(stream: BinaryIO, delimiter: str | None = None) -> Iterator[RawRow | RowError]:
+    """The rows of a CSV body ``user,item,rating[,timestamp]`` (or TSV with ``delimiter``
+    ``"\\t"``, e.g. MovieLens ``u.data`` as it is); ``line`` is the line number (an
+    optional header line counts); blank lines are skipped. Without ``delimiter``, a first
+    line with tabs and no comma makes the body TSV."""
+    lines = _lines(_decoded(stream, "CSV" if delimiter != "\t" else "TSV"))
+    first = next(lines, "")
+    if delimiter is None:
+        delimiter = "\t" if "\t" in first and "," not in first else ","
+    reader = csv.reader(itertools.chain([first] if first else [], lines),
+                        delimiter=delimiter)
     number = 0
     while True:
         number += 1
@@ -209,11 +217,102 @@ def _json_entries(text: _JsonText) -> Iterator[RawRow | RowError]:
     text.take("]")
 
 
+CSV_TYPES = ("text/csv", "application/csv")
+TSV_TYPES = ("text/tab-separated-values", "text/tsv")
+JSON_TYPES = ("application/json", "")
+MULTIPART = "multipart/form-data"
+FILE_FIELD = "file"
+#: a multipart file part of one of these types, or none, is read by its filename's
+#: extension, else by its first character ("{": JSON; else CSV or TSV)
+GENERIC_TYPES = ("", "application/octet-stream", "text/plain")
+EXTENSIONS = {".json": "application/json", ".csv": "text/csv",
+              ".tsv": "text/tab-separated-values", ".tab": "text/tab-separated-values",
+              ".data": "text/tab-separated-values"}
+
+
+def media_type(content_type: str) -> str:
+    return content_type.split(";", 1)[0].strip().lower()
+
+
 def read_rows(stream: BinaryIO, content_type: str) -> Iterator[RawRow | RowError]:
-    """The rows of a CSV or JSON body according to its media type (JSON when none)."""
-    media = content_type.split(";", 1)[0].strip().lower()
-    if media in ("text/csv", "application/csv"):
+    """The rows of a CSV, TSV or JSON body according to its media type (JSON when none)."""
+    media = media_type(content_type)
+    if media in CSV_TYPES:
         return csv_rows(stream)
-    if media in ("application/json", ""):
+    if media in TSV_TYPES:
+        return csv_rows(stream, "\t")
+    if media in JSON_TYPES:
         return json_rows(stream)
     raise UnsupportedMediaType(media)
+
+
+def unwrap_multipart(stream: BinaryIO, content_type: str, out: BinaryIO) -> str:
+    """Copy the file of a ``multipart/form-data`` body (``curl -F file=@u.data``: the part
+    named ``file``, else the only part with a filename) into ``out`` chunk by chunk, and
+    return the media type to read it as: the part's own, else by its filename's extension,
+    else by its first character. Malformed bodies raise :class:`UploadRejected`."""
+    from python_multipart.multipart import MultipartParser, parse_options_header
+
+    _, options = parse_options_header(content_type)
+    boundary = options.get(b"boundary")
+    if not boundary:
+        raise UploadRejected([], "multipart/form-data body without a boundary parameter")
+    parts: list[dict] = []
+    chosen: list[dict | None] = [None]
+    header = {"field": b"", "value": b""}
+
+    def begin() -> None:
+        parts.append({"headers": {}, "size": 0})
+
+    def field(data: bytes, start: int, end: int) -> None:
+        header["field"] += data[start:end]
+
+    def value(data: bytes, start: int, end: int) -> None:
+        header["value"] += data[start:end]
+
+    def header_end() -> None:
+        parts[-1]["headers"][header["field"].decode("latin-1").lower()] = \
+            header["value"].decode("latin-1")
+        header["field"], header["value"] = b"", b""
+
+    def headers_done() -> None:
+        part = parts[-1]
+        _, disposition = parse_options_header(part["headers"].get("content-disposition"))
+        part["name"] = disposition.get(b"name", b"").decode("utf-8", "replace")
+        part["filename"] = disposition.get(b"filename", b"").decode("utf-8", "replace")
+        current = chosen[0]
+        if part["name"] == FILE_FIELD or (part["filename"] and current is None):
+            if current is None or current["name"] != FILE_FIELD:
+                chosen[0] = part
+                out.seek(0)
+                out.truncate()
+
+    def data(buf: bytes, start: int, end: int) -> None:
+        if parts and parts[-1] is chosen[0]:
+            out.write(buf[start:end])
+
+    parser = MultipartParser(boundary, {
+        "on_part_begin": begin, "on_header_field": field, "on_header_value": value,
+        "on_header_end": header_end, "on_headers_finished": headers_done,
+        "on_part_data": data})
+    try:
+        while chunk := stream.read(CHUNK_BYTES):
+            parser.write(chunk)
+        parser.finalize()
+    except Exception as exc:  # noqa: BLE001 - any parser error is a malformed body
+        raise UploadRejected([], f"malformed multipart/form-data body: {exc}") from None
+    part = chosen[0]
+    if part is None:
+        raise UploadRejected([], f"multipart/form-data body has no file part; send the "
+                                 f"ratings as -F {FILE_FIELD}=@ratings.csv")
+    out.seek(0)
+    media = media_type(part["headers"].get("content-type", ""))
+    if media not in GENERIC_TYPES:
+        return media
+    extension = part["filename"][part["filename"].rfind("."):].lower() \
+        if "." in part["filename"] else ""
+    if extension in EXTENSIONS:
+        return EXTENSIONS[extension]
+    first = out.read(64).lstrip()
+    out.seek(0)
+    return "application/json" if first.startswith(b"{") else "text/csv"

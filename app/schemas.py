@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -38,13 +38,21 @@ PathId = Annotated[int, Path(ge=1, le=MAX_DB_INT)]
 Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
 """The ``offset`` of a list endpoint."""
 Limit = Annotated[int, Query(ge=1, le=MAX_DB_INT,
-                             description="Page size; capped at FEDREC_MAX_PAGE_SIZE.")]
+                             description="Page size: at most FEDREC_MAX_PAGE_SIZE (default "
+                                         "1000); 422 beyond.")]
 RatingBound = Annotated[float, Field(ge=-MAX_RATING_MAGNITUDE, le=MAX_RATING_MAGNITUDE,
                                      allow_inf_nan=False)]
 
 
 class TenantCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A new tenant. Besides the bounds of each field, ``rating_min`` must be smaller than
+    ``rating_max`` and ``rating_max - rating_min`` at most 1e6 (JSON Schema cannot state
+    a rule between two fields; the API answers 422 naming them)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"name": "acme", "rating_min": 1.0, "rating_max": 5.0, "privacy_budget": 10.0},
+        {"name": "movielens-lab", "rating_min": 0.5, "rating_max": 5.0,
+         "privacy_budget": 8.0, "auto_create_items": True}]})
 
     name: str = Key
     rating_min: RatingBound = 1.0
@@ -88,6 +96,69 @@ class TenantPublic(BaseModel):
     retrain_min_seconds: float
     last_retrained_at: UtcDatetime | None
     created_at: UtcDatetime
+
+
+class TenantUpdate(BaseModel):
+    """A change of a tenant's settings (PATCH): only the fields given change. The rating
+    scale cannot change (stored ratings were checked against it)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"privacy_budget": 20.0}, {"name": "acme-eu", "scheduled_retraining": True}]})
+
+    name: str = Field(None, min_length=1, max_length=255)
+    privacy_budget: float = Field(
+        None, gt=0, le=MAX_PRIVACY_BUDGET, allow_inf_nan=False,
+        description="The new total epsilon: a raise, or a cut no lower than what the "
+                    "tenant has already spent (409 otherwise).")
+    auto_create_items: bool = Field(None)
+    allow_non_private: bool = Field(None)
+    scheduled_retraining: bool = Field(None)
+    retrain_min_seconds: float = Field(None, ge=0, allow_inf_nan=False)
+
+
+Epsilon = float | Literal["infinity"]
+
+
+class JobSpend(BaseModel):
+    job_id: int
+    epsilon: Epsilon = Field(description="Epsilon this job spent (at the budget's delta).")
+    transmissions: int
+
+
+class TenantPrivacy(BaseModel):
+    """A tenant's privacy spend: lifetime against its budget, and per job."""
+
+    tenant_id: int
+    epsilon_spent: Epsilon = Field(description="Lifetime epsilon spent; \"infinity\" after "
+                                               "a job that sent its data without noise.")
+    epsilon_max: float = Field(description="The budget (total epsilon).")
+    epsilon_remaining: float
+    delta: float
+    private: bool = Field(description="Whether the lifetime spend is still a DP guarantee.")
+    transmissions: int = Field(description="Charged transmissions over all jobs.")
+    jobs: list[JobSpend]
+
+
+class TenantDetail(TenantPublic):
+    """One tenant, with its privacy spend."""
+
+    privacy: TenantPrivacy
+
+
+class TenantAuditPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    tenant_id: int
+    actor: str
+    at: UtcDatetime
+    changes: dict[str, dict[str, Any]] = Field(
+        description="{field: {old, new}} of every field the change set.")
+
+
+class TenantAuditLog(BaseModel):
+    data: list[TenantAuditPublic]
+    count: int
 
 
 class TenantsPublic(BaseModel):
@@ -183,18 +254,6 @@ class RatingsCount(BaseModel):
 
 class UploadResult(BaseModel):
     stored: int = Field(description="Rows inserted or updated (exact duplicates counted once).")
-
-
-class RowErrorPublic(BaseModel):
-    line: int = Field(description="CSV line number (header counts), or 1-based JSON position.")
-    field: str
-    reason: str
-
-
-class UploadRejection(BaseModel):
-    message: str
-    errors: list[RowErrorPublic]
-    omitted: int = Field(description="Offending rows not listed (the list is capped).")
 
 
 class UserRatingsDeleted(BaseModel):

@@ -16,18 +16,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app import store
+from app.idempotency import IdempotencyError, check_key, conflict
 from app.ingest import UploadRejected, collect
 from app.models import IdempotencyRecord, Tenant
 
-MAX_IDEMPOTENCY_KEY = 255
-
-
-class IdempotencyConflict(Exception):
-    """The key was used before with a different request."""
-
-    def __init__(self, key: str):
-        super().__init__(f"Idempotency-Key {key[:40]!r} was already used with a different "
-                         "request body; use a new key for a new upload")
+IdempotencyConflict = IdempotencyError
+"""The key was used before with a different request (or is malformed)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +53,7 @@ def _replay(session: Session, tenant_id: int, key: str, digest: str) -> Outcome 
     if record is None:
         return None
     if record.request_hash != digest:
-        raise IdempotencyConflict(key)
+        raise conflict(key, "upload")
     return Outcome(record.status_code, record.response, replayed=True)
 
 
@@ -89,8 +83,8 @@ def upload_ratings(session: Session, tenant: Tenant, body: bytes | BinaryIO, con
     their :func:`request_hash`); it is read as a stream. More than ``max_rows`` rows raise
     :class:`app.ingest.TooManyRows` and store nothing; a rejection lists the first
     ``keep_errors`` offending rows (all when None) and counts the others."""
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY:
-        raise UploadRejected([], f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
+    if idempotency_key is not None:
+        check_key(idempotency_key)
     if isinstance(body, bytes):
         digest, body = request_hash(content_type, body), io.BytesIO(body)
     if idempotency_key and (done := _replay(session, tenant.id, idempotency_key, digest)):

@@ -6,6 +6,7 @@ from logging.config import fileConfig
 
 from alembic import context
 
+import app.training.models  # noqa: F401 - the training tables belong to the metadata too
 from app.config import Settings
 from app.db import make_engine, normalise_url
 from app.models import Base

@@ -289,3 +289,24 @@ def _eps_to_json(eps: float) -> float | None:
 
 def _eps_from_json(eps: float | None) -> float:
     return math.inf if eps is None else float(eps)
+
+
+class BudgetChangeRefused(ValueError):
+    """A new budget would be below what the tenant has already spent."""
+
+
+def rebudget(ledger: Ledger, tenant: Hashable, epsilon_max: float) -> Budget:
+    """The tenant's budget with ``epsilon_max`` in place of its current one, checked
+    against its spend: a raise is allowed (more epsilon for later runs; what was spent
+    stays spent), a cut only down to what it has already spent (a budget below its spend
+    would state a bound that no longer holds). A tenant that has spent epsilon = infinity
+    keeps spending nothing more under any budget (every DP run stays refused)."""
+    current = ledger.budget(tenant)
+    budget = Budget(float(epsilon_max), current.delta, current.allow_not_private)
+    spent = ledger.spent(tenant).epsilon
+    if math.isfinite(spent) and budget.epsilon_max < spent:
+        raise BudgetChangeRefused(
+            f"privacy_budget {budget.epsilon_max:.6g} is below the epsilon tenant "
+            f"{_key(tenant)} has already spent ({spent:.6g}); a budget can only be cut "
+            "down to its spend")
+    return budget

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from celery import Celery
+from celery import Celery, signals
 
 from app.config import Settings, get_settings
+from app.logs import configure_logging, context, new_context
 from app.queue import REFRESH_ALL_RATING_STATS, TRAINING_RESUME_STALLED, TRAINING_RETRAIN
 
 
@@ -49,6 +50,45 @@ def _beat_schedule(settings: Settings) -> dict:
     if settings.retrain_seconds:
         schedule["retrain"] = {"task": TRAINING_RETRAIN, "schedule": settings.retrain_seconds}
     return schedule
+
+
+@signals.setup_logging.connect
+def _logging(**_: object) -> None:
+    """Worker and beat log in the API's format (FEDREC_LOG_FORMAT) instead of Celery's."""
+    configure_logging(get_settings().log_format)
+
+
+@signals.task_prerun.connect
+def _task_context(task_id=None, task=None, args=None, kwargs=None, **_: object) -> None:
+    """Each task's log lines carry its id and, for a job's task, the job id."""
+    fields = {"task_id": task_id}
+    job_id = (kwargs or {}).get("job_id")
+    if job_id is None and args and getattr(task, "name", "").startswith("fedrec.training"):
+        job_id = args[0] if isinstance(args[0], int) else None
+    if job_id is not None:
+        fields["job_id"] = job_id
+    new_context(**{**context(), **fields})  # an in-process task keeps its request id
+
+
+@signals.task_success.connect
+def _beat_heartbeat(sender=None, **_: object) -> None:
+    """Record each run of the beat-scheduled watchdog for ``fedrec doctor`` (best effort)."""
+    if getattr(sender, "name", None) != TRAINING_RESUME_STALLED:
+        return
+    url = sender.app.conf.broker_url or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return
+    import time
+
+    import redis
+
+    from app.commands.doctor import BEAT_KEY
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            client.set(BEAT_KEY, time.time())
+    except redis.RedisError:
+        pass  # doctor will report beat as silent
 
 
 @lru_cache

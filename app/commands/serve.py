@@ -7,6 +7,7 @@ import logging
 
 from app.config import get_settings, resolve_admin_token
 from app.db import migrate
+from app.logs import configure_logging
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--workers", type=int, default=1,
                         help="uvicorn worker processes (needs FEDREC_ADMIN_TOKEN when > 1)")
     parser.add_argument("--no-access-log", action="store_true",
-                        help="do not log every request (uvicorn's access log)")
+                        help="do not log every request (the fedrec.access line)")
     parser.add_argument("--no-migrate", action="store_true",
                         help="do not run the Alembic migrations before starting")
     parser.set_defaults(func=run)
@@ -28,13 +29,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     settings = get_settings()
+    configure_logging(settings.log_format)
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # fedrec.access has it all
+    if args.no_access_log:
+        logging.getLogger("fedrec.access").setLevel(logging.WARNING)
     if args.workers > 1 and resolve_admin_token(settings)[1]:
         raise ValueError("--workers > 1 needs FEDREC_ADMIN_TOKEN (each worker would "
                          "generate its own development token)")
     if not args.no_migrate:
         migrate(settings.database_url)
+    # fedrec logs one access line per request itself (with its request id); uvicorn keeps
+    # the logging configured here (log_config=None)
     uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers, access_log=not args.no_access_log)
+                workers=args.workers, access_log=False, log_config=None)
     return 0

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Request, status
 from kombu import Connection
 from sqlalchemy import text
 
+from app.problems import ApiError
 from app.schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
@@ -39,11 +40,13 @@ def read_health() -> Health:
 
 
 @router.get("/ready", response_model=Readiness,
-            responses={503: {"model": Readiness, "description": "A dependency is down."}})
-def read_ready(request: Request, response: Response) -> Readiness:
+            responses={503: {"description": "A dependency is down: a problem whose "
+                                            "``database`` and ``broker`` members say which."}})
+def read_ready(request: Request) -> Readiness:
     """The database (and the broker, when configured) answer."""
     database, broker = _database_state(request), _broker_state(request)
-    ready = database == "ok" and not broker.startswith("unreachable")
-    if not ready:
-        response.status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    return Readiness(status="ready" if ready else "not ready", database=database, broker=broker)
+    if database != "ok" or broker.startswith("unreachable"):
+        raise ApiError(status.HTTP_503_SERVICE_UNAVAILABLE, "not_ready",
+                       f"Not ready: database {database}, broker {broker}",
+                       database=database, broker=broker)
+    return Readiness(status="ready", database=database, broker=broker)

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import func, select
 
 from app import store
-from app.deps import SessionDep, SettingsDep, errors, require_admin
+from app.deps import UNPROCESSABLE, SessionDep, SettingsDep, check_limit, errors, require_admin
 from app.models import Item
 from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted, Limit, Offset
 
@@ -23,11 +23,11 @@ def upsert_items(session: SessionDep, body: ItemsUpsert) -> ItemsUpserted:
     return ItemsUpserted(upserted=len(latest))
 
 
-@router.get("", response_model=ItemsPublic)
+@router.get("", response_model=ItemsPublic, responses=UNPROCESSABLE)
 def read_items(session: SessionDep, settings: SettingsDep,
                offset: Offset = 0, limit: Limit = 100) -> ItemsPublic:
     """A page of the catalogue in id order; ``count`` is the catalogue size."""
-    limit = min(limit, settings.max_page_size)
+    check_limit(("query", "limit"), limit, settings.max_page_size, "FEDREC_MAX_PAGE_SIZE")
     items = session.scalars(select(Item).order_by(Item.id).offset(offset).limit(limit)).all()
     count = int(session.scalar(select(func.count()).select_from(Item)))
     return ItemsPublic(data=[ItemPublic.model_validate(i) for i in items], count=count)

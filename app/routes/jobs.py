@@ -6,13 +6,16 @@ import logging
 from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
+from app.idempotency import IdempotencyKey
+from app.logs import bind
 from app.models import Tenant
-from app.schemas import Offset, PathId
+from app.problems import ApiError
+from app.schemas import Limit, Offset, PathId
 from app.training import reports
 from app.training.jobs import (
     JobRefused,
@@ -33,15 +36,38 @@ JOB_NOT_FOUND = "Training job not found"
 log = logging.getLogger("fedrec.training")
 
 
+REFUSALS = (  # (status, start of the message, code) of JobRefused, first match wins
+    (409, "privacy budget exceeded", "budget_exceeded"),
+    (409, "tenant(s) ", "not_private_refused"),
+    (404, "unknown tenant", "tenant_not_found"),
+    (422, "Idempotency-Key must be", "invalid_idempotency_key"),
+    (422, "Idempotency-Key", "idempotency_conflict"),
+    (422, "unknown algorithm", "unknown_algorithm"),
+    (422, "tenant ", "no_ratings"),  # "tenant 3 (acme) has no ratings to train on"
+    (422, "invalid privacy", "invalid_privacy"),
+    (422, "invalid config", "invalid_config"),
+)
+
+
+def refused(exc: JobRefused) -> ApiError:
+    """The problem of a refused job, with a stable code per kind of refusal."""
+    code = next((c for s, start, c in REFUSALS
+                 if s == exc.status and exc.detail.startswith(start)), "job_refused")
+    # a tenant without ratings is the data's state, not the request's fault: 409
+    status_code = status.HTTP_409_CONFLICT if code == "no_ratings" else exc.status
+    return ApiError(status_code, code, exc.detail)
+
+
 def _public(job: TrainingJob) -> JobPublic:
     fields = {name: getattr(job, name) for name in JobPublic.model_fields if name != "progress"}
     return JobPublic(**fields, progress=job.current_round / job.rounds)
 
 
 def _job(session, job_id: int) -> TrainingJob:
+    bind(job_id=job_id)
     job = session.get(TrainingJob, job_id)
     if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, JOB_NOT_FOUND)
+        raise ApiError(status.HTTP_404_NOT_FOUND, "job_not_found", JOB_NOT_FOUND)
     return job
 
 
@@ -69,7 +95,7 @@ REPLAYED = {200: {"model": JobPublic | JobPlanPublic,
              responses={**REPLAYED, **errors(400, 404, 409), **UNPROCESSABLE})
 def create_training_job(body: JobCreate, request: Request, response: Response,
                         session: SessionDep, settings: SettingsDep, _: AdminDep,
-                        idempotency_key: Annotated[str | None, Header()] = None,
+                        idempotency_key: IdempotencyKey = None,
                         dry_run: Annotated[bool, Query(description="Plan only: check "
                                                        "and project every tenant's spend, "
                                                        "create nothing.")] = False
@@ -87,7 +113,7 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                                                                   digest)):
             return _replayed(response, done)
     except JobRefused as exc:
-        raise HTTPException(exc.status, exc.detail) from None
+        raise refused(exc) from None
     check_limit(("body", "rounds"), body.rounds, settings.max_job_rounds,
                 "FEDREC_MAX_JOB_ROUNDS")
     tenant_ids = body.tenant_ids if body.tenant_ids is not None else list(
@@ -95,8 +121,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
     check_limit(("body", "tenant_ids"), len(tenant_ids), settings.max_job_tenants,
                 "FEDREC_MAX_JOB_TENANTS", unit="tenants")
     if body.privacy is not None and body.dp is not None:
-        raise HTTPException(422, "give either privacy (user-level DP) or dp (tenant-level "
-                                 "DP), not both")
+        raise ApiError(422, "privacy_and_dp", "give either privacy (user-level DP) or dp "
+                                              "(tenant-level DP), not both")
     dp = _privacy_settings(body)
     spec = JobSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
                    per_round=body.per_round, seed=body.seed, config=body.config,
@@ -107,20 +133,20 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         try:
             plan = create_job(session, spec, dry_run=True)
         except JobRefused as exc:
-            raise HTTPException(exc.status, exc.detail) from None
+            raise refused(exc) from None
         body = JobPlanPublic(algorithm=plan.algorithm, privacy=plan.privacy,
                              tenants=plan.tenants)
         return JSONResponse(body.model_dump(mode="json"), status_code=status.HTTP_200_OK)
     try:
         job = create_job(session, spec, (idempotency_key, digest) if idempotency_key else None)
     except JobRefused as exc:
-        raise HTTPException(exc.status, exc.detail) from None
+        raise refused(exc) from None
     except IntegrityError:  # a concurrent request with the same key committed first
         session.rollback()
         try:
             done = job_for_key(session, idempotency_key, digest) if idempotency_key else None
         except JobRefused as exc:
-            raise HTTPException(exc.status, exc.detail) from None
+            raise refused(exc) from None
         if done is None:
             raise
         return _replayed(response, done)
@@ -130,12 +156,16 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         _discard(session, job.id)
         raise
     session.refresh(job)
+    bind(job_id=job.id)
+    log.info("job %s created: %s over tenants %s", job.id, job.algorithm, job.tenant_ids)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 
 
 def _replayed(response: Response, job: TrainingJob) -> JobPublic:
     response.status_code = status.HTTP_200_OK
     response.headers["Idempotency-Replayed"] = "true"
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 
 
@@ -148,10 +178,10 @@ def _discard(session, job_id: int) -> None:
 
 
 @router.get("", response_model=JobsPublic)
-def read_jobs(session: SessionDep, _: AdminDep,
-              limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+def read_jobs(session: SessionDep, settings: SettingsDep, _: AdminDep, limit: Limit = 100,
               offset: Offset = 0) -> JobsPublic:
     """Training jobs, newest first."""
+    check_limit(("query", "limit"), limit, settings.max_page_size, "FEDREC_MAX_PAGE_SIZE")
     jobs = session.scalars(sa.select(TrainingJob).order_by(TrainingJob.id.desc())
                            .limit(limit).offset(offset)).all()
     count = session.scalar(sa.select(sa.func.count()).select_from(TrainingJob))
@@ -169,21 +199,23 @@ def cancel_training_job(job_id: PathId, session: SessionDep, _: AdminDep) -> Job
     """Stop a job after its current round (409 if it already finished)."""
     job = _job(session, job_id)
     if not cancel_job(session, job):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"Job {job_id} is already {job.status}")
+        raise ApiError(status.HTTP_409_CONFLICT, "job_finished",
+                       f"Job {job_id} is already {job.status}")
     return _public(job)
 
 
 @router.post("/{job_id}/resume", response_model=JobPublic, status_code=202,
              responses=errors(404, 409))
-def resume_training_job(job_id: PathId, request: Request, session: SessionDep,
-                        _: AdminDep) -> JobPublic:
+def resume_training_job(job_id: PathId, request: Request, response: Response,
+                        session: SessionDep, _: AdminDep) -> JobPublic:
     """Re-send the next round of an interrupted job; completed rounds are kept."""
     job = _job(session, job_id)
     session.commit()
     if not resume(request.app, job_id):
-        raise HTTPException(status.HTTP_409_CONFLICT, f"Job {job_id} is {job.status}; "
-                                                      "nothing to resume")
+        raise ApiError(status.HTTP_409_CONFLICT, "job_not_resumable",
+                       f"Job {job_id} is {job.status}; nothing to resume")
     session.refresh(job)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)
 
 

@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import tempfile
-from typing import Annotated, BinaryIO
+from typing import BinaryIO
 
-from fastapi import APIRouter, Header, HTTPException, Request, status
+from fastapi import APIRouter, Request, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
 
 from app import store
-from app.deps import (
-    ErrorMessage,
-    OwnTenantDep,
-    SessionDep,
-    SettingsDep,
-    ValidationErrors,
-    errors,
-)
+from app.deps import OwnTenantDep, SessionDep, SettingsDep, check_limit, errors
+from app.idempotency import IdempotencyKey
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
+from app.problems import ApiError
+from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.schemas import (
     Limit,
     Offset,
@@ -28,7 +23,6 @@ from app.schemas import (
     RatingsCount,
     RatingsPublic,
     RatingsUpload,
-    UploadRejection,
     UploadResult,
     UserRatingsDeleted,
 )
@@ -39,16 +33,19 @@ router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"],
                    responses=errors(401, 404))
 
 
-class UploadRejectionBody(BaseModel):
-    """The 422 of an upload with offending rows."""
-
-    detail: UploadRejection
-
-
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": RatingsUpload.model_json_schema()},
     "text/csv": {"schema": {"type": "string", "example": "user,item,rating,timestamp\n"
                                                          "u1,1193,5,978300760\nu1,661,3\n"}},
+    "text/tab-separated-values": {"schema": {"type": "string",
+                                             "example": "196\t242\t3\t881250949\n"
+                                                        "186\t302\t3\t891717742\n"}},
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file"],
+        "properties": {"file": {"type": "string", "format": "binary", "description":
+                                "CSV, TSV or JSON ratings, read by the part's Content-Type, "
+                                "else its filename's extension (.csv, .tsv, .data, .json), "
+                                "else its first character."}}}},
 }}}
 
 
@@ -79,24 +76,24 @@ async def spool_body(request: Request, limit: int, content_type: str) -> tuple[B
     return spool, digest.hexdigest()
 
 
-def _rejection(exc: UploadRejected, cap: int) -> dict:
-    errors = [{"line": e.line, "field": e.field, "reason": e.reason} for e in exc.errors[:cap]]
-    return {"message": str(exc), "errors": errors, "omitted": max(0, exc.total - cap)}
+def rejection(exc: UploadRejected, cap: int) -> ApiError:
+    """The 422 of an upload with offending rows: each row's line, field and reason."""
+    rows = [{"line": e.line, "field": e.field, "message": e.reason} for e in exc.errors[:cap]]
+    return ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, "upload_rejected", str(exc),
+                    errors=rows, omitted=max(0, exc.total - cap))
 
 
 @router.post("/ratings", response_model=UploadResult, openapi_extra=UPLOAD_BODY, responses={
-    413: {"description": "Body over the size limit or more rows than allowed.",
-          "model": ErrorMessage},
-    415: {"description": "Neither JSON nor CSV.", "model": ErrorMessage},
-    429: {"description": "Too many uploads of this tenant in progress; see Retry-After.",
-          "model": ErrorMessage},
-    422: {"description": "Offending rows (nothing stored), a bad Idempotency-Key, or an "
-                         "invalid path.",
-          "model": UploadRejectionBody | ErrorMessage | ValidationErrors}})
+    413: {"description": "Body over the size limit or more rows than allowed."},
+    415: {"description": "Not JSON, CSV, TSV or multipart."},
+    429: {"description": "Too many uploads of this tenant in progress; see Retry-After."},
+    422: {"description": "Offending rows (``errors``: line, field, message; nothing "
+                         "stored), a bad Idempotency-Key, or an invalid path."}})
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
-                         idempotency_key: Annotated[str | None, Header()] = None) -> JSONResponse:
-    """Upload ratings as JSON or CSV; all rows are stored or none.
+                         idempotency_key: IdempotencyKey = None) -> JSONResponse:
+    """Upload ratings as JSON, CSV, TSV (MovieLens ``u.data`` as it is) or a multipart
+    form's ``file`` (``curl -F file=@u.data``); all rows are stored or none.
 
     The body is read as a stream in bounded memory; at most FEDREC_MAX_CONCURRENT_UPLOADS
     uploads of one tenant run at once in a process (429 with Retry-After beyond)."""
@@ -104,27 +101,59 @@ async def create_ratings(request: Request, tenant: OwnTenantDep, session: Sessio
     with request.app.state.upload_slots.slot(tenant.id):
         body, digest = await spool_body(request, settings.max_upload_bytes, content_type)
         with body:
-            return await _upload(session, settings, tenant, body, digest, content_type,
-                                 idempotency_key)
+            if media_type(content_type) != MULTIPART:
+                return await _upload(session, settings, tenant, body, digest, content_type,
+                                     idempotency_key, request.app.state.metrics)
+            with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as part:
+                try:
+                    media, digest = await run_in_threadpool(_unwrap, body, content_type, part)
+                except UploadRejected as exc:
+                    raise rejection(exc, settings.max_reported_errors) from None
+                return await _upload(session, settings, tenant, part, digest, media,
+                                     idempotency_key, request.app.state.metrics)
+
+
+def _unwrap(body: BinaryIO, content_type: str, part: BinaryIO) -> tuple[str, str]:
+    """The media type of a multipart body's file (copied into ``part``) and its digest:
+    over the file, not the form, so a retry (with a new random boundary) still matches."""
+    media = unwrap_multipart(body, content_type, part)
+    digest = request_digest(media)
+    while chunk := part.read(1 << 20):
+        digest.update(chunk)
+    part.seek(0)
+    return media, digest.hexdigest()
 
 
 async def _upload(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
-                  idempotency_key: str | None) -> JSONResponse:
+                  idempotency_key: str | None, metrics) -> JSONResponse:
     """Parse, check and store the spooled body in the threadpool; domain errors to HTTP."""
+    try:
+        return await _store(session, settings, tenant, body, digest, content_type,
+                            idempotency_key, metrics)
+    except ApiError as exc:
+        metrics.uploads.labels(exc.code).inc()
+        raise
+
+
+async def _store(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
+                 idempotency_key: str | None, metrics) -> JSONResponse:
     try:
         outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
                                           idempotency_key, settings.max_upload_rows, digest,
                                           settings.max_reported_errors)
     except UploadRejected as exc:
-        detail = _rejection(exc, settings.max_reported_errors)
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, detail) from None
+        raise rejection(exc, settings.max_reported_errors) from None
     except IdempotencyConflict as exc:
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+        raise ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.code, str(exc)) from None
     except TooManyRows as exc:
-        raise HTTPException(status.HTTP_413_CONTENT_TOO_LARGE, str(exc)) from None
+        raise ApiError(status.HTTP_413_CONTENT_TOO_LARGE, "too_many_rows", str(exc)) from None
     except UnsupportedMediaType as exc:
-        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, str(exc)) from None
+        raise ApiError(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
+                       str(exc)) from None
     headers = {"Idempotency-Replayed": "true"} if outcome.replayed else {}
+    metrics.uploads.labels("replayed" if outcome.replayed else "stored").inc()
+    if not outcome.replayed:
+        metrics.rows.inc(outcome.body.get("stored", 0))
     return JSONResponse(outcome.body, status_code=outcome.status_code, headers=headers)
 
 
@@ -133,7 +162,8 @@ def read_ratings(tenant: OwnTenantDep, session: SessionDep, settings: SettingsDe
                  user: str | None = None, offset: Offset = 0,
                  limit: Limit = 100) -> RatingsPublic:
     """A page of the tenant's ratings (one user's with ``?user=``); ``count`` is the total."""
-    rows = store.list_ratings(session, tenant.id, user, min(limit, settings.max_page_size),
+    check_limit(("query", "limit"), limit, settings.max_page_size, "FEDREC_MAX_PAGE_SIZE")
+    rows = store.list_ratings(session, tenant.id, user, limit,
                               offset)
     data = [RatingPublic(user=u, item=i, rating=v, timestamp=t) for u, i, v, t in rows]
     return RatingsPublic(data=data, count=store.count_ratings(session, tenant.id, user))
@@ -153,6 +183,6 @@ def delete_user_ratings(tenant: OwnTenantDep, session: SessionDep,
     (repeatable: 0 deleted when the user was forgotten before)."""
     deleted = forget_user(session, tenant.id, user)
     if deleted is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, "User not found")
+        raise ApiError(status.HTTP_404_NOT_FOUND, "user_not_found", "User not found")
     session.commit()
     return UserRatingsDeleted(user=user, deleted=deleted)

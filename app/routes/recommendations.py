@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import sqlalchemy as sa
-from fastapi import APIRouter, HTTPException, Query, Request, Response, status
+from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
 from app.deps import (
@@ -18,6 +18,7 @@ from app.deps import (
     in_background,
 )
 from app.models import Tenant
+from app.problems import ApiError
 from app.training import reports
 from app.training.models import JobClient, TrainingJob
 from app.training.schemas import (
@@ -69,6 +70,8 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
             with request.app.state.sessions() as session:
                 refresh_caches(session, *_caches(request), tenant.id)
         in_background(request, refresh)
+    request.app.state.metrics.cache.labels("recommendations",
+                                           "miss" if ranked is None else "hit").inc()
     if ranked is None and due:  # expired: one re-check of the tenant's caches for all waiting
         def recheck() -> None:
             with request.app.state.sessions() as session:
@@ -84,8 +87,8 @@ async def read_recommendations(user_key: str, request: Request, tenant: ServingT
         try:
             ranked = await run_in_threadpool(load)
         except UnknownUser:
-            raise HTTPException(status.HTTP_404_NOT_FOUND,
-                                UNKNOWN_USER.format(user_key)) from None
+            raise ApiError(status.HTTP_404_NOT_FOUND, "user_not_found",
+                           UNKNOWN_USER.format(user_key)) from None
     # Serialised here: FastAPI would dump, re-validate and re-encode the response model.
     return Response(_public(user_key, ranked, k, offset).model_dump_json(),
                     media_type="application/json")
@@ -121,7 +124,7 @@ def read_tenant_report(tenant: OwnTenantDep, session: SessionDep) -> TenantRepor
     """This tenant's curve in its latest job and its privacy spent and remaining."""
     job = _latest_job(session, tenant)
     if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, NO_JOB)
+        raise ApiError(status.HTTP_404_NOT_FOUND, "no_training_job", NO_JOB)
     rounds = reports.curve(session, job.id)
     return TenantReport(tenant_id=tenant.id, job_id=job.id,
                         curve=reports.tenant_curve(rounds, tenant.id),
@@ -136,5 +139,5 @@ def read_tenant_plot(tenant: OwnTenantDep, session: SessionDep) -> Response:
     """PNG plot of this tenant's test RMSE per round in its latest job."""
     job = _latest_job(session, tenant)
     if job is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, NO_JOB)
+        raise ApiError(status.HTTP_404_NOT_FOUND, "no_training_job", NO_JOB)
     return Response(reports.plot_png(session, job, tenant.id), media_type="image/png")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import math
 from typing import Any
 
@@ -18,6 +16,7 @@ from algorithms.base import Algorithm
 from algorithms.data import federation_from_tenants
 from algorithms.simulate import client_round, initialise, server_round, tenant_errors
 from app import store
+from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
 from app.models import Item, Tenant
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
@@ -284,24 +283,13 @@ def _check_budgets(s: Session, alg: Algorithm, spec: JobSpec, dp: DPSpec, size: 
                               f"(allow_non_private is false): {why}") from None
 
 
-MAX_IDEMPOTENCY_KEY = 255
-
-
-def request_hash(body: dict[str, Any]) -> str:
-    """SHA-256 of a job request's validated body (canonical JSON): what a replay must match."""
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 def job_for_key(s: Session, key: str, digest: str) -> TrainingJob | None:
     """The job created earlier with this ``Idempotency-Key``, or None; 422 when the key
-    was used with a different body, or is empty or too long."""
-    if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY:
-        raise JobRefused(422, f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} characters")
-    job = s.scalar(sa.select(TrainingJob).where(TrainingJob.idempotency_key == key))
-    if job is not None and job.request_hash != digest:
-        raise JobRefused(422, f"Idempotency-Key {key[:40]!r} was already used with a "
-                              "different request body; use a new key for a new job")
-    return job
+    was used with a different body, or is empty or too long (see app/idempotency.py)."""
+    try:
+        return row_for_key(s, TrainingJob, key, digest, "job")
+    except IdempotencyError as exc:
+        raise JobRefused(422, str(exc)) from None
 
 
 def discard_job(s: Session, job_id: int) -> None:

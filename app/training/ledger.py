@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import sqlalchemy as sa
@@ -11,7 +12,7 @@ from sqlalchemy.orm import Session
 from app.models import Tenant
 from app.training.models import LedgerEntry
 from privacy.accountant import Event, compose
-from privacy.ledger import Budget, Ledger
+from privacy.ledger import Budget, Ledger, rebudget
 
 
 def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None) -> Ledger:
@@ -33,3 +34,30 @@ def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None
     for key, evs in events.items():
         state["tenants"][key]["history"] = [e.as_list() for e in compose(evs)]
     return Ledger.from_dict(state)
+
+
+def change_budget(s: Session, tenant: Tenant, epsilon_max: float) -> Budget:
+    """Set the tenant's ``privacy_budget`` through :func:`privacy.ledger.rebudget` (raises
+    :class:`privacy.ledger.BudgetChangeRefused` below its spend); not committed."""
+    budget = rebudget(load_ledger(s, [tenant.id]), tenant.id, epsilon_max)
+    tenant.privacy_budget = budget.epsilon_max
+    return budget
+
+
+def spend_summary(s: Session, tenant: Tenant) -> dict:
+    """The tenant's lifetime spend against its budget and its spend in each job that
+    charged it (epsilon composed at the budget's delta; infinity after a noise-free job)."""
+    ledger = load_ledger(s, [tenant.id])
+    spent, budget = ledger.spent(tenant.id), ledger.budget(tenant.id)
+    job_ids = s.scalars(sa.select(LedgerEntry.job_id).where(LedgerEntry.tenant_id == tenant.id)
+                        .distinct().order_by(LedgerEntry.job_id)).all()
+    jobs = []
+    for job_id in job_ids:
+        job_spend = load_ledger(s, [tenant.id], job_id=job_id).spent(tenant.id)
+        jobs.append({"job_id": job_id, "epsilon": job_spend.epsilon,
+                     "transmissions": job_spend.transmissions})
+    return {"tenant_id": tenant.id, "epsilon_spent": spent.epsilon,
+            "epsilon_max": budget.epsilon_max,
+            "epsilon_remaining": max(0.0, budget.epsilon_max - spent.epsilon),
+            "delta": budget.delta, "private": math.isfinite(spent.epsilon),
+            "transmissions": spent.transmissions, "jobs": jobs}

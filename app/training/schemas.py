@@ -16,10 +16,12 @@ class DPSettings(BaseModel):
 
     mechanism: Literal["none", "laplace", "gaussian"] = "gaussian"
     norm: Literal["l2", "l1", "value"] | None = None
-    clip: float = Field(1.0, gt=0)
-    noise_multiplier: float | None = Field(None, gt=0)
-    noise_scale: float | None = Field(None, gt=0)
-    delta: float = Field(1e-5, gt=0, lt=1)
+    # bounds keep the accountant's arithmetic finite (a noise multiplier of 5e-324
+    # overflowed it: a 500); anything near them already spends an enormous epsilon
+    clip: float = Field(1.0, gt=0, le=1e6)
+    noise_multiplier: float | None = Field(None, ge=1e-6, le=1e6)
+    noise_scale: float | None = Field(None, ge=1e-6, le=1e12)
+    delta: float = Field(1e-5, ge=1e-12, lt=1)
 
 
 class PrivacySettings(BaseModel):
@@ -36,9 +38,12 @@ class PrivacySettings(BaseModel):
                                "bounded contributions once; tenant: each tenant noises its own "
                                "(protects against the coordinator too, at T times the noise "
                                "variance).")
-    target_epsilon: float = Field(gt=0, le=100, description="Epsilon of the whole job per user.")
-    delta: float = Field(1e-6, gt=0, lt=1,
-                         description="Delta of the guarantee; must be below 1 / number of users.")
+    target_epsilon: float = Field(ge=0.01, le=100, description=(
+        "Epsilon of the whole job per user; at least 0.01 (a smaller target needs more "
+        "noise than the accountant can solve for)."))
+    delta: float = Field(1e-6, ge=1e-12, lt=1,
+                         description="Delta of the guarantee; must be below 1 / number of "
+                                     "users, and at least 1e-12.")
 
 
 class JobCreate(BaseModel):
@@ -178,7 +183,7 @@ class BatchRecommendationsRequest(BaseModel):
 
     users: list[str] = Field(min_length=1, max_length=1000)
     k: int = Field(10, ge=1, description="At most FEDREC_MAX_TOP_K (default 1000).")
-    include_rated: bool = False
+    include_rated: bool = Field(False, strict=True)
 
 
 class BatchRecommendationsPublic(BaseModel):

@@ -105,3 +105,13 @@ def admin_app(tmp_path):
 def env(admin_app):
     """The API on SQLite with the pipeline in-process, acting as the admin."""
     return admin_app()
+
+
+def refusal(response) -> tuple[int, str, str]:
+    """(status, code, detail) of an error answer, after checking it is a problem document
+    (RFC 9457) whose members agree with the response."""
+    assert response.headers["content-type"] == "application/problem+json", response.text
+    body = response.json()
+    assert body["status"] == response.status_code, body
+    assert body["type"] == f"urn:fedrec:problem:{body['code']}", body
+    return response.status_code, body["code"], body["detail"]

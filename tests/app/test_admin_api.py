@@ -6,21 +6,22 @@ import sqlalchemy as sa
 
 from app.models import ApiKey
 from app.security import hash_key
+from tests.app.conftest import refusal
 
 
 def test_admin_routes_need_the_admin_token(sqlite_api):
     client = sqlite_api.client
     missing = client.get("/admin/tenants")
-    assert (missing.status_code, missing.json()) == (401, {"detail": "Admin token required"})
+    assert refusal(missing) == (401, "admin_token_required", "Admin token required")
     wrong = client.get("/admin/tenants", headers={"Authorization": "Bearer nope-secret"})
-    assert (wrong.status_code, wrong.json()) == (401, {"detail": "Invalid admin token"})
+    assert refusal(wrong) == (401, "invalid_admin_token", "Invalid admin token")
     assert "nope-secret" not in wrong.text
 
 
 def test_tenant_keys_are_not_admin_tokens(sqlite_api):
     _, headers = sqlite_api.tenant()
     response = sqlite_api.client.get("/admin/tenants", headers=headers)
-    assert (response.status_code, response.json()) == (401, {"detail": "Invalid admin token"})
+    assert refusal(response) == (401, "invalid_admin_token", "Invalid admin token")
 
 
 def test_create_and_list_tenants(sqlite_api):
@@ -31,8 +32,7 @@ def test_create_and_list_tenants(sqlite_api):
     assert created.status_code == 201
     assert {k: created.json()[k] for k in body} == {**body, "rating_max": 10.0}
     again = client.post("/admin/tenants", json=body, headers=admin)
-    assert (again.status_code, again.json()) == (
-        409, {"detail": "A tenant named 'acme' already exists"})
+    assert refusal(again) == (409, "tenant_name_taken", "A tenant named 'acme' already exists")
     listed = client.get("/admin/tenants", headers=admin).json()
     assert listed["count"] == 1 and listed["data"][0]["name"] == "acme"
 
@@ -41,10 +41,13 @@ def test_tenant_scale_and_budget_are_validated(sqlite_api):
     bad = sqlite_api.client.post("/admin/tenants", headers=sqlite_api.admin, json={
         "name": "x", "rating_min": 5, "rating_max": 1, "privacy_budget": 1})
     assert bad.status_code == 422
-    assert "rating_min must be smaller than rating_max" in bad.json()["detail"][0]["msg"]
+    assert refusal(bad)[:2] == (422, "validation_error")
+    assert bad.json()["errors"][0]["field"] == "body"  # a rule between two fields
+    assert "rating_min must be smaller than rating_max" in bad.json()["errors"][0]["message"]
+    assert "rating_min must be smaller than rating_max" in bad.json()["detail"]
     zero = sqlite_api.client.post("/admin/tenants", headers=sqlite_api.admin, json={
         "name": "y", "privacy_budget": 0})
-    assert zero.status_code == 422 and zero.json()["detail"][0]["loc"] == [
+    assert zero.status_code == 422 and zero.json()["errors"][0]["loc"] == [
         "body", "privacy_budget"]
 
 
@@ -63,19 +66,19 @@ def test_keys_are_stored_hashed_and_revocation_is_immediate(sqlite_api):
     revoked = client.delete(f"/admin/tenants/{tenant_id}/api-keys/{key_id}", headers=admin)
     assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
     after = client.get(f"/tenants/{tenant_id}/ratings", headers=headers)
-    assert (after.status_code, after.json()) == (401, {"detail": "Invalid API key"})
+    assert refusal(after) == (401, "invalid_api_key", "Invalid API key")
 
 
 def test_key_routes_of_unknown_tenants_and_keys_are_404(sqlite_api):
     client, admin = sqlite_api.client, sqlite_api.admin
     tenant_id, _ = sqlite_api.tenant()
     other_id, _ = sqlite_api.tenant()
-    assert client.post("/admin/tenants/999/api-keys", headers=admin).json() == {
-        "detail": "Tenant not found"}
+    assert refusal(client.post("/admin/tenants/999/api-keys", headers=admin)) == (
+        404, "tenant_not_found", "Tenant not found")
     key_id = client.get(f"/admin/tenants/{tenant_id}/api-keys", headers=admin).json()[
         "data"][0]["id"]
     wrong = client.delete(f"/admin/tenants/{other_id}/api-keys/{key_id}", headers=admin)
-    assert (wrong.status_code, wrong.json()) == (404, {"detail": "API key not found"})
+    assert refusal(wrong) == (404, "api_key_not_found", "API key not found")
 
 
 def test_items_upsert_keeps_titles_unless_replaced(sqlite_api):
@@ -104,8 +107,8 @@ def test_ready_is_503_when_the_broker_is_down(sqlite_url):
 
     api = make_api(sqlite_url, broker_url="redis://127.0.0.1:1/0")
     response = api.client.get("/ready")
-    assert response.status_code == 503
-    assert response.json()["status"] == "not ready" and response.json()["database"] == "ok"
+    assert refusal(response)[:2] == (503, "not_ready")
+    assert response.json()["database"] == "ok"
     assert response.json()["broker"].startswith("unreachable (")
 
 
@@ -114,4 +117,5 @@ def test_openapi_docs_are_served(sqlite_api):
     paths = sqlite_api.client.get("/openapi.json").json()["paths"]
     assert "/tenants/{tenant_id}/ratings" in paths
     content = paths["/tenants/{tenant_id}/ratings"]["post"]["requestBody"]["content"]
-    assert set(content) == {"application/json", "text/csv"}
+    assert set(content) == {"application/json", "text/csv", "text/tab-separated-values",
+                            "multipart/form-data"}

@@ -49,6 +49,8 @@ def bodies(victim: int, other: int) -> dict:
         ("post", "/admin/tenants"): {"json": {"name": "walk-new", "privacy_budget": 1}},
         ("post", "/admin/tenants/{tenant_id}/api-keys"): {"json": {"name": "walk"}},
         ("put", "/admin/items"): {"json": {"items": [{"key": "walk-item"}]}},
+        ("patch", "/admin/tenants/{tenant_id}"): {"json": {"privacy_budget": 2000.0,
+                                                            "retrain_min_seconds": 3600}},
         ("post", "/admin/jobs"): {"json": job},
         ("post", "/tenants/{tenant_id}/ratings"): {
             "content": b"u0,i0,3\n", "headers": {"Content-Type": "text/csv"}},
@@ -178,7 +180,7 @@ def results(walk) -> list[tuple]:
 def test_every_route_is_classified_and_only_health_is_public(walk):
     for method, path, op in operations(walk.app.openapi()):
         kind = kind_of(path, op)
-        if path.startswith("/admin/"):
+        if path.startswith("/admin/") or path == "/metrics":  # metrics: admin-only
             assert kind == "admin", (method, path)
         elif path.startswith("/tenants/"):
             assert kind == "tenant", (method, path)
@@ -227,7 +229,7 @@ def test_refusals_never_echo_the_secret_or_a_traceback(results):
 def test_with_the_right_credentials_every_operation_is_served(walk, results):
     """Positive control: the same requests succeed (or fail for a reason other than
     authentication) with the right credentials; destructive calls go last."""
-    order = {"get": 0, "put": 1, "post": 1, "delete": 2}
+    order = {"get": 0, "put": 1, "post": 1, "patch": 1, "delete": 2}
     ops = sorted(operations(walk.app.openapi()), key=lambda o: order[o[0]])
     statuses = {}
     for method, path, op in ops:
@@ -237,8 +239,8 @@ def test_with_the_right_credentials_every_operation_is_served(walk, results):
         response = walk.call(method, path, headers)
         statuses[(method, path)] = response.status_code
         assert response.status_code < 500 and response.status_code != 401, (method, path)
-        assert response.json().get("detail") != "Tenant not found" if response.headers[
-            "content-type"].startswith("application/json") else True
+        assert response.json().get("code") != "tenant_not_found" if response.headers[
+            "content-type"].startswith("application/") else True
     refused = {op: s for op, s in statuses.items() if not 200 <= s < 300}
     assert refused == NOT_2XX_WHEN_AUTHORISED
     walk.wait_jobs()

@@ -16,7 +16,7 @@ from app.ingest import RowError, check_rows, parse_body
 from app.models import Tenant
 from app.training import pipeline
 from app.training.models import FactorSnapshot
-from tests.app.conftest import make_api
+from tests.app.conftest import make_api, refusal
 from tests.training_helpers import make_tenants, submit_job, wait_job
 
 SCALE = (1.0, 5.0)
@@ -45,7 +45,7 @@ def test_non_finite_or_unbounded_tenant_settings_are_422_naming_the_field(
     response = sqlite_api.client.post("/admin/tenants", content=body, headers={
         **sqlite_api.admin, "Content-Type": "application/json"})
     assert response.status_code == 422, response.text
-    errors = response.json()["detail"]
+    errors = response.json()["errors"]
     assert ("body", loc) in [tuple(e["loc"]) for e in errors]
     assert kind in [e["type"] for e in errors if tuple(e["loc"]) == ("body", loc)]
     assert tenant_count(sqlite_api) == before
@@ -55,7 +55,7 @@ def test_the_rating_span_is_bounded(sqlite_api):
     response = sqlite_api.client.post("/admin/tenants", headers=sqlite_api.admin, json={
         "name": "wide", "privacy_budget": 1, "rating_min": -600000, "rating_max": 600000})
     assert response.status_code == 422
-    assert response.json()["detail"][0]["msg"] == \
+    assert response.json()["errors"][0]["message"] == \
         "Value error, rating_max - rating_min must be at most 1e+06"
     widest = sqlite_api.client.post("/admin/tenants", headers=sqlite_api.admin, json={
         "name": "widest", "privacy_budget": 1e6, "rating_min": -500000, "rating_max": 500000})
@@ -172,11 +172,12 @@ def test_an_extreme_offset_is_refused_and_every_page_stays_readable(api):
     refused = api.upload_csv(tenant_id, key, "u1,m1,4,0001-01-01T00:00:00+05:00\n"
                                              "u1,m2,3,9999-12-31T23:00:00-05:00\n")
     assert refused.status_code == 422
-    assert refused.json()["detail"]["errors"] == [
+    assert refusal(refused)[:2] == (422, "upload_rejected")
+    assert refused.json()["errors"] == [
         {"line": 1, "field": "timestamp",
-         "reason": f"timestamp 0001-01-01T00:00:00+05:00 is out of range {RANGE}"},
+         "message": f"timestamp 0001-01-01T00:00:00+05:00 is out of range {RANGE}"},
         {"line": 2, "field": "timestamp",
-         "reason": f"timestamp 9999-12-31T23:00:00-05:00 is out of range {RANGE}"}]
+         "message": f"timestamp 9999-12-31T23:00:00-05:00 is out of range {RANGE}"}]
     edge = api.upload_csv(tenant_id, key, "u1,m1,4,9999-12-31T23:59:59Z\n"
                                           "u1,m2,3,1970-01-01T00:00:00+00:00\n")
     assert edge.status_code == 200, edge.text
@@ -194,6 +195,6 @@ def test_statistics_during_a_broker_outage_are_503(sqlite_url):
     conf.broker_transport_options = {"max_retries": 1}
     tenant_id, key = api.tenant()
     response = api.client.post(f"/tenants/{tenant_id}/stats", headers=key)
-    assert (response.status_code, response.json()) == (
-        503, {"detail": "The broker is unavailable; retry the request later"})
+    assert refusal(response) == (
+        503, "broker_unavailable", "The broker is unavailable; retry the request later")
     assert response.headers["retry-after"] == "5"

@@ -24,7 +24,7 @@ from app.training import pipeline
 from app.training.jobs import JobSpec, create_job
 from app.training.models import LedgerEntry, TrainingJob
 from app.training.schedule import resume_stalled, retrain_if_changed
-from tests.app.conftest import make_api
+from tests.app.conftest import make_api, refusal
 from tests.training_helpers import CONFIG, csv_body, make_tenants, submit_job, wait_job
 
 DP = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
@@ -61,7 +61,7 @@ def test_tenant_opt_ins_are_off_by_default_and_shown_to_the_admin(env):
         "retrain_min_seconds": 86400.0, "last_retrained_at": None}
     bad = client.post("/admin/tenants", json={"name": "x", "privacy_budget": 1.0,
                                               "retrain_min_seconds": -1})
-    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == [
+    assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == [
         "body", "retrain_min_seconds"]
 
 
@@ -69,7 +69,7 @@ def test_jobs_without_a_dp_guarantee_are_409_naming_the_tenants_without_the_opt_
     app, client = env
     (a, _), (b, _) = make_tenants(client, allow_non_private=False)
     r = submit_job(client)  # dp mechanism "none"
-    assert r.status_code == 409, r.text
+    assert refusal(r)[:2] == (409, "not_private_refused"), r.text
     assert r.json()["detail"] == (
         f"tenant(s) {a} (t0), {b} (t1) did not opt in to non-private training "
         "(allow_non_private is false): dp mechanism 'none' sends their uploads without noise")
@@ -105,7 +105,7 @@ def test_an_opted_in_noise_free_job_is_charged_infinity_and_ends_dp_for_the_tena
     # infinity is spent for good: a DP job including these tenants would claim a
     # guarantee that no longer holds, so it is refused
     r = submit_job(client, dp=DP, rounds=1)
-    assert r.status_code == 409, r.text
+    assert refusal(r)[:2] == (409, "budget_exceeded"), r.text
     assert r.json()["detail"] == (
         f"privacy budget exceeded: tenant {a} has spent epsilon = infinity (its data was "
         "sent without noise by an earlier job), so no differentially private job can "
@@ -216,7 +216,8 @@ def test_a_job_refused_during_a_broker_outage_leaves_no_job_and_a_keyed_retry_pa
     key = {"Idempotency-Key": "train-2026-11-24"}
     r = down.client.post("/admin/jobs", json=body, headers=key)
     assert r.status_code == 503, r.text
-    assert r.json() == {"detail": "The broker is unavailable; retry the request later"}
+    assert refusal(r) == (503, "broker_unavailable",
+                          "The broker is unavailable; retry the request later")
     app = down.client.app
     assert _count(app, TrainingJob) == 0  # nothing for the watchdog to run later
     assert resume_stalled(app.state.sessions, pipeline.InlineDispatcher(app.state.sessions),
@@ -242,12 +243,13 @@ def test_the_same_idempotency_key_with_another_body_is_422(env):
     assert first.status_code == 202, first.text
     other = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 2, "dp": DP},
                         headers=key)
-    assert other.status_code == 422
+    assert refusal(other)[:2] == (422, "idempotency_conflict")
     assert other.json()["detail"] == ("Idempotency-Key 'k1' was already used with a "
                                       "different request body; use a new key for a new job")
     empty = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
                         headers={"Idempotency-Key": ""})
-    assert empty.status_code == 422
+    assert refusal(empty)[:2] == (422, "validation_error")
+    assert empty.json()["errors"][0]["loc"] == ["header", "idempotency-key"]
     assert _count(app, TrainingJob) == 1
 
 
@@ -277,7 +279,7 @@ def test_a_config_whose_step_raises_is_422_at_creation(env, monkeypatch):
     make_tenants(client)
     _failing_server_step(monkeypatch, "these settings cannot aggregate")
     r = submit_job(client, config={"rank": 3})
-    assert r.status_code == 422, r.text
+    assert refusal(r)[:2] == (422, "invalid_config"), r.text
     assert r.json()["detail"] == ("invalid config: round 1 fails with these settings "
                                   "(ValueError: these settings cannot aggregate)")
     assert _count(app, TrainingJob) == 0
@@ -346,8 +348,8 @@ def test_empty_tenant_ids_is_422_not_every_tenant(env):
     make_tenants(client)
     r = submit_job(client, tenant_ids=[])
     assert r.status_code == 422, r.text
-    assert r.json()["detail"][0]["loc"] == ["body", "tenant_ids"]
-    assert r.json()["detail"][0]["type"] == "too_short"
+    assert r.json()["errors"][0]["loc"] == ["body", "tenant_ids"]
+    assert r.json()["errors"][0]["type"] == "too_short"
     assert _count(app, TrainingJob) == 0
 
 

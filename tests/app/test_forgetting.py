@@ -20,6 +20,7 @@ from app.db import downgrade, make_engine, migrate
 from app.main import create_app
 from app.training import jobs
 from app.training.models import FactorSnapshot
+from tests.app.conftest import refusal
 from tests.integration.conftest import wait_for
 from tests.training_helpers import csv_body, job_ratings, make_tenants, submit_job, wait_job
 
@@ -90,7 +91,7 @@ def test_a_deletion_during_job_creation_wins_and_can_be_repeated(env, monkeypatc
     again = client.delete(path, headers=auth)  # repeatable: nothing remained
     assert again.status_code == 200 and again.json() == {"user": user, "deleted": 0}
     never = client.delete(f"/tenants/{tid}/users/never-seen/ratings", headers=auth)
-    assert never.status_code == 404 and never.json() == {"detail": "User not found"}
+    assert refusal(never) == (404, "user_not_found", "User not found")
 
 
 def test_an_upload_after_forgetting_is_a_new_consent(env, monkeypatch):

@@ -132,9 +132,9 @@ def test_every_out_of_range_number_is_a_422_naming_the_field(walk):
     wrong = []
     for method, path, where, loc, raw in cases(walk):
         response = send(walk, method, path, where, loc, raw)
-        detail = response.json().get("detail") if response.headers.get(
-            "content-type", "").startswith("application/json") else None
-        locs = [tuple(e["loc"]) for e in detail] if isinstance(detail, list) else []
+        errors = response.json().get("errors") if response.headers.get(
+            "content-type", "") == "application/problem+json" else None
+        locs = [tuple(e["loc"]) for e in errors if "loc" in e] if errors else []
         if response.status_code != 422 or (where, *loc) not in locs:
             wrong.append((method, path, where, loc, raw, response.status_code,
                           response.text[:200]))

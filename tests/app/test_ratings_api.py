@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.app.conftest import make_api
+from tests.app.conftest import make_api, refusal
 
 
 def test_csv_upload_stores_and_reupload_updates(api):
@@ -41,16 +41,16 @@ def test_invalid_upload_lists_offending_rows_and_stores_nothing(api):
     api.upload_csv(tenant_id, key, "u0,m1,3\n")
     body = "u1,m1,4\nu1,m2,6\nu2,nope,3\nu3,m1,NaN\nu4,m2,2\nu4,m2,3\n"
     response = api.upload_csv(tenant_id, key, body)
-    assert response.status_code == 422
-    assert response.json() == {"detail": {
-        "message": "4 invalid row(s); nothing was stored", "omitted": 0, "errors": [
-            {"line": 2, "field": "rating",
-             "reason": "rating 6 is outside the tenant's scale [1, 5]"},
-            {"line": 3, "field": "item", "reason": "item 'nope' is not in the catalogue"},
-            {"line": 4, "field": "rating",
-             "reason": "rating must be a finite number (NaN and infinity are rejected)"},
-            {"line": 6, "field": "rating",
-             "reason": "conflicts with line 5 for the same user and item (2 vs 3)"}]}}
+    assert refusal(response) == (422, "upload_rejected", "4 invalid row(s); nothing was stored")
+    assert response.json()["omitted"] == 0
+    assert response.json()["errors"] == [
+        {"line": 2, "field": "rating",
+         "message": "rating 6 is outside the tenant's scale [1, 5]"},
+        {"line": 3, "field": "item", "message": "item 'nope' is not in the catalogue"},
+        {"line": 4, "field": "rating",
+         "message": "rating must be a finite number (NaN and infinity are rejected)"},
+        {"line": 6, "field": "rating",
+         "message": "conflicts with line 5 for the same user and item (2 vs 3)"}]
     assert api.ratings(tenant_id, key) == [("u0", "m1", 3.0)]
 
 
@@ -58,8 +58,8 @@ def test_error_list_is_capped_and_counts_the_rest(database_url):
     api = make_api(database_url, max_reported_errors=2)
     tenant_id, key = api.tenant()
     response = api.upload_csv(tenant_id, key, "".join(f"u{i},x,9\n" for i in range(5)))
-    detail = response.json()["detail"]
-    assert [e["line"] for e in detail["errors"]] == [1, 2] and detail["omitted"] == 3
+    body = response.json()
+    assert [e["line"] for e in body["errors"]] == [1, 2] and body["omitted"] == 3
 
 
 def test_auto_create_tenants_add_unknown_items(api):
@@ -81,9 +81,9 @@ def test_idempotency_key_replays_and_rejects_a_different_body(api):
     assert replay.headers["Idempotency-Replayed"] == "true"
     assert api.ratings(tenant_id, key) == [("u", "m1", 5.0)]  # the replay re-applied nothing
     other = api.upload_csv(tenant_id, key, "u,m1,3\n", **headers)
-    assert (other.status_code, other.json()) == (422, {"detail": (
+    assert refusal(other) == (422, "idempotency_conflict", (
         "Idempotency-Key 'upload-1' was already used with a different request body; "
-        "use a new key for a new upload")})
+        "use a new key for a new upload"))
 
 
 def test_a_rejected_upload_does_not_consume_its_idempotency_key(api):
@@ -117,11 +117,11 @@ def test_tenant_a_can_never_read_or_delete_tenant_b(api):
                      c.delete(f"/tenants/{b}/users/victim/ratings", headers=key_a),
                      c.get(f"/tenants/{b}/stats", headers=key_a),
                      c.get("/tenants/99999/ratings", headers=key_a)):
-        assert (response.status_code, response.json()) == (404, {"detail": "Tenant not found"})
+        assert refusal(response) == (404, "tenant_not_found", "Tenant not found")
     # Through its own URL, A sees only its own (empty) data and cannot reach B's user.
     assert api.ratings(a, key_a, user="victim") == []
     mine = c.delete(f"/tenants/{a}/users/victim/ratings", headers=key_a)
-    assert (mine.status_code, mine.json()) == (404, {"detail": "User not found"})
+    assert refusal(mine) == (404, "user_not_found", "User not found")
     assert api.ratings(b, key_b) == [("victim", "m1", 4.0)]
 
 
@@ -147,12 +147,13 @@ def test_paging(api):
 
 def test_missing_and_malformed_keys_are_401(api):
     tenant_id, _ = api.tenant()
-    for headers, detail in (({}, "API key required"),
-                            ({"Authorization": "Bearer fk_short_x"}, "Invalid API key"),
-                            ({"Authorization": "Bearer fk_0123456789ab_guess"},
-                             "Invalid API key")):
+    for headers, code, detail in (
+            ({}, "api_key_required", "API key required"),
+            ({"Authorization": "Bearer fk_short_x"}, "invalid_api_key", "Invalid API key"),
+            ({"Authorization": "Bearer fk_0123456789ab_guess"}, "invalid_api_key",
+             "Invalid API key")):
         response = api.client.get(f"/tenants/{tenant_id}/ratings", headers=headers)
-        assert (response.status_code, response.json()) == (401, {"detail": detail})
+        assert refusal(response) == (401, code, detail)
 
 
 @pytest.fixture
@@ -164,8 +165,8 @@ def test_bodies_over_the_limit_are_413_by_content_length(small_limit_api):
     api = small_limit_api
     tenant_id, key = api.tenant()
     response = api.upload_csv(tenant_id, key, "u,m1,1\n" * 10)
-    assert (response.status_code, response.json()) == (413, {"detail": (
-        "Request body exceeds the upload limit of 64 bytes (FEDREC_MAX_UPLOAD_BYTES)")})
+    assert refusal(response) == (413, "body_too_large", (
+        "Request body exceeds the upload limit of 64 bytes (FEDREC_MAX_UPLOAD_BYTES)"))
 
 
 def test_bodies_over_the_limit_are_413_while_streaming(small_limit_api):
@@ -175,7 +176,7 @@ def test_bodies_over_the_limit_are_413_while_streaming(small_limit_api):
     response = api.client.post(f"/tenants/{tenant_id}/ratings", content=chunks,
                                headers={**key, "Content-Type": "text/csv"})
     assert "content-length" not in {k.lower() for k in response.request.headers}
-    assert response.status_code == 413
+    assert refusal(response)[:2] == (413, "body_too_large")
 
 
 def test_bodies_at_the_limit_pass(small_limit_api):
@@ -190,13 +191,14 @@ def test_unsupported_media_type_and_bad_json(api):
     tenant_id, key = api.tenant()
     plain = api.client.post(f"/tenants/{tenant_id}/ratings", content=b"x",
                             headers={**key, "Content-Type": "text/plain"})
-    assert (plain.status_code, plain.json()) == (415, {"detail": (
-        "unsupported Content-Type 'text/plain'; use application/json or text/csv")})
+    assert refusal(plain) == (415, "unsupported_media_type", (
+        "unsupported Content-Type 'text/plain'; use application/json, text/csv, "
+        "text/tab-separated-values or multipart/form-data"))
     bad = api.client.post(f"/tenants/{tenant_id}/ratings", content=b"{",
                           headers={**key, "Content-Type": "application/json"})
-    assert bad.status_code == 422
-    assert bad.json()["detail"]["message"].startswith("body is not valid JSON")
-    assert json.loads(bad.content)["detail"]["errors"] == []
+    assert refusal(bad)[:2] == (422, "upload_rejected")
+    assert bad.json()["detail"].startswith("body is not valid JSON")
+    assert json.loads(bad.content)["errors"] == []
 
 
 def test_a_failure_after_writing_rolls_the_whole_upload_back(database_url, monkeypatch):

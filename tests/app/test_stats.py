@@ -6,6 +6,7 @@ import numpy as np
 
 from algorithms.block import RatingBlock
 from app.stats import block_statistics
+from tests.app.conftest import refusal
 
 
 def test_statistics_against_a_hand_count():
@@ -32,8 +33,8 @@ def test_stats_task_runs_in_process_without_a_broker(api):
     api.upload_csv(tenant_id, key, "a,m1,5\na,m2,3\nb,m1,3\n")
     api.upload_csv(other_id, other_key, "z,m3,1\n")
     missing = api.client.get(f"/tenants/{tenant_id}/stats", headers=key)
-    assert (missing.status_code, missing.json()) == (404, {
-        "detail": "Statistics not computed yet; POST to this URL to compute them"})
+    assert refusal(missing) == (404, "stats_not_computed",
+                                "Statistics not computed yet; POST to this URL to compute them")
     queued = api.client.post(f"/tenants/{tenant_id}/stats", headers=key)
     assert queued.status_code == 202 and queued.json()["status"] == "SUCCESS"
     stats = api.client.get(f"/tenants/{tenant_id}/stats", headers=key).json()

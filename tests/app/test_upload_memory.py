@@ -14,7 +14,7 @@ import tracemalloc
 import pytest
 
 from app import uploads
-from tests.app.conftest import make_api
+from tests.app.conftest import make_api, refusal
 
 ROWS = 200_000
 
@@ -47,12 +47,12 @@ def test_a_rejected_large_upload_stays_in_bounded_memory(sqlite_url, media):
     response, peak = traced_peak(lambda: api.client.post(
         f"/tenants/{tenant_id}/ratings", content=body,
         headers={**key, "Content-Type": media}))
-    assert response.status_code == 422
-    detail = response.json()["detail"]
-    assert detail["message"] == f"{ROWS} invalid row(s); nothing was stored"
-    assert len(detail["errors"]) == 100 and detail["omitted"] == ROWS - 100
-    assert detail["errors"][0] == {"line": 1, "field": "item",
-                                   "reason": "item 'x0' is not in the catalogue"}
+    assert refusal(response) == (422, "upload_rejected",
+                                 f"{ROWS} invalid row(s); nothing was stored")
+    body = response.json()
+    assert len(body["errors"]) == 100 and body["omitted"] == ROWS - 100
+    assert body["errors"][0] == {"line": 1, "field": "item",
+                                 "message": "item 'x0' is not in the catalogue"}
     # 200k rows: the compact columns take 28 bytes a row (5.6 MB), sorting them for
     # duplicates about as much again, plus one 1 MB chunk of the body in flight.
     assert peak < 30, f"peak {peak:.0f} MB"
@@ -95,10 +95,9 @@ def test_concurrent_uploads_of_one_tenant_are_capped_with_429(sqlite_url, monkey
     release.set()
     for thread in threads:
         thread.join(30)
-    assert refused.status_code == 429
-    assert refused.json() == {"detail": "2 uploads of this tenant are already in progress "
-                                        "(FEDREC_MAX_CONCURRENT_UPLOADS); retry when one has "
-                                        "finished"}
+    assert refusal(refused) == (429, "too_many_uploads",
+                                "2 uploads of this tenant are already in progress "
+                                "(FEDREC_MAX_CONCURRENT_UPLOADS); retry when one has finished")
     assert refused.headers["retry-after"] == "5"
     assert other.json() == {"stored": 1}
     assert [results[t].json() for t in ("t0", "t1")] == [{"stored": 1}] * 2

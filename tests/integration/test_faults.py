@@ -92,7 +92,8 @@ def test_redis_restart_mid_job_resumes_without_losing_or_repeating_a_round(api, 
     if by == "operator":  # resuming now cannot send the round: 503, and nothing changes
         r = client.post(f"/admin/jobs/{job_id}/resume")
         assert r.status_code == 503, r.text
-        assert r.json() == {"detail": "The broker is unavailable; retry the request later"}
+        assert (r.json()["code"], r.json()["detail"]) == (
+            "broker_unavailable", "The broker is unavailable; retry the request later")
     else:
         time.sleep(1.0)
     redis.start()
@@ -147,8 +148,9 @@ def test_postgres_restart_during_uploads_and_a_job(api):
 
     refused = [(n, code, body, retry) for n, code, body, retry in results if code != 200]
     assert refused and {code for _, code, _, _ in refused} == {503}, refused
-    assert all(body == {"detail": "The database is unavailable; retry the request later"}
-               and retry == "5" for _, _, body, retry in refused), refused
+    assert all((body["code"], body["detail"]) == (
+        "database_unavailable", "The database is unavailable; retry the request later")
+        and retry == "5" for _, _, body, retry in refused), refused
     for n, code, body, _ in results:  # all or nothing, batch by batch
         count = _stored(app, n)
         if code == 200:

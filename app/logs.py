@@ -1,0 +1,139 @@
+"""One log format for the API, the Celery worker and beat: ``text`` or ``json``
+(FEDREC_LOG_FORMAT, or ``fedrec --log-format``).
+
+Every record carries the context it was logged in: ``request_id`` (the ``X-Request-ID``
+header, or a new one, echoed in the response), ``tenant_id`` and ``job_id`` once a route
+or task knows them, ``task_id`` in a worker. A JSON line looks like::
+
+    {"ts": "2026-11-24T04:30:00.123Z", "level": "INFO", "logger": "fedrec.access",
+     "message": "GET /tenants/{tenant_id}/ratings 200 4.1ms", "request_id": "9f0c...",
+     "tenant_id": 3}
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+FORMATS = ("text", "json")
+CONTEXT_FIELDS = ("request_id", "tenant_id", "job_id", "task_id")
+_context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "fedrec_log_context", default=None)
+REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+access_log = logging.getLogger("fedrec.access")
+
+
+def bind(**fields: Any) -> None:
+    """Add ``fields`` to the current request's or task's log context (visible to the
+    threadpool too: the context holds one shared dict per request)."""
+    current = _context.get()
+    if current is None:
+        _context.set({**fields})
+    else:
+        current.update(fields)
+
+
+def new_context(**fields: Any) -> contextvars.Token:
+    return _context.set(dict(fields))
+
+
+def context() -> dict[str, Any]:
+    return dict(_context.get() or {})
+
+
+class ContextFilter(logging.Filter):
+    """Copy the log context onto every record (``record.request_id`` ...)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = _context.get() or {}
+        for name in CONTEXT_FIELDS:
+            if not hasattr(record, name):
+                setattr(record, name, ctx.get(name))
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        stamp = dt.datetime.fromtimestamp(record.created, dt.UTC)
+        line: dict[str, Any] = {"ts": stamp.isoformat(timespec="milliseconds")
+                                .replace("+00:00", "Z"), "level": record.levelname,
+                                "logger": record.name, "message": record.getMessage()}
+        for name in CONTEXT_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s%(ctx)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        pairs = [f"{n}={getattr(record, n)}" for n in CONTEXT_FIELDS
+                 if getattr(record, n, None) is not None]
+        record.ctx = f" [{' '.join(pairs)}]" if pairs else ""
+        return super().format(record)
+
+
+def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
+    """Route every logger (fedrec, uvicorn, celery, opacus...) through one handler on the
+    root logger in ``fmt``; idempotent."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "celery.task",
+                 "celery.worker", "celery.beat", "celery.app.trace", "opacus"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+
+
+class RequestContext:
+    """ASGI middleware: a request id (``X-Request-ID`` in, or a new one; always echoed in
+    the response) bound to the request's log context, and one access line per request."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
+        request_id = given if REQUEST_ID.match(given) else uuid.uuid4().hex
+        token = new_context(request_id=request_id)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+                message["headers"] = [*message.get("headers", []),
+                                      (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path_format", None) or getattr(route, "path", None)
+            access_log.info("%s %s %s %.1fms", scope["method"], template or scope["path"],
+                            status[0], (time.perf_counter() - started) * 1000)
+            _context.reset(token)

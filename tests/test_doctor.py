@@ -1,0 +1,65 @@
+"""``fedrec doctor``: each failing check is named in plain words with a nonzero exit."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from app import cli
+from app.commands import doctor
+from app.config import Settings, get_settings
+from app.db import migrate
+
+
+def run_doctor(monkeypatch, capsys, **env) -> tuple[int, str]:
+    for name in ("FEDREC_BROKER_URL", "REDIS_URL", "FEDREC_DATABASE_URL", "DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    try:
+        code = cli.main(["doctor", "--timeout", "1"])
+    finally:
+        get_settings.cache_clear()
+    return code, capsys.readouterr().out
+
+
+def test_a_migrated_database_without_broker_is_fine(tmp_path, monkeypatch, capsys):
+    url = f"sqlite:///{tmp_path}/ok.db"
+    migrate(url)
+    code, out = run_doctor(monkeypatch, capsys, FEDREC_DATABASE_URL=url)
+    assert code == 0, out
+    assert "ok   database:" in out and "everything looks fine" in out
+
+
+def test_an_old_schema_and_an_unreachable_database_are_named(tmp_path, monkeypatch, capsys):
+    url = f"sqlite:///{tmp_path}/old.db"
+    migrate(url, "0004")
+    code, out = run_doctor(monkeypatch, capsys, FEDREC_DATABASE_URL=url)
+    assert code == 1
+    assert "is at migration 0004, the code needs 0005: run `fedrec migrate`" in out
+    code, out = run_doctor(monkeypatch, capsys,
+                           FEDREC_DATABASE_URL="postgresql://no_such_role@127.0.0.1:1/x")
+    assert code == 1 and "FAIL database: cannot reach the database at" in out
+    assert "1 problem(s) found" in out
+
+
+def test_workers_and_beat_are_checked_through_the_broker(monkeypatch, capsys):
+    redis_url = os.environ.get("FEDREC_TEST_REDIS")
+    if not redis_url:
+        pytest.skip("FEDREC_TEST_REDIS is not set")
+    import redis
+
+    settings = Settings(broker_url=redis_url, stalled_job_seconds=60)
+    client = redis.Redis.from_url(redis_url)
+    client.delete(doctor.BEAT_KEY)
+    ok, message = doctor.check_beat(settings, 1)
+    assert not ok and message.startswith("beat has never run the job watchdog")
+    client.set(doctor.BEAT_KEY, time.time() - 1000)
+    ok, message = doctor.check_beat(settings, 1)
+    assert not ok and "last ran 1000 s ago (it should run every 60 s)" in message
+    client.set(doctor.BEAT_KEY, time.time() - 5)
+    assert doctor.check_beat(settings, 1)[0]
+    client.delete(doctor.BEAT_KEY)
