@@ -55,7 +55,7 @@ class Tenant(Base):
     last_retrained_at: Mapped[dt.datetime | None]
     """When the latest scheduled retraining including the tenant was started."""
     idempotency_key: Mapped[str | None] = mapped_column(sa.String(KEY_LENGTH))
-    """The ``Idempotency-Key`` the tenant was created with (migration 0005)."""
+    """The ``Idempotency-Key`` the tenant was created with (migration 0007)."""
     request_hash: Mapped[str | None] = mapped_column(sa.String(64))
     """SHA-256 of the creating request's body: a replay of the key must match it."""
 
@@ -129,7 +129,7 @@ class Rating(Base):
     The composite primary key is the uniqueness rule and the index for per-user queries.
     Neither column has a foreign key, on purpose: the per-row check costs more than the
     insert itself in a bulk upload (measured on PostgreSQL: 5.5 of the 7 CPU-seconds of a
-    1M-row COPY went to the ``users`` check; migration 0005). Items are never deleted and
+    1M-row COPY went to the ``users`` check; migration 0007). Items are never deleted and
     uploads resolve item ids from the catalogue in the same transaction; uploads lock each
     existing user they write to (``FOR KEY SHARE``) and :func:`app.store.delete_user`
     locks the user before deleting its ratings and then the user, so no rating outlives

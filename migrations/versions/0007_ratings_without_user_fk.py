@@ -6,8 +6,8 @@ lock per existing user instead, and forgetting a user locks the user row before 
 its ratings and then the user (``app.store.delete_user``), so no rating can point at a
 deleted user. Ratings were already without a foreign key to items, for the same reason.
 
-Revision ID: 0005_ratings_fk
-Revises: 0004
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-11-24
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005_ratings_fk"
-down_revision = "0004"
+revision = "0007"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,7 @@
 """Ranking metrics of a job's final round (precision/recall/NDCG@k, coverage).
 
-Revision ID: 0005_ranking_metrics
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-24
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0005_ranking_metrics"
-down_revision = "0004"
+revision = "0006"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
