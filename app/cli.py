@@ -14,6 +14,7 @@ COMMANDS = [
     "app.commands.demo",
     "app.commands.cluster",
     "app.commands.bench",
+    "agent.cli",
 ]
 
 

@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError as BrokerDown
 from app.config import Settings, get_settings, resolve_admin_token
 from app.db import DATABASE_DOWN, make_engine, session_factory
 from app.limits import BodyLimit, UploadSlots
-from app.routes import health, items, jobs, ratings, recommendations, stats, tenants
+from app.routes import agents, health, items, jobs, ratings, recommendations, stats, tenants
 from app.security import KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
@@ -75,7 +75,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.background_tasks = set()
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
-    for module in (health, tenants, items, ratings, stats, jobs, recommendations):
+    app.state.agent_closes = {}  # (job, round) -> when its deadline aggregate was sent
+    for module in (health, tenants, items, ratings, stats, jobs, recommendations, agents):
         app.include_router(module.router)
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)

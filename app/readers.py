@@ -64,10 +64,11 @@ def _is_header(fields: list[str]) -> bool:
     return tuple(f.strip().lower() for f in fields) in CSV_HEADERS
 
 
-def csv_rows(stream: BinaryIO) -> Iterator[RawRow | RowError]:
-    """The rows of a CSV body ``user,item,rating[,timestamp]``; ``line`` is the line number
-    (an optional header line counts); blank lines are skipped."""
-    reader = csv.reader(_lines(_decoded(stream, "CSV")))
+def csv_rows(stream: BinaryIO, delimiter: str = ",") -> Iterator[RawRow | RowError]:
+    """The rows of a CSV body ``user,item,rating[,timestamp]`` (TSV with ``delimiter``
+    tab, e.g. MovieLens ``u.data``); ``line`` is the line number (an optional header line
+    counts); blank lines are skipped."""
+    reader = csv.reader(_lines(_decoded(stream, "CSV")), delimiter=delimiter)
     number = 0
     while True:
         number += 1
@@ -214,6 +215,8 @@ def read_rows(stream: BinaryIO, content_type: str) -> Iterator[RawRow | RowError
     media = content_type.split(";", 1)[0].strip().lower()
     if media in ("text/csv", "application/csv"):
         return csv_rows(stream)
+    if media == "text/tab-separated-values":
+        return csv_rows(stream, "\t")
     if media in ("application/json", ""):
         return json_rows(stream)
     raise UnsupportedMediaType(media)
