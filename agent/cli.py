@@ -15,6 +15,8 @@ def register(sub) -> None:
     cmds = parser.add_subparsers(dest="agent_command", required=True, metavar="ACTION")
     run = cmds.add_parser("run", help="take part in the jobs this tenant is an agent of")
     run.add_argument("--coordinator", required=True, help="the service's URL")
+    run.add_argument("--tenant-id", type=int, required=True,
+                     help="the tenant's id (as the admin created it)")
     run.add_argument("--api-key", required=True, help="the tenant's API key")
     src = run.add_mutually_exclusive_group(required=True)
     src.add_argument("--data", help="ratings file: CSV/TSV (MovieLens u.data) or JSON, as "
@@ -52,7 +54,7 @@ def _run(args) -> int:
 
     if args.sql_url and not args.sql_query:
         raise ValueError("--sql-url needs --sql-query")
-    coord = Coordinator(args.coordinator, args.api_key)
+    coord = Coordinator(args.coordinator, args.tenant_id, args.api_key)
     budget = None
     if args.epsilon_max is not None:
         budget = Budget(args.epsilon_max, args.delta, args.allow_non_private)

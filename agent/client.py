@@ -24,12 +24,12 @@ class Coordinator:
     network errors and 5xx answers are retried with backoff for ``patience`` seconds.
     """
 
-    def __init__(self, url: str | None, api_key: str, http: httpx.Client | None = None,
-                 patience: float = 120.0) -> None:
+    def __init__(self, url: str | None, tenant_id: int, api_key: str,
+                 http: httpx.Client | None = None, patience: float = 120.0) -> None:
         self.http = http or httpx.Client(base_url=url, timeout=httpx.Timeout(90.0))
         self.headers = {"Authorization": f"Bearer {api_key}"}
         self.patience = patience
-        self._tenant: int | None = None
+        self.tenant_id = int(tenant_id)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         end, delay = time.monotonic() + self.patience, 0.2
@@ -49,12 +49,6 @@ class Coordinator:
                     raise Refused(res.status_code, _detail(res))
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
-
-    @property
-    def tenant_id(self) -> int:
-        if self._tenant is None:
-            self._tenant = int(self._call("GET", "/agent/whoami").json()["tenant_id"])
-        return self._tenant
 
     def _jobs(self) -> str:
         return f"/tenants/{self.tenant_id}/agent/jobs"

@@ -15,6 +15,7 @@ A refusal of its own ledger is said on stderr and sent to the coordinator as a d
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -40,6 +41,9 @@ from privacy import user_level
 from privacy.wrapper import DPSpec, release
 
 RUNNING = ("queued", "running")
+#: fault injection for the process tests: "die-before-send:K" kills the agent in round K
+#: right after its charge and pending upload are on disk, before anything is sent
+FAULT = "FEDREC_AGENT_FAULT"
 
 
 class Uploader(Protocol):
@@ -187,6 +191,8 @@ class Agent:
         st.write(job_id, f"pending-{round_}.local", local.to_bytes())
         rec["pending"] = pending
         st.save()  # the charge and the pending upload, together, before anything is sent
+        if os.environ.get(FAULT) == f"die-before-send:{round_}":
+            os._exit(137)  # fault injection (tests): killed between charging and sending
         self._send_pending(job_id)
 
     def _release(self, manifest, rec, alg, cfg, upload: Message, round_: int):

@@ -80,6 +80,7 @@ class AgentState:
         state = cls(root, data)
         if budget is not None:
             state.set_budget(budget)
+        state.save()
         return state
 
     @property

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from app.deps import OwnTenantDep, TenantDep, errors
+from app.deps import OwnTenantDep, errors
 from app.schemas import PathId
 from app.training import agents, pipeline
 from app.training.runner import dispatch_from_api
@@ -50,12 +50,6 @@ def _close_if_due(request: Request, job) -> None:
         return
     sent[key] = now
     dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job.id, job.current_round + 1)
-
-
-@router.get("/agent/whoami")
-def whoami(tenant: TenantDep) -> dict[str, Any]:
-    """The tenant of the presented API key (an agent needs only its key)."""
-    return {"tenant_id": tenant.id, "name": tenant.name}
 
 
 @router.get(JOBS)

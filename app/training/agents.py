@@ -67,7 +67,7 @@ def enrolled_jobs(s: Session, tenant_id: int) -> list[TrainingJob]:
     """Jobs in which the tenant is an agent, newest first."""
     jobs = s.scalars(sa.select(TrainingJob).where(TrainingJob.agents.is_not(None))
                      .order_by(TrainingJob.id.desc())).all()
-    return [j for j in jobs if tenant_id in j.agents.get("tenants", [])]
+    return [j for j in jobs if tenant_id in (j.agents or {}).get("tenants", [])]
 
 
 def agent_job(s: Session, job_id: int, tenant_id: int, lock: bool = False

@@ -17,7 +17,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column("training_jobs", sa.Column("agents", sa.JSON(), nullable=True))
+    op.add_column("training_jobs", sa.Column("agents", sa.JSON(none_as_null=True), nullable=True))
 
 
 def downgrade() -> None:

@@ -34,10 +34,14 @@ def tenant_rows(n=N_TENANTS, seed=0):
     return out
 
 
+TENANT_OF: dict[str, int] = {}  # API key -> tenant id
+
+
 def new_tenant(client, name, budget=1000.0, **fields):
     tid = client.post("/admin/tenants", json={"name": name, "privacy_budget": budget,
                                               "allow_non_private": True, **fields}).json()["id"]
     key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+    TENANT_OF[key] = tid
     return tid, key
 
 
@@ -64,7 +68,7 @@ NO_LIMIT = Budget(float("inf"), 1e-5, True)
 
 
 def make_agent(client, key, rows, root, budget=NO_LIMIT, **kw):
-    coord = Coordinator(None, key, http=client, patience=5.0)
+    coord = Coordinator(None, TENANT_OF[key], key, http=client, patience=5.0)
     state = AgentState.open(root, str(coord.tenant_id), budget)
     body = csv_body(rows)
     return Agent(coord, state, lambda scale: parse_bytes(body, "text/csv", scale),
@@ -357,7 +361,7 @@ def test_agent_validates_ratings_like_the_upload_api(fed, tmp_path):
                       headers={"Content-Type": "text/csv",
                                "Authorization": f"Bearer {tenants[1][1]}"})
     assert api.status_code == 422
-    coord = Coordinator(None, tenants[0][1], http=client)
+    coord = Coordinator(None, tenants[0][0], tenants[0][1], http=client)
     a = Agent(coord, AgentState.open(tmp_path / "x", str(coord.tenant_id),
                                      Budget(1.0, 1e-5, True)),
               lambda scale: parse_bytes(bad.encode(), "text/csv", scale), log=lambda t: None)
