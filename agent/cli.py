@@ -14,20 +14,21 @@ def register(sub) -> None:
                                         "ledger never leave its machine.")
     cmds = parser.add_subparsers(dest="agent_command", required=True, metavar="ACTION")
     run = cmds.add_parser("run", help="take part in the jobs this tenant is an agent of")
-    run.add_argument("--coordinator", required=True, help="the service's URL")
-    run.add_argument("--tenant-id", type=int, required=True,
-                     help="the tenant's id (as the admin created it)")
-    run.add_argument("--api-key", required=True, help="the tenant's API key")
-    src = run.add_mutually_exclusive_group(required=True)
+    run.add_argument("--config", help="a JSON file of these options (e.g. written by "
+                                      "'fedrec agent-demo'); the command line wins")
+    run.add_argument("--coordinator", help="the service's URL")
+    run.add_argument("--tenant-id", type=int, help="the tenant's id (as the admin created it)")
+    run.add_argument("--api-key", help="the tenant's API key")
+    src = run.add_mutually_exclusive_group()
     src.add_argument("--data", help="ratings file: CSV/TSV (MovieLens u.data) or JSON, as "
                                     "the upload API takes them")
     src.add_argument("--sql-url", help="SQLAlchemy URL of the tenant's database")
     run.add_argument("--sql-query", help="with --sql-url: SELECT user, item, rating[, time]")
-    run.add_argument("--state-dir", required=True, help="where U_i, the ledger and the "
-                                                        "rating blocks are kept")
+    run.add_argument("--state-dir", help="where U_i, the ledger and the rating blocks are "
+                                         "kept")
     run.add_argument("--epsilon-max", type=float, default=None,
                      help="this tenant's own budget (required the first time; 'inf' allowed)")
-    run.add_argument("--delta", type=float, default=1e-5, help="its delta (default 1e-5)")
+    run.add_argument("--delta", type=float, default=None, help="its delta (default 1e-5)")
     run.add_argument("--allow-non-private", action="store_true",
                      help="accept jobs that send uploads without a DP guarantee")
     run.add_argument("--poll", type=float, default=20.0, help="long-poll seconds")
@@ -46,12 +47,15 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
+    import httpx
+
     from agent import data
-    from agent.client import Coordinator
+    from agent.client import Coordinator, Refused
     from agent.run import Agent
     from agent.state import AgentState
     from privacy.ledger import Budget
 
+    _merge_config(args)
     if args.sql_url and not args.sql_query:
         raise ValueError("--sql-url needs --sql-query")
     coord = Coordinator(args.coordinator, args.tenant_id, args.api_key)
@@ -70,13 +74,39 @@ def _run(args) -> int:
         return agent.run(until_done=args.until_done, poll=args.poll)
     except KeyboardInterrupt:
         return 130
+    except httpx.TransportError as exc:
+        raise ValueError(f"the coordinator at {args.coordinator} does not answer ({exc}); "
+                         "the state directory is intact: run again to resume") from None
+    except Refused as exc:
+        raise ValueError(f"the coordinator refused: {exc}") from None
+
+
+REQUIRED = ("coordinator", "tenant_id", "api_key", "state_dir")
+
+
+def _merge_config(args) -> None:
+    """Options missing on the command line from ``--config``; refuse what is still missing."""
+    if args.config:
+        with open(args.config) as f:
+            config = json.load(f)
+        for name, value in config.items():
+            name = name.replace("-", "_")
+            if getattr(args, name, None) in (None, False):
+                setattr(args, name, value)
+    missing = [f"--{n.replace('_', '-')}" for n in REQUIRED if getattr(args, n) is None]
+    if not (args.data or args.sql_url):
+        missing.append("--data or --sql-url")
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)}")
+    if args.delta is None:
+        args.delta = 1e-5
 
 
 def _recommend(args) -> int:
     from agent.run import recommend
 
     for row in recommend(args.state_dir, args.user, args.k, args.job):
-        print(f"{row['item']}\t{row['score']:.4f}")
+        print(f"{row['item']}\t{row['score']:.4f}\t{row['title'] or ''}".rstrip())
     return 0
 
 

@@ -309,5 +309,6 @@ def recommend(root: Path | str, user: str, k: int = 10, job_id: int | None = Non
                                                                        "test.block")]
     exclude = np.unique(np.concatenate([blk.cols[blk.rows == row] for blk in seen]))
     items, scores = top_k(np.asarray(a[row] @ b), k, exclude)
-    return [{"item": manifest["items"][int(j)], "score": float(s)}
+    titles = manifest.get("titles") or [None] * len(manifest["items"])
+    return [{"item": manifest["items"][int(j)], "title": titles[int(j)], "score": float(s)}
             for j, s in zip(items, scores, strict=True)]

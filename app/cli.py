@@ -15,6 +15,7 @@ COMMANDS = [
     "app.commands.cluster",
     "app.commands.bench",
     "agent.cli",
+    "app.commands.agent_demo",
 ]
 
 

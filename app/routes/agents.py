@@ -16,7 +16,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from app.deps import OwnTenantDep, errors
+from app.deps import UNPROCESSABLE, ErrorMessage, OwnTenantDep, errors
 from app.schemas import PathId
 from app.training import agents, pipeline
 from app.training.runner import dispatch_from_api
@@ -115,7 +115,9 @@ def read_global(tenant: OwnTenantDep, job_id: PathId, request: Request) -> Respo
                                  "Fedrec-Status": job.status})
 
 
-@router.put(JOBS + "/{job_id}/rounds/{round_}/upload", responses=errors(409))
+@router.put(JOBS + "/{job_id}/rounds/{round_}/upload", responses={
+    **errors(409), **UNPROCESSABLE,
+    413: {"model": ErrorMessage, "description": "The upload is too large."}})
 async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
                      fedrec_charge: Annotated[str | None, Header(description=(
                          "The event the agent charged its own ledger, JSON "
@@ -145,7 +147,8 @@ async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, reque
     return out
 
 
-@router.post(JOBS + "/{job_id}/rounds/{round_}/decline", responses=errors(409))
+@router.post(JOBS + "/{job_id}/rounds/{round_}/decline",
+             responses={**errors(409), **UNPROCESSABLE})
 def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, body: Decline,
                  request: Request) -> dict[str, Any]:
     """This tenant will not transmit in round ``round_`` (its own ledger refused); the

@@ -86,7 +86,10 @@ def manifest(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
                                           .where(Tenant.id.in_(job.tenant_ids)))}
     own = tenants[job.tenant_ids[client]]
     ids = pipeline.item_ids_from_bytes(job.item_ids)
-    keys = dict(s.execute(sa.select(Item.id, Item.key).where(Item.id.in_(ids.tolist()))).all())
+    rows = s.execute(sa.select(Item.id, Item.key, Item.title)
+                     .where(Item.id.in_(ids.tolist()))).all()
+    keys = {i: k for i, k, _ in rows}
+    titles = {i: t for i, _, t in rows}
     return {"protocol": PROTOCOL, "job_id": job.id, "algorithm": job.algorithm,
             "config": job.config, "privacy": job.dp,
             "privacy_preserving": registry.get(job.algorithm).privacy_preserving,
@@ -97,6 +100,7 @@ def manifest(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
                       max(t.rating_max for t in tenants.values())],
             "tenant_scale": [own.rating_min, own.rating_max],
             "items": [keys[i] for i in ids.tolist()],
+            "titles": [titles[i] for i in ids.tolist()],
             "round_seconds": job.agents["round_seconds"], "wire": job.agents["wire"],
             "upload": job.agents["upload"], "phases": list(PHASES)}
 
