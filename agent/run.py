@@ -26,7 +26,7 @@ import numpy as np
 
 from agent import data as agent_data
 from agent.client import Coordinator, Refused
-from agent.state import AgentState
+from agent.state import AgentState, sync_dir
 from algorithms import Message, RatingBlock, registry
 from algorithms._rng import client_noise_rng
 from algorithms.recommend import top_k
@@ -70,6 +70,19 @@ def on_wire(msg: Message, wire: str) -> bytes:
     return msg.to_bytes()
 
 
+def sync_files(folder: Path, names: list[str]) -> None:
+    """fsync the files that exist among ``names`` in ``folder``, then the folder."""
+    for name in names:
+        path = folder / name
+        if path.exists():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+    sync_dir(folder)
+
+
 def say(text: str) -> None:
     print(f"fedrec agent: {text}", file=sys.stderr, flush=True)
 
@@ -83,6 +96,7 @@ class Agent:
                  log: Callable[[str], None] = say) -> None:
         self.coord, self.state, self.source = coordinator, state, source
         self.uploader, self.log = uploader, log
+        self._memo: dict[tuple[int, str], Any] = {}  # parsed copies of state files
 
     # ---- joining a job ---------------------------------------------------------------
     def setup(self, job_id: int) -> None:
@@ -126,7 +140,14 @@ class Agent:
         return alg, alg.config(**manifest["config"])
 
     def manifest(self, job_id: int) -> dict[str, Any]:
-        return json.loads(self.state.read(job_id, "manifest.json"))
+        return self._load(job_id, "manifest.json", json.loads)
+
+    def _load(self, job_id: int, name: str, parse: Callable[[bytes], Any]) -> Any:
+        """A state file parsed, kept in memory (the file stays the durable copy)."""
+        key = (int(job_id), name)
+        if key not in self._memo:
+            self._memo[key] = parse(self.state.read(job_id, name))
+        return self._memo[key]
 
     # ---- one step of one job ---------------------------------------------------------
     def step(self, job_id: int, wait: float) -> bool:
@@ -150,7 +171,8 @@ class Agent:
         """A round completed: keep its global message and say the local test error."""
         rec = self.state.jobs[str(job_id)]
         done, _, gbytes = self.coord.global_msg(job_id)
-        self.state.write(job_id, "global.msg", gbytes)
+        self.state.write(job_id, "global.msg", gbytes, durable=False)  # fetched again at will
+        self._memo[(int(job_id), "global")] = (done, gbytes)
         rec["seen"] = done
         self.state.save()
         rmse = self.local_rmse(job_id)
@@ -167,7 +189,9 @@ class Agent:
         return float(np.sqrt(sq / n)) if n else float("nan")
 
     def _run_round(self, job_id: int, round_: int) -> None:
-        done, _, gbytes = self.coord.global_msg(job_id)
+        done, gbytes = self._memo.get((int(job_id), "global"), (None, b""))
+        if done != round_ - 1:  # not fetched yet when the round completed
+            done, _, gbytes = self.coord.global_msg(job_id)
         if done != round_ - 1:
             return  # the round moved on meanwhile: poll again
         st, rec, manifest = self.state, self.state.jobs[str(job_id)], self.manifest(job_id)
@@ -175,8 +199,8 @@ class Agent:
         seed, client = manifest["seed"], manifest["client_index"]
         local, upload = client_round(alg, cfg, round_, seed, client,
                                      Message.from_bytes(gbytes),
-                                     Message.from_bytes(st.read(job_id, "local.msg")),
-                                     RatingBlock.from_bytes(st.read(job_id, "train.block")))
+                                     self._load(job_id, "local.msg", Message.from_bytes),
+                                     self._load(job_id, "train.block", RatingBlock.from_bytes))
         pending: dict[str, Any] = {"round": round_, "kind": "none", "charge": None}
         if upload is not None:
             sent, event, refused = self._release(manifest, rec, alg, cfg, upload, round_)
@@ -187,8 +211,11 @@ class Agent:
             else:
                 pending.update(kind="upload", charge=event.as_list())
                 rec["charged"][str(round_)] = event.as_list()
-                st.write(job_id, f"pending-{round_}.upload", on_wire(sent, manifest["wire"]))
-        st.write(job_id, f"pending-{round_}.local", local.to_bytes())
+                st.write(job_id, f"pending-{round_}.upload", on_wire(sent, manifest["wire"]),
+                         durable=False)
+        st.write(job_id, f"pending-{round_}.local", local.to_bytes(), durable=False)
+        sync_files(st.job_dir(job_id), [f"pending-{round_}.upload", f"pending-{round_}.local"])
+        self._memo[(int(job_id), f"pending-{round_}.local")] = local
         rec["pending"] = pending
         st.save()  # the charge and the pending upload, together, before anything is sent
         if os.environ.get(FAULT) == f"die-before-send:{round_}":
@@ -226,11 +253,17 @@ class Agent:
             self.log(f"job {job_id}: round {k} went on without this tenant ({exc.detail}); "
                      "its local state stays as it was (any charge stays on the ledger)")
             rec["late"].append(k)
+            self._memo.pop((int(job_id), f"pending-{k}.local"), None)
             rec["pending"] = None
             st.save()
             self._drop(job_id, k)
             return
-        st.write(job_id, "local.msg", st.read(job_id, f"pending-{k}.local"))
+        st.rename(job_id, f"pending-{k}.local", "local.msg")
+        adopted = self._memo.pop((int(job_id), f"pending-{k}.local"), None)
+        if adopted is None:
+            self._memo.pop((int(job_id), "local.msg"), None)
+        else:
+            self._memo[(int(job_id), "local.msg")] = adopted
         rec["local_round"] = k
         if pending["kind"] == "upload":
             rec["releases"] += 1
@@ -254,6 +287,7 @@ class Agent:
         rec = self.state.jobs[str(job_id)]
         _, _, gbytes = self.coord.global_msg(job_id)
         self.state.write(job_id, "global.msg", gbytes)
+        self._memo = {k: v for k, v in self._memo.items() if k[0] != int(job_id)}
         rec["done"], rec["status"] = True, status
         self.state.save()
         self.log(f"job {job_id} {status}; local test RMSE {self.local_rmse(job_id):.4f}; "

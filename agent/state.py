@@ -30,20 +30,28 @@ from privacy.ledger import Budget, Ledger
 STATE_VERSION = 1
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` all at once (a reader sees the old or the new file)."""
+def atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
+    """Replace ``path`` with ``data`` all at once (a reader sees the old or the new file);
+    ``durable``: on disk (file and directory entry fsynced) before this returns."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    dirfd = os.open(path.parent, os.O_RDONLY)
+    if durable:
+        sync_dir(path.parent)
+
+
+def sync_dir(path: Path) -> None:
+    """fsync a directory: the renames in it are on disk."""
+    dirfd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dirfd)
     finally:
@@ -106,8 +114,17 @@ class AgentState:
     def job_dir(self, job_id: int | str) -> Path:
         return self.root / "jobs" / str(job_id)
 
-    def write(self, job_id: int | str, name: str, data: bytes) -> None:
-        atomic_write(self.job_dir(job_id) / name, data)
+    def write(self, job_id: int | str, name: str, data: bytes, durable: bool = True) -> None:
+        atomic_write(self.job_dir(job_id) / name, data, durable)
+
+    def rename(self, job_id: int | str, source: str, target: str) -> None:
+        """Move a job file over another, durably (no copy of its bytes). A missing source
+        was moved already (a crash after the move, before the state recorded it)."""
+        try:
+            os.replace(self.job_dir(job_id) / source, self.job_dir(job_id) / target)
+        except FileNotFoundError:
+            return
+        sync_dir(self.job_dir(job_id))
 
     def read(self, job_id: int | str, name: str) -> bytes:
         return (self.job_dir(job_id) / name).read_bytes()

@@ -105,8 +105,21 @@ def manifest(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
             "upload": job.agents["upload"], "phases": list(PHASES)}
 
 
+_SELECTED: dict[tuple[int, int, int, str], list[int]] = {}
+
+
 def _selected(job: TrainingJob, round_: int) -> list[int]:
-    return pipeline._selected(job, registry.get(job.algorithm), round_)
+    """S_k of the open round, cached per process: it is drawn from the global message of
+    round k - 1, which never changes once committed (the key holds the job's creation
+    time, so a cache never confuses two databases' jobs with the same id)."""
+    key = (job.id, round_, job.current_round, str(job.created_at))
+    out = _SELECTED.get(key)
+    if out is None:
+        out = pipeline._selected(job, registry.get(job.algorithm), round_)
+        if len(_SELECTED) > 4096:
+            _SELECTED.clear()
+        _SELECTED[key] = out
+    return out
 
 
 def round_status(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
@@ -246,9 +259,8 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
         if prior is None:
             raise
         return _replay(s, job, client, round_, prior, upload)
-    alg = registry.get(job.algorithm)
     return {"round": round_, "replayed": False, "charged": event.as_list(),
-            "complete": pipeline.round_complete(s, job, alg, round_)}
+            "complete": _complete(s, job, round_)}
 
 
 def _replay(s: Session, job: TrainingJob, client: int, round_: int, prior: RoundUpload,
@@ -262,7 +274,14 @@ def _replay(s: Session, job: TrainingJob, client: int, round_: int, prior: Round
                                 f"{what} for round {round_}, different from this one")
     s.rollback()
     return {"round": round_, "replayed": True, "charged": None,
-            "complete": pipeline.round_complete(s, job, registry.get(job.algorithm), round_)}
+            "complete": _complete(s, job, round_)}
+
+
+def _complete(s: Session, job: TrainingJob, round_: int) -> bool:
+    """Every tenant selected in the round staged its result."""
+    staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
+        RoundUpload.job_id == job.id, RoundUpload.round == round_))
+    return staged >= len(_selected(job, round_))
 
 
 def decline(s: Session, job_id: int, tenant_id: int, round_: int, reason: str
@@ -292,4 +311,4 @@ def _stage_nothing(s: Session, job: TrainingJob, client: int, round_: int,
         return _replay(s, job, client, round_, s.get(RoundUpload, (job_id, round_, client)),
                        None)
     return {"round": round_, "replayed": False, "charged": None,
-            "complete": pipeline.round_complete(s, job, registry.get(job.algorithm), round_)}
+            "complete": _complete(s, job, round_)}
