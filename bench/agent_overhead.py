@@ -50,6 +50,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_PID: list[int] = []
+
+
+def server_cpu() -> float:
+    """CPU seconds (user + system) the coordinator process has used so far."""
+    if not SERVER_PID:
+        return 0.0
+    fields = Path(f"/proc/{SERVER_PID[0]}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Timed(Agent):
     """An agent that records, per round it runs, total / client step / privatise seconds."""
 
@@ -59,14 +70,29 @@ class Timed(Agent):
         self.sizes: list[int] = []
 
     def _run_round(self, job_id, round_):
-        t0 = time.perf_counter()
-        parts = {"client": 0.0, "privatise": 0.0}
+        t0, c0, s0 = time.perf_counter(), time.process_time(), server_cpu()
+        parts = {"client": 0.0, "privatise": 0.0, "download": 0.0, "upload": 0.0,
+                 "client_cpu": 0.0}
         inner_client, inner_release = agent_run.client_round, self._release
+        inner_get, inner_put = self.coord.global_msg, self.coord.upload
+
+        def get(*a, **k):
+            t = time.perf_counter()
+            out = inner_get(*a, **k)
+            parts["download"] += time.perf_counter() - t
+            return out
+
+        def put(*a, **k):
+            t = time.perf_counter()
+            out = inner_put(*a, **k)
+            parts["upload"] += time.perf_counter() - t
+            return out
 
         def client(*a, **k):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = inner_client(*a, **k)
             parts["client"] += time.perf_counter() - t
+            parts["client_cpu"] += time.process_time() - c
             return out
 
         def release(*a, **k):
@@ -76,13 +102,16 @@ class Timed(Agent):
             return out
 
         agent_run.client_round, self._release = client, release
+        self.coord.global_msg, self.coord.upload = get, put
         try:
             super()._run_round(job_id, round_)
         finally:
             agent_run.client_round = inner_client
-            del self._release
+            del self._release, self.coord.global_msg, self.coord.upload
         if parts["client"]:
             parts["total"] = time.perf_counter() - t0
+            parts["agent_cpu"] = time.process_time() - c0 - parts["client_cpu"]
+            parts["server_cpu"] = server_cpu() - s0
             self.rounds.append(parts)
 
     def _observe(self, job_id, completed):
@@ -128,6 +157,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--tenants", type=int, default=100)
     p.add_argument("--per-round", type=int, default=10)
+    p.add_argument("--wires", default="float64,float32")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "agent_overhead.json")
     args = p.parse_args(argv)
     base = data_dir()
@@ -144,6 +174,7 @@ def main(argv=None) -> int:
     server = subprocess.Popen([sys.executable, "-m", "uvicorn", "app.main:create_app",
                                "--factory", "--port", str(port), "--log-level", "warning"],
                               env=env, cwd=ROOT)
+    SERVER_PID[:] = [server.pid]
     url = f"http://127.0.0.1:{port}"
     admin = httpx.Client(base_url=url, timeout=120, headers={"Authorization": f"Bearer {token}"})
     try:
@@ -168,7 +199,7 @@ def main(argv=None) -> int:
                 strict=True))
             blocks.append(("user,item,rating\n" + rows).encode())
         results = {}
-        for wire in ("float64", "float32"):
+        for wire in args.wires.split(","):
             t0 = time.perf_counter()
             agents, job = run_job(url, admin, blocks, tenant_ids, keys, args, wire, tmp)
             rounds = [x for a in agents for x in a.rounds]
@@ -180,6 +211,15 @@ def main(argv=None) -> int:
                 "privatise_ms_median": 1000 * statistics.median(x["privatise"] for x in rounds),
                 "overhead_ms_median": 1000 * statistics.median(overhead),
                 "overhead_ms_p90": 1000 * float(np.percentile(overhead, 90)),
+                "download_ms_median": 1000 * statistics.median(x["download"] for x in rounds),
+                "upload_ms_median": 1000 * statistics.median(x["upload"] for x in rounds),
+                "local_ms_median": 1000 * statistics.median(
+                    x["total"] - x["client"] - x["privatise"] - x["download"] - x["upload"]
+                    for x in rounds),
+                "load_average": os.getloadavg()[0],
+                "agent_cpu_ms_median": 1000 * statistics.median(x["agent_cpu"] for x in rounds),
+                "server_cpu_ms_median": 1000 * statistics.median(x["server_cpu"]
+                                                                 for x in rounds),
                 "upload_bytes": int(statistics.median(sizes)),
                 "test_rmse": job["latest_metrics"] and job["latest_metrics"].get("test_rmse"),
                 "local_test_rmse_mean": float(np.mean([a.local_rmse(job["id"])
