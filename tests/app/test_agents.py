@@ -18,6 +18,7 @@ from algorithms import Message
 from algorithms._messages import messages_equal
 from algorithms.synthetic import generate_ratings
 from app.training.models import JobClient, LedgerEntry, RoundUpload, TrainingJob
+from app.training.models import JobRound as JobRoundRow
 from privacy.ledger import Budget
 from tests.training_helpers import csv_body, wait_job
 
@@ -391,3 +392,73 @@ def test_state_writes_are_atomic(tmp_path):
     atomic_write(path, b"two")
     assert path.read_bytes() == b"two"
     assert [p.name for p in tmp_path.iterdir()] == ["f"]  # no temporary left behind
+
+
+def test_an_agent_killed_after_its_upload_arrived_replays_it(fed, tmp_path):
+    """Killed after the coordinator stored round 1 but before the agent recorded that: the
+    restarted agent re-sends the same bytes, the coordinator answers with a replay, and
+    round 1 stays charged once on both ledgers."""
+    from agent.run import plain_upload
+
+    app, client, _, tenants, rows = fed
+    job_id = agent_job(client, tenants[:2], dp={"mechanism": "gaussian",
+                                                "noise_multiplier": 2.0}, rounds=2).json()["id"]
+
+    class Crash(Exception):
+        pass
+
+    answers = []
+
+    def send_then_die(*args):
+        answers.append(plain_upload(*args))
+        raise Crash
+
+    first = make_agent(client, tenants[0][1], rows[0], tmp_path / "a0", uploader=send_then_die)
+    other = make_agent(client, tenants[1][1], rows[1], tmp_path / "a1")
+    first.setup(job_id)
+    other.setup(job_id)
+    with pytest.raises(Crash):
+        while True:
+            first.step(job_id, wait=0.05)
+    assert answers[0]["replayed"] is False
+    with app.state.sessions() as s:
+        assert s.get(RoundUpload, (job_id, 1, 0)) is not None
+    said = []
+    again = make_agent(client, tenants[0][1], rows[0], tmp_path / "a0", budget=None)
+    again.log = said.append
+    live, end = [again, other], time.monotonic() + 60
+    while live:
+        assert time.monotonic() < end
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert any("round 1: sent its upload (replayed)" in s for s in said)
+    assert again.state.ledger.rounds(again.state.account) == [1, 2]
+    assert sorted(r for t, r in _charges(app, job_id) if t == tenants[0][0]) == [1, 2]
+
+
+def test_hosted_and_agent_tenants_mix_in_one_job(fed, tmp_path):
+    """Tenant 0 hosted, tenants 1 and 2 agents: the rounds wait for both kinds and the job
+    ends with the all-hosted job's factors."""
+    app, client, hosted, agent_tenants, rows = fed
+    ref = hosted_job(client, hosted, per_round=2)
+    mixed = [hosted[0], *agent_tenants[1:]]
+    res = client.post("/admin/jobs", json={
+        "algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "per_round": 2,
+        "seed": 11, "dp": {"mechanism": "none"}, "allow_not_private": True,
+        "tenant_ids": [t for t, _ in mixed], "agents": [t for t, _ in mixed[1:]]})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t + 1], tmp_path / f"a{t}")
+              for t, (_, key) in enumerate(agent_tenants[1:])]
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob_h, locals_h, _ = states(app, ref["id"])
+    glob_m, locals_m, _ = states(app, job_id)
+    assert max_diff(glob_h, glob_m) <= 1e-12
+    assert max_diff(Message.from_bytes(locals_h[0]), Message.from_bytes(locals_m[0])) <= 1e-12
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(Message.from_bytes(locals_h[t + 1]), mine) <= 1e-12
+    with app.state.sessions() as s:  # the hosted tenant's metrics, the agents' stay theirs
+        per_tenant = s.scalars(sa.select(JobRoundRow.per_tenant).where(
+            JobRoundRow.job_id == job_id)).all()
+    assert all(set(p) == {str(hosted[0][0])} for p in per_tenant)
