@@ -462,3 +462,37 @@ def test_hosted_and_agent_tenants_mix_in_one_job(fed, tmp_path):
         per_tenant = s.scalars(sa.select(JobRoundRow.per_tenant).where(
             JobRoundRow.job_id == job_id)).all()
     assert all(set(p) == {str(hosted[0][0])} for p in per_tenant)
+
+
+def test_user_level_agents_match_hosted_placement_tenant(fed, tmp_path):
+    """DPALS with users protected at placement tenant: agents noise and charge their own
+    releases as the hosted client steps do, so factors and every tenant's epsilon agree."""
+    app, client, hosted, agent_tenants, rows = fed
+    body = {"algorithm": "dpals", "config": {"rank": 3}, "rounds": 3, "per_round": 0,
+            "seed": 5, "privacy": {"unit": "user", "placement": "tenant",
+                                   "target_epsilon": 8.0, "delta": 1e-6}}
+    ref = client.post("/admin/jobs", json={**body, "tenant_ids": [t for t, _ in hosted]})
+    assert ref.status_code == 202, ref.text
+    ref = wait_job(client, ref.json()["id"])
+    assert ref["status"] == "completed", ref
+    res = client.post("/admin/jobs", json={**body, "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}",
+                         budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob_h, locals_h, _ = states(app, ref["id"])
+    glob_a, _, _ = states(app, job_id)
+    assert max_diff(glob_h, glob_a) <= 1e-12
+    report_h = client.get(f"/admin/jobs/{ref['id']}/report").json()["privacy"]
+    report_a = client.get(f"/admin/jobs/{job_id}/report").json()["privacy"]
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(Message.from_bytes(locals_h[t]), mine) <= 1e-12
+        theirs = report_a["epsilon_per_tenant"][str(agent_tenants[t][0])]
+        assert theirs == pytest.approx(
+            report_h["epsilon_per_tenant"][str(hosted[t][0])], rel=1e-12)
+        assert a.epsilon_spent() == pytest.approx(theirs, rel=1e-12)
