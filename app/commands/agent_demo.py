@@ -142,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         while True:
             state = api.get(f"/admin/jobs/{job_id}").json()
             if state["current_round"] > seen:
+                for k in range(seen + 1, state["current_round"]):  # closed between polls
+                    print(f"round {k}/{args.rounds} done", flush=True)
                 seen = state["current_round"]
                 m = state["latest_metrics"] or {}
                 missed = m.get("missed_deadline")
