@@ -43,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["agent"]:  # a tenant's machine: none of the server's modules
+        from agent.cli import main as agent_main
+
+        return agent_main(argv)
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"the job was refused: {job.text}")
     job_id = job.json()["id"]
     print(f"job {job_id}: {what}, {args.rounds} rounds; waiting for the agents "
-          f"(fedrec agent run --config {out}/agent-N.json)", flush=True)
+          f"(fedrec agent run --config {args.dir}/agent-N.json)", flush=True)
     seen = 0
     try:
         while True:

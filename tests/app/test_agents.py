@@ -376,9 +376,10 @@ def test_an_agent_imports_no_server_code():
     import subprocess
     import sys
 
-    code = ("import sys, agent.run, agent.cli; "
+    code = ("import sys, agent.run, agent.cli, app.cli; "
+            "app.cli.main(['agent', 'status', '--state-dir', '/nonexistent']); "
             "print(sorted(m for m in ('fastapi', 'sqlalchemy', 'celery', 'app.models', "
-            "'app.main') if m in sys.modules))")
+            "'app.main', 'app.db') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "[]"
