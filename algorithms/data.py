@@ -184,9 +184,16 @@ def federation_from_tenants(blocks: list[RatingBlock], user_ids: list[np.ndarray
     declared scale gets ``scale`` (the algorithms normalise ratings by it)."""
     train, test = [], []
     for i, block in enumerate(blocks):
-        if block.scale is None and scale[0] < scale[1]:
-            block = block.with_scale(scale)
-        tr, te = split_block(block, test_fraction, derive_rng(seed, i, SPLIT))
+        tr, te = tenant_split(block, i, seed, test_fraction, scale)
         train.append(tr)
         test.append(te)
     return Federation(train, test, list(user_ids), np.asarray(item_ids), scale)
+
+
+def tenant_split(block: RatingBlock, index: int, seed: int, test_fraction: float,
+                 scale: tuple[float, float]) -> tuple[RatingBlock, RatingBlock]:
+    """(train, test) of tenant ``index`` of a job, as :func:`federation_from_tenants` draws
+    it; a tenant agent calls this on its own ratings to get the same split."""
+    if block.scale is None and scale[0] < scale[1]:
+        block = block.with_scale(scale)
+    return split_block(block, test_fraction, derive_rng(seed, index, SPLIT))

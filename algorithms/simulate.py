@@ -139,11 +139,22 @@ def server_round(alg: Algorithm, cfg: Any, round_: int, seed: int, server_state:
 def initialise(alg: Algorithm, cfg: Any, blocks: Sequence[RatingBlock], seed: int
                ) -> tuple[Message, Message, list[Message]]:
     """Round-0 states: the server's and every client's, from the seed."""
-    server_state, global_msg = alg.init_server(blocks[0].n_items, len(blocks), cfg,
-                                               derive_rng(seed, 0, SERVER))
-    local_states = [alg.init_client(b, global_msg, cfg, client_init_rng(seed, i))
+    server_state, global_msg = initialise_server(alg, cfg, blocks[0].n_items, len(blocks), seed)
+    local_states = [initialise_client(alg, cfg, b, global_msg, seed, i)
                     for i, b in enumerate(blocks)]
     return server_state, global_msg, local_states
+
+
+def initialise_server(alg: Algorithm, cfg: Any, n_items: int, n_clients: int, seed: int
+                      ) -> tuple[Message, Message]:
+    """Round-0 server state and global message, from the seed."""
+    return alg.init_server(n_items, n_clients, cfg, derive_rng(seed, 0, SERVER))
+
+
+def initialise_client(alg: Algorithm, cfg: Any, block: RatingBlock, global_msg: Message,
+                      seed: int, client: int) -> Message:
+    """Round-0 local state of client ``client`` (run by the tenant that holds ``block``)."""
+    return alg.init_client(block, global_msg, cfg, client_init_rng(seed, client))
 
 
 @dataclasses.dataclass

@@ -17,6 +17,8 @@ COMMANDS = [
     "app.commands.cluster",
     "app.commands.bench",
     "app.commands.doctor",
+    "agent.cli",
+    "app.commands.agent_demo",
 ]
 
 
@@ -47,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["agent"]:  # a tenant's machine: none of the server's modules
+        from agent.cli import main as agent_main
+
+        return agent_main(argv)
     args = build_parser().parse_args(argv)
     if args.log_format is not None:  # before any command reads the settings
         os.environ["FEDREC_LOG_FORMAT"] = args.log_format

@@ -19,6 +19,7 @@ from app.limits import BodyLimit, UploadSlots
 from app.logs import RequestContext, configure_logging
 from app.metrics import Metrics, RequestMetrics
 from app.routes import (
+    agents,
     health,
     items,
     jobs,
@@ -75,9 +76,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     app.state.coalesced = Coalesced()  # one re-check at a time per key (app.cache)
+    app.state.agent_closes = {}  # (job, round) -> when its deadline aggregate was sent
     # recommendations first: routes are matched in order, and it is the hot path
     for module in (recommendations, health, tenants, items, ratings, stats, jobs,
-                   tenant_privacy, metrics):
+                   tenant_privacy, metrics, agents):
         app.include_router(module.router)
     app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
     problems.install(app)  # every error as problem+json, documented in the OpenAPI

@@ -128,7 +128,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                    per_round=body.per_round, seed=body.seed, config=body.config,
                    dp=dp, test_fraction=body.test_fraction,
                    allow_not_private=body.allow_not_private,
-                   max_attempts=settings.job_max_attempts)
+                   max_attempts=settings.job_max_attempts, agents=list(body.agents),
+                   round_seconds=body.round_seconds, wire=body.wire)
     if dry_run:
         try:
             plan = create_job(session, spec, dry_run=True)

@@ -14,7 +14,13 @@ from sqlalchemy.orm import Session
 from algorithms import RatingBlock, registry
 from algorithms.base import Algorithm
 from algorithms.data import federation_from_tenants
-from algorithms.simulate import client_round, initialise, server_round, tenant_errors
+from algorithms.simulate import (
+    client_round,
+    initialise_client,
+    initialise_server,
+    server_round,
+    tenant_errors,
+)
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
 from app.models import Item, Tenant
@@ -51,6 +57,13 @@ class JobSpec:
     parent_job_id: int | None = None
     max_attempts: int = 3
     """Failed steps (without a round committing in between) before the job is failed."""
+    agents: list[int] = dataclasses.field(default_factory=list)
+    """Tenants whose client step runs in their own ``fedrec agent`` (their ratings are not
+    in this database); the others are hosted (client step in a worker)."""
+    round_seconds: float = 300.0
+    """An agent's upload deadline, counted from the round's start."""
+    wire: str = "float64"
+    """dtype of the agents' uploads on the wire: float64 (exact) or float32 (half the bytes)."""
 
 
 def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
@@ -75,6 +88,16 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "ratings); set allow_not_private to run it anyway")
     if len(set(spec.tenant_ids)) != len(spec.tenant_ids) or not spec.tenant_ids:
         raise JobRefused(422, "tenant_ids must be a non-empty list without duplicates")
+    if set(spec.agents) - set(spec.tenant_ids):
+        extra = sorted(set(spec.agents) - set(spec.tenant_ids))
+        raise JobRefused(422, "invalid agents: every agent must be one of the job's tenants; "
+                              f"not in tenant_ids: {', '.join(map(str, extra))}")
+    if (spec.agents and isinstance(request, dict) and user_level.is_user_level(request)
+            and request.get("placement", "central") == "central"):
+        raise JobRefused(422, "invalid privacy.placement: agent tenants noise their own "
+                              "uploads, so a job with agents needs placement 'tenant' (with "
+                              "'central' an agent would send its un-noised bounded sum and "
+                              "the coordinator could read its users' contributions)")
     if isinstance(dp, dict) and registry.user_bounds(alg.name, cfg) is None:
         raise JobRefused(422, f"invalid privacy.unit: {alg.name} cannot protect a user (its "
                               "uploads are not sums of per-user bounded terms); use dpals, or "
@@ -145,17 +168,38 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
     if missing:
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
-    blocks, user_keys, item_ids = _snapshot_blocks(s, tenants)
+    agents = set(spec.agents)
+    hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
+    some, user_keys_h, item_ids = _snapshot_blocks(s, [tenants[i] for i in hosted])
+    if not len(item_ids):
+        raise JobRefused(422, "the item catalogue is empty: add items before training")
+    # an agent's ratings stay with it: an empty placeholder keeps the client indices
+    blocks = [agent_placeholder(len(item_ids))] * len(tenants)
+    user_keys: list = [np.array([], dtype=str)] * len(tenants)
+    for i, b, k in zip(hosted, some, user_keys_h, strict=True):
+        blocks[i], user_keys[i] = b, k
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
     fed = federation_from_tenants(blocks, user_keys, item_ids, spec.seed, spec.test_fraction,
                                   scale)
-    server, glob, locals_ = initialise(alg, cfg, fed.train, spec.seed)
+    server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
+    locals_ = [initialise_client(alg, cfg, fed.train[i], glob, spec.seed, i)
+               if i in hosted else None for i in range(len(tenants))]
     per_round = spec.per_round or len(tenants)
-    size = _dry_run(alg, cfg, spec.seed, server, glob, locals_[0], fed.train[0], fed.test[0],
-                    (tenants[0].rating_min, tenants[0].rating_max))
+    if hosted:
+        first = hosted[0]
+        size, upload = _dry_run(alg, cfg, spec.seed, server, glob, locals_[first],
+                                fed.train[first], fed.test[first],
+                                (tenants[first].rating_min, tenants[first].rating_max), first)
+    else:  # nobody's ratings here: the config is tried on a public stand-in block
+        stand_in = _stand_in(len(item_ids), scale)
+        size, upload = _dry_run(alg, cfg, spec.seed, server, glob,
+                                initialise_client(alg, cfg, stand_in, glob, spec.seed, 0),
+                                stand_in, stand_in, scale, 0)
     if isinstance(dp, dict):
-        settings, projected = _check_user_level(s, alg, cfg, spec, dp, fed, glob, per_round)
+        settings, projected = _check_user_level(s, alg, cfg, spec, dp,
+                                                [fed.train[i] for i in hosted], glob,
+                                                per_round, len(tenants))
     else:
         projected = _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
         settings = dp.model_dump()
@@ -170,14 +214,19 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         item_ids=item_ids_bytes(item_ids), current_round=0, global_msg=glob.to_bytes(),
         server_state=server.to_bytes(), parent_job_id=spec.parent_job_id,
         ratings_version={str(t.id): t.ratings_version for t in tenants},
-        idempotency_key=key, request_hash=digest, max_attempts=spec.max_attempts)
+        idempotency_key=key, request_hash=digest, max_attempts=spec.max_attempts,
+        agents=None if not agents else {
+            "tenants": [t for t in spec.tenant_ids if t in agents],
+            "round_seconds": float(spec.round_seconds), "wire": spec.wire,
+            "upload": None if upload is None else upload_schema(upload)})
     s.add(job)
     s.flush()
     for i, t in enumerate(tenants):
         s.add(JobClient(job_id=job.id, client_index=i, tenant_id=t.id,
                         user_keys=[str(k) for k in user_keys[i]],
                         train_block=fed.train[i].to_bytes(), test_block=fed.test[i].to_bytes(),
-                        local_state=locals_[i].to_bytes(), transmissions=0))
+                        local_state=b"" if locals_[i] is None else locals_[i].to_bytes(),
+                        transmissions=0))
     s.commit()
     return job
 
@@ -208,17 +257,41 @@ def _finite(x: float) -> float | str:
     return x if math.isfinite(x) else "infinity"
 
 
+def agent_placeholder(n_items: int) -> RatingBlock:
+    """The stored block of an agent tenant: none of its ratings (they stay with it)."""
+    empty = np.zeros(0, dtype=np.int64)
+    return RatingBlock(empty, empty, np.zeros(0), 0, n_items)
+
+
+def _stand_in(n_items: int, scale: tuple[float, float]) -> RatingBlock:
+    """Two made-up users at the scale's midpoint: enough to try a config's round 1 when
+    every tenant is an agent (no real rating is here to try it on)."""
+    cols = np.arange(min(n_items, 4), dtype=np.int64)
+    rows = np.arange(len(cols), dtype=np.int64) % 2
+    mid = np.full(len(cols), (scale[0] + scale[1]) / 2)
+    return RatingBlock(rows, cols, mid, 2, n_items).with_scale(scale)
+
+
+def upload_schema(upload) -> dict[str, Any]:
+    """What an agent's upload must look like: message type, array names, shapes, dtypes."""
+    cls = type(upload)
+    return {"type": f"{cls.__module__}.{cls.__qualname__}",
+            "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                       for k, v in upload.arrays().items()}}
+
+
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
-             test: RatingBlock, scale: tuple[float, float]) -> int:
+             test: RatingBlock, scale: tuple[float, float], client: int = 0) -> tuple[int, Any]:
     """Round 1 of the first tenant, unprivatised and discarded: its client step, the server
     step on its upload, the evaluation and the serving factors, as the pipeline runs them.
 
     A config that validates but makes a step raise (e.g. RFRec's ``link='sigmoid'``,
     whose predictions are no factor product to serve) is refused here with 422 instead of
-    failing in a worker. Returns the number of values of an upload (for the DP event).
+    failing in a worker. Returns the number of values of an upload (for the DP event) and
+    the upload (its shape is what agents must send).
     """
     try:
-        local, upload = client_round(alg, cfg, 1, seed, 0, glob, local, train)
+        local, upload = client_round(alg, cfg, 1, seed, client, glob, local, train)
         uploads = {} if upload is None else {0: upload}
         _, glob = server_round(alg, cfg, 1, seed, server, uploads)
         tenant_errors(alg, glob, local, test, scale)
@@ -227,12 +300,12 @@ def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: Ra
     except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
         raise JobRefused(422, f"invalid config: round 1 fails with these settings "
                               f"({type(exc).__name__}: {exc})") from None
-    return n_entries(upload) if upload is not None else 1
+    return (n_entries(upload) if upload is not None else 1), upload
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
-                      request: dict[str, Any], fed, glob, per_round: int
-                      ) -> tuple[dict[str, Any], dict[str, Spend]]:
+                      request: dict[str, Any], train: list[RatingBlock], glob, per_round: int,
+                      n_clients: int) -> tuple[dict[str, Any], dict[str, Spend]]:
     """Plan a user-level job: solve its noise for the target over the releases each user
     takes part in, and refuse it (409) unless every tenant can afford that schedule.
 
@@ -240,9 +313,10 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
     round's upload of a tenant's users; a user takes part in at most as many as its tenant
     transmits (and DPALS stops uploading after its sweeps)."""
     bounds = registry.user_bounds(alg.name, cfg)
-    plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(fed.train), glob)
+    plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, n_clients, glob)
     releases = min(max(plan.values()), getattr(cfg, "sweeps", spec.rounds))
-    n_users = sum(block.n_users for block in fed.train)
+    # agents' users are not counted here (their number is theirs to keep)
+    n_users = max(1, sum(block.n_users for block in train))
     try:
         planned = user_level.plan(request, bounds, n_users, max(releases, 1))
         events = list(planned.schedule())

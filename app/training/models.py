@@ -61,6 +61,11 @@ class TrainingJob(Base):
     attempts: Mapped[int] = mapped_column(default=0, server_default="0")
     """Failed steps since the last committed round; at ``max_attempts`` the job fails."""
     max_attempts: Mapped[int] = mapped_column(default=3, server_default="3")
+    agents: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON(none_as_null=True))
+    """Agent tenants (migration 0005): ``{"tenants": [ids], "round_seconds": deadline of a
+    round, "wire": "float64"|"float32", "upload": schema of an upload}``; None: all hosted.
+    An agent tenant's ratings are not in this database: its client step runs in
+    ``fedrec agent`` on the tenant's machine (:mod:`app.training.agents`)."""
 
     __table_args__ = (sa.UniqueConstraint("idempotency_key",
                                           name="uq_training_jobs_idempotency_key"),)

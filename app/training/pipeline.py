@@ -20,6 +20,7 @@ import functools
 import hashlib
 import io
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -87,6 +88,33 @@ class InlineDispatcher:
             task, args = self._queue.popleft()
             TASKS[task](self.sessions, self, *args)
 
+    def send_later(self, task: str, delay: float, *args: int) -> None:
+        """Run ``task`` in a fresh in-process queue after ``delay`` seconds (a round's
+        deadline: it closes even if no agent ever polls again)."""
+        def run() -> None:
+            later = InlineDispatcher(self.sessions)
+            later.send(task, *args)
+            try:
+                later.drain()
+            except Exception:  # noqa: BLE001 - counted on the job by _bounded
+                log.exception("delayed %s%s failed", task, args)
+
+        timer = threading.Timer(delay, run)
+        timer.daemon = True
+        timer.start()
+
+
+def agent_clients(job: TrainingJob) -> set[int]:
+    """Client indices of the job's agent tenants (their client step runs in their agent)."""
+    agents = set((job.agents or {}).get("tenants", []))
+    return {i for i, t in enumerate(job.tenant_ids) if t in agents}
+
+
+def round_deadline(job: TrainingJob, round_: int) -> float | None:
+    """When round ``round_`` stops waiting for agents (Unix seconds), once it has started."""
+    opened = (job.latest_metrics or {}).get("round_open") or {}
+    return opened.get("deadline") if opened.get("round") == round_ else None
+
 
 def algorithm_of(job: TrainingJob) -> tuple[Algorithm, Any]:
     alg = registry.get(job.algorithm)
@@ -143,13 +171,25 @@ def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             return
         alg, _ = algorithm_of(job)
         selected = _selected(job, alg, round_)
+        remote = agent_clients(job)
         job.status = "running"
-        job.latest_metrics = {**(job.latest_metrics or {}), "round_started": time.time()}
+        now, wait = time.time(), None
+        metrics = {**(job.latest_metrics or {}), "round_started": now}
+        if remote and round_deadline(job, round_) is None:  # a re-sent start keeps it
+            metrics["round_open"] = {"round": round_,
+                                     "deadline": now + job.agents["round_seconds"]}
+            wait = job.agents["round_seconds"]
+        job.latest_metrics = metrics
         s.commit()
     for i in selected:
-        dispatch.send(TASK_CLIENT, job_id, round_, i)
+        if i not in remote:  # an agent fetches its round itself (app.training.agents)
+            dispatch.send(TASK_CLIENT, job_id, round_, i)
     if not selected:
         dispatch.send(TASK_AGGREGATE, job_id, round_)
+    elif wait is not None and any(i in remote for i in selected):
+        send_later = getattr(dispatch, "send_later", None)
+        if send_later is not None:  # close the round at its deadline whoever is missing
+            send_later(TASK_AGGREGATE, wait + 0.5, job_id, round_)
 
 
 def _privatise(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id: int,
@@ -207,7 +247,7 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
     """Run tenant ``client``'s step of the round and stage its result (idempotent)."""
     with sessions() as s:
         job = _active_job(s, job_id, round_)
-        if job is None:
+        if job is None or client in agent_clients(job):
             return
         alg, cfg = algorithm_of(job)
         if s.get(RoundUpload, (job_id, round_, client)) is None:
@@ -232,11 +272,16 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                 s.commit()
             except IntegrityError:  # a duplicate delivery of this task got there first
                 s.rollback()
-        staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
-            RoundUpload.job_id == job_id, RoundUpload.round == round_))
-        complete = staged >= len(_selected(job, alg, round_))
+        complete = round_complete(s, job, alg, round_)
     if complete:
         dispatch.send(TASK_AGGREGATE, job_id, round_)
+
+
+def round_complete(s: Session, job: TrainingJob, alg: Algorithm, round_: int) -> bool:
+    """Every tenant selected in the round has staged its result (hosted or agent)."""
+    staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
+        RoundUpload.job_id == job.id, RoundUpload.round == round_))
+    return staged >= len(_selected(job, alg, round_))
 
 
 def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Message,
@@ -251,7 +296,10 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
         sa.select(Tenant.id, Tenant.rating_min, Tenant.rating_max)
         .where(Tenant.id.in_(job.tenant_ids)))}
     parts, per_tenant, objective = [], {}, 0.0
+    remote = agent_clients(job)
     for jc in clients:
+        if jc.client_index in remote:  # an agent evaluates on its own machine
+            continue
         state = Message.from_bytes(locals_[jc.client_index])
         part = tenant_errors(alg, glob, state, _block(jc, "test"), scales[jc.tenant_id])
         objective += float(alg.objective(glob, state, _block(jc, "train"), cfg))
@@ -266,13 +314,15 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
 
 def _final_ranking(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
                    clients: list[JobClient]) -> dict[str, Any]:
-    """Ranking metrics of the final model (:mod:`app.training.evaluation`)."""
+    """Ranking metrics of the final model on the hosted tenants (an agent's U_i stays
+    with it) (:mod:`app.training.evaluation`)."""
     from app.training.evaluation import job_ranking
 
     scales = {t: (lo, hi) for t, lo, hi in s.execute(
         sa.select(Tenant.id, Tenant.rating_min, Tenant.rating_max)
         .where(Tenant.id.in_(job.tenant_ids)))}
-    return job_ranking(alg, glob, clients, {jc.client_index: jc.local_state for jc in clients},
+    hosted = [jc for jc in clients if jc.client_index not in agent_clients(job)]
+    return job_ranking(alg, glob, hosted, {jc.client_index: jc.local_state for jc in hosted},
                        scales, _block)
 
 
@@ -290,10 +340,14 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         selected = _selected(job, alg, round_)
         staged = {r.client_index: r for r in s.scalars(sa.select(RoundUpload).where(
             RoundUpload.job_id == job_id, RoundUpload.round == round_))}
-        if any(i not in staged for i in selected):
+        missing = [i for i in selected if i not in staged]
+        deadline = round_deadline(job, round_)
+        if missing and not (set(missing) <= agent_clients(job) and deadline is not None
+                            and time.time() >= deadline):
             return  # not complete yet: a later client step sends aggregate again
+        # past the deadline, agents that sent nothing sit the round out (state unchanged)
         uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
-                   if staged[i].upload is not None}
+                   if i in staged and staged[i].upload is not None}
         received, released_refusals = _release_central(s, job, cfg, round_, uploads)
         server, glob = server_round(alg, cfg, round_, job.seed,
                                     Message.from_bytes(job.server_state), received)
@@ -312,6 +366,10 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         started = (job.latest_metrics or {}).get("round_started", time.time())
         seconds = max(0.0, time.time() - started)
         ranking = _final_ranking(s, job, alg, glob, clients) if round_ >= job.rounds else None
+        missed = [job.tenant_ids[i] for i in missing]
+        if missed:
+            log.info("job %s round %s closed at its deadline without %s", job_id, round_,
+                     missed)
         s.add(JobRound(job_id=job_id, round=round_, objective=metrics["objective"],
                        test_rmse=metrics["test_rmse"], test_mae=metrics["test_mae"],
                        per_tenant=metrics["per_tenant"], participants=selected,
@@ -325,7 +383,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         job.attempts, job.error = 0, None  # failures are counted per round
         job.latest_metrics = {"round": round_, "objective": metrics["objective"],
                               "test_rmse": metrics["test_rmse"],
-                              "test_mae": metrics["test_mae"], "seconds": seconds}
+                              "test_mae": metrics["test_mae"], "seconds": seconds,
+                              **({"missed_deadline": missed} if missed else {})}
         s.execute(sa.delete(RoundUpload).where(RoundUpload.job_id == job_id,
                                                RoundUpload.round == round_))
         done = round_ >= job.rounds
@@ -342,6 +401,8 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
     publishing nothing, when any factor is not finite)."""
     from app.training.snapshots import non_finite_factors, write_snapshot
 
+    remote = agent_clients(job)  # an agent serves its own users from its own factors
+    clients = [jc for jc in clients if jc.client_index not in remote]
     factors = {jc.tenant_id: alg.factors(glob, Message.from_bytes(jc.local_state))
                for jc in clients}
     job.finished_at = utcnow()

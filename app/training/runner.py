@@ -29,6 +29,30 @@ class CeleryDispatcher:
         self.celery.send_task(task, args=list(args), queue=self.celery.conf.task_default_queue,
                               ignore_result=True)
 
+    def send_later(self, task: str, delay: float, *args: int) -> None:
+        """Publish with a countdown (a round's deadline; the task is idempotent)."""
+        self.celery.send_task(task, args=list(args), queue=self.celery.conf.task_default_queue,
+                              ignore_result=True, countdown=delay)
+
+
+def dispatch_from_api(app: FastAPI, task: str, *args: int) -> None:
+    """Send one pipeline task from a request (an agent's upload completed a round, or its
+    deadline passed): to the broker, or in-process in a background thread."""
+    if _uses_broker(app):
+        CeleryDispatcher(app.state.celery).send(task, *args)
+        return
+
+    def run() -> None:
+        dispatch = pipeline.InlineDispatcher(app.state.sessions)
+        dispatch.send(task, *args)
+        try:
+            dispatch.drain()
+        except Exception as exc:  # noqa: BLE001 - recorded on the job
+            log.exception("training job %s failed", args[0])
+            _mark_failed(app.state.sessions, args[0], exc)
+
+    threading.Thread(target=run, name=f"fedrec-job-{args[0]}", daemon=True).start()
+
 
 def run_inline(sessions, job_id: int, resume: bool = False) -> None:
     """Run (or resume) a job to the end in this thread."""

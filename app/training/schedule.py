@@ -77,7 +77,11 @@ def retrain_if_changed(sessions, dispatch: pipeline.Dispatcher) -> int | None:
             return None
         spec = JobSpec(last.algorithm, alive, last.rounds, last.per_round, last.seed,
                        last.config, last.dp, last.test_fraction, allow_not_private=True,
-                       parent_job_id=last.id, max_attempts=last.max_attempts)
+                       parent_job_id=last.id, max_attempts=last.max_attempts,
+                       agents=[t for t in (last.agents or {}).get("tenants", [])
+                               if t in alive],
+                       round_seconds=(last.agents or {}).get("round_seconds", 300.0),
+                       wire=(last.agents or {}).get("wire", "float64"))
         try:
             job = create_job(s, spec)
         except JobRefused as exc:

@@ -72,6 +72,16 @@ class JobCreate(BaseModel):
                           "multiplier 1.")
     test_fraction: float = Field(0.2, ge=0.0, lt=1.0)
     allow_not_private: bool = False
+    agents: list[DbId] = Field(
+        default_factory=list,
+        description="Tenants (among tenant_ids) that run their client step in their own "
+                    "'fedrec agent': their ratings never reach this service. User-level "
+                    "privacy with agents needs placement 'tenant'.")
+    round_seconds: float = Field(300.0, gt=0, le=86400.0,
+                                 description="How long a round waits for agents' uploads.")
+    wire: Literal["float64", "float32"] = Field(
+        "float64", description="dtype of agents' uploads: float64 (exact) or float32 "
+                               "(half the bytes).")
 
 
 class TenantPlan(BaseModel):
@@ -110,6 +120,7 @@ class JobPublic(BaseModel):
     stopped_tenants: dict[str, Any] | None
     error: str | None
     parent_job_id: int | None
+    agents: dict[str, Any] | None = None
     created_at: UtcDatetime
     finished_at: UtcDatetime | None
 

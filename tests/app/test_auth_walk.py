@@ -55,12 +55,20 @@ def bodies(victim: int, other: int) -> dict:
         ("post", "/tenants/{tenant_id}/ratings"): {
             "content": b"u0,i0,3\n", "headers": {"Content-Type": "text/csv"}},
         ("post", "/tenants/{tenant_id}/recommendations"): {"json": {"users": ["u0"], "k": 2}},
+        ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): {
+            "json": {"reason": "walk"}},
     }
 
 NOT_2XX_WHEN_AUTHORISED = {  # the walk's fixture state explains these (a finished job)
     ("post", "/admin/jobs/{job_id}/cancel"): 409,
     ("post", "/admin/jobs/{job_id}/resume"): 409,
     ("get", "/tenants/{tenant_id}/stats"): 404,  # the GETs run before POST /stats
+    # the walk's job is hosted: the victim is not an agent of it
+    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}"): 404,
+    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/round"): 404,
+    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/global"): 404,
+    ("put", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/upload"): 404,
+    ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): 404,
 }
 TENANT_CASES = ("none", "basic", "empty_bearer", "no_scheme", "wrong_key", "garbage",
                 "revoked", "admin_token", "other_tenant")
@@ -110,7 +118,7 @@ class Walk:
 
     def params(self) -> dict[str, str]:
         return {"tenant_id": str(self.victim), "job_id": str(self.job),
-                "key_id": str(self.key_id), "user": "u0", "user_key": "u0"}
+                "key_id": str(self.key_id), "user": "u0", "user_key": "u0", "round_": "1"}
 
     def credentials(self, case: str) -> tuple[dict[str, str], str | None]:
         """(headers, the secret presented) of one credential case."""

@@ -1,0 +1,89 @@
+"""The coordinator's agent routes over HTTP (httpx), with retries on outages."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+
+
+class Refused(Exception):
+    """The coordinator answered 4xx: ``status`` and its ``detail``."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"{status}: {detail}")
+        self.status, self.detail = status, detail
+
+
+class Coordinator:
+    """Calls the tenant-agent routes with the tenant's API key.
+
+    ``http`` is any httpx-compatible client (a ``fastapi.testclient.TestClient`` in tests);
+    network errors and 5xx answers are retried with backoff for ``patience`` seconds.
+    """
+
+    def __init__(self, url: str | None, tenant_id: int, api_key: str,
+                 http: httpx.Client | None = None, patience: float = 120.0) -> None:
+        self.http = http or httpx.Client(base_url=url, timeout=httpx.Timeout(90.0))
+        self.headers = {"Authorization": f"Bearer {api_key}"}
+        self.patience = patience
+        self.tenant_id = int(tenant_id)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        end, delay = time.monotonic() + self.patience, 0.2
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        while True:
+            try:
+                res = self.http.request(method, path, headers=headers, **kwargs)
+            except httpx.TransportError:
+                if time.monotonic() >= end:
+                    raise
+            else:
+                if res.status_code < 500:
+                    if res.status_code >= 400:
+                        raise Refused(res.status_code, _detail(res))
+                    return res
+                if time.monotonic() >= end:
+                    raise Refused(res.status_code, _detail(res))
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    def _jobs(self) -> str:
+        return f"/tenants/{self.tenant_id}/agent/jobs"
+
+    def jobs(self) -> list[dict[str, Any]]:
+        return self._call("GET", self._jobs()).json()["data"]
+
+    def manifest(self, job_id: int) -> dict[str, Any]:
+        return self._call("GET", f"{self._jobs()}/{job_id}").json()
+
+    def round(self, job_id: int, wait: float = 0.0, after: int = 0) -> dict[str, Any]:
+        return self._call("GET", f"{self._jobs()}/{job_id}/round",
+                          params={"wait": wait, "after": after}).json()
+
+    def global_msg(self, job_id: int) -> tuple[int, str, bytes]:
+        """(completed rounds, job status, global message bytes)."""
+        res = self._call("GET", f"{self._jobs()}/{job_id}/global")
+        return int(res.headers["Fedrec-Round"]), res.headers["Fedrec-Status"], res.content
+
+    def upload(self, job_id: int, round_: int, data: bytes, charge: list | None
+               ) -> dict[str, Any]:
+        headers = {"Content-Type": "application/octet-stream"}
+        if charge is not None:
+            headers["Fedrec-Charge"] = json.dumps(charge)
+        return self._call("PUT", f"{self._jobs()}/{job_id}/rounds/{round_}/upload",
+                          content=data, headers=headers).json()
+
+    def decline(self, job_id: int, round_: int, reason: str) -> dict[str, Any]:
+        return self._call("POST", f"{self._jobs()}/{job_id}/rounds/{round_}/decline",
+                          json={"reason": reason}).json()
+
+
+def _detail(res: httpx.Response) -> str:
+    try:
+        detail = res.json().get("detail", res.text)
+    except ValueError:
+        return res.text
+    return detail if isinstance(detail, str) else json.dumps(detail)

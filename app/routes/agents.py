@@ -1,0 +1,163 @@
+"""Tenant agents: the jobs a tenant takes part in from its own machine (``fedrec agent``).
+
+Tenant-key authenticated under the tenant's own path (404 for any other tenant, and for a
+job the tenant is not an agent of). The protocol and its refusals are described in
+:mod:`app.training.agents`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel, Field
+
+from app.deps import UNPROCESSABLE, ErrorMessage, OwnTenantDep, errors
+from app.schemas import PathId
+from app.training import agents, pipeline
+from app.training.runner import dispatch_from_api
+
+router = APIRouter(tags=["tenant: agent"], responses=errors(401, 404))
+JOBS = "/tenants/{tenant_id}/agent/jobs"
+MAX_UPLOAD_BYTES = 256 << 20
+MAX_WAIT = 60.0
+
+
+class Decline(BaseModel):
+    reason: str = Field(min_length=1, max_length=2000)
+
+
+def _session(request: Request):
+    return request.app.state.sessions()
+
+
+def _refused(exc: agents.AgentRefused) -> HTTPException:
+    return HTTPException(exc.status, exc.detail)
+
+
+def _close_if_due(request: Request, job) -> None:
+    """Past its deadline the open round's aggregate is sent (at most every 2 s per round
+    and process: the task itself is idempotent)."""
+    if not agents.deadline_passed(job):
+        return
+    sent = request.app.state.agent_closes
+    key, now = (job.id, job.current_round + 1), time.monotonic()
+    if now - sent.get(key, -1e9) < 2.0:
+        return
+    sent[key] = now
+    dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job.id, job.current_round + 1)
+
+
+@router.get(JOBS)
+def list_agent_jobs(tenant: OwnTenantDep, request: Request) -> dict[str, Any]:
+    """The jobs this tenant takes part in as an agent, newest first."""
+    with _session(request) as s:
+        jobs = agents.enrolled_jobs(s, tenant.id)
+        return {"data": [{"id": j.id, "status": j.status, "completed_rounds": j.current_round,
+                          "rounds": j.rounds} for j in jobs]}
+
+
+@router.get(JOBS + "/{job_id}")
+def read_manifest(tenant: OwnTenantDep, job_id: PathId, request: Request) -> dict[str, Any]:
+    """The job's manifest: algorithm, config, privacy, seed, this tenant's client index,
+    the scales and the item catalogue in column order (the columns of V)."""
+    with _session(request) as s:
+        try:
+            job, client = agents.agent_job(s, job_id, tenant.id)
+        except agents.AgentRefused as exc:
+            raise _refused(exc) from None
+        return agents.manifest(s, job, client)
+
+
+@router.get(JOBS + "/{job_id}/round")
+async def read_round(tenant: OwnTenantDep, job_id: PathId, request: Request,
+                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description=(
+                         "Long-poll: answer as soon as this tenant has something to do "
+                         "or the job moved past round 'after', within this many seconds."))]
+                     = 0.0,
+                     after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+    """The open round for this tenant: ``phase`` upload (selected: send before
+    ``deadline``), wait, or closed (the job ended)."""
+    end = time.monotonic() + wait
+
+    def look() -> dict[str, Any]:
+        with _session(request) as s:
+            try:
+                job, client = agents.agent_job(s, job_id, tenant.id)
+            except agents.AgentRefused as exc:
+                raise _refused(exc) from None
+            _close_if_due(request, job)
+            return agents.round_status(s, job, client)
+
+    while True:
+        status = await run_in_threadpool(look)
+        if (status["phase"] != "wait" or status["completed_rounds"] > after
+                or time.monotonic() >= end):
+            return status
+        await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
+
+@router.get(JOBS + "/{job_id}/global", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+def read_global(tenant: OwnTenantDep, job_id: PathId, request: Request) -> Response:
+    """The current global message (input of round ``Fedrec-Round`` + 1), as message bytes."""
+    with _session(request) as s:
+        try:
+            job, _ = agents.agent_job(s, job_id, tenant.id)
+        except agents.AgentRefused as exc:
+            raise _refused(exc) from None
+        return Response(job.global_msg, media_type="application/octet-stream",
+                        headers={"Fedrec-Round": str(job.current_round),
+                                 "Fedrec-Status": job.status})
+
+
+@router.put(JOBS + "/{job_id}/rounds/{round_}/upload", responses={
+    **errors(409), **UNPROCESSABLE,
+    413: {"model": ErrorMessage, "description": "The upload is too large."}})
+async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
+                     fedrec_charge: Annotated[str | None, Header(description=(
+                         "The event the agent charged its own ledger, JSON "
+                         "[mechanism, z, count]; checked against the job's."))] = None
+                     ) -> dict[str, Any]:
+    """This tenant's privatised upload for round ``round_`` (message bytes). The identical
+    bytes again are a replay (200, nothing charged twice); anything else for the same round
+    is 409, and so is a late upload."""
+    data = await request.body()
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise HTTPException(413, f"upload is {len(data)} bytes; at most {MAX_UPLOAD_BYTES}")
+    try:
+        reported = None if fedrec_charge is None else json.loads(fedrec_charge)
+    except ValueError:
+        raise HTTPException(422, "Fedrec-Charge is not JSON") from None
+
+    def stage() -> dict[str, Any]:
+        with _session(request) as s:
+            try:
+                return agents.accept_upload(s, job_id, tenant.id, round_, data, reported)
+            except agents.AgentRefused as exc:
+                raise _refused(exc) from None
+
+    out = await run_in_threadpool(stage)
+    if out.pop("complete"):
+        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
+    return out
+
+
+@router.post(JOBS + "/{job_id}/rounds/{round_}/decline",
+             responses={**errors(409), **UNPROCESSABLE})
+def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, body: Decline,
+                 request: Request) -> dict[str, Any]:
+    """This tenant will not transmit in round ``round_`` (its own ledger refused); the
+    round does not wait for it and the job lists it in ``stopped_tenants``."""
+    with _session(request) as s:
+        try:
+            out = agents.decline(s, job_id, tenant.id, round_, body.reason)
+        except agents.AgentRefused as exc:
+            raise _refused(exc) from None
+    if out.pop("complete"):
+        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
+    return out

@@ -1,0 +1,314 @@
+"""The coordinator's side of tenant agents: manifest, round status, uploads and declines.
+
+An *agent tenant* of a job keeps its ratings, its local state U_i and its own privacy
+ledger on its own machine and runs its client step in ``fedrec agent`` (package
+:mod:`agent`). It takes part in the same round state machine as a hosted tenant
+(:mod:`app.training.pipeline`): ``start_round`` opens round k (sending hosted tenants'
+client steps to the workers and giving the round a deadline); an agent selected in round k
+downloads the global message, runs its step, privatises and charges its own ledger, and
+PUTs the upload, which is staged here exactly as a hosted client step stages its own
+(:class:`RoundUpload`, with the charge in :class:`LedgerEntry` in the same transaction);
+the round's ``aggregate`` runs when every selected tenant staged something (quorum) or,
+for the agents still missing, once the deadline passed (they sit the round out).
+
+Round phases (what :func:`round_status` reports as ``phase``): ``wait`` (nothing for this
+tenant: not started, not selected, or already sent), ``upload`` (selected, send before
+``deadline``), ``closed`` (the job ended). Secure aggregation adds phases before ``upload``
+(key advertisement, share exchange) and after it (unmasking), each one more message per
+tenant through the same staging, deadline and idempotency rules.
+
+Refusals (4xx, nothing changes): the round is not the open one, or is past its deadline
+(409, "late"); the tenant is not selected (409); a different upload for the same round
+(409, "duplicate"); an upload that is not a message of the job's upload type and shape, or
+not finite (422); a reported charge that is not the job's (422). The identical upload sent
+again is accepted once (200, ``replayed``): an agent retries safely after a crash.
+
+Privacy: the coordinator records each agent upload's charge (the event the job's privacy
+settings imply, cross-checked against the one the agent reports) in the job's ledger view,
+so reports and budgets see it; the agent's own ledger is the one that refuses. User-level
+jobs with agents must use placement ``tenant`` (refused at creation otherwise): with
+``central`` an agent would have to send its un-noised bounded sum, which the coordinator
+could read.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from algorithms import Message, registry
+from algorithms._messages import messages_equal
+from app.models import Item, Tenant
+from app.training import pipeline
+from app.training.models import LedgerEntry, RoundUpload, TrainingJob
+from privacy import user_level
+from privacy.accountant import Event
+from privacy.wrapper import DPSpec, n_entries, transmission_event
+
+PROTOCOL = 1
+PHASES = ("upload",)
+
+
+class AgentRefused(Exception):
+    """An agent request that changes nothing; ``status`` is the HTTP answer."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+def enrolled_jobs(s: Session, tenant_id: int) -> list[TrainingJob]:
+    """Jobs in which the tenant is an agent, newest first."""
+    jobs = s.scalars(sa.select(TrainingJob).where(TrainingJob.agents.is_not(None))
+                     .order_by(TrainingJob.id.desc())).all()
+    return [j for j in jobs if tenant_id in (j.agents or {}).get("tenants", [])]
+
+
+def agent_job(s: Session, job_id: int, tenant_id: int, lock: bool = False
+              ) -> tuple[TrainingJob, int]:
+    """(job, the tenant's client index); 404 unless the tenant is one of its agents."""
+    q = sa.select(TrainingJob).where(TrainingJob.id == job_id)
+    job = s.scalar(q.with_for_update(read=True) if lock else q)
+    if job is None or tenant_id not in (job.agents or {}).get("tenants", []):
+        raise AgentRefused(404, "Training job not found")
+    return job, job.tenant_ids.index(tenant_id)
+
+
+def manifest(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
+    """Everything an agent needs to run its client step as a hosted tenant would."""
+    tenants = {t.id: t for t in s.scalars(sa.select(Tenant)
+                                          .where(Tenant.id.in_(job.tenant_ids)))}
+    own = tenants[job.tenant_ids[client]]
+    ids = pipeline.item_ids_from_bytes(job.item_ids)
+    rows = s.execute(sa.select(Item.id, Item.key, Item.title)
+                     .where(Item.id.in_(ids.tolist()))).all()
+    keys = {i: k for i, k, _ in rows}
+    titles = {i: t for i, _, t in rows}
+    return {"protocol": PROTOCOL, "job_id": job.id, "algorithm": job.algorithm,
+            "config": job.config, "privacy": job.dp,
+            "privacy_preserving": registry.get(job.algorithm).privacy_preserving,
+            "seed": job.seed, "rounds": job.rounds, "per_round": job.per_round,
+            "n_clients": len(job.tenant_ids), "client_index": client,
+            "tenant_id": own.id, "test_fraction": job.test_fraction,
+            "scale": [min(t.rating_min for t in tenants.values()),
+                      max(t.rating_max for t in tenants.values())],
+            "tenant_scale": [own.rating_min, own.rating_max],
+            "items": [keys[i] for i in ids.tolist()],
+            "titles": [titles[i] for i in ids.tolist()],
+            "round_seconds": job.agents["round_seconds"], "wire": job.agents["wire"],
+            "upload": job.agents["upload"], "phases": list(PHASES)}
+
+
+_SELECTED: dict[tuple[int, int, int, str], list[int]] = {}
+
+
+def _selected(job: TrainingJob, round_: int) -> list[int]:
+    """S_k of the open round, cached per process: it is drawn from the global message of
+    round k - 1, which never changes once committed (the key holds the job's creation
+    time, so a cache never confuses two databases' jobs with the same id)."""
+    key = (job.id, round_, job.current_round, str(job.created_at))
+    out = _SELECTED.get(key)
+    if out is None:
+        out = pipeline._selected(job, registry.get(job.algorithm), round_)
+        if len(_SELECTED) > 4096:
+            _SELECTED.clear()
+        _SELECTED[key] = out
+    return out
+
+
+def round_status(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
+    """Where the job is for this agent: the open round, whether it must upload, by when."""
+    done = job.current_round
+    out: dict[str, Any] = {"job_id": job.id, "status": job.status, "completed_rounds": done,
+                           "rounds": job.rounds, "round": None, "selected": False,
+                           "uploaded": False, "deadline": None, "phase": "wait"}
+    if job.status not in ("queued", "running"):
+        out["phase"] = "closed"
+        return out
+    k = done + 1
+    deadline = pipeline.round_deadline(job, k)
+    out["round"], out["deadline"] = k, deadline
+    if deadline is None:
+        return out  # not started yet
+    out["selected"] = client in _selected(job, k)
+    out["uploaded"] = s.get(RoundUpload, (job.id, k, client)) is not None
+    if out["selected"] and not out["uploaded"] and time.time() < deadline:
+        out["phase"] = "upload"
+    return out
+
+
+def deadline_passed(job: TrainingJob) -> bool:
+    """The open round waits for agents past its deadline (its aggregate is due)."""
+    deadline = pipeline.round_deadline(job, job.current_round + 1)
+    return (job.status in ("queued", "running") and deadline is not None
+            and time.time() >= deadline)
+
+
+def _open_round(s: Session, job: TrainingJob, client: int, round_: int) -> None:
+    """409 unless ``round_`` is open, this tenant is selected in it and before its deadline."""
+    if job.status not in ("queued", "running"):
+        raise AgentRefused(409, f"job {job.id} is {job.status}: round {round_} is closed")
+    if round_ <= job.current_round:
+        raise AgentRefused(409, f"late: round {round_} is closed (job {job.id} has "
+                                f"completed {job.current_round} rounds)")
+    deadline = pipeline.round_deadline(job, round_)
+    if round_ > job.current_round + 1 or deadline is None:
+        raise AgentRefused(409, f"round {round_} has not started (job {job.id} has completed "
+                                f"{job.current_round} rounds)")
+    if client not in _selected(job, round_):
+        raise AgentRefused(409, f"tenant {job.tenant_ids[client]} is not selected in round "
+                                f"{round_}")
+    if time.time() >= deadline:
+        raise AgentRefused(409, f"late: round {round_}'s deadline passed "
+                                f"{time.time() - deadline:.1f} s ago; it closes without "
+                                f"tenant {job.tenant_ids[client]}")
+
+
+def parse_upload(job: TrainingJob, data: bytes) -> Message:
+    """The upload as the job's message type with float64 arrays; 422 naming what is wrong."""
+    schema = job.agents.get("upload")
+    if schema is None:
+        raise AgentRefused(422, f"job {job.id}'s algorithm sends no uploads")
+    try:
+        msg = Message.from_bytes(data)
+    except Exception as exc:  # noqa: BLE001 - whatever the bytes are, they are not a message
+        raise AgentRefused(422, f"upload is not a fedrec message ({type(exc).__name__}: "
+                                f"{exc})") from None
+    got = f"{type(msg).__module__}.{type(msg).__qualname__}"
+    if got != schema["type"]:
+        raise AgentRefused(422, f"upload is a {got}; job {job.id} expects a {schema['type']}")
+    arrays = msg.arrays()
+    if set(arrays) != set(schema["arrays"]):
+        raise AgentRefused(422, f"upload has arrays {sorted(arrays)}; expected "
+                                f"{sorted(schema['arrays'])}")
+    wire = {"float64"} if job.agents.get("wire") == "float64" else {"float64", "float32"}
+    cast = {}
+    for name, want in schema["arrays"].items():
+        a = arrays[name]
+        if list(a.shape) != want["shape"]:
+            raise AgentRefused(422, f"upload.{name} has shape {list(a.shape)}; expected "
+                                    f"{want['shape']}")
+        ok = {want["dtype"]} | (wire if want["dtype"] == "float64" else set())
+        if str(a.dtype) not in ok:
+            raise AgentRefused(422, f"upload.{name} has dtype {a.dtype}; expected "
+                                    f"{' or '.join(sorted(ok))}")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise AgentRefused(422, f"upload.{name} has non-finite values")
+        cast[name] = a.astype(want["dtype"], copy=False)
+    return msg.replace(**cast)
+
+
+def expected_charge(s: Session, job: TrainingJob, tenant_id: int, upload: Message) -> Event:
+    """The event the job's privacy settings charge this transmission, as a hosted tenant's
+    would be charged (:func:`pipeline._privatise`, :func:`pipeline._release_tenant`)."""
+    if user_level.is_user_level(job.dp):
+        index = pipeline._job_releases(s, job.id, tenant_id)
+        return user_level.release_event(user_level.from_settings(job.dp), index)
+    alg = registry.get(job.algorithm)
+    return transmission_event(DPSpec(**job.dp), n_entries(upload), alg.privacy_preserving)
+
+
+def _same_event(a: Event, b: Event) -> bool:
+    return (a.mechanism == b.mechanism and a.count == b.count
+            and math.isclose(a.noise_multiplier, b.noise_multiplier, rel_tol=1e-9)
+            and math.isclose(a.sample_rate, b.sample_rate, rel_tol=1e-9))
+
+
+def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: bytes,
+                  reported: list | None) -> dict[str, Any]:
+    """Stage an agent's upload for round ``round_`` with its charge, in one transaction.
+
+    Returns ``{"round", "replayed", "charged", "complete"}``; ``complete`` means the round
+    has every selected tenant's result and its aggregate must be sent. Raises
+    :class:`AgentRefused` (nothing written) for a late, duplicate or malformed upload.
+    """
+    job, client = agent_job(s, job_id, tenant_id, lock=True)
+    _open_round(s, job, client, round_)
+    if not data:  # nothing to send this round (e.g. DPALS after its sweeps)
+        return _stage_nothing(s, job, client, round_, None)
+    upload = parse_upload(job, data)
+    prior = s.get(RoundUpload, (job_id, round_, client))
+    if prior is not None:
+        return _replay(s, job, client, round_, prior, upload)
+    event = expected_charge(s, job, tenant_id, upload)
+    if reported is not None:
+        try:
+            theirs = Event.from_list(reported)
+        except (TypeError, ValueError, IndexError) as exc:
+            raise AgentRefused(422, f"Fedrec-Charge is not an event [mechanism, z, count]: "
+                                    f"{exc}") from None
+        if not _same_event(theirs, event):
+            raise AgentRefused(422, f"Fedrec-Charge {theirs.as_list()} is not what job "
+                                    f"{job_id} charges this upload ({event.as_list()})")
+    s.add(RoundUpload(job_id=job_id, round=round_, client_index=client, local_state=b"",
+                      upload=upload.to_bytes(), refused=None))
+    s.add(LedgerEntry(tenant_id=tenant_id, job_id=job_id, round=round_,
+                      event={"event": event.as_list(), "dp": job.dp, "by": "agent"}))
+    try:
+        s.commit()
+    except IntegrityError:  # the same upload raced in first
+        s.rollback()
+        job, client = agent_job(s, job_id, tenant_id)
+        prior = s.get(RoundUpload, (job_id, round_, client))
+        if prior is None:
+            raise
+        return _replay(s, job, client, round_, prior, upload)
+    return {"round": round_, "replayed": False, "charged": event.as_list(),
+            "complete": _complete(s, job, round_)}
+
+
+def _replay(s: Session, job: TrainingJob, client: int, round_: int, prior: RoundUpload,
+            upload: Message | None) -> dict[str, Any]:
+    same = (upload is None and prior.upload is None) or (
+        upload is not None and prior.upload is not None
+        and messages_equal(upload, Message.from_bytes(prior.upload)))
+    if not same:
+        what = "a decline" if prior.upload is None else "an upload"
+        raise AgentRefused(409, f"duplicate: tenant {job.tenant_ids[client]} already sent "
+                                f"{what} for round {round_}, different from this one")
+    s.rollback()
+    return {"round": round_, "replayed": True, "charged": None,
+            "complete": _complete(s, job, round_)}
+
+
+def _complete(s: Session, job: TrainingJob, round_: int) -> bool:
+    """Every tenant selected in the round staged its result."""
+    staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
+        RoundUpload.job_id == job.id, RoundUpload.round == round_))
+    return staged >= len(_selected(job, round_))
+
+
+def decline(s: Session, job_id: int, tenant_id: int, round_: int, reason: str
+            ) -> dict[str, Any]:
+    """The agent will not transmit in this round (its own budget refused): staged as a
+    hosted tenant's refusal is, so the round does not wait for it and the job reports it
+    in ``stopped_tenants``."""
+    job, client = agent_job(s, job_id, tenant_id, lock=True)
+    _open_round(s, job, client, round_)
+    return _stage_nothing(s, job, client, round_, f"declined by its agent: {reason}"[:2000])
+
+
+def _stage_nothing(s: Session, job: TrainingJob, client: int, round_: int,
+                   refused: str | None) -> dict[str, Any]:
+    """Stage "no upload" for the round: a decline (``refused``) or nothing to send."""
+    job_id, tenant_id = job.id, job.tenant_ids[client]
+    prior = s.get(RoundUpload, (job_id, round_, client))
+    if prior is not None:
+        return _replay(s, job, client, round_, prior, None)
+    s.add(RoundUpload(job_id=job_id, round=round_, client_index=client, local_state=b"",
+                      upload=None, refused=refused))
+    try:
+        s.commit()
+    except IntegrityError:
+        s.rollback()
+        job, client = agent_job(s, job_id, tenant_id)
+        return _replay(s, job, client, round_, s.get(RoundUpload, (job_id, round_, client)),
+                       None)
+    return {"round": round_, "replayed": False, "charged": None,
+            "complete": _complete(s, job, round_)}

@@ -1,0 +1,499 @@
+"""Tenant agents against the coordinator in-process (TestClient on SQLite): the same
+numbers as hosted tenants, the agent's own ledger and resume, and the routes' refusals."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from agent.client import Coordinator
+from agent.data import parse_bytes
+from agent.run import Agent
+from agent.state import AgentState
+from algorithms import Message
+from algorithms._messages import messages_equal
+from algorithms.synthetic import generate_ratings
+from app.training.models import JobClient, LedgerEntry, RoundUpload, TrainingJob
+from app.training.models import JobRound as JobRoundRow
+from privacy.ledger import Budget
+from tests.training_helpers import csv_body, wait_job
+
+N_USERS, N_ITEMS, N_TENANTS = 60, 30, 3
+
+
+def tenant_rows(n=N_TENANTS, seed=0):
+    r = generate_ratings(N_USERS, N_ITEMS, 1200, rank=3, seed=seed)
+    out = []
+    for t in range(n):
+        mine = r.users % n == t
+        out.append(list(zip((f"u{u}" for u in r.users[mine]), (f"i{i}" for i in r.items[mine]),
+                            r.values[mine], strict=True)))
+    return out
+
+
+TENANT_OF: dict[str, int] = {}  # API key -> tenant id
+
+
+def new_tenant(client, name, budget=1000.0, **fields):
+    tid = client.post("/admin/tenants", json={"name": name, "privacy_budget": budget,
+                                              "allow_non_private": True, **fields}).json()["id"]
+    key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+    TENANT_OF[key] = tid
+    return tid, key
+
+
+@pytest.fixture
+def fed(env):
+    """(app, admin client, hosted [(id, key)], agent [(id, key)], rows per tenant): the same
+    ratings uploaded to hosted tenants and kept outside the service for agent tenants."""
+    app, client = env
+    client.put("/admin/items", json={"items": [{"key": f"i{j}"} for j in range(N_ITEMS)]}
+               ).raise_for_status()
+    rows = tenant_rows()
+    hosted, agents = [], []
+    for t, mine in enumerate(rows):
+        tid, key = new_tenant(client, f"hosted{t}")
+        res = client.post(f"/tenants/{tid}/ratings", content=csv_body(mine),
+                          headers={"Content-Type": "text/csv", "Authorization": f"Bearer {key}"})
+        assert res.status_code == 200, res.text
+        hosted.append((tid, key))
+        agents.append(new_tenant(client, f"agent{t}"))
+    return app, client, hosted, agents, rows
+
+
+NO_LIMIT = Budget(float("inf"), 1e-5, True)
+
+
+def make_agent(client, key, rows, root, budget=NO_LIMIT, **kw):
+    coord = Coordinator(None, TENANT_OF[key], key, http=client, patience=5.0)
+    state = AgentState.open(root, str(coord.tenant_id), budget)
+    body = csv_body(rows)
+    return Agent(coord, state, lambda scale: parse_bytes(body, "text/csv", scale),
+                 log=lambda text: None, **kw)
+
+
+def drive(agents, job_id, timeout=60.0):
+    """Step every agent until the job ended for all of them (a single thread: each step
+    answers at once; an upload completing a round runs the aggregate in the background)."""
+    for a in agents:
+        a.setup(job_id)
+    live, end = list(agents), time.monotonic() + timeout
+    while live:
+        assert time.monotonic() < end, "agents did not finish"
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+
+
+def agent_job(client, agents, **body):
+    base = {"algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "per_round": 0,
+            "seed": 11, "dp": {"mechanism": "none"}, "allow_not_private": True}
+    return client.post("/admin/jobs", json={**base, "tenant_ids": [t for t, _ in agents],
+                                            "agents": [t for t, _ in agents], **body})
+
+
+def hosted_job(client, hosted, **body):
+    base = {"algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "per_round": 0,
+            "seed": 11, "dp": {"mechanism": "none"}, "allow_not_private": True}
+    res = client.post("/admin/jobs", json={**base, "tenant_ids": [t for t, _ in hosted],
+                                           **body})
+    assert res.status_code == 202, res.text
+    return wait_job(client, res.json()["id"])
+
+
+def max_diff(a: Message, b: Message) -> float:
+    assert type(a) is type(b)
+    return max(float(np.max(np.abs(x - b.arrays()[k]))) if x.size else 0.0
+               for k, x in a.arrays().items())
+
+
+def states(app, job_id):
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        locals_ = s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == job_id)
+                            .order_by(JobClient.client_index)).all()
+        return Message.from_bytes(job.global_msg), locals_, job
+
+
+@pytest.mark.parametrize("dp", [{"mechanism": "none"},
+                                {"mechanism": "gaussian", "noise_multiplier": 2.0}])
+def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
+    """All-agent job vs the same job hosted (same data, split, seed): the global V and
+    every tenant's U agree to 1e-12; with DP, every tenant's ledger agrees too."""
+    app, client, hosted, agent_tenants, rows = fed
+    ref = hosted_job(client, hosted, dp=dp, per_round=2)
+    assert ref["status"] == "completed", ref
+    res = agent_job(client, agent_tenants, dp=dp, per_round=2)
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}")
+              for t, (_, key) in enumerate(agent_tenants)]
+    drive(agents, job_id)
+    job = wait_job(client, job_id)
+    assert job["status"] == "completed", job
+    glob_h, locals_h, _ = states(app, ref["id"])
+    glob_a, _, _ = states(app, job_id)
+    assert max_diff(glob_h, glob_a) <= 1e-12
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(Message.from_bytes(locals_h[t]), mine) <= 1e-12
+        assert messages_equal(Message.from_bytes(a.state.read(job_id, "global.msg")), glob_a)
+    report_h = client.get(f"/admin/jobs/{ref['id']}/report").json()["privacy"]
+    report_a = client.get(f"/admin/jobs/{job_id}/report").json()["privacy"]
+    hosted_eps = report_h["epsilon_per_tenant"]
+    agent_eps = report_a["epsilon_per_tenant"]
+    for t, a in enumerate(agents):
+        mine = a.epsilon_spent()
+        theirs = agent_eps[str(agent_tenants[t][0])]
+        assert theirs == hosted_eps[str(hosted[t][0])]
+        if dp["mechanism"] == "none":
+            assert mine == float("inf") and theirs == "infinity"
+        else:
+            assert mine == pytest.approx(theirs, rel=1e-12)
+            charged = sorted(map(int, a.state.jobs[str(job_id)]["charged"]))
+            assert charged == a.state.ledger.rounds(a.state.account)
+            assert len(charged) == report_a["transmissions_per_tenant"][str(
+                agent_tenants[t][0])]
+
+
+def test_an_agent_resumes_without_a_second_charge(fed, tmp_path):
+    """Killed after charging round 1 and before sending: the restarted agent sends the same
+    bytes, the round is charged once on both ledgers, and the job ends as uninterrupted."""
+    app, client, _, agent_tenants, rows = fed
+    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0}
+    ref_id = agent_job(client, agent_tenants, dp=dp, seed=3).json()["id"]
+    drive([make_agent(client, key, rows[t], tmp_path / f"ref{t}")
+           for t, (_, key) in enumerate(agent_tenants)], ref_id)
+
+    class Crash(Exception):
+        pass
+
+    def crash(*args):
+        raise Crash
+
+    job_id = agent_job(client, agent_tenants, dp=dp, seed=3).json()["id"]
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}")
+              for t, (_, key) in enumerate(agent_tenants)]
+    agents[0].uploader = crash
+    for a in agents:
+        a.setup(job_id)
+    while True:  # until agent 0 has charged round 1 and "died" sending it
+        try:
+            agents[0].step(job_id, wait=0.05)
+        except Crash:
+            break
+    rec = agents[0].state.jobs[str(job_id)]
+    assert rec["pending"]["round"] == 1 and list(rec["charged"]) == ["1"]
+    with app.state.sessions() as s:
+        assert s.get(RoundUpload, (job_id, 1, 0)) is None  # nothing reached the coordinator
+    spent_before = agents[0].epsilon_spent()
+    restarted = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0", budget=None)
+    assert restarted.epsilon_spent() == spent_before
+    drive_after = [restarted, *agents[1:]]
+    live, end = list(drive_after), time.monotonic() + 60
+    while live:
+        assert time.monotonic() < end
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob_ref, _, _ = states(app, ref_id)
+    glob, _, _ = states(app, job_id)
+    assert messages_equal(glob_ref, glob)
+    assert restarted.state.ledger.rounds(restarted.state.account) == [1, 2, 3, 4]
+    with app.state.sessions() as s:
+        rounds = s.scalars(sa.select(LedgerEntry.round).where(
+            LedgerEntry.job_id == job_id, LedgerEntry.tenant_id == agent_tenants[0][0])
+            .order_by(LedgerEntry.round)).all()
+    assert rounds == [1, 2, 3, 4]
+
+
+def test_an_agent_refuses_past_its_own_budget(fed, tmp_path):
+    """The agent's own epsilon_max is below what the coordinator would allow: it sends two
+    rounds, then declines, says so, and the job lists it as stopped."""
+    app, client, _, agent_tenants, rows = fed
+    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0}
+    job_id = agent_job(client, agent_tenants, dp=dp).json()["id"]
+    from privacy.accountant import spend
+    from privacy.wrapper import DPSpec, event_for
+
+    ev = event_for(DPSpec(**dp), 1)  # noise multiplier given: the event does not depend on d
+    two = spend([ev.times(2)], 1e-5).epsilon
+    three = spend([ev.times(3)], 1e-5).epsilon
+    said = []
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}") for t, (_, key)
+              in enumerate(agent_tenants)]
+    agents[1] = make_agent(client, agent_tenants[1][1], rows[1], tmp_path / "a1x",
+                           budget=Budget((two + three) / 2, 1e-5))
+    agents[1].log = said.append
+    drive(agents, job_id)
+    job = wait_job(client, job_id)
+    assert job["status"] == "completed"
+    assert agents[1].state.ledger.rounds(agents[1].state.account) == [1, 2]
+    assert agents[1].epsilon_spent() == pytest.approx(two)
+    assert any("refusing to transmit in round 3: budget exhausted" in s for s in said)
+    assert "declined by its agent: budget exhausted in round 3" in job["stopped_tenants"][
+        str(agent_tenants[1][0])]
+    with app.state.sessions() as s:
+        assert s.scalars(sa.select(LedgerEntry.round).where(
+            LedgerEntry.job_id == job_id, LedgerEntry.tenant_id == agent_tenants[1][0])
+            .order_by(LedgerEntry.round)).all() == [1, 2]
+
+
+# ---- the routes' refusals -------------------------------------------------------------
+
+@pytest.fixture
+def open_round(fed, tmp_path):
+    """A job of two agents (tenant 0 hosted-free) in round 1, agent 0's round computed."""
+    app, client, hosted, agent_tenants, rows = fed
+    res = agent_job(client, agent_tenants[:2], dp={"mechanism": "gaussian",
+                                                   "noise_multiplier": 2.0}, rounds=2)
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    sent = []
+
+    def keep(coord, manifest, round_, data, charge):
+        sent.append((round_, data, charge))
+        raise RuntimeError("held back")
+
+    a = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0", uploader=keep)
+    a.setup(job_id)
+    end = time.monotonic() + 10
+    while not sent:
+        assert time.monotonic() < end
+        try:
+            a.step(job_id, wait=0.05)
+        except RuntimeError:
+            pass
+    return app, client, job_id, agent_tenants, sent[0], hosted
+
+
+def _put(client, tenant, job_id, round_, data, **headers):
+    tid, key = tenant
+    return client.put(f"/tenants/{tid}/agent/jobs/{job_id}/rounds/{round_}/upload",
+                      content=data, headers={"Authorization": f"Bearer {key}",
+                                             "Content-Type": "application/octet-stream",
+                                             **headers})
+
+
+def _charges(app, job_id):
+    with app.state.sessions() as s:
+        return s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)
+                         .where(LedgerEntry.job_id == job_id)).all()
+
+
+def test_upload_refusals_name_the_problem_and_change_nothing(open_round):
+    app, client, job_id, tenants, (round_, data, charge), hosted = open_round
+    msg = Message.from_bytes(data)
+    name, arr = next(iter(msg.arrays().items()))
+    cases = [
+        (b"not a message", 422, "upload is not a fedrec message"),
+        (msg.replace(**{name: arr[:-1]}).to_bytes(), 422, f"upload.{name} has shape"),
+        (msg.replace(**{name: np.full_like(arr, np.nan)}).to_bytes(), 422, "non-finite"),
+        (msg.replace(**{name: arr.astype(np.float32)}).to_bytes(), 422, "has dtype float32"),
+    ]
+    for body, code, text in cases:
+        res = _put(client, tenants[0], job_id, round_, body)
+        assert res.status_code == code and text in res.json()["detail"], res.text
+    res = _put(client, tenants[0], job_id, round_, data,
+               **{"Fedrec-Charge": json.dumps(["gaussian", 0.5, 1])})
+    assert res.status_code == 422 and "is not what job" in res.json()["detail"]
+    res = _put(client, tenants[0], job_id, round_ + 1, data)
+    assert res.status_code == 409 and "has not started" in res.json()["detail"]
+    assert _charges(app, job_id) == []
+    # another tenant's path, and a tenant that is not an agent of the job: 404
+    other = _put(client, (tenants[1][0], tenants[0][1]), job_id, round_, data)
+    assert other.status_code == 404
+    assert _put(client, tenants[2], job_id, round_, data).status_code == 404
+    assert _put(client, hosted[0], job_id, round_, data).status_code == 404
+    # accepted once; the same bytes again are a replay; different bytes a duplicate
+    ok = _put(client, tenants[0], job_id, round_, data,
+              **{"Fedrec-Charge": json.dumps(charge)})
+    assert ok.status_code == 200 and ok.json()["replayed"] is False, ok.text
+    again = _put(client, tenants[0], job_id, round_, data)
+    assert again.status_code == 200 and again.json()["replayed"] is True
+    other_bytes = msg.replace(**{name: arr + 1.0}).to_bytes()
+    dup = _put(client, tenants[0], job_id, round_, other_bytes)
+    assert dup.status_code == 409 and "duplicate" in dup.json()["detail"]
+    assert _charges(app, job_id) == [(tenants[0][0], round_)]
+
+
+def test_a_round_closes_at_its_deadline_and_refuses_late_uploads(fed, tmp_path):
+    app, client, _, tenants, rows = fed
+    res = agent_job(client, tenants[:2], rounds=2, round_seconds=1.0)
+    job_id = res.json()["id"]
+    a = make_agent(client, tenants[0][1], rows[0], tmp_path / "a0")
+    a.setup(job_id)
+    end = time.monotonic() + 30
+    while client.get(f"/admin/jobs/{job_id}").json()["current_round"] < 1:
+        assert time.monotonic() < end
+        a.step(job_id, wait=0.05)  # tenant 1 never comes: round 1 closes at its deadline
+    job = client.get(f"/admin/jobs/{job_id}").json()
+    assert job["latest_metrics"]["missed_deadline"] == [tenants[1][0]]
+    late = make_agent(client, tenants[1][1], rows[1], tmp_path / "a1")
+    late.setup(job_id)
+    body = Message.from_bytes(late.state.read(job_id, "global.msg"))  # any message
+    res = _put(client, tenants[1], job_id, 1, body.to_bytes())
+    assert res.status_code == 409 and "late: round 1 is closed" in res.json()["detail"]
+    with app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry).where(
+            LedgerEntry.tenant_id == tenants[1][0])) == 0
+
+
+def test_job_creation_refuses_bad_agents(fed):
+    app, client, hosted, tenants, _ = fed
+    res = client.post("/admin/jobs", json={
+        "algorithm": "fedmc-admm", "rounds": 2, "tenant_ids": [tenants[0][0]],
+        "agents": [hosted[0][0]], "dp": {"mechanism": "gaussian", "noise_multiplier": 1.0}})
+    assert res.status_code == 422 and "invalid agents" in res.json()["detail"]
+    res = client.post("/admin/jobs", json={
+        "algorithm": "dpals", "rounds": 2, "tenant_ids": [tenants[0][0]],
+        "agents": [tenants[0][0]], "privacy": {"unit": "user", "placement": "central",
+                                               "target_epsilon": 8.0, "delta": 1e-6}})
+    assert res.status_code == 422 and "placement 'tenant'" in res.json()["detail"]
+
+
+def test_agent_validates_ratings_like_the_upload_api(fed, tmp_path):
+    """Unknown items and out-of-scale ratings: the agent refuses with the API's errors."""
+    app, client, _, tenants, rows = fed
+    job_id = agent_job(client, tenants[:1], rounds=1).json()["id"]
+    bad = "user,item,rating\nu1,i1,4\nu1,nope,3\nu2,i2,9\n"
+    api = client.post(f"/tenants/{tenants[1][0]}/ratings", content=bad.encode(),
+                      headers={"Content-Type": "text/csv",
+                               "Authorization": f"Bearer {tenants[1][1]}"})
+    assert api.status_code == 422
+    coord = Coordinator(None, tenants[0][0], tenants[0][1], http=client)
+    a = Agent(coord, AgentState.open(tmp_path / "x", str(coord.tenant_id),
+                                     Budget(1.0, 1e-5, True)),
+              lambda scale: parse_bytes(bad.encode(), "text/csv", scale), log=lambda t: None)
+    with pytest.raises(ValueError) as exc:
+        a.setup(job_id)
+    for e in api.json()["detail"]["errors"]:
+        assert f"line {e['line']}, {e['field']}: {e['reason']}" in str(exc.value)
+
+
+def test_an_agent_imports_no_server_code():
+    import subprocess
+    import sys
+
+    code = ("import sys, agent.run, agent.cli, app.cli; "
+            "app.cli.main(['agent', 'status', '--state-dir', '/nonexistent']); "
+            "print(sorted(m for m in ('fastapi', 'sqlalchemy', 'celery', 'app.models', "
+            "'app.main', 'app.db') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_state_writes_are_atomic(tmp_path):
+    from agent.state import atomic_write
+
+    path = tmp_path / "f"
+    atomic_write(path, b"one")
+    atomic_write(path, b"two")
+    assert path.read_bytes() == b"two"
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]  # no temporary left behind
+
+
+def test_an_agent_killed_after_its_upload_arrived_replays_it(fed, tmp_path):
+    """Killed after the coordinator stored round 1 but before the agent recorded that: the
+    restarted agent re-sends the same bytes, the coordinator answers with a replay, and
+    round 1 stays charged once on both ledgers."""
+    from agent.run import plain_upload
+
+    app, client, _, tenants, rows = fed
+    job_id = agent_job(client, tenants[:2], dp={"mechanism": "gaussian",
+                                                "noise_multiplier": 2.0}, rounds=2).json()["id"]
+
+    class Crash(Exception):
+        pass
+
+    answers = []
+
+    def send_then_die(*args):
+        answers.append(plain_upload(*args))
+        raise Crash
+
+    first = make_agent(client, tenants[0][1], rows[0], tmp_path / "a0", uploader=send_then_die)
+    other = make_agent(client, tenants[1][1], rows[1], tmp_path / "a1")
+    first.setup(job_id)
+    other.setup(job_id)
+    with pytest.raises(Crash):
+        while True:
+            first.step(job_id, wait=0.05)
+    assert answers[0]["replayed"] is False
+    with app.state.sessions() as s:
+        assert s.get(RoundUpload, (job_id, 1, 0)) is not None
+    said = []
+    again = make_agent(client, tenants[0][1], rows[0], tmp_path / "a0", budget=None)
+    again.log = said.append
+    live, end = [again, other], time.monotonic() + 60
+    while live:
+        assert time.monotonic() < end
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert any("round 1: sent its upload (replayed)" in s for s in said)
+    assert again.state.ledger.rounds(again.state.account) == [1, 2]
+    assert sorted(r for t, r in _charges(app, job_id) if t == tenants[0][0]) == [1, 2]
+
+
+def test_hosted_and_agent_tenants_mix_in_one_job(fed, tmp_path):
+    """Tenant 0 hosted, tenants 1 and 2 agents: the rounds wait for both kinds and the job
+    ends with the all-hosted job's factors."""
+    app, client, hosted, agent_tenants, rows = fed
+    ref = hosted_job(client, hosted, per_round=2)
+    mixed = [hosted[0], *agent_tenants[1:]]
+    res = client.post("/admin/jobs", json={
+        "algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "per_round": 2,
+        "seed": 11, "dp": {"mechanism": "none"}, "allow_not_private": True,
+        "tenant_ids": [t for t, _ in mixed], "agents": [t for t, _ in mixed[1:]]})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t + 1], tmp_path / f"a{t}")
+              for t, (_, key) in enumerate(agent_tenants[1:])]
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob_h, locals_h, _ = states(app, ref["id"])
+    glob_m, locals_m, _ = states(app, job_id)
+    assert max_diff(glob_h, glob_m) <= 1e-12
+    assert max_diff(Message.from_bytes(locals_h[0]), Message.from_bytes(locals_m[0])) <= 1e-12
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(Message.from_bytes(locals_h[t + 1]), mine) <= 1e-12
+    with app.state.sessions() as s:  # the hosted tenant's metrics, the agents' stay theirs
+        per_tenant = s.scalars(sa.select(JobRoundRow.per_tenant).where(
+            JobRoundRow.job_id == job_id)).all()
+    assert all(set(p) == {str(hosted[0][0])} for p in per_tenant)
+
+
+def test_user_level_agents_match_hosted_placement_tenant(fed, tmp_path):
+    """DPALS with users protected at placement tenant: agents noise and charge their own
+    releases as the hosted client steps do, so factors and every tenant's epsilon agree."""
+    app, client, hosted, agent_tenants, rows = fed
+    body = {"algorithm": "dpals", "config": {"rank": 3}, "rounds": 3, "per_round": 0,
+            "seed": 5, "privacy": {"unit": "user", "placement": "tenant",
+                                   "target_epsilon": 8.0, "delta": 1e-6}}
+    ref = client.post("/admin/jobs", json={**body, "tenant_ids": [t for t, _ in hosted]})
+    assert ref.status_code == 202, ref.text
+    ref = wait_job(client, ref.json()["id"])
+    assert ref["status"] == "completed", ref
+    res = client.post("/admin/jobs", json={**body, "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}",
+                         budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob_h, locals_h, _ = states(app, ref["id"])
+    glob_a, _, _ = states(app, job_id)
+    assert max_diff(glob_h, glob_a) <= 1e-12
+    report_h = client.get(f"/admin/jobs/{ref['id']}/report").json()["privacy"]
+    report_a = client.get(f"/admin/jobs/{job_id}/report").json()["privacy"]
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(Message.from_bytes(locals_h[t]), mine) <= 1e-12
+        theirs = report_a["epsilon_per_tenant"][str(agent_tenants[t][0])]
+        assert theirs == pytest.approx(
+            report_h["epsilon_per_tenant"][str(hosted[t][0])], rel=1e-12)
+        assert a.epsilon_spent() == pytest.approx(theirs, rel=1e-12)
