@@ -16,7 +16,8 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from app.deps import UNPROCESSABLE, ErrorMessage, OwnTenantDep, errors
+from app.deps import UNPROCESSABLE, OwnTenantDep, errors
+from app.problems import ApiError
 from app.schemas import PathId
 from app.training import agents, pipeline
 from app.training.runner import dispatch_from_api
@@ -27,6 +28,9 @@ MAX_UPLOAD_BYTES = 256 << 20
 MAX_WAIT = 60.0
 
 
+DECLINED = "declined by the tenant's agent"
+
+
 class Decline(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
 
@@ -35,8 +39,15 @@ def _session(request: Request):
     return request.app.state.sessions()
 
 
+_CODES = {404: "job_not_found", 409: "round_conflict", 422: "invalid_upload"}
+
+
 def _refused(exc: agents.AgentRefused) -> HTTPException:
-    return HTTPException(exc.status, exc.detail)
+    """The refusal as a problem with a stable code (late and duplicate uploads by name)."""
+    prefix = exc.detail.split(":", 1)[0]
+    code = {"late": "late_upload", "duplicate": "duplicate_upload"}.get(
+        prefix, _CODES.get(exc.status, "agent_refused"))
+    return ApiError(exc.status, code, exc.detail)
 
 
 def _close_if_due(request: Request, job) -> None:
@@ -117,7 +128,7 @@ def read_global(tenant: OwnTenantDep, job_id: PathId, request: Request) -> Respo
 
 @router.put(JOBS + "/{job_id}/rounds/{round_}/upload", responses={
     **errors(409), **UNPROCESSABLE,
-    413: {"model": ErrorMessage, "description": "The upload is too large."}})
+    413: {"description": "The upload is too large."}})
 async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
                      fedrec_charge: Annotated[str | None, Header(description=(
                          "The event the agent charged its own ledger, JSON "
@@ -149,13 +160,15 @@ async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, reque
 
 @router.post(JOBS + "/{job_id}/rounds/{round_}/decline",
              responses={**errors(409), **UNPROCESSABLE})
-def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, body: Decline,
-                 request: Request) -> dict[str, Any]:
+def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
+                 body: Decline | None = None) -> dict[str, Any]:
     """This tenant will not transmit in round ``round_`` (its own ledger refused); the
-    round does not wait for it and the job lists it in ``stopped_tenants``."""
+    round does not wait for it and the job lists it in ``stopped_tenants``. The body's
+    ``reason`` is optional."""
     with _session(request) as s:
         try:
-            out = agents.decline(s, job_id, tenant.id, round_, body.reason)
+            out = agents.decline(s, job_id, tenant.id, round_,
+                                 body.reason if body else DECLINED)
         except agents.AgentRefused as exc:
             raise _refused(exc) from None
     if out.pop("complete"):

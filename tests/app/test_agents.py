@@ -368,8 +368,9 @@ def test_agent_validates_ratings_like_the_upload_api(fed, tmp_path):
               lambda scale: parse_bytes(bad.encode(), "text/csv", scale), log=lambda t: None)
     with pytest.raises(ValueError) as exc:
         a.setup(job_id)
-    for e in api.json()["detail"]["errors"]:
-        assert f"line {e['line']}, {e['field']}: {e['reason']}" in str(exc.value)
+    assert api.json()["errors"]
+    for e in api.json()["errors"]:
+        assert f"line {e['line']}, {e['field']}: {e['message']}" in str(exc.value)
 
 
 def test_an_agent_imports_no_server_code():
