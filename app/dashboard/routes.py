@@ -267,11 +267,13 @@ def _job_page(request: Request, job_id: int, viewer: auth.Viewer, session: Sessi
     rmse = job_chart(session, job, "test_rmse", report=report)
     mae = job_chart(session, job, "test_mae", report=report)
     rounds = reports.curve(session, job.id)
+    ranking = reports.final_ranking(rounds)
     done = DONE.get(request.query_params.get("done", ""))
     return _page(request, "job.html", viewer, status, job=job, report=report, names=names,
                  rmse=charts.line_chart(rmse), mae=charts.line_chart(mae),
                  reference=rmse.reference_job_id, baselines=mean_baselines(session, job),
                  last=rounds[-1] if rounds else None, sentences=data.plain_privacy(report),
+                 ranking=ranking.get("overall"), ranking_per_tenant=ranking.get("per_tenant", {}),
                  refresh=job.status in ACTIVE and message is None, message=message or done)
 
 

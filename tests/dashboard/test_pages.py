@@ -157,3 +157,35 @@ def test_job_form_names_a_bad_field_and_dry_runs_a_tenant_level_job(client):
                                                        "action": "start"})
     assert refused.status_code == 409 and "did not opt in to non-private training" in refused.text
     assert admin.get("/admin/jobs").json()["count"] == 0
+
+
+def test_job_page_shows_the_final_ranking_metrics_of_the_report(client):
+    """The ranking card shows the figures the job's report holds, overall and per tenant
+    by name (none before the job completes)."""
+    admin = TestClient(client.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    tenants = make_tenants(admin, 2, seed=2)
+    created = submit_job(admin, tenant_ids=[t for t, _ in tenants], rounds=2)
+    job_id = created.json()["id"]
+    assert wait_job(admin, job_id)["status"] == "completed"
+    report = admin.get(f"/admin/jobs/{job_id}/report").json()
+    overall = report["ranking"]
+    assert overall and overall["users_ranked"] > 0
+    assert sign_in(client, ADMIN_TOKEN).status_code == 303
+    page = client.get(f"/dashboard/jobs/{job_id}").text
+    card = page[page.index('id="ranking"'):page.index('id="privacy"')]
+    assert f"NDCG@{overall['k']}" in card
+    rows = re.findall(r"<tr><td>(.*?)</td>\s*<td class=\"num\">([^<]+)</td>\s*"
+                      r"<td class=\"num\">([^<]+)</td>\s*<td class=\"num\">([^<]+)</td>",
+                      card, re.S)
+    assert rows[0][0] == "all tenants"
+    assert [float(x) for x in rows[0][1:]] == pytest.approx(
+        [overall["precision_at_k"], overall["recall_at_k"], overall["ndcg_at_k"]], abs=1e-4)
+    per_tenant = report["ranking_per_tenant"]
+    assert len(rows) == 1 + len(per_tenant)
+    names = {str(t): f"t{i}" for i, (t, _) in enumerate(tenants)}
+    for (cell, p, r, n), (tid, figures) in zip(rows[1:], sorted(per_tenant.items()),
+                                               strict=True):
+        assert f">{names[tid]}</a>" in cell
+        assert [float(p), float(r), float(n)] == pytest.approx(
+            [figures["precision_at_k"], figures["recall_at_k"], figures["ndcg_at_k"]],
+            abs=1e-4)
