@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
         fed = binarise(fed, args.threshold)
     per_round = run_cfg["per_round"] or fed.n_clients
     if unit == "user":
-        privatizer = _user_privatizer(args, alg, cfg, fed)
+        privatizer = _user_privatizer(args, alg, cfg, fed, run_cfg["rounds"])
         aggregator = privatizer.aggregate
     else:
         privatizer, aggregator = _privatizer(args, alg, cfg, fed, run_cfg["rounds"],
@@ -385,15 +385,16 @@ def _upload_size(alg, cfg, fed, seed: int) -> int:
     return 1 if up is None else int(sum(a.size for a in up.arrays().values()))
 
 
-def _user_privatizer(args, alg, cfg, fed):
+def _user_privatizer(args, alg, cfg, fed, rounds: int):
     """The user-level privatizer/aggregator; refuses algorithms without per-user bounds."""
     bounds = registry.user_bounds(alg.name, cfg)
     if bounds is None:
         raise ValueError(f"--privacy user needs an algorithm whose uploads are sums of "
-                         f"per-user bounded terms (dpals); {alg.name} has none")
+                         f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm); "
+                         f"{alg.name} has none")
     n_users = sum(b.n_users for b in fed.train)
-    return user_privatizer_from_args(args, bounds, cfg.sweeps, fed.n_clients, n_users,
-                                     args.seed)
+    return user_privatizer_from_args(args, bounds, registry.user_releases(cfg, rounds),
+                                     fed.n_clients, n_users, args.seed)
 
 
 def _privatizer(args, alg, cfg, fed, rounds: int, per_round: int):
