@@ -54,7 +54,7 @@ class DPFedMAvgConfig(UG.UserGradConfig):
     see BENCHMARKS.md)."""
 
     lr: float = Field(1.0, description="server learning rate")
-    momentum: float = Field(0.5, description="server momentum (0: plain steps)")
+    momentum: float = Field(0.0, description="server momentum (0: plain steps)")
     d_factor: float = Field(1.0, description="step constant per unit of item curvature")
     gamma: float = Field(1.0, description="ridge weight of V (on the sum of user losses)")
 

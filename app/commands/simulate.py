@@ -210,7 +210,8 @@ def _add_run_options(parser: argparse.ArgumentParser, alg, base) -> None:
     """--clients, --per-round and --rounds, whose defaults are the algorithm's."""
     defaults = alg.run_defaults
     rounds = (f"sweeps + 1 = {base.sweeps + 1}" if "sweeps" in type(base).model_fields else
-              f"iterations = {base.iterations}" if "iterations" in type(base).model_fields
+              f"releases + 1 = {base.releases + 1}" if "releases" in type(base).model_fields
+              else f"iterations = {base.iterations}" if "iterations" in type(base).model_fields
               else str(defaults["rounds"]))
     g = parser.add_argument_group(f"run (defaults: {alg.name}'s recommended run)")
     g.add_argument("--clients", type=int, metavar="P",
@@ -322,6 +323,8 @@ def run(args: argparse.Namespace) -> int:
                for k in _RUN_FLAGS}
     if args.rounds is None and "sweeps" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.sweeps + 1  # the sweeps, then every user re-solved on V
+    elif args.rounds is None and "releases" in type(cfg).model_fields:
+        run_cfg["rounds"] = cfg.releases + 1  # the same for the user-level gradient methods
     elif args.rounds is None and "iterations" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
     ratings, data = _load(args.data, args.seed)
