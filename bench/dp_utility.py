@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "RMSE ratio", None if args.quick else NETFLIX_RATIO_TARGET, [ratio],
             "'paper' = the issue's target (within 3% of noise-free), not a published figure"))
     payload = {"data": data, "clients": args.clients, "delta": DELTA,
-               "size": _size_dict(fed), "config": cfg.model_dump(),
+               "size": _size_dict(fed), "config": cfg.model_dump() if with_dpals else None,
                "global_mean_rmse": refs["global_mean"], "references": refs, "runs": runs,
                "rmse_ratio_eps1": ratio, "comparisons": comparisons}
     stem = "dp_utility" if data == "ml-1m" or args.quick else f"dp_utility_{data}"
