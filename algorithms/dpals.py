@@ -59,6 +59,7 @@ from pydantic import Field, model_validator
 from algorithms._messages import Message
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
+from algorithms.user_bounds import UserBounds
 
 
 class DPALSConfig(AlgorithmConfig):
@@ -154,27 +155,6 @@ class DPALSConfig(AlgorithmConfig):
     def x_norm(self) -> float:
         """Gamma_x: bound of ||x_u|| (clipped factor and constant coordinate)."""
         return float(np.hypot(self.user_factor_clip, self.bias_coordinate))
-
-
-@dataclasses.dataclass(frozen=True)
-class UserBounds:
-    """What one user can add to a release, declared by the algorithm for the privacy layer.
-
-    ``gram`` arrays hold, per item, a sum of ``x x^T`` (symmetric d x d blocks);
-    ``rhs`` arrays a sum of ``s x``. A user adds to at most ``max_ratings`` items, with
-    ``||x|| <= x_norm`` and ``|s| <= rating_bound``. ``noise_fields`` maps each array to the
-    scalar field of the upload that records the standard deviation of the noise in it.
-    ``sample_rate``: each user enters a release independently with this probability, drawn
-    inside the tenant (hidden from the server).
-    """
-
-    max_ratings: int
-    x_norm: float
-    rating_bound: float
-    gram: tuple[str, ...]
-    rhs: tuple[str, ...]
-    noise_fields: Mapping[str, str]
-    sample_rate: float = 1.0
 
 
 def user_bounds(cfg: DPALSConfig) -> UserBounds:

@@ -16,6 +16,8 @@ _MODULES: dict[str, str] = {
     "felb-mu": "algorithms.felb_mu",
     "binary-baseline": "algorithms.binary_baseline",
     "dpals": "algorithms.dpals",
+    "dp-fedmavg": "algorithms.dp_fedmavg",
+    "dp-fedmc-admm": "algorithms.dp_fedmc_admm",
 }
 
 
@@ -31,6 +33,15 @@ def get(name: str) -> Algorithm:
     module = importlib.import_module(_MODULES[name])
     alg = getattr(module, "ALGORITHMS", {}).get(name) or module.ALGORITHM
     return alg
+
+
+def user_releases(cfg: object, rounds: int) -> int:
+    """Releases each user of a user-level run takes part in: DPALS's ``sweeps``, the
+    gradient methods' ``releases`` (both stop uploading after them), else ``rounds``."""
+    for field in ("sweeps", "releases"):
+        if hasattr(cfg, field):
+            return int(getattr(cfg, field))
+    return int(rounds)
 
 
 def user_bounds(name: str, cfg: object) -> object | None:

@@ -20,6 +20,14 @@ tenants with N ratings (default Netflix's 100,480,507; as ``bench/scale.py`` doe
 80/20 per tenant (seed 0); by default only epsilon 1 and the noise-free run.
 
     fedrec bench dp_utility --data netflix-synthetic --seeds 3
+
+``--algorithms dp-fedmavg dp-fedmc-admm``: the user-level gradient methods instead (or
+beside ``dpals``), each noise-free and at every ``--epsilons`` with central placement, at
+its defaults (chosen on the validation carve-out by ``python -m bench.dpals_validate
+--algorithm NAME``) and, at each ``--small-epsilons``, with ``GRADIENT_SMALL_EPSILON``.
+Without dpals the result goes to ``dp_utility_gradient[_DATA].json``.
+
+    fedrec bench dp_utility --algorithms dp-fedmavg dp-fedmc-admm --epsilons 1 8 --seeds 1
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms import dpals
+from algorithms import dpals, registry
 from algorithms.data import build_federation, federation_from_tenants, load_movielens
 from bench._dp_references import (
     CENTRAL_ALS,
@@ -43,7 +51,7 @@ from bench._dp_references import (
     tenant_unit_rmse,
 )
 from bench._experiment import comparison, parser, run_time, save_figure, write_result
-from bench.dpals_validate import run_dpals
+from bench.dpals_validate import run_dpals, run_user_level
 
 EXPERIMENT = ("User-level DP (DPALS, Chien et al. ICML 2021): test RMSE against epsilon, "
               "central and per-tenant noise")
@@ -61,6 +69,10 @@ QUICK_NETFLIX = (20_000, 400_000)
 #: settings chosen on the validation carve-out for a small epsilon (bench/dpals_validate.py
 #: at epsilon 1): run as an extra row at each epsilon of --small-epsilons
 SMALL_EPSILON = {"config": {"rank": 2, "rating_clip": 0.7}, "gram_share": 0.1}
+#: the gradient methods' setting for a small epsilon (fewer, less noisy releases; chosen
+#: for both on the validation carve-out of ML-1M at epsilon 1 from releases 5 and 10)
+GRADIENT_SMALL_EPSILON = {"releases": 5}
+GRADIENT_METHODS = ("dp-fedmavg", "dp-fedmc-admm")
 
 
 def _mean_rmse(fed, data: str) -> float:
@@ -120,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small-epsilons", type=float, nargs="*", default=None,
                     help="epsilons also run with the small-epsilon setting (default 1, "
                     "netflix-synthetic none)")
+    ap.add_argument("--algorithms", nargs="+", default=["dpals"],
+                    choices=["dpals", *GRADIENT_METHODS],
+                    help="user-level algorithms to run (default dpals; the gradient "
+                    "methods run central placement only)")
     ap.add_argument("--replot", action="store_true",
                     help="only redraw <out>/dp_utility[_DATA].png from its JSON")
     args = ap.parse_args(argv)
@@ -144,9 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     fed = load_federation(data, args.clients, args.ratings, args.quick)
     cfg = dpals.DPALSConfig()  # tuned at epsilon 8
     runs: list[dict[str, Any]] = []
+    with_dpals = "dpals" in args.algorithms
     points = ([(0.0, "none", False)] + [(e, "central", False) for e in args.epsilons]
               + [(e, "central", True) for e in small_eps]
-              + [(e, "tenant", False) for e in tenant_eps])
+              + [(e, "tenant", False) for e in tenant_eps]) if with_dpals else []
+    if not with_dpals:
+        unit_eps = []
+    runs += _gradient_runs([a for a in args.algorithms if a != "dpals"], fed, args.epsilons,
+                           small_eps, seeds)
     for eps, placement, small in points:
         rmses, report = [], None
         run_cfg = cfg.model_copy(update=SMALL_EPSILON["config"]) if small else cfg
@@ -156,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                                      placement="central" if placement == "none" else placement,
                                      seed=seed, gram_share=share)
             rmses.append(rmse)
-        runs.append({"epsilon": eps or None, "unit": "user", "placement": placement,
+        runs.append({"algorithm": "dpals", "epsilon": eps or None, "unit": "user",
+                     "placement": placement,
                      "setting": "small-epsilon" if small else "default", "rmse": rmses,
                      "mean": statistics.fmean(rmses),
                      "noise_multiplier": report and report["noise_multiplier"],
@@ -165,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     for eps in unit_eps:
         out = [tenant_unit_rmse(cfg, fed, eps, DELTA, seed) for seed in range(seeds)]
         rmses = [o[0] for o in out]
-        runs.append({"epsilon": eps, "unit": "tenant", "placement": "tenant",
+        runs.append({"algorithm": "dpals", "epsilon": eps, "unit": "tenant",
+                     "placement": "tenant",
                      "setting": "default", "rmse": rmses, "mean": statistics.fmean(rmses),
                      "noise_multiplier": out[0][1], "epsilon_spent": eps})
         _progress(eps, "tenant", "unit", rmses)
@@ -173,8 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     comparisons = []
     for r in runs:
         target = (TARGETS.get((data, r["epsilon"])) if r["placement"] == "central" else None)
-        what = (f"DPALS {data}, no noise" if r["epsilon"] is None else
-                f"DPALS {data}, {r['unit']} unit, eps {r['epsilon']:g}, delta 1e-6"
+        name = {"dpals": "DPALS", "dp-fedmavg": "DP-FedMAvg",
+                "dp-fedmc-admm": "DP-FedMC-ADMM"}[r["algorithm"]]
+        what = (f"{name} {data}, no noise" if r["epsilon"] is None else
+                f"{name} {data}, {r['unit']} unit, eps {r['epsilon']:g}, delta 1e-6"
                 + (f", {r['placement']}" if r["unit"] == "user" else ", --dp gaussian")
                 + (", small-epsilon setting" if r["setting"] != "default" else ""))
         note = "'paper' = the issue's target, not a published figure" if target else ""
@@ -186,11 +211,13 @@ def main(argv: list[str] | None = None) -> int:
             "RMSE ratio", None if args.quick else NETFLIX_RATIO_TARGET, [ratio],
             "'paper' = the issue's target (within 3% of noise-free), not a published figure"))
     payload = {"data": data, "clients": args.clients, "delta": DELTA,
-               "size": _size_dict(fed), "config": cfg.model_dump(),
+               "size": _size_dict(fed), "config": cfg.model_dump() if with_dpals else None,
                "global_mean_rmse": refs["global_mean"], "references": refs, "runs": runs,
                "rmse_ratio_eps1": ratio, "comparisons": comparisons}
     stem = "dp_utility" if data == "ml-1m" or args.quick else f"dp_utility_{data}"
-    if stem == "dp_utility":
+    if not with_dpals:
+        stem = stem.replace("dp_utility", "dp_utility_gradient", 1)
+    if stem == "dp_utility" and with_dpals:
         path = write_result(args.out, stem, argv, args.quick, payload)
     else:  # written aside, then moved, so the ML-1M result beside it survives
         args.out.mkdir(parents=True, exist_ok=True)
@@ -200,6 +227,31 @@ def main(argv: list[str] | None = None) -> int:
     _plot(runs, refs, data, _size(fed), args.clients, args.out / f"{stem}.png")
     print(f"wrote {path}")
     return 0
+
+
+def _gradient_runs(names: list[str], fed, epsilons: list[float], small_eps: list[float],
+                   seeds: int) -> list[dict[str, Any]]:
+    """Noise-free and central-placement runs of the user-level gradient methods."""
+    runs = []
+    for name in names:
+        base = registry.get(name).config()
+        points = ([(0.0, False)] + [(e, False) for e in epsilons]
+                  + [(e, True) for e in small_eps])
+        for eps, small in points:
+            cfg = base.model_copy(update=GRADIENT_SMALL_EPSILON) if small else base
+            out = [run_user_level(name, cfg, fed, epsilon=eps, delta=DELTA,
+                                  placement="central", seed=s) for s in range(seeds)]
+            rmses, report = [o[0] for o in out], out[-1][1]
+            runs.append({"algorithm": name, "epsilon": eps or None, "unit": "user",
+                         "placement": "central" if eps else "none",
+                         "setting": "small-epsilon" if small else "default",
+                         "config": cfg.model_dump(), "rmse": rmses,
+                         "mean": statistics.fmean(rmses),
+                         "noise_multiplier": report and report["noise_multiplier"],
+                         "sample_rate": report and report["sample_rate"],
+                         "epsilon_spent": report and report["epsilon_max"]})
+            _progress(eps, f"{name[:8]}", "small" if small else "", rmses)
+    return runs
 
 
 def _replot(out: Path, data: str) -> int:
@@ -245,7 +297,8 @@ def _plot(runs: list[dict[str, Any]], refs: dict[str, Any], data: str, size: str
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 6))
-    free = [r["mean"] for r in runs if r["placement"] == "none"]
+    dp_runs = [r for r in runs if r.get("algorithm", "dpals") == "dpals"]
+    free = [r["mean"] for r in dp_runs if r["placement"] == "none"]
     lines = [("noise-free federated DPALS (same bounds)", free[0] if free else None, "g", "--"),
              ("centralised ALS (tuned, no privacy)",
               refs["centralised_als"] and refs["centralised_als"]["mean"], "tab:blue", "-."),
@@ -275,14 +328,19 @@ def _plot(runs: list[dict[str, Any]], refs: dict[str, Any], data: str, size: str
                 ax.annotate(f"{yi:.2f}", (xi, top), xytext=(0, -13),
                             textcoords="offset points", ha="center", fontsize=7, c=colour)
 
-    user = [r for r in runs if r["unit"] == "user" and r["setting"] == "default"]
+    for name, colour in (("dp-fedmavg", "tab:brown"), ("dp-fedmc-admm", "tab:pink")):
+        mine = [r for r in runs if r.get("algorithm") == name and r["epsilon"]
+                and r["setting"] == "default"]
+        if mine:
+            curve(mine, "d--", colour, f"{name}, user unit, central noise")
+    user = [r for r in dp_runs if r["unit"] == "user" and r["setting"] == "default"]
     curve([r for r in user if r["placement"] == "central"], "o-", "tab:red",
           "user unit, central noise")
     curve([r for r in user if r["placement"] == "tenant"], "s-", "tab:purple",
           "user unit, per-tenant noise (no secure agg.)")
-    curve([r for r in runs if r["unit"] == "tenant"], "x-", "tab:gray",
+    curve([r for r in dp_runs if r["unit"] == "tenant"], "x-", "tab:gray",
           "tenant unit (--dp gaussian wrapper)")
-    small = [r for r in runs if r["setting"] != "default"]
+    small = [r for r in dp_runs if r["setting"] != "default"]
     if small:
         ax.plot([r["epsilon"] for r in small], [r["mean"] for r in small], "^", c="tab:red",
                 mfc="none", label="user unit, central, epsilon-1 setting")
@@ -294,7 +352,8 @@ def _plot(runs: list[dict[str, Any]], refs: dict[str, Any], data: str, size: str
     ax.set_xlabel("epsilon (delta 1e-6)")
     ax.set_ylabel("test RMSE (lower is better)")
     seeds = len(runs[0]["rmse"])
-    ax.set_title(f"DPALS on {data} ({size}),\n{clients} tenants, delta 1e-6, 80/20 split, "
+    algs = "DPALS" if dp_runs else "DP-FedMAvg and DP-FedMC-ADMM"
+    ax.set_title(f"{algs} on {data} ({size}),\n{clients} tenants, delta 1e-6, 80/20 split, "
                  f"test RMSE (mean of {seeds} run seed{'s' if seeds > 1 else ''})", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=2)

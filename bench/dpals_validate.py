@@ -1,4 +1,5 @@
-"""Validation search for DPALS under user-level DP (never the test ratings).
+"""Validation search for DPALS (or ``--algorithm dp-fedmavg`` / ``dp-fedmc-admm``) under
+user-level DP (never the test ratings).
 
 For every point of the grid, train DPALS on 90% of each tenant's training ratings
 (``bench.fedmc_admm_targets.validation_federation``) with the noise solved for
@@ -23,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from algorithms import dpals
+from algorithms import dpals, registry
 from algorithms.data import Federation, build_federation, load_movielens
 from algorithms.simulate import simulate
 from bench.fedmc_admm_targets import validation_federation
-from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+from privacy.user_level import UserLevelPrivatizer, plan
 
 
 def run_dpals(cfg: dpals.DPALSConfig, fed: Federation, *, epsilon: float, delta: float,
@@ -35,19 +36,31 @@ def run_dpals(cfg: dpals.DPALSConfig, fed: Federation, *, epsilon: float, delta:
               release_growth: float | None = None) -> tuple[float, dict[str, Any] | None]:
     """Test RMSE of one DPALS run on ``fed`` (and its privacy report; None if noise-free).
     ``gram_share``/``release_growth`` None: the privacy layer's defaults."""
+    return run_user_level("dpals", cfg, fed, epsilon=epsilon, delta=delta,
+                          placement=placement, seed=seed, gram_share=gram_share,
+                          release_growth=release_growth)
+
+
+def run_user_level(name: str, cfg: Any, fed: Federation, *, epsilon: float, delta: float,
+                   placement: str, seed: int, gram_share: float | None = None,
+                   release_growth: float | None = None) -> tuple[float, dict[str, Any] | None]:
+    """Test RMSE of one run of a user-level algorithm (dpals, dp-fedmavg, dp-fedmc-admm)
+    on ``fed`` with every tenant in every round, its releases then one refresh round (and
+    the privacy report; None if noise-free). ``gram_share``/``release_growth`` None: the
+    privacy layer's (or the algorithm's) defaults."""
+    alg = registry.get(name)
+    releases = registry.user_releases(cfg, 0)
     priv = None
     if epsilon > 0:
-        bounds = dpals.user_bounds(cfg)
-        spec = UserLevelSpec(epsilon=epsilon, delta=delta,
-                             n_users=sum(b.n_users for b in fed.train), releases=cfg.sweeps,
-                             placement=placement, sample_rate=bounds.sample_rate,
-                             **({} if gram_share is None else {"gram_share": gram_share}),
-                             **({} if release_growth is None else
-                                {"release_growth": release_growth}))
+        bounds = registry.user_bounds(name, cfg)
+        request = {"epsilon": epsilon, "delta": delta, "placement": placement,
+                   **({} if gram_share is None else {"gram_share": gram_share}),
+                   **({} if release_growth is None else {"release_growth": release_growth})}
+        spec = plan(request, bounds, sum(b.n_users for b in fed.train), releases)
         priv = UserLevelPrivatizer(spec, bounds, fed.n_clients, seed)
-    res = simulate(dpals.ALGORITHM, cfg, fed, rounds=cfg.sweeps + 1, per_round=fed.n_clients,
+    res = simulate(alg, cfg, fed, rounds=releases + 1, per_round=fed.n_clients,
                    seed=seed, privatizer=priv, aggregator=priv.aggregate if priv else None,
-                   evaluate_every=cfg.sweeps + 1)
+                   evaluate_every=releases + 1)
     return res.final.test_rmse, priv.report() if priv else None
 
 
@@ -70,16 +83,16 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
 
 def search(data: str, grid: dict[str, list[Any]], base: dict[str, Any], *, epsilon: float,
            delta: float, placement: str, clients: int, runs: int,
-           gram_share: float | None = None, release_growth: float | None = None
-           ) -> list[dict]:
+           gram_share: float | None = None, release_growth: float | None = None,
+           algorithm: str = "dpals") -> list[dict]:
     fed = validation_federation(build_federation(load_movielens(data), clients, 0, 0.2))
     rows = []
     for values in itertools.product(*grid.values()):
         kw = {**base, **dict(zip(grid, values, strict=True))}
-        cfg = dpals.DPALSConfig(**kw)
-        rmses = [run_dpals(cfg, fed, epsilon=epsilon, delta=delta, placement=placement,
-                           seed=s, gram_share=gram_share,
-                           release_growth=release_growth)[0] for s in range(runs)]
+        cfg = registry.get(algorithm).config(**kw)
+        rmses = [run_user_level(algorithm, cfg, fed, epsilon=epsilon, delta=delta,
+                                placement=placement, seed=s, gram_share=gram_share,
+                                release_growth=release_growth)[0] for s in range(runs)]
         rows.append({"config": kw, "validation_rmse": float(np.mean(rmses))})
         print(f"{kw}: {np.mean(rmses):.4f}", flush=True)
     best = min(rows, key=lambda r: r["validation_rmse"])
@@ -90,6 +103,8 @@ def search(data: str, grid: dict[str, list[Any]], base: dict[str, Any], *, epsil
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="ml-1m", choices=["ml-100k", "ml-1m"])
+    ap.add_argument("--algorithm", default="dpals",
+                    choices=["dpals", "dp-fedmavg", "dp-fedmc-admm"])
     ap.add_argument("--epsilon", type=float, default=8.0, help="0: noise-free")
     ap.add_argument("--delta", type=float, default=1e-6)
     ap.add_argument("--placement", default="central", choices=["central", "tenant"])
@@ -107,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = search(args.data, parse_grid(args.grid), base, epsilon=args.epsilon,
                   delta=args.delta, placement=args.placement, clients=args.clients,
                   runs=args.runs, gram_share=args.gram_share,
-                  release_growth=args.release_growth)
+                  release_growth=args.release_growth, algorithm=args.algorithm)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 0

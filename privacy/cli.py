@@ -123,7 +123,8 @@ def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentP
     g = parser.add_argument_group("privacy unit (user-level DP or the tenant's whole block)")
     g.add_argument("--privacy", choices=["none", "user", "tenant"], default=None,
                    help="unit protected: 'user' (add/remove one user's ratings; needs an "
-                        "algorithm with per-user bounded uploads, e.g. dpals), 'tenant' "
+                        "algorithm with per-user bounded uploads: dpals, dp-fedmavg, "
+                        "dp-fedmc-admm), 'tenant' "
                         "(a tenant's whole block: the --dp wrapper) or 'none' (default; "
                         "'tenant' when a --dp mechanism is given)")
     g.add_argument("--placement", choices=["central", "tenant"], default=None,
@@ -208,9 +209,11 @@ def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n
             delta=delta, n_users=n_users, releases=releases,
             placement=args.placement or "central", sample_rate=bounds.sample_rate,
             secure_aggregation=bool(getattr(args, "secure_aggregation", False)),
-            **{k: getattr(args, k) for k in ("gram_share", "release_growth",
-                                             "dropout_tolerance")
-               if getattr(args, k, None) is not None})
+            **{**({} if bounds.release_growth is None else
+                  {"release_growth": bounds.release_growth}),
+               **{k: getattr(args, k) for k in ("gram_share", "release_growth",
+                                                "dropout_tolerance")
+                  if getattr(args, k, None) is not None}})
     except ValidationError as exc:  # one line naming the flag, not pydantic's dump
         err = exc.errors()[0]
         field = str(err["loc"][0]).replace("_", "-") if err["loc"] else ""

@@ -3,10 +3,16 @@ r"""User-level differential privacy for algorithms whose uploads are sums of per
 Unit protected: **one user** (add or remove all of one person's ratings). The model is
 joint DP (the billboard model): a user's own factor stays with the tenant that holds the
 user's ratings and is never released; what is released is item-side sums over users, each
-user's term bounded by the algorithm (:class:`algorithms.dpals.UserBounds`):
+user's term bounded by the algorithm (:class:`algorithms.user_bounds.UserBounds`):
 
 * a *gram* array holds, per item, ``sum_u x_u x_u^T`` (symmetric d x d);
 * a *rhs* array holds, per item, ``sum_u s_uj x_u``;
+* *clipped-sum* arrays (the gradient methods, :mod:`algorithms.dp_fedmavg`,
+  :mod:`algorithms.dp_fedmc_admm`) hold a sum over users of a per-user term whose L2 norm
+  over all of that user's entries in all of them is clipped to C. Adding or removing a
+  user moves them by at most C in L2 (:func:`clipped_sensitivity`), and one release adds
+  Gaussian noise of standard deviation ``z C`` to every entry: one Gaussian event of noise
+  multiplier z, accounted as below;
 
 over at most ``k = max_ratings`` items per user, with ``||x_u|| <= G_x`` and
 ``|s_uj| <= G_r``. Removing user u changes the releases by u's own terms only (another
@@ -44,6 +50,7 @@ sum is handed on; a tenant that cannot afford a release is left out of it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -53,7 +60,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
 from algorithms._rng import NOISE, client_noise_rng, derive_rng
-from algorithms.dpals import UserBounds
+from algorithms.user_bounds import UserBounds
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise
 from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
@@ -145,6 +152,19 @@ def rhs_sensitivity(bounds: UserBounds) -> float:
     return math.sqrt(bounds.max_ratings) * bounds.rating_bound * bounds.x_norm
 
 
+def clipped_sensitivity(bounds: UserBounds) -> float:
+    """L2 change of the released clipped-sum arrays (all together) when one user is added
+    or removed: the clip norm C of one user's joint term."""
+    return float(bounds.clip_norm)
+
+
+def sensitivities(bounds: UserBounds) -> dict[str, float]:
+    """The declared sensitivity of each kind of bounded array the algorithm releases."""
+    if bounds.clipped:
+        return {"clipped": clipped_sensitivity(bounds)}
+    return {"gram": gram_sensitivity(bounds), "rhs": rhs_sensitivity(bounds)}
+
+
 class UserLevelSpec(BaseModel):
     """Target guarantee of a user-level run. Impossible values raise ``ValueError``
     naming the field."""
@@ -204,8 +224,7 @@ class UserLevelSpec(BaseModel):
     def noise_multiplier(self) -> float:
         """Base z: release k uses ``z / sqrt(w_k)``, and the ``releases`` Gaussian events at
         rate q spend at most epsilon together."""
-        return noise_for_epsilon("gaussian", self.epsilon, self.delta, self.releases,
-                                 sample_rate=self.sample_rate, weights=self.weights())
+        return _solved_noise(self)
 
     def schedule(self) -> list[Event]:
         """The planned event of each release, in order."""
@@ -213,12 +232,23 @@ class UserLevelSpec(BaseModel):
                                self.sample_rate)
 
 
+@functools.lru_cache(maxsize=256)
+def _solved_noise(spec: UserLevelSpec) -> float:
+    """The bisection of :meth:`UserLevelSpec.noise_multiplier`, once per spec: about 4 ms at
+    q = 1 (closed-form RDP), but seconds at q < 1 (opacus' subsampled-Gaussian RDP at
+    fractional orders), and every release asks for its event."""
+    return noise_for_epsilon("gaussian", spec.epsilon, spec.delta, spec.releases,
+                             sample_rate=spec.sample_rate, weights=spec.weights())
+
+
 def noise_stds(bounds: UserBounds, z: float, gram_share: float = 0.2) -> dict[str, float]:
     """Per-array noise standard deviation of one release at joint noise multiplier z, the
-    share ``gram_share`` of the privacy going to the gram arrays (module docstring)."""
+    share ``gram_share`` of the privacy going to the gram arrays (module docstring);
+    clipped-sum arrays get ``z C`` (``gram_share`` does not apply to them)."""
     out = {name: z * gram_sensitivity(bounds) / math.sqrt(gram_share) for name in bounds.gram}
     out.update({name: z * rhs_sensitivity(bounds) / math.sqrt(1 - gram_share)
                 for name in bounds.rhs})
+    out.update({name: z * clipped_sensitivity(bounds) for name in bounds.clipped})
     return out
 
 
@@ -236,7 +266,7 @@ def add_noise(upload: Message, bounds: UserBounds, stds: Mapping[str, float],
     """A copy with noise added to every bounded array, in the bounds' field order, and the
     upload's noise fields updated (standard deviations add in quadrature)."""
     changes: dict[str, Any] = {}
-    for name in (*bounds.gram, *bounds.rhs):
+    for name in bounds.arrays:
         arr = getattr(upload, name)
         draw = symmetric_noise if name in bounds.gram else gaussian_noise
         changes[name] = arr + draw(arr.shape, stds[name], rng)
@@ -249,7 +279,7 @@ def sum_uploads(uploads: Sequence[Message], bounds: UserBounds) -> Message:
     """Entry-wise sum of the bounded arrays (noise fields add in quadrature)."""
     first = uploads[0]
     changes: dict[str, Any] = {}
-    for name in (*bounds.gram, *bounds.rhs):
+    for name in bounds.arrays:
         changes[name] = np.sum([getattr(u, name) for u in uploads], axis=0)
         field = bounds.noise_fields[name]
         changes[field] = float(math.sqrt(sum(getattr(u, field) ** 2 for u in uploads)))
@@ -273,6 +303,8 @@ def plan(request: Mapping[str, Any], bounds: UserBounds, n_users: int, releases:
     fields = {k: v for k, v in request.items() if k in UserLevelSpec.model_fields}
     fields.update(n_users=int(n_users), releases=int(releases),
                   sample_rate=bounds.sample_rate)
+    if "release_growth" not in fields and bounds.release_growth is not None:
+        fields["release_growth"] = bounds.release_growth  # the algorithm's preference
     return UserLevelSpec(**fields)
 
 
@@ -424,11 +456,12 @@ class UserLevelPrivatizer:
             "noise_multiplier": self.z, "release_growth": self.spec.release_growth,
             "planned_noise_multipliers": [e.noise_multiplier for e in self.plan],
             "sample_rate": self.spec.sample_rate, "gram_share": self.spec.gram_share,
-            "sensitivity": {"gram": gram_sensitivity(self.bounds),
-                            "rhs": rhs_sensitivity(self.bounds)},
-            "bounds": {"max_ratings_per_user": self.bounds.max_ratings,
-                       "x_norm": self.bounds.x_norm,
-                       "rating_bound": self.bounds.rating_bound},
+            "sensitivity": sensitivities(self.bounds),
+            "bounds": ({"max_ratings_per_user": self.bounds.max_ratings,
+                        "clip_norm": self.bounds.clip_norm} if self.bounds.clipped else
+                       {"max_ratings_per_user": self.bounds.max_ratings,
+                        "x_norm": self.bounds.x_norm,
+                        "rating_bound": self.bounds.rating_bound}),
             "noise_std": self.stds(0), "releases": self.releases,
             "stopped": self.ledger.stopped(),
         })

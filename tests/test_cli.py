@@ -139,6 +139,35 @@ def test_simulate_user_level_dp_reports_unit_placement_and_releases(tmp_path, ra
     assert report["rounds"] == 3 and np.isfinite(report["final"]["test_rmse"])
 
 
+@pytest.mark.parametrize("name,rate", [("dp-fedmavg", 1.0), ("dp-fedmc-admm", 0.5)])
+def test_simulate_user_level_gradient_methods_match_the_library(tmp_path, ratings_csv, name,
+                                                               rate):
+    from privacy.user_level import UserLevelPrivatizer, plan
+
+    out = tmp_path / "user.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", name,
+                 "--clients", "4", "--rank", "2", "--releases", "3", "--user-sample-rate",
+                 str(rate), "--privacy", "user", "--epsilon", "4", "--delta", "1e-4",
+                 "--seed", "1", "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    priv = report["privacy"]
+    assert (priv["unit"], priv["placement"], priv["delta"]) == ("user", "central", 1e-4)
+    assert 3.99 < priv["epsilon_max"] <= 4.0
+    assert [r["round"] for r in priv["releases"]] == [1, 2, 3]  # then a refresh round
+    assert priv["sample_rate"] == rate and priv["release_growth"] == 1.0
+    assert priv["sensitivity"] == {"clipped": 2.0}
+    assert report["rounds"] == 4
+    alg = registry.get(name)
+    cfg = alg.config(rank=2, releases=3, user_sample_rate=rate)
+    fed = build_federation(load_ratings(ratings_csv), 4, 1)
+    bounds = registry.user_bounds(name, cfg)
+    lib = UserLevelPrivatizer(plan({"epsilon": 4, "delta": 1e-4}, bounds, 120, 3), bounds,
+                              4, 1)
+    sim = simulate(alg, cfg, fed, rounds=4, per_round=4, seed=1, privatizer=lib,
+                   aggregator=lib.aggregate)
+    assert report["final"]["test_rmse"] == sim.final.test_rmse
+
+
 def test_simulate_tenant_placement_matches_the_library(tmp_path, ratings_csv):
     from algorithms import dpals
     from privacy.user_level import UserLevelPrivatizer, UserLevelSpec

@@ -211,7 +211,8 @@ def _add_run_options(parser: argparse.ArgumentParser, alg, base) -> None:
     """--clients, --per-round and --rounds, whose defaults are the algorithm's."""
     defaults = alg.run_defaults
     rounds = (f"sweeps + 1 = {base.sweeps + 1}" if "sweeps" in type(base).model_fields else
-              f"iterations = {base.iterations}" if "iterations" in type(base).model_fields
+              f"releases + 1 = {base.releases + 1}" if "releases" in type(base).model_fields
+              else f"iterations = {base.iterations}" if "iterations" in type(base).model_fields
               else str(defaults["rounds"]))
     g = parser.add_argument_group(f"run (defaults: {alg.name}'s recommended run)")
     g.add_argument("--clients", type=int, metavar="P",
@@ -347,6 +348,8 @@ def run(args: argparse.Namespace) -> int:
                for k in _RUN_FLAGS}
     if args.rounds is None and "sweeps" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.sweeps + 1  # the sweeps, then every user re-solved on V
+    elif args.rounds is None and "releases" in type(cfg).model_fields:
+        run_cfg["rounds"] = cfg.releases + 1  # the same for the user-level gradient methods
     elif args.rounds is None and "iterations" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
     ratings, data = _load(args.data, args.seed)
@@ -357,7 +360,7 @@ def run(args: argparse.Namespace) -> int:
         fed = binarise(fed, args.threshold)
     per_round = run_cfg["per_round"] or fed.n_clients
     if unit == "user":
-        privatizer = _user_privatizer(args, alg, cfg, fed)
+        privatizer = _user_privatizer(args, alg, cfg, fed, run_cfg["rounds"])
         aggregator = privatizer.aggregate
     else:
         privatizer, aggregator = _privatizer(args, alg, cfg, fed, run_cfg["rounds"],
@@ -422,15 +425,16 @@ def _upload_size(alg, cfg, fed, seed: int) -> int:
     return 1 if up is None else int(sum(a.size for a in up.arrays().values()))
 
 
-def _user_privatizer(args, alg, cfg, fed):
+def _user_privatizer(args, alg, cfg, fed, rounds: int):
     """The user-level privatizer/aggregator; refuses algorithms without per-user bounds."""
     bounds = registry.user_bounds(alg.name, cfg)
     if bounds is None:
         raise ValueError(f"--privacy user needs an algorithm whose uploads are sums of "
-                         f"per-user bounded terms (dpals); {alg.name} has none")
+                         f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm); "
+                         f"{alg.name} has none")
     n_users = sum(b.n_users for b in fed.train)
-    return user_privatizer_from_args(args, bounds, cfg.sweeps, fed.n_clients, n_users,
-                                     args.seed)
+    return user_privatizer_from_args(args, bounds, registry.user_releases(cfg, rounds),
+                                     fed.n_clients, n_users, args.seed)
 
 
 def _privatizer(args, alg, cfg, fed, rounds: int, per_round: int):

@@ -100,8 +100,8 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "the coordinator could read its users' contributions)")
     if isinstance(dp, dict) and registry.user_bounds(alg.name, cfg) is None:
         raise JobRefused(422, f"invalid privacy.unit: {alg.name} cannot protect a user (its "
-                              "uploads are not sums of per-user bounded terms); use dpals, or "
-                              "the tenant unit through dp")
+                              "uploads are not sums of per-user bounded terms); use dpals, "
+                              "dp-fedmavg or dp-fedmc-admm, or the tenant unit through dp")
     return alg, cfg, dp
 
 
@@ -311,10 +311,11 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
 
     Returns the settings the job stores and each tenant's projection. A release is one
     round's upload of a tenant's users; a user takes part in at most as many as its tenant
-    transmits (and DPALS stops uploading after its sweeps)."""
+    transmits (and DPALS and the gradient methods stop uploading after their sweeps /
+    releases)."""
     bounds = registry.user_bounds(alg.name, cfg)
     plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, n_clients, glob)
-    releases = min(max(plan.values()), getattr(cfg, "sweeps", spec.rounds))
+    releases = min(max(plan.values()), registry.user_releases(cfg, spec.rounds))
     # agents' users are not counted here (their number is theirs to keep)
     n_users = max(1, sum(block.n_users for block in train))
     try:

@@ -49,7 +49,8 @@ class PrivacySettings(BaseModel):
 class JobCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    algorithm: str = Field("dpals", description="dpals (user-level DP), fedmc-admm, fedmavg, "
+    algorithm: str = Field("dpals", description="dpals, dp-fedmavg or dp-fedmc-admm "
+                                                "(user-level DP), fedmc-admm, fedmavg, "
                                                 "rfrec, rfrecf, or fedmgs (not private)")
     config: dict[str, Any] = Field(default_factory=dict,
                                    description="Algorithm options (e.g. rank); defaults are "
@@ -66,7 +67,8 @@ class JobCreate(BaseModel):
         None, description="Tenant-unit DP of every upload (a tenant's whole block protected). "
                           "Give either this or 'privacy'.")
     privacy: PrivacySettings | None = Field(
-        None, description="User-level DP (algorithm dpals). With neither 'dp' nor "
+        None, description="User-level DP (algorithms dpals, dp-fedmavg, dp-fedmc-admm). "
+                          "With neither 'dp' nor "
                           "'privacy': user level (target_epsilon 8, delta 1e-6) for an "
                           "algorithm that can bound a user, else dp Gaussian with noise "
                           "multiplier 1.")

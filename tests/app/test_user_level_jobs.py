@@ -231,3 +231,33 @@ def test_a_user_level_job_takes_the_tenants_declared_scale_as_its_public_scale(e
     given = submit(client, config={**CONFIG, "scale_min": 1.0, "scale_max": 5.0}).json()
     assert (given["config"]["scale_min"], given["config"]["scale_max"]) == (1.0, 5.0)
     assert wait_job(client, given["id"])["status"] == "completed"
+
+
+@pytest.mark.parametrize("name", ["dp-fedmavg", "dp-fedmc-admm"])
+def test_gradient_methods_run_as_user_level_jobs_like_the_simulator(env, name):
+    """The service accepts the user-level gradient methods with privacy unit user: the job
+    plans their releases (not the rounds), matches the simulator driving the same pure
+    privatizer, and charges every tenant the planned event of each release once."""
+    app, client = env
+    tenants = make_tenants(client, n=3, allow_non_private=False)
+    config = {"rank": 2, "releases": 2}
+    r = submit(client, algorithm=name, config=config)
+    assert r.status_code == 202, r.text
+    job = wait_job(client, r.json()["id"])
+    assert job["status"] == "completed", job
+    fed, _ = federation_of(app, job["id"])
+    alg = registry.get(name)
+    cfg = alg.config(**{**config, **{k: job["config"][k] for k in ("scale_min", "scale_max")}})
+    spec = user_level.from_settings(job["dp"])
+    assert (spec.releases, spec.release_growth) == (2, 1.0)
+    priv = user_level.UserLevelPrivatizer(spec, registry.user_bounds(name, cfg),
+                                          len(fed.train), seed=5)
+    sim = simulate(alg, cfg, fed, rounds=ROUNDS, per_round=len(fed.train), seed=5,
+                   privatizer=priv, aggregator=priv.aggregate)
+    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
+    with app.state.sessions() as s:
+        rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)).all()
+    assert sorted(rows) == sorted((t, k) for t, _ in tenants for k in (1, 2))
+    assert report["privacy"]["epsilon_max"] == pytest.approx(
+        dp_accounting_epsilon(spec.schedule(), 1e-3), rel=1e-9)
