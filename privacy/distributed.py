@@ -217,6 +217,10 @@ class SecureAggregationPrivatizer(UserLevelPrivatizer):
                  drop: Sequence[int] = ()) -> None:
         if not spec.secure_aggregation:
             raise ValueError("SecureAggregationPrivatizer needs secure_aggregation=True")
+        if bounds.clipped:  # their integer sensitivity is not derived here
+            raise ValueError("secure aggregation is implemented for DPALS's gram and rhs "
+                             "releases; this algorithm releases clipped gradient sums: use "
+                             "placement central, or tenant without secure aggregation")
         super().__init__(spec, bounds, n_clients, seed, ledger)
         self.fp = fp or secagg.FixedPoint()
         self.drop = set(drop)

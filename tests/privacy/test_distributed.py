@@ -214,6 +214,11 @@ def test_spec_and_cli_refuse_secure_aggregation_where_it_does_not_apply(tmp_path
         _spec(dropout_tolerance=0.5)
     with pytest.raises(ValueError, match="needs secure_aggregation=True"):
         SecureAggregationPrivatizer(_spec(secure_aggregation=False), BOUNDS, 3, 0)
+    from algorithms import registry
+
+    grad = registry.user_bounds("dp-fedmc-admm", registry.get("dp-fedmc-admm").config())
+    with pytest.raises(ValueError, match="releases clipped gradient sums"):
+        SecureAggregationPrivatizer(_spec(), grad, 3, 0)
     with pytest.raises(ValueError, match="below 9"):
         integer_stds(_spec(), BOUNDS, _upload(np.random.default_rng(0)), 0, 10,
                      S.FixedPoint(0))
