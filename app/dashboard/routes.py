@@ -235,7 +235,8 @@ async def create_job(request: Request, viewer: OperatorDep, session: Db) -> Resp
     dry_run = form.get("action") != "start"
     try:
         result = job_routes.create_training_job(
-            body, request, Response(), session, request.app.state.settings, None, None,
+            body=body, request=request, response=Response(), session=session,
+            settings=request.app.state.settings, _=None, idempotency_key=None,
             dry_run=dry_run)
     except HTTPException as exc:
         return _job_form(request, viewer, session, form, error=exc.detail,
@@ -283,8 +284,10 @@ def job_action(request: Request, job_id: int, action: str, viewer: OperatorDep, 
     """Cancel or resume through the admin API's own route functions."""
     auth.check_csrf(viewer, csrf)
     _job(session, job_id)
-    calls = {"cancel": lambda: job_routes.cancel_training_job(job_id, session, None),
-             "resume": lambda: job_routes.resume_training_job(job_id, request, session, None)}
+    calls = {"cancel": lambda: job_routes.cancel_training_job(
+                 job_id=job_id, session=session, _=None),
+             "resume": lambda: job_routes.resume_training_job(
+                 job_id=job_id, request=request, response=Response(), session=session, _=None)}
     if action not in calls:
         raise auth.PageNotFound()
     try:
