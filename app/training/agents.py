@@ -45,7 +45,7 @@ from sqlalchemy.orm import Session
 from algorithms import Message, registry
 from algorithms._messages import messages_equal
 from app.models import Item, Tenant
-from app.training import pipeline
+from app.training import pipeline, secure
 from app.training.models import LedgerEntry, RoundUpload, TrainingJob
 from privacy import user_level
 from privacy.accountant import Event
@@ -53,6 +53,8 @@ from privacy.wrapper import DPSpec, n_entries, transmission_event
 
 PROTOCOL = 1
 PHASES = ("upload",)
+#: phases of an upload under secure aggregation (:mod:`app.training.secure`)
+SECAGG_PHASES = secure.PHASES
 
 
 class AgentRefused(Exception):
@@ -102,7 +104,8 @@ def manifest(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
             "items": [keys[i] for i in ids.tolist()],
             "titles": [titles[i] for i in ids.tolist()],
             "round_seconds": job.agents["round_seconds"], "wire": job.agents["wire"],
-            "upload": job.agents["upload"], "phases": list(PHASES)}
+            "upload": job.agents["upload"], "phases": list(PHASES),
+            "secure_aggregation": secure.enabled(job)}
 
 
 _SELECTED: dict[tuple[int, int, int, str], list[int]] = {}
@@ -214,6 +217,14 @@ def expected_charge(s: Session, job: TrainingJob, tenant_id: int, upload: Messag
     return transmission_event(DPSpec(**job.dp), n_entries(upload), alg.privacy_preserving)
 
 
+def same_reported(reported: Any, event: Event) -> bool:
+    """Whether the charge an agent reports (JSON [mechanism, z, count]) is ``event``."""
+    try:
+        return _same_event(Event.from_list(reported), event)
+    except (TypeError, ValueError, IndexError):
+        return False
+
+
 def _same_event(a: Event, b: Event) -> bool:
     return (a.mechanism == b.mechanism and a.count == b.count
             and math.isclose(a.noise_multiplier, b.noise_multiplier, rel_tol=1e-9)
@@ -230,6 +241,10 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
     """
     job, client = agent_job(s, job_id, tenant_id, lock=True)
     _open_round(s, job, client, round_)
+    if data and secure.enabled(job):
+        raise AgentRefused(409, f"job {job_id} uses secure aggregation: send the round's "
+                                "keys, shares, masked input and unmasking instead of an "
+                                "upload")
     if not data:  # nothing to send this round (e.g. DPALS after its sweeps)
         return _stage_nothing(s, job, client, round_, None)
     upload = parse_upload(job, data)
@@ -312,3 +327,32 @@ def _stage_nothing(s: Session, job: TrainingJob, client: int, round_: int,
                        None)
     return {"round": round_, "replayed": False, "charged": None,
             "complete": _complete(s, job, round_)}
+
+
+def secagg_status(s: Session, job_id: int, tenant_id: int, round_: int) -> dict[str, Any]:
+    """The secure-aggregation phase of round ``round_`` for this agent
+    (:func:`app.training.secure.status`); 409 unless the round is open and it is selected."""
+    job, client = agent_job(s, job_id, tenant_id)
+    if not secure.enabled(job):
+        raise AgentRefused(409, f"job {job_id} does not use secure aggregation")
+    _open_round(s, job, client, round_)
+    return secure.status(s, job, client, round_, _selected(job, round_))
+
+
+def accept_secagg(s: Session, job_id: int, tenant_id: int, round_: int, phase: str,
+                  wire: Any, reported: list | None) -> dict[str, Any]:
+    """Stage an agent's secure-aggregation message (:func:`app.training.secure.accept`) under
+    the upload's rules: the round must be open, the tenant selected, before the deadline.
+    ``complete``: every selected tenant finished the round (its aggregate is due)."""
+    job, client = agent_job(s, job_id, tenant_id, lock=True)
+    if not secure.enabled(job):
+        raise AgentRefused(409, f"job {job_id} does not use secure aggregation")
+    _open_round(s, job, client, round_)
+    try:
+        out = secure.accept(s, job, client, round_, phase, wire, reported,
+                            _selected(job, round_))
+    except secure.Refused as exc:
+        s.rollback()
+        raise AgentRefused(exc.status, exc.detail) from None
+    out["complete"] = bool(out.pop("staged")) and _complete(s, job, round_)
+    return out

@@ -14,7 +14,7 @@ from agent.client import Coordinator
 from agent.data import parse_bytes
 from agent.run import Agent
 from agent.state import AgentState
-from algorithms import Message
+from algorithms import Message, RatingBlock
 from algorithms._messages import messages_equal
 from algorithms.synthetic import generate_ratings
 from app.training.models import JobClient, LedgerEntry, RoundUpload, TrainingJob
@@ -498,3 +498,108 @@ def test_user_level_agents_match_hosted_placement_tenant(fed, tmp_path):
         assert theirs == pytest.approx(
             report_h["epsilon_per_tenant"][str(hosted[t][0])], rel=1e-12)
         assert a.epsilon_spent() == pytest.approx(theirs, rel=1e-12)
+
+
+SECAGG = {"algorithm": "dpals", "config": {"rank": 3}, "rounds": 3, "per_round": 0,
+          "seed": 5, "privacy": {"unit": "user", "placement": "tenant", "target_epsilon": 8.0,
+                                 "delta": 1e-6, "secure_aggregation": True}}
+
+
+def test_secure_aggregation_between_agents_matches_the_simulation(fed, tmp_path):
+    """All-agent DPALS with secure aggregation over HTTP: the coordinator keeps only masked
+    inputs (uniform-looking mod 2^64, nothing like a fixed-point upload) and unmasks the
+    noisy sum; the factors equal fedrec simulate's SecureAggregationPrivatizer path with the
+    same seed (same noise streams, exact integer sums), and the ledgers agree."""
+    from algorithms import registry
+    from algorithms.data import Federation
+    from algorithms.simulate import simulate
+    from app.training.models import SecAggMessage
+    from privacy import secagg, user_level
+    from privacy.distributed import SecureAggregationPrivatizer
+
+    app, client, _, agent_tenants, rows = fed
+    res = client.post("/admin/jobs", json={**SECAGG,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob, _, job = states(app, job_id)
+
+    # what the coordinator kept: every phase of every round, masked inputs that look uniform
+    with app.state.sessions() as s:
+        kept = s.execute(sa.select(SecAggMessage.round, SecAggMessage.phase,
+                                   SecAggMessage.body)
+                         .where(SecAggMessage.job_id == job_id)).all()
+        assert s.scalar(sa.select(sa.func.count()).select_from(RoundUpload)
+                        .where(RoundUpload.job_id == job_id)) == 0
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    cfg = alg.config(**manifest["config"])
+    sweeps = min(cfg.sweeps, SECAGG["rounds"])
+    phases = {(r, p) for r, p, _ in kept}
+    assert phases == {(r, p) for r in range(1, sweeps + 1)
+                      for p in ("keys", "shares", "masked", "unmask")}
+    masked = [secagg.from_wire(json.loads(b)).y for _, p, b in kept if p == "masked"]
+    assert len(masked) == N_TENANTS * sweeps
+    for y in masked:
+        signed = np.abs(y.view(np.int64).astype(np.float64))
+        # a fixed-point upload (|x| 2^20 plus noise) is far below 2^50 everywhere; a masked
+        # one is uniform mod 2^64: below 2^50 with probability 2^-13 per entry
+        assert np.mean(signed < 2.0 ** 50) < 0.01
+        assert 0.4 < np.mean(y.astype(np.float64) / 2.0 ** 64) < 0.6
+
+    # the same run in process: simulate with the job's privacy spec and the agents' blocks
+    spec = user_level.from_settings(job.dp)
+    bounds = registry.user_bounds(alg.name, cfg)
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    test = [RatingBlock.from_bytes(a.state.read(job_id, "test.block")) for a in agents]
+    fedn = Federation(train, test, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = SecureAggregationPrivatizer(spec, bounds, N_TENANTS, SECAGG["seed"])
+    ref = simulate(alg, cfg, fedn, rounds=SECAGG["rounds"], per_round=N_TENANTS,
+                   seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
+                   evaluate_every=0)
+    assert max_diff(ref.global_msg, glob) <= 1e-12
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(ref.local_states[t], mine) <= 1e-12
+
+    # each agent charged its own ledger per release; the coordinator's view says the same
+    report = client.get(f"/admin/jobs/{job_id}/report").json()["privacy"]
+    for t, a in enumerate(agents):
+        theirs = report["epsilon_per_tenant"][str(agent_tenants[t][0])]
+        assert a.epsilon_spent() == pytest.approx(theirs, rel=1e-12)
+        assert a.state.ledger.rounds(a.state.account) == list(range(1, sweeps + 1))
+    with app.state.sessions() as s:
+        rounds_charged = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)
+                                   .where(LedgerEntry.job_id == job_id)).all()
+    assert sorted(rounds_charged) == sorted((t, r) for t, _ in agent_tenants
+                                            for r in range(1, sweeps + 1))
+
+
+def test_secure_aggregation_is_refused_with_a_hosted_tenant(fed):
+    _, client, hosted, agent_tenants, _ = fed
+    mixed = [hosted[0], *agent_tenants[1:]]
+    res = client.post("/admin/jobs", json={**SECAGG, "tenant_ids": [t for t, _ in mixed],
+                                           "agents": [t for t, _ in mixed[1:]]})
+    assert res.status_code == 422, res.text
+    detail = res.json()["detail"]
+    assert "privacy.secure_aggregation" in detail and str(hosted[0][0]) in detail
+    res = client.post("/admin/jobs", json={
+        **SECAGG, "tenant_ids": [t for t, _ in agent_tenants],
+        "agents": [t for t, _ in agent_tenants],
+        "privacy": {**SECAGG["privacy"], "placement": "central"}})
+    assert res.status_code == 422, res.text
+    assert "privacy.placement" in res.json()["detail"]
+    with_extra = {**SECAGG["privacy"], "dropout_tolerance": 0.6}
+    res = client.post("/admin/jobs", json={**SECAGG, "privacy": with_extra,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 422, res.text
+    assert "dropout_tolerance" in res.text
