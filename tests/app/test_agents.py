@@ -603,3 +603,119 @@ def test_secure_aggregation_is_refused_with_a_hosted_tenant(fed):
                                            "agents": [t for t, _ in agent_tenants]})
     assert res.status_code == 422, res.text
     assert "dropout_tolerance" in res.text
+
+
+def _secagg_job(client, agent_tenants, **extra):
+    privacy = {**SECAGG["privacy"], **extra.pop("privacy", {})}
+    res = client.post("/admin/jobs", json={**SECAGG, **extra, "privacy": privacy,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 202, res.text
+    return res.json()["id"]
+
+
+def _post_phase(client, tenant, job_id, round_, phase, body):
+    tid, key = tenant
+    return client.post(f"/tenants/{tid}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}",
+                       content=body if isinstance(body, bytes) else json.dumps(body),
+                       headers={"Authorization": f"Bearer {key}",
+                                "Content-Type": "application/json"})
+
+
+def test_secure_aggregation_messages_follow_the_upload_rules(fed, tmp_path):
+    """Replay 200, different bytes 409, a phase not open yet 409, malformed 422, a plain
+    upload 409; nothing refused is stored."""
+    from app.training.models import SecAggMessage
+    from privacy import secagg
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants)
+    a = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0")
+    a.secure.wait = 0.0
+    a.setup(job_id)
+    end = time.monotonic() + 10
+    while not (a.state.job_dir(job_id) / "secagg-1.json").exists():
+        assert time.monotonic() < end
+        a.step(job_id, wait=0.05)
+    sent = json.loads(a.state.read(job_id, "secagg-1.json"))["sent"]["keys"]
+    t0 = agent_tenants[0]
+    res = _post_phase(client, t0, job_id, 1, "keys", {"message": sent})
+    assert res.status_code == 200 and res.json()["replayed"] is True, res.text
+    _, other = secagg.advertise(0, b"x")
+    res = _post_phase(client, t0, job_id, 1, "keys", {"message": secagg.to_wire(other)})
+    assert res.status_code == 409 and "duplicate" in res.json()["detail"]
+    res = _post_phase(client, t0, job_id, 1, "shares", {"message": sent})
+    assert res.status_code == 409 and "not open yet (open: keys)" in res.json()["detail"]
+    t2 = agent_tenants[2]
+    short = {**secagg.to_wire(secagg.advertise(2, b"x")[1]), "mask_pk": {"b64": "AAAA"}}
+    res = _post_phase(client, t2, job_id, 1, "keys", {"message": short})
+    assert res.status_code == 422 and "32-byte" in res.json()["detail"]
+    res = _post_phase(client, t2, job_id, 1, "keys", {"message": sent})  # tenant 0's keys
+    assert res.status_code == 422 and "sent by client 2" in res.json()["detail"]
+    res = _post_phase(client, t2, job_id, 1, "keys", b"{not json")
+    assert res.status_code == 422
+    res = _post_phase(client, t2, job_id, 1, "keys", {"message": {"type": "Nope"}})
+    assert res.status_code == 422 and "malformed" in res.json()["detail"]
+    res = _put(client, t2, job_id, 1, a.state.read(job_id, "pending-1.upload"))
+    assert res.status_code == 409 and "uses secure aggregation" in res.json()["detail"]
+    with app.state.sessions() as s:
+        kept = s.execute(sa.select(SecAggMessage.client_index, SecAggMessage.phase)
+                         .where(SecAggMessage.job_id == job_id)).all()
+    assert kept == [(0, "keys")]
+    assert _charges(app, job_id) == []  # charged at the masked input only
+
+
+def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_path):
+    """Agent 2 vanishes after sending its shares: the masked phase closes at its cut-off,
+    the survivors reveal agent 2's mask key, the round closes at its deadline with the sum
+    of the other two, as simulate's privatizer with that tenant dropped computes it; agent
+    2's charge is on its own ledger only (nothing of it reached the sum)."""
+    from algorithms import registry
+    from algorithms.data import Federation
+    from algorithms.simulate import simulate
+    from privacy import user_level
+    from privacy.distributed import SecureAggregationPrivatizer
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=2.0,
+                         privacy={"dropout_tolerance": 0.4})
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+        a.setup(job_id)
+    gone = agents[2]
+
+    def shares_sent():
+        path = gone.state.job_dir(job_id) / "secagg-1.json"
+        return path.exists() and "shares" in json.loads(path.read_text())["sent"]
+
+    end = time.monotonic() + 30
+    live = list(agents)
+    while live:
+        assert time.monotonic() < end, "agents did not finish"
+        if gone in live and shares_sent():
+            live.remove(gone)
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob, _, job = states(app, job_id)
+    with app.state.sessions() as s:
+        rounds = s.scalars(sa.select(JobRoundRow.uploads).where(JobRoundRow.job_id == job_id)
+                           ).all()
+    assert rounds == [2]
+    assert sorted(_charges(app, job_id)) == sorted((t, 1) for t, _ in agent_tenants[:2])
+    assert gone.state.ledger.rounds(gone.state.account) == [1]
+
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    cfg = alg.config(**manifest["config"])
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    fedn = Federation(train, train, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = SecureAggregationPrivatizer(user_level.from_settings(job.dp),
+                                       registry.user_bounds(alg.name, cfg), N_TENANTS, 5,
+                                       drop=[2])
+    ref = simulate(alg, cfg, fedn, rounds=1, per_round=N_TENANTS, seed=5, privatizer=priv,
+                   aggregator=priv.aggregate, evaluate_every=0)
+    assert priv.releases[-1]["dropped"] == [2]
+    assert max_diff(ref.global_msg, glob) <= 1e-12
