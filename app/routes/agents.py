@@ -217,8 +217,7 @@ async def post_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, phas
         body = json.loads(data)
         wire, reported = body["message"], body.get("charge")
     except (ValueError, TypeError, KeyError, AttributeError):
-        raise ApiError(422, "invalid_upload", "the body must be JSON {\"message\": ..., "
-                                              "\"charge\"?: [...]}") from None
+        wire, reported = agents.MALFORMED, None  # refused once the job and round are known
 
     def stage() -> dict[str, Any]:
         with _session(request) as s:

@@ -13,9 +13,10 @@ for the agents still missing, once the deadline passed (they sit the round out).
 
 Round phases (what :func:`round_status` reports as ``phase``): ``wait`` (nothing for this
 tenant: not started, not selected, or already sent), ``upload`` (selected, send before
-``deadline``), ``closed`` (the job ended). Secure aggregation adds phases before ``upload``
-(key advertisement, share exchange) and after it (unmasking), each one more message per
-tenant through the same staging, deadline and idempotency rules.
+``deadline``), ``closed`` (the job ended). With secure aggregation (every tenant an agent)
+the ``upload`` phase is carried out as four messages, keys, shares, masked input and
+unmasking (:mod:`app.training.secure`, :func:`accept_secagg`), each through the same
+staging, deadline and idempotency rules; no upload is ever sent.
 
 Refusals (4xx, nothing changes): the round is not the open one, or is past its deadline
 (409, "late"); the tenant is not selected (409); a different upload for the same round
@@ -329,6 +330,10 @@ def _stage_nothing(s: Session, job: TrainingJob, client: int, round_: int,
             "complete": _complete(s, job, round_)}
 
 
+#: a secure-aggregation body that is not JSON {"message", "charge"?}
+MALFORMED = object()
+
+
 def secagg_status(s: Session, job_id: int, tenant_id: int, round_: int) -> dict[str, Any]:
     """The secure-aggregation phase of round ``round_`` for this agent
     (:func:`app.training.secure.status`); 409 unless the round is open and it is selected."""
@@ -348,6 +353,8 @@ def accept_secagg(s: Session, job_id: int, tenant_id: int, round_: int, phase: s
     if not secure.enabled(job):
         raise AgentRefused(409, f"job {job_id} does not use secure aggregation")
     _open_round(s, job, client, round_)
+    if wire is MALFORMED:
+        raise AgentRefused(422, 'the body must be JSON {"message": ..., "charge"?: [...]}')
     try:
         out = secure.accept(s, job, client, round_, phase, wire, reported,
                             _selected(job, round_))

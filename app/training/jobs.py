@@ -108,6 +108,9 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
         if request.get("placement", "central") != "tenant":
             raise JobRefused(422, "invalid privacy.secure_aggregation: needs placement "
                                   "'tenant'")
+        if len(spec.tenant_ids) < 2 or spec.per_round == 1:
+            raise JobRefused(422, "invalid privacy.secure_aggregation: a round needs at least "
+                                  "2 tenants to hide one among (tenant_ids and per_round)")
         if spec.wire != "float64":
             raise JobRefused(422, "invalid wire: secure aggregation encodes the uploads in "
                                   "fixed point itself; use float64")

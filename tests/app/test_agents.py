@@ -597,6 +597,10 @@ def test_secure_aggregation_is_refused_with_a_hosted_tenant(fed):
         "privacy": {**SECAGG["privacy"], "placement": "central"}})
     assert res.status_code == 422, res.text
     assert "privacy.placement" in res.json()["detail"]
+    res = client.post("/admin/jobs", json={**SECAGG, "per_round": 1,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 422 and "at least 2 tenants" in res.json()["detail"]
     with_extra = {**SECAGG["privacy"], "dropout_tolerance": 0.6}
     res = client.post("/admin/jobs", json={**SECAGG, "privacy": with_extra,
                                            "tenant_ids": [t for t, _ in agent_tenants],
