@@ -723,3 +723,66 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
                    aggregator=priv.aggregate, evaluate_every=0)
     assert priv.releases[-1]["dropped"] == [2]
     assert max_diff(ref.global_msg, glob) <= 1e-12
+
+
+def test_an_agent_restarted_mid_protocol_resends_the_same_messages(fed, tmp_path):
+    """Agent 0 is replaced by a fresh process on its state directory after sending its
+    shares in round 2: it re-sends the same bytes (replays), draws no new keys or noise and
+    is charged once per release; the job ends as the uninterrupted simulation."""
+    from algorithms import registry
+    from algorithms.data import Federation
+    from algorithms.simulate import simulate
+    from app.training.models import SecAggMessage
+    from privacy import user_level
+    from privacy.distributed import SecureAggregationPrivatizer
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants)
+    budget = Budget(100.0, 1e-6)
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=budget)
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+        a.setup(job_id)
+    first = agents[0]
+
+    def in_round_2():
+        path = first.state.job_dir(job_id) / "secagg-2.json"
+        return path.exists() and "shares" in json.loads(path.read_text())["sent"]
+
+    end, restarted, live = time.monotonic() + 60, False, list(agents)
+    while live:
+        assert time.monotonic() < end, "agents did not finish"
+        if not restarted and in_round_2():
+            sent = json.loads(first.state.read(job_id, "secagg-2.json"))["sent"]
+            fresh = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0",
+                               budget=budget)  # the same directory: a restarted agent
+            fresh.secure.wait = 0.0
+            live[live.index(first)] = agents[0] = fresh
+            restarted = True
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert restarted
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob, _, job = states(app, job_id)
+    with app.state.sessions() as s:
+        kept = {p: json.loads(b) for p, b in s.execute(
+            sa.select(SecAggMessage.phase, SecAggMessage.body).where(
+                SecAggMessage.job_id == job_id, SecAggMessage.round == 2,
+                SecAggMessage.client_index == 0))}
+    assert kept["keys"] == sent["keys"] and kept["shares"] == sent["shares"]
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    cfg = alg.config(**manifest["config"])
+    sweeps = min(cfg.sweeps, SECAGG["rounds"])
+    assert agents[0].state.ledger.rounds(agents[0].state.account) == list(
+        range(1, sweeps + 1))
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    fedn = Federation(train, train, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = SecureAggregationPrivatizer(user_level.from_settings(job.dp),
+                                       registry.user_bounds(alg.name, cfg), N_TENANTS,
+                                       SECAGG["seed"])
+    ref = simulate(alg, cfg, fedn, rounds=SECAGG["rounds"], per_round=N_TENANTS,
+                   seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
+                   evaluate_every=0)
+    assert max_diff(ref.global_msg, glob) <= 1e-12
