@@ -126,21 +126,31 @@ def cut_off(job: TrainingJob, round_: int, phase: str) -> float:
     return deadline - seconds + (PHASES.index(phase) + 1) * seconds / len(PHASES)
 
 
-def load_messages(s: Session, job_id: int, round_: int) -> dict[str, dict[int, Any]]:
+def load_messages(s: Session, job_id: int, round_: int, masked: bool = False
+                  ) -> dict[str, dict[int, Any]]:
+    """The round's messages by phase and client; the masked inputs (the largest, needed by
+    the sum only) as None unless ``masked``."""
     out: dict[str, dict[int, Any]] = {p: {} for p in PHASES}
+    for c, p in s.execute(sa.select(SecAggMessage.client_index, SecAggMessage.phase)
+                          .where(SecAggMessage.job_id == job_id, SecAggMessage.round == round_,
+                                 SecAggMessage.phase == "masked")):
+        out[p][c] = None
+    phases = PHASES if masked else tuple(p for p in PHASES if p != "masked")
     for c, p, body in s.execute(sa.select(SecAggMessage.client_index, SecAggMessage.phase,
                                           SecAggMessage.body)
                                 .where(SecAggMessage.job_id == job_id,
-                                       SecAggMessage.round == round_)):
+                                       SecAggMessage.round == round_,
+                                       SecAggMessage.phase.in_(phases))):
         out[p][c] = secagg.from_wire(json.loads(body))
     return out
 
 
 def view(s: Session, job: TrainingJob, round_: int, selected: Sequence[int],
-         now: float | None = None) -> View:
-    """The open phase and what the closed ones produced (roster, inboxes, request)."""
+         now: float | None = None, masked: bool = False) -> View:
+    """The open phase and what the closed ones produced (roster, inboxes, request); the
+    masked inputs themselves only with ``masked``."""
     now = time.time() if now is None else now
-    v = View("keys", load_messages(s, job.id, round_))
+    v = View("keys", load_messages(s, job.id, round_, masked))
 
     def closed(phase: str) -> bool:
         return v.expected(phase, selected) <= set(v.messages[phase]) or (
@@ -283,7 +293,7 @@ def secure_sum(s: Session, job: TrainingJob, round_: int, selected: Sequence[int
                ) -> tuple[dict[int, Message], list[int]]:
     """What the server step receives: ``{AGGREGATE: decoded noisy sum}`` over the survivors
     (or nothing when the protocol could not complete), and the survivors."""
-    v = view(s, job, round_, selected, now=math.inf)
+    v = view(s, job, round_, selected, now=math.inf, masked=True)
     if v.request is None:
         return {}, []
     try:
