@@ -786,3 +786,35 @@ def test_an_agent_restarted_mid_protocol_resends_the_same_messages(fed, tmp_path
                    seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
                    evaluate_every=0)
     assert max_diff(ref.global_msg, glob) <= 1e-12
+
+
+def test_a_masked_input_with_a_charge_not_the_jobs_is_refused(fed, tmp_path):
+    """The masked input carries the agent's charge; one that is not the job's release event
+    is 422 and stores nothing; the right one is recorded once in the coordinator's view."""
+    from agent.client import Refused
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants, rounds=1)
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    seen = []
+    coord = agents[0].coord
+    real_post = coord.secagg_post
+
+    def post(job, round_, phase, message, charge=None):
+        if phase == "masked" and not seen:
+            wrong = [charge[0], charge[1] * 2, charge[2]]
+            with pytest.raises(Refused) as err:
+                real_post(job, round_, phase, message, wrong)
+            seen.append((err.value.status, err.value.detail, list(_charges(app, job_id))))
+        return real_post(job, round_, phase, message, charge)
+
+    coord.secagg_post = post
+    for a in agents:
+        a.secure.wait = 0.0
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    (status, detail, before), = seen
+    assert status == 422 and "is not what job" in detail
+    assert (agent_tenants[0][0], 1) not in before
+    assert sorted(_charges(app, job_id)) == sorted((t, 1) for t, _ in agent_tenants)
