@@ -80,6 +80,23 @@ class Coordinator:
         return self._call("POST", f"{self._jobs()}/{job_id}/rounds/{round_}/decline",
                           json={"reason": reason}).json()
 
+    def secagg(self, job_id: int, round_: int, wait: float = 0.0, after: str | None = None
+               ) -> dict[str, Any]:
+        """The round's secure-aggregation phase (long-polls while it is ``after``)."""
+        params: dict[str, Any] = {"wait": wait}
+        if after is not None:
+            params["after"] = after
+        return self._call("GET", f"{self._jobs()}/{job_id}/rounds/{round_}/secagg",
+                          params=params).json()
+
+    def secagg_post(self, job_id: int, round_: int, phase: str, message: Any,
+                    charge: list | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"message": message}
+        if charge is not None:
+            body["charge"] = charge
+        return self._call("POST", f"{self._jobs()}/{job_id}/rounds/{round_}/secagg/{phase}",
+                          json=body).json()
+
 
 def _detail(res: httpx.Response) -> str:
     try:

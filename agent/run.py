@@ -26,6 +26,7 @@ import numpy as np
 
 from agent import data as agent_data
 from agent.client import Coordinator, Refused
+from agent.secure import SecAggUploader
 from agent.state import AgentState, sync_dir
 from algorithms import Message, RatingBlock, registry
 from algorithms._rng import client_noise_rng
@@ -38,6 +39,7 @@ from algorithms.simulate import (
 )
 from app.ingest import Collected, UploadRejected
 from privacy import user_level
+from privacy.distributed import charge_release
 from privacy.wrapper import DPSpec, release
 
 RUNNING = ("queued", "running")
@@ -97,6 +99,8 @@ class Agent:
         self.coord, self.state, self.source = coordinator, state, source
         self.uploader, self.log = uploader, log
         self._memo: dict[tuple[int, str], Any] = {}  # parsed copies of state files
+        #: the uploader of jobs with secure aggregation (its wait: a long-poll per phase)
+        self.secure = SecAggUploader(state)
 
     # ---- joining a job ---------------------------------------------------------------
     def setup(self, job_id: int) -> None:
@@ -227,6 +231,10 @@ class Agent:
         dp, rng = manifest["privacy"], client_noise_rng(manifest["seed"], round_,
                                                         manifest["client_index"])
         ledger, account = self.state.ledger, self.state.account
+        if user_level.is_user_level(dp) and dp.get("secure_aggregation"):
+            # noised and masked later, in the secure-aggregation phases (agent.secure)
+            return charge_release(user_level.from_settings(dp), upload, account, ledger,
+                                  rec["releases"], round_)
         if user_level.is_user_level(dp):
             return user_level.release_one(
                 user_level.from_settings(dp), registry.user_bounds(alg.name, cfg), upload,
@@ -238,13 +246,14 @@ class Agent:
         st, rec = self.state, self.state.jobs[str(job_id)]
         pending, manifest = rec["pending"], self.manifest(job_id)
         k = pending["round"]
+        uploader = self.secure if manifest.get("secure_aggregation") else self.uploader
         try:
             if pending["kind"] == "upload":
-                answer = self.uploader(self.coord, manifest, k,
+                answer = uploader(self.coord, manifest, k,
                                        st.read(job_id, f"pending-{k}.upload"),
                                        pending["charge"])
             elif pending["kind"] == "none":
-                answer = self.uploader(self.coord, manifest, k, b"", None)
+                answer = uploader(self.coord, manifest, k, b"", None)
             else:
                 answer = self.coord.decline(job_id, k, pending["reason"])
         except Refused as exc:
@@ -257,6 +266,8 @@ class Agent:
             rec["pending"] = None
             st.save()
             self._drop(job_id, k)
+            return
+        if answer is None:  # secure aggregation under way: the next step goes on with it
             return
         st.rename(job_id, f"pending-{k}.local", "local.msg")
         adopted = self._memo.pop((int(job_id), f"pending-{k}.local"), None)
@@ -277,6 +288,7 @@ class Agent:
                  f"{self.epsilon_spent():.4g}")
 
     def _drop(self, job_id: int, k: int) -> None:
+        self.secure.forget(job_id, k)
         self.state.drop(job_id, f"pending-{k}.upload")
         self.state.drop(job_id, f"pending-{k}.local")
 

@@ -277,3 +277,19 @@ class SecureAggregationPrivatizer(UserLevelPrivatizer):
                         "discrete Gaussian sum at t survivors with tau = 0); the noise "
                         "present is z sqrt(T'/t) >= z, see noise_multiplier_present")})
         return out
+
+
+def charge_release(spec: UserLevelSpec, upload: Message, account: Any, ledger: Any,
+                   index: int, round_: int) -> tuple[Message | None, Any, str | None]:
+    """A tenant's side of release ``index`` under secure aggregation (``fedrec agent``):
+    check its account can afford the planned event and charge it
+    (:func:`privacy.ledger.charged_release`) before anything noisy leaves; the bounded
+    upload stays with the tenant, to be noised by :func:`tenant_input` and masked. Returns
+    (upload, event charged, refusal reason), as :func:`privacy.user_level.release_one`."""
+    from privacy.ledger import charged_release
+
+    kept, charged, refused = charged_release(ledger, [account], release_event(spec, index),
+                                             round_, lambda _: upload, "user-level release")
+    if refused:
+        return None, None, refused[account]
+    return kept, charged[account], None

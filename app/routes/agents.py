@@ -174,3 +174,60 @@ def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: 
     if out.pop("complete"):
         dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
     return out
+
+
+@router.get(JOBS + "/{job_id}/rounds/{round_}/secagg", responses=errors(409))
+async def read_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
+                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description=(
+                          "Long-poll: answer as soon as the open phase is not 'after', "
+                          "within this many seconds."))] = 0.0,
+                      after: Annotated[str | None, Query(max_length=16)] = None
+                      ) -> dict[str, Any]:
+    """Secure aggregation of round ``round_``: the open ``phase`` (keys, shares, masked,
+    unmask, done or failed), the key roster, this tenant's share inbox and the unmask
+    request once their phases closed, and the phases this tenant has posted."""
+    end = time.monotonic() + wait
+
+    def look() -> dict[str, Any]:
+        with _session(request) as s:
+            try:
+                return agents.secagg_status(s, job_id, tenant.id, round_)
+            except agents.AgentRefused as exc:
+                raise _refused(exc) from None
+
+    while True:
+        status = await run_in_threadpool(look)
+        if status["phase"] != after or time.monotonic() >= end:
+            return status
+        await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
+
+@router.post(JOBS + "/{job_id}/rounds/{round_}/secagg/{phase}",
+             responses={**errors(409), **UNPROCESSABLE})
+async def post_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, phase: str,
+                      request: Request) -> dict[str, Any]:
+    """This tenant's secure-aggregation message of ``phase`` for round ``round_``: JSON
+    ``{"message": ..., "charge": [mechanism, z, count]}`` (the charge with the masked
+    input only). The same message again is a replay (200); a different one, a closed phase
+    or a round past its deadline is 409; a malformed one 422."""
+    data = await request.body()
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise HTTPException(413, f"message is {len(data)} bytes; at most {MAX_UPLOAD_BYTES}")
+    try:
+        body = json.loads(data)
+        wire, reported = body["message"], body.get("charge")
+    except (ValueError, TypeError, KeyError, AttributeError):
+        wire, reported = agents.MALFORMED, None  # refused once the job and round are known
+
+    def stage() -> dict[str, Any]:
+        with _session(request) as s:
+            try:
+                return agents.accept_secagg(s, job_id, tenant.id, round_, phase, wire,
+                                            reported)
+            except agents.AgentRefused as exc:
+                raise _refused(exc) from None
+
+    out = await run_in_threadpool(stage)
+    if out.pop("complete"):
+        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
+    return out

@@ -80,7 +80,10 @@ def _privacy_settings(body: JobCreate) -> dict | None:
     if body.privacy is None:
         return None
     return {"unit": body.privacy.unit, "placement": body.privacy.placement,
-            "epsilon": body.privacy.target_epsilon, "delta": body.privacy.delta}
+            "epsilon": body.privacy.target_epsilon, "delta": body.privacy.delta,
+            **({"secure_aggregation": True,
+                "dropout_tolerance": body.privacy.dropout_tolerance}
+               if body.privacy.secure_aggregation else {})}
 
 
 REPLAYED = {200: {"model": JobPublic | JobPlanPublic,

@@ -13,9 +13,10 @@ for the agents still missing, once the deadline passed (they sit the round out).
 
 Round phases (what :func:`round_status` reports as ``phase``): ``wait`` (nothing for this
 tenant: not started, not selected, or already sent), ``upload`` (selected, send before
-``deadline``), ``closed`` (the job ended). Secure aggregation adds phases before ``upload``
-(key advertisement, share exchange) and after it (unmasking), each one more message per
-tenant through the same staging, deadline and idempotency rules.
+``deadline``), ``closed`` (the job ended). With secure aggregation (every tenant an agent)
+the ``upload`` phase is carried out as four messages, keys, shares, masked input and
+unmasking (:mod:`app.training.secure`, :func:`accept_secagg`), each through the same
+staging, deadline and idempotency rules; no upload is ever sent.
 
 Refusals (4xx, nothing changes): the round is not the open one, or is past its deadline
 (409, "late"); the tenant is not selected (409); a different upload for the same round
@@ -45,7 +46,7 @@ from sqlalchemy.orm import Session
 from algorithms import Message, registry
 from algorithms._messages import messages_equal
 from app.models import Item, Tenant
-from app.training import pipeline
+from app.training import pipeline, secure
 from app.training.models import LedgerEntry, RoundUpload, TrainingJob
 from privacy import user_level
 from privacy.accountant import Event
@@ -53,6 +54,8 @@ from privacy.wrapper import DPSpec, n_entries, transmission_event
 
 PROTOCOL = 1
 PHASES = ("upload",)
+#: phases of an upload under secure aggregation (:mod:`app.training.secure`)
+SECAGG_PHASES = secure.PHASES
 
 
 class AgentRefused(Exception):
@@ -102,7 +105,8 @@ def manifest(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
             "items": [keys[i] for i in ids.tolist()],
             "titles": [titles[i] for i in ids.tolist()],
             "round_seconds": job.agents["round_seconds"], "wire": job.agents["wire"],
-            "upload": job.agents["upload"], "phases": list(PHASES)}
+            "upload": job.agents["upload"], "phases": list(PHASES),
+            "secure_aggregation": secure.enabled(job)}
 
 
 _SELECTED: dict[tuple[int, int, int, str], list[int]] = {}
@@ -214,6 +218,14 @@ def expected_charge(s: Session, job: TrainingJob, tenant_id: int, upload: Messag
     return transmission_event(DPSpec(**job.dp), n_entries(upload), alg.privacy_preserving)
 
 
+def same_reported(reported: Any, event: Event) -> bool:
+    """Whether the charge an agent reports (JSON [mechanism, z, count]) is ``event``."""
+    try:
+        return _same_event(Event.from_list(reported), event)
+    except (TypeError, ValueError, IndexError):
+        return False
+
+
 def _same_event(a: Event, b: Event) -> bool:
     return (a.mechanism == b.mechanism and a.count == b.count
             and math.isclose(a.noise_multiplier, b.noise_multiplier, rel_tol=1e-9)
@@ -230,6 +242,10 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
     """
     job, client = agent_job(s, job_id, tenant_id, lock=True)
     _open_round(s, job, client, round_)
+    if data and secure.enabled(job):
+        raise AgentRefused(409, f"job {job_id} uses secure aggregation: send the round's "
+                                "keys, shares, masked input and unmasking instead of an "
+                                "upload")
     if not data:  # nothing to send this round (e.g. DPALS after its sweeps)
         return _stage_nothing(s, job, client, round_, None)
     upload = parse_upload(job, data)
@@ -312,3 +328,38 @@ def _stage_nothing(s: Session, job: TrainingJob, client: int, round_: int,
                        None)
     return {"round": round_, "replayed": False, "charged": None,
             "complete": _complete(s, job, round_)}
+
+
+#: a secure-aggregation body that is not JSON {"message", "charge"?}
+MALFORMED = object()
+
+
+def secagg_status(s: Session, job_id: int, tenant_id: int, round_: int) -> dict[str, Any]:
+    """The secure-aggregation phase of round ``round_`` for this agent
+    (:func:`app.training.secure.status`); 409 unless the round is open and it is selected."""
+    job, client = agent_job(s, job_id, tenant_id)
+    if not secure.enabled(job):
+        raise AgentRefused(409, f"job {job_id} does not use secure aggregation")
+    _open_round(s, job, client, round_)
+    return secure.status(s, job, client, round_, _selected(job, round_))
+
+
+def accept_secagg(s: Session, job_id: int, tenant_id: int, round_: int, phase: str,
+                  wire: Any, reported: list | None) -> dict[str, Any]:
+    """Stage an agent's secure-aggregation message (:func:`app.training.secure.accept`) under
+    the upload's rules: the round must be open, the tenant selected, before the deadline.
+    ``complete``: every selected tenant finished the round (its aggregate is due)."""
+    job, client = agent_job(s, job_id, tenant_id, lock=True)
+    if not secure.enabled(job):
+        raise AgentRefused(409, f"job {job_id} does not use secure aggregation")
+    _open_round(s, job, client, round_)
+    if wire is MALFORMED:
+        raise AgentRefused(422, 'the body must be JSON {"message": ..., "charge"?: [...]}')
+    try:
+        out = secure.accept(s, job, client, round_, phase, wire, reported,
+                            _selected(job, round_))
+    except secure.Refused as exc:
+        s.rollback()
+        raise AgentRefused(exc.status, exc.detail) from None
+    out["complete"] = bool(out.pop("staged")) and _complete(s, job, round_)
+    return out

@@ -98,6 +98,22 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
                               "uploads, so a job with agents needs placement 'tenant' (with "
                               "'central' an agent would send its un-noised bounded sum and "
                               "the coordinator could read its users' contributions)")
+    if (isinstance(request, dict) and user_level.is_user_level(request)
+            and request.get("secure_aggregation")):
+        hosted = sorted(set(spec.tenant_ids) - set(spec.agents))
+        if hosted:
+            raise JobRefused(422, "invalid privacy.secure_aggregation: every tenant must be "
+                                  "an agent (the masking and the noise run in fedrec agent); "
+                                  f"hosted tenants: {', '.join(map(str, hosted))}")
+        if request.get("placement", "central") != "tenant":
+            raise JobRefused(422, "invalid privacy.secure_aggregation: needs placement "
+                                  "'tenant'")
+        if len(spec.tenant_ids) < 2 or spec.per_round == 1:
+            raise JobRefused(422, "invalid privacy.secure_aggregation: a round needs at least "
+                                  "2 tenants to hide one among (tenant_ids and per_round)")
+        if spec.wire != "float64":
+            raise JobRefused(422, "invalid wire: secure aggregation encodes the uploads in "
+                                  "fixed point itself; use float64")
     if isinstance(dp, dict) and registry.user_bounds(alg.name, cfg) is None:
         raise JobRefused(422, f"invalid privacy.unit: {alg.name} cannot protect a user (its "
                               "uploads are not sums of per-user bounded terms); use dpals, "

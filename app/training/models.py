@@ -107,6 +107,22 @@ class RoundUpload(Base):
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
 
+class SecAggMessage(Base):
+    """One agent's secure-aggregation message of one phase of a round (keys, shares, masked,
+    unmask: :mod:`app.training.secure`), staged as uploads are; never an unmasked upload."""
+
+    __tablename__ = "secagg_messages"
+
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    round: Mapped[int] = mapped_column(primary_key=True)
+    client_index: Mapped[int] = mapped_column(primary_key=True)
+    phase: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    body: Mapped[str] = mapped_column(sa.Text)
+    """The message as JSON (:func:`privacy.secagg.to_wire`)."""
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+
+
 class JobRound(Base):
     """Metrics of one completed round (the training curve)."""
 

@@ -348,7 +348,14 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         # past the deadline, agents that sent nothing sit the round out (state unchanged)
         uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
                    if i in staged and staged[i].upload is not None}
-        received, released_refusals = _release_central(s, job, cfg, round_, uploads)
+        if user_level.is_user_level(job.dp) and job.dp.get("secure_aggregation"):
+            from app.training import secure  # the server step gets the unmasked sum only
+
+            received, survivors = secure.secure_sum(s, job, round_, selected)
+            released_refusals, n_uploads = {}, len(survivors)
+        else:
+            received, released_refusals = _release_central(s, job, cfg, round_, uploads)
+            n_uploads = len(uploads)
         server, glob = server_round(alg, cfg, round_, job.seed,
                                     Message.from_bytes(job.server_state), received)
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
@@ -373,7 +380,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         s.add(JobRound(job_id=job_id, round=round_, objective=metrics["objective"],
                        test_rmse=metrics["test_rmse"], test_mae=metrics["test_mae"],
                        per_tenant=metrics["per_tenant"], participants=selected,
-                       uploads=len(uploads), seconds=seconds, ranking=ranking))
+                       uploads=n_uploads, seconds=seconds, ranking=ranking))
         refused = {str(job.tenant_ids[i]): r.refused for i, r in staged.items() if r.refused}
         refused.update(released_refusals)
         if refused:

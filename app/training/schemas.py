@@ -44,6 +44,14 @@ class PrivacySettings(BaseModel):
     delta: float = Field(1e-6, ge=1e-12, lt=1,
                          description="Delta of the guarantee; must be below 1 / number of "
                                      "users, and at least 1e-12.")
+    secure_aggregation: bool = Field(
+        False, description="Placement tenant only, every tenant an agent: the agents add "
+                           "distributed discrete Gaussian noise and mask their uploads "
+                           "(Bonawitz et al.); the coordinator unmasks only the round's sum, "
+                           "which carries the noise of central placement.")
+    dropout_tolerance: float = Field(
+        0.1, ge=0, lt=0.5, description="Secure aggregation: largest fraction of a round's "
+                                       "agents that may drop out after sending their shares.")
 
 
 class JobCreate(BaseModel):

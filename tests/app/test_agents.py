@@ -14,7 +14,7 @@ from agent.client import Coordinator
 from agent.data import parse_bytes
 from agent.run import Agent
 from agent.state import AgentState
-from algorithms import Message
+from algorithms import Message, RatingBlock
 from algorithms._messages import messages_equal
 from algorithms.synthetic import generate_ratings
 from app.training.models import JobClient, LedgerEntry, RoundUpload, TrainingJob
@@ -498,3 +498,323 @@ def test_user_level_agents_match_hosted_placement_tenant(fed, tmp_path):
         assert theirs == pytest.approx(
             report_h["epsilon_per_tenant"][str(hosted[t][0])], rel=1e-12)
         assert a.epsilon_spent() == pytest.approx(theirs, rel=1e-12)
+
+
+SECAGG = {"algorithm": "dpals", "config": {"rank": 3}, "rounds": 3, "per_round": 0,
+          "seed": 5, "privacy": {"unit": "user", "placement": "tenant", "target_epsilon": 8.0,
+                                 "delta": 1e-6, "secure_aggregation": True}}
+
+
+def test_secure_aggregation_between_agents_matches_the_simulation(fed, tmp_path):
+    """All-agent DPALS with secure aggregation over HTTP: the coordinator keeps only masked
+    inputs (uniform-looking mod 2^64, nothing like a fixed-point upload) and unmasks the
+    noisy sum; the factors equal fedrec simulate's SecureAggregationPrivatizer path with the
+    same seed (same noise streams, exact integer sums), and the ledgers agree."""
+    from algorithms import registry
+    from algorithms.data import Federation
+    from algorithms.simulate import simulate
+    from app.training.models import SecAggMessage
+    from privacy import secagg, user_level
+    from privacy.distributed import SecureAggregationPrivatizer
+
+    app, client, _, agent_tenants, rows = fed
+    res = client.post("/admin/jobs", json={**SECAGG,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 202, res.text
+    job_id = res.json()["id"]
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob, _, job = states(app, job_id)
+
+    # what the coordinator kept: every phase of every round, masked inputs that look uniform
+    with app.state.sessions() as s:
+        kept = s.execute(sa.select(SecAggMessage.round, SecAggMessage.phase,
+                                   SecAggMessage.body)
+                         .where(SecAggMessage.job_id == job_id)).all()
+        assert s.scalar(sa.select(sa.func.count()).select_from(RoundUpload)
+                        .where(RoundUpload.job_id == job_id)) == 0
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    cfg = alg.config(**manifest["config"])
+    sweeps = min(cfg.sweeps, SECAGG["rounds"])
+    phases = {(r, p) for r, p, _ in kept}
+    assert phases == {(r, p) for r in range(1, sweeps + 1)
+                      for p in ("keys", "shares", "masked", "unmask")}
+    masked = [secagg.from_wire(json.loads(b)).y for _, p, b in kept if p == "masked"]
+    assert len(masked) == N_TENANTS * sweeps
+    for y in masked:
+        signed = np.abs(y.view(np.int64).astype(np.float64))
+        # a fixed-point upload (|x| 2^20 plus noise) is far below 2^50 everywhere; a masked
+        # one is uniform mod 2^64: below 2^50 with probability 2^-13 per entry
+        assert np.mean(signed < 2.0 ** 50) < 0.01
+        assert 0.4 < np.mean(y.astype(np.float64) / 2.0 ** 64) < 0.6
+
+    # the same run in process: simulate with the job's privacy spec and the agents' blocks
+    spec = user_level.from_settings(job.dp)
+    bounds = registry.user_bounds(alg.name, cfg)
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    test = [RatingBlock.from_bytes(a.state.read(job_id, "test.block")) for a in agents]
+    fedn = Federation(train, test, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = SecureAggregationPrivatizer(spec, bounds, N_TENANTS, SECAGG["seed"])
+    ref = simulate(alg, cfg, fedn, rounds=SECAGG["rounds"], per_round=N_TENANTS,
+                   seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
+                   evaluate_every=0)
+    assert max_diff(ref.global_msg, glob) <= 1e-12
+    for t, a in enumerate(agents):
+        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
+        assert max_diff(ref.local_states[t], mine) <= 1e-12
+
+    # each agent charged its own ledger per release; the coordinator's view says the same
+    report = client.get(f"/admin/jobs/{job_id}/report").json()["privacy"]
+    for t, a in enumerate(agents):
+        theirs = report["epsilon_per_tenant"][str(agent_tenants[t][0])]
+        assert a.epsilon_spent() == pytest.approx(theirs, rel=1e-12)
+        assert a.state.ledger.rounds(a.state.account) == list(range(1, sweeps + 1))
+    with app.state.sessions() as s:
+        rounds_charged = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)
+                                   .where(LedgerEntry.job_id == job_id)).all()
+    assert sorted(rounds_charged) == sorted((t, r) for t, _ in agent_tenants
+                                            for r in range(1, sweeps + 1))
+
+
+def test_secure_aggregation_is_refused_with_a_hosted_tenant(fed):
+    _, client, hosted, agent_tenants, _ = fed
+    mixed = [hosted[0], *agent_tenants[1:]]
+    res = client.post("/admin/jobs", json={**SECAGG, "tenant_ids": [t for t, _ in mixed],
+                                           "agents": [t for t, _ in mixed[1:]]})
+    assert res.status_code == 422, res.text
+    detail = res.json()["detail"]
+    assert "privacy.secure_aggregation" in detail and str(hosted[0][0]) in detail
+    res = client.post("/admin/jobs", json={
+        **SECAGG, "tenant_ids": [t for t, _ in agent_tenants],
+        "agents": [t for t, _ in agent_tenants],
+        "privacy": {**SECAGG["privacy"], "placement": "central"}})
+    assert res.status_code == 422, res.text
+    assert "privacy.placement" in res.json()["detail"]
+    res = client.post("/admin/jobs", json={**SECAGG, "per_round": 1,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 422 and "at least 2 tenants" in res.json()["detail"]
+    with_extra = {**SECAGG["privacy"], "dropout_tolerance": 0.6}
+    res = client.post("/admin/jobs", json={**SECAGG, "privacy": with_extra,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 422, res.text
+    assert "dropout_tolerance" in res.text
+
+
+def _secagg_job(client, agent_tenants, **extra):
+    privacy = {**SECAGG["privacy"], **extra.pop("privacy", {})}
+    res = client.post("/admin/jobs", json={**SECAGG, **extra, "privacy": privacy,
+                                           "tenant_ids": [t for t, _ in agent_tenants],
+                                           "agents": [t for t, _ in agent_tenants]})
+    assert res.status_code == 202, res.text
+    return res.json()["id"]
+
+
+def _post_phase(client, tenant, job_id, round_, phase, body):
+    tid, key = tenant
+    return client.post(f"/tenants/{tid}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}",
+                       content=body if isinstance(body, bytes) else json.dumps(body),
+                       headers={"Authorization": f"Bearer {key}",
+                                "Content-Type": "application/json"})
+
+
+def test_secure_aggregation_messages_follow_the_upload_rules(fed, tmp_path):
+    """Replay 200, different bytes 409, a phase not open yet 409, malformed 422, a plain
+    upload 409; nothing refused is stored."""
+    from app.training.models import SecAggMessage
+    from privacy import secagg
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants)
+    a = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0")
+    a.secure.wait = 0.0
+    a.setup(job_id)
+    end = time.monotonic() + 10
+    while not (a.state.job_dir(job_id) / "secagg-1.json").exists():
+        assert time.monotonic() < end
+        a.step(job_id, wait=0.05)
+    sent = json.loads(a.state.read(job_id, "secagg-1.json"))["sent"]["keys"]
+    t0 = agent_tenants[0]
+    res = _post_phase(client, t0, job_id, 1, "keys", {"message": sent})
+    assert res.status_code == 200 and res.json()["replayed"] is True, res.text
+    _, other = secagg.advertise(0, b"x")
+    res = _post_phase(client, t0, job_id, 1, "keys", {"message": secagg.to_wire(other)})
+    assert res.status_code == 409 and "duplicate" in res.json()["detail"]
+    res = _post_phase(client, t0, job_id, 1, "shares", {"message": sent})
+    assert res.status_code == 409 and "not open yet (open: keys)" in res.json()["detail"]
+    t2 = agent_tenants[2]
+    short = {**secagg.to_wire(secagg.advertise(2, b"x")[1]), "mask_pk": {"b64": "AAAA"}}
+    res = _post_phase(client, t2, job_id, 1, "keys", {"message": short})
+    assert res.status_code == 422 and "32-byte" in res.json()["detail"]
+    res = _post_phase(client, t2, job_id, 1, "keys", {"message": sent})  # tenant 0's keys
+    assert res.status_code == 422 and "sent by client 2" in res.json()["detail"]
+    res = _post_phase(client, t2, job_id, 1, "keys", b"{not json")
+    assert res.status_code == 422
+    res = _post_phase(client, t2, job_id, 1, "keys", {"message": {"type": "Nope"}})
+    assert res.status_code == 422 and "malformed" in res.json()["detail"]
+    res = _put(client, t2, job_id, 1, a.state.read(job_id, "pending-1.upload"))
+    assert res.status_code == 409 and "uses secure aggregation" in res.json()["detail"]
+    with app.state.sessions() as s:
+        kept = s.execute(sa.select(SecAggMessage.client_index, SecAggMessage.phase)
+                         .where(SecAggMessage.job_id == job_id)).all()
+    assert kept == [(0, "keys")]
+    assert _charges(app, job_id) == []  # charged at the masked input only
+
+
+def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_path):
+    """Agent 2 vanishes after sending its shares: the masked phase closes at its cut-off,
+    the survivors reveal agent 2's mask key, the round closes at its deadline with the sum
+    of the other two, as simulate's privatizer with that tenant dropped computes it; agent
+    2's charge is on its own ledger only (nothing of it reached the sum)."""
+    from algorithms import registry
+    from algorithms.data import Federation
+    from algorithms.simulate import simulate
+    from privacy import user_level
+    from privacy.distributed import SecureAggregationPrivatizer
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=2.0,
+                         privacy={"dropout_tolerance": 0.4})
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+        a.setup(job_id)
+    gone = agents[2]
+
+    def shares_sent():
+        path = gone.state.job_dir(job_id) / "secagg-1.json"
+        return path.exists() and "shares" in json.loads(path.read_text())["sent"]
+
+    end = time.monotonic() + 30
+    live = list(agents)
+    while live:
+        assert time.monotonic() < end, "agents did not finish"
+        if gone in live and shares_sent():
+            live.remove(gone)
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob, _, job = states(app, job_id)
+    with app.state.sessions() as s:
+        rounds = s.scalars(sa.select(JobRoundRow.uploads).where(JobRoundRow.job_id == job_id)
+                           ).all()
+    assert rounds == [2]
+    assert sorted(_charges(app, job_id)) == sorted((t, 1) for t, _ in agent_tenants[:2])
+    assert gone.state.ledger.rounds(gone.state.account) == [1]
+
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    cfg = alg.config(**manifest["config"])
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    fedn = Federation(train, train, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = SecureAggregationPrivatizer(user_level.from_settings(job.dp),
+                                       registry.user_bounds(alg.name, cfg), N_TENANTS, 5,
+                                       drop=[2])
+    ref = simulate(alg, cfg, fedn, rounds=1, per_round=N_TENANTS, seed=5, privatizer=priv,
+                   aggregator=priv.aggregate, evaluate_every=0)
+    assert priv.releases[-1]["dropped"] == [2]
+    assert max_diff(ref.global_msg, glob) <= 1e-12
+
+
+def test_an_agent_restarted_mid_protocol_resends_the_same_messages(fed, tmp_path):
+    """Agent 0 is replaced by a fresh process on its state directory after sending its
+    shares in round 2: it re-sends the same bytes (replays), draws no new keys or noise and
+    is charged once per release; the job ends as the uninterrupted simulation."""
+    from algorithms import registry
+    from algorithms.data import Federation
+    from algorithms.simulate import simulate
+    from app.training.models import SecAggMessage
+    from privacy import user_level
+    from privacy.distributed import SecureAggregationPrivatizer
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants)
+    budget = Budget(100.0, 1e-6)
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=budget)
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+        a.setup(job_id)
+    first = agents[0]
+
+    def in_round_2():
+        path = first.state.job_dir(job_id) / "secagg-2.json"
+        return path.exists() and "shares" in json.loads(path.read_text())["sent"]
+
+    end, restarted, live = time.monotonic() + 60, False, list(agents)
+    while live:
+        assert time.monotonic() < end, "agents did not finish"
+        if not restarted and in_round_2():
+            sent = json.loads(first.state.read(job_id, "secagg-2.json"))["sent"]
+            fresh = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0",
+                               budget=budget)  # the same directory: a restarted agent
+            fresh.secure.wait = 0.0
+            live[live.index(first)] = agents[0] = fresh
+            restarted = True
+        live = [a for a in live if a.step(job_id, wait=0.05)]
+    assert restarted
+    assert wait_job(client, job_id)["status"] == "completed"
+    glob, _, job = states(app, job_id)
+    with app.state.sessions() as s:
+        kept = {p: json.loads(b) for p, b in s.execute(
+            sa.select(SecAggMessage.phase, SecAggMessage.body).where(
+                SecAggMessage.job_id == job_id, SecAggMessage.round == 2,
+                SecAggMessage.client_index == 0))}
+    assert kept["keys"] == sent["keys"] and kept["shares"] == sent["shares"]
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    cfg = alg.config(**manifest["config"])
+    sweeps = min(cfg.sweeps, SECAGG["rounds"])
+    assert agents[0].state.ledger.rounds(agents[0].state.account) == list(
+        range(1, sweeps + 1))
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    fedn = Federation(train, train, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = SecureAggregationPrivatizer(user_level.from_settings(job.dp),
+                                       registry.user_bounds(alg.name, cfg), N_TENANTS,
+                                       SECAGG["seed"])
+    ref = simulate(alg, cfg, fedn, rounds=SECAGG["rounds"], per_round=N_TENANTS,
+                   seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
+                   evaluate_every=0)
+    assert max_diff(ref.global_msg, glob) <= 1e-12
+
+
+def test_a_masked_input_with_a_charge_not_the_jobs_is_refused(fed, tmp_path):
+    """The masked input carries the agent's charge; one that is not the job's release event
+    is 422 and stores nothing; the right one is recorded once in the coordinator's view."""
+    from agent.client import Refused
+
+    app, client, _, agent_tenants, rows = fed
+    job_id = _secagg_job(client, agent_tenants, rounds=1)
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    seen = []
+    coord = agents[0].coord
+    real_post = coord.secagg_post
+
+    def post(job, round_, phase, message, charge=None):
+        if phase == "masked" and not seen:
+            wrong = [charge[0], charge[1] * 2, charge[2]]
+            with pytest.raises(Refused) as err:
+                real_post(job, round_, phase, message, wrong)
+            seen.append((err.value.status, err.value.detail, list(_charges(app, job_id))))
+        return real_post(job, round_, phase, message, charge)
+
+    coord.secagg_post = post
+    for a in agents:
+        a.secure.wait = 0.0
+    drive(agents, job_id)
+    assert wait_job(client, job_id)["status"] == "completed"
+    (status, detail, before), = seen
+    assert status == 422 and "is not what job" in detail
+    assert (agent_tenants[0][0], 1) not in before
+    assert sorted(_charges(app, job_id)) == sorted((t, 1) for t, _ in agent_tenants)

@@ -57,6 +57,8 @@ def bodies(victim: int, other: int) -> dict:
         ("post", "/tenants/{tenant_id}/recommendations"): {"json": {"users": ["u0"], "k": 2}},
         ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): {
             "json": {"reason": "walk"}},
+        ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}"): {
+            "json": {"message": {"type": "AdvertiseKeys"}}},
     }
 
 NOT_2XX_WHEN_AUTHORISED = {  # the walk's fixture state explains these (a finished job)
@@ -69,6 +71,8 @@ NOT_2XX_WHEN_AUTHORISED = {  # the walk's fixture state explains these (a finish
     ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/global"): 404,
     ("put", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/upload"): 404,
     ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): 404,
+    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg"): 404,
+    ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}"): 404,
 }
 TENANT_CASES = ("none", "basic", "empty_bearer", "no_scheme", "wrong_key", "garbage",
                 "revoked", "admin_token", "other_tenant")
@@ -118,7 +122,8 @@ class Walk:
 
     def params(self) -> dict[str, str]:
         return {"tenant_id": str(self.victim), "job_id": str(self.job),
-                "key_id": str(self.key_id), "user": "u0", "user_key": "u0", "round_": "1"}
+                "key_id": str(self.key_id), "user": "u0", "user_key": "u0", "round_": "1",
+                "phase": "keys"}
 
     def credentials(self, case: str) -> tuple[dict[str, str], str | None]:
         """(headers, the secret presented) of one credential case."""
