@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 
 from app.deps import UNPROCESSABLE, OwnTenantDep, errors
 from app.problems import ApiError
-from app.schemas import PathId
+from app.schemas import MAX_DB_INT, PathId
 from app.training import agents, pipeline
 from app.training.runner import dispatch_from_api
 
@@ -90,7 +90,8 @@ async def read_round(tenant: OwnTenantDep, job_id: PathId, request: Request,
                          "Long-poll: answer as soon as this tenant has something to do "
                          "or the job moved past round 'after', within this many seconds."))]
                      = 0.0,
-                     after: Annotated[int, Query(ge=0)] = 0) -> dict[str, Any]:
+                     after: Annotated[int, Query(ge=0, le=MAX_DB_INT)] = 0
+                     ) -> dict[str, Any]:
     """The open round for this tenant: ``phase`` upload (selected: send before
     ``deadline``), wait, or closed (the job ended)."""
     end = time.monotonic() + wait
