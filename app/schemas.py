@@ -102,18 +102,18 @@ class TenantUpdate(BaseModel):
     """A change of a tenant's settings (PATCH): only the fields given change. The rating
     scale cannot change (stored ratings were checked against it)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"privacy_budget": 20.0}, {"name": "acme-eu", "scheduled_retraining": True}]})
 
     name: str = Field(None, min_length=1, max_length=255)
     privacy_budget: float = Field(
-        None, gt=0, le=MAX_PRIVACY_BUDGET, allow_inf_nan=False,
+        None, gt=0, le=MAX_PRIVACY_BUDGET, allow_inf_nan=False, strict=True,
         description="The new total epsilon: a raise, or a cut no lower than what the "
                     "tenant has already spent (409 otherwise).")
     auto_create_items: bool = Field(None)
     allow_non_private: bool = Field(None)
     scheduled_retraining: bool = Field(None)
-    retrain_min_seconds: float = Field(None, ge=0, allow_inf_nan=False)
+    retrain_min_seconds: float = Field(None, ge=0, allow_inf_nan=False, strict=True)
 
 
 Epsilon = float | Literal["infinity"]

@@ -131,7 +131,7 @@ def read_global(tenant: OwnTenantDep, job_id: PathId, request: Request) -> Respo
     **errors(409), **UNPROCESSABLE,
     413: {"description": "The upload is too large."}})
 async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
-                     fedrec_charge: Annotated[str | None, Header(description=(
+                     fedrec_charge: Annotated[str | None, Header(min_length=1, description=(
                          "The event the agent charged its own ledger, JSON "
                          "[mechanism, z, count]; checked against the job's."))] = None
                      ) -> dict[str, Any]:
@@ -141,15 +141,12 @@ async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, reque
     data = await request.body()
     if len(data) > MAX_UPLOAD_BYTES:
         raise HTTPException(413, f"upload is {len(data)} bytes; at most {MAX_UPLOAD_BYTES}")
-    try:
-        reported = None if fedrec_charge is None else json.loads(fedrec_charge)
-    except ValueError:
-        raise HTTPException(422, "Fedrec-Charge is not JSON") from None
 
     def stage() -> dict[str, Any]:
         with _session(request) as s:
             try:
-                return agents.accept_upload(s, job_id, tenant.id, round_, data, reported)
+                return agents.accept_upload(s, job_id, tenant.id, round_, data,
+                                            fedrec_charge)
             except agents.AgentRefused as exc:
                 raise _refused(exc) from None
 

@@ -34,6 +34,7 @@ could read.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from typing import Any
@@ -233,8 +234,10 @@ def _same_event(a: Event, b: Event) -> bool:
 
 
 def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: bytes,
-                  reported: list | None) -> dict[str, Any]:
-    """Stage an agent's upload for round ``round_`` with its charge, in one transaction.
+                  reported: str | None) -> dict[str, Any]:
+    """Stage an agent's upload for round ``round_`` with its charge (``reported``: the
+    agent's ``Fedrec-Charge`` header, JSON, checked once the job and round are known), in
+    one transaction.
 
     Returns ``{"round", "replayed", "charged", "complete"}``; ``complete`` means the round
     has every selected tenant's result and its aggregate must be sent. Raises
@@ -255,7 +258,7 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
     event = expected_charge(s, job, tenant_id, upload)
     if reported is not None:
         try:
-            theirs = Event.from_list(reported)
+            theirs = Event.from_list(json.loads(reported))
         except (TypeError, ValueError, IndexError) as exc:
             raise AgentRefused(422, f"Fedrec-Charge is not an event [mechanism, z, count]: "
                                     f"{exc}") from None

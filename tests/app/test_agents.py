@@ -298,6 +298,11 @@ def test_upload_refusals_name_the_problem_and_change_nothing(open_round):
     res = _put(client, tenants[0], job_id, round_, data,
                **{"Fedrec-Charge": json.dumps(["gaussian", 0.5, 1])})
     assert res.status_code == 422 and "is not what job" in res.json()["detail"]
+    res = _put(client, tenants[0], job_id, round_, data, **{"Fedrec-Charge": "00"})
+    assert res.status_code == 422 and "Fedrec-Charge is not an event" in res.json()["detail"]
+    # a malformed charge is judged after the job: an unknown job stays a 404
+    assert _put(client, tenants[0], job_id + 99, round_, data,
+                **{"Fedrec-Charge": "00"}).status_code == 404
     res = _put(client, tenants[0], job_id, round_ + 1, data)
     assert res.status_code == 409 and "has not started" in res.json()["detail"]
     assert _charges(app, job_id) == []
