@@ -61,7 +61,7 @@ def test_simulate_rejects_an_option_of_another_algorithm(ratings_csv, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["simulate", "--data", str(ratings_csv), "--algorithm", "rfrec", "--beta", "3"])
     assert exit_.value.code == 2
-    assert "--beta not an option of rfrec (it is an option of fedmc-admm)" in \
+    assert "--beta not an option of rfrec (it is an option of fedmc-admm, dp-fedmc-admm)" in \
         capsys.readouterr().err
 
 
