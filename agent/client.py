@@ -51,7 +51,7 @@ class Coordinator:
             delay = min(delay * 2, 5.0)
 
     def _jobs(self) -> str:
-        return f"/tenants/{self.tenant_id}/agent/jobs"
+        return f"/v1/tenants/{self.tenant_id}/agent/jobs"
 
     def jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", self._jobs()).json()["data"]

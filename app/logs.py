@@ -6,7 +6,7 @@ header, or a new one, echoed in the response), ``tenant_id`` and ``job_id`` once
 or task knows them, ``task_id`` in a worker. A JSON line looks like::
 
     {"ts": "2026-11-24T04:30:00.123Z", "level": "INFO", "logger": "fedrec.access",
-     "message": "GET /tenants/{tenant_id}/ratings 200 4.1ms", "request_id": "9f0c...",
+     "message": "GET /v1/tenants/{tenant_id}/ratings 200 4.1ms", "request_id": "9f0c...",
      "tenant_id": 3}
 """
 

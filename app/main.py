@@ -78,6 +78,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.coalesced = Coalesced()  # one re-check at a time per key (app.cache)
     app.state.agent_closes = {}  # (job, round) -> when its deadline aggregate was sent
     # recommendations first: routes are matched in order, and it is the hot path
+    # (each resource router carries the /v1 prefix itself: API_PREFIX in app.routes)
     for module in (recommendations, health, tenants, items, ratings, stats, jobs,
                    tenant_privacy, metrics, agents):
         app.include_router(module.router)

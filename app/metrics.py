@@ -3,7 +3,7 @@
 Measured in this process:
 
 * ``fedrec_http_request_duration_seconds{method, route, status}``: latency by route
-  *template* (``/tenants/{tenant_id}/ratings``, never a raw path: bounded cardinality);
+  *template* (``/v1/tenants/{tenant_id}/ratings``, never a raw path: bounded cardinality);
 * ``fedrec_uploads_total{outcome}`` and ``fedrec_uploaded_rows_total``;
 * ``fedrec_serving_cache_total{cache, result}``: hits and misses of the serving caches.
 

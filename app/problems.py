@@ -3,7 +3,7 @@
 One body shape for every refusal of every route, whoever raises it::
 
     {"type": "urn:fedrec:problem:tenant_not_found", "title": "Not Found", "status": 404,
-     "detail": "Tenant not found", "instance": "/tenants/7/ratings",
+     "detail": "Tenant not found", "instance": "/v1/tenants/7/ratings",
      "code": "tenant_not_found"}
 
 ``detail`` is the human message (the one the API always gave); ``code`` is stable and
@@ -33,6 +33,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.routes import API_PREFIX
 
 PROBLEM_JSON = "application/problem+json"
 TYPE_PREFIX = "urn:fedrec:problem:"
@@ -70,7 +72,7 @@ class Problem(BaseModel):
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{
         "type": "urn:fedrec:problem:tenant_not_found", "title": "Not Found", "status": 404,
-        "detail": "Tenant not found", "instance": "/tenants/7/ratings",
+        "detail": "Tenant not found", "instance": "/v1/tenants/7/ratings",
         "code": "tenant_not_found"}]})
 
     type: str = Field(description="A URI naming the problem: urn:fedrec:problem:<code>.")
@@ -163,6 +165,9 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> JSONRespo
     detail = exc.detail
     if status == 404 and code is None and detail == "Not Found":
         code, detail = "route_not_found", f"No route {request.url.path}"
+        versioned = API_PREFIX + request.url.path
+        if documented(request, versioned):  # a client of the unversioned API (before 0.2)
+            detail += f"; the API is versioned: use {versioned}"
     elif status == 405 and code is None:
         allowed = allowed_methods(request, headers.pop("Allow", ""))
         headers["Allow"] = ", ".join(allowed)
@@ -181,14 +186,21 @@ def allowed_methods(request: Request, raised: str = "") -> list[str]:
     of the router's own ``Allow`` (``raised``): Starlette's lists only the first route
     matching the path, when a path is often served by several."""
     methods = {m.strip().upper() for m in raised.split(",") if m.strip()}
-    path = request.url.path
-    for template, item in request.app.openapi().get("paths", {}).items():
-        pattern = "^" + re.sub(r"\\\{[^}/]+\\\}", "[^/]+", re.escape(template)) + "$"
-        if re.match(pattern, path):
-            methods |= {m.upper() for m in item if m in OPERATIONS}
+    for item in documented(request, request.url.path):
+        methods |= {m.upper() for m in item if m in OPERATIONS}
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)
+
+
+def documented(request: Request, path: str) -> list[dict]:
+    """The OpenAPI path items whose template matches ``path``."""
+    found = []
+    for template, item in request.app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\\{[^}/]+\\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, path):
+            found.append(item)
+    return found
 
 
 OPERATIONS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")

@@ -29,7 +29,7 @@ def create_app() -> FastAPI:
     rated = {u: rated_ids[ptr[i]:ptr[i + 1]] for i, u in enumerate(users)}
     app = FastAPI()
 
-    @app.get("/tenants/{tenant_id}/users/{user_key}/recommendations")
+    @app.get("/v1/tenants/{tenant_id}/users/{user_key}/recommendations")
     async def recommendations(tenant_id: int, user_key: str, k: int = 10) -> dict:
         row = index.get(user_key)
         if row is None:

@@ -128,7 +128,7 @@ class Timed(Agent):
 
 def run_job(url: str, admin: httpx.Client, blocks, tenant_ids, keys, args, wire: str,
             root: Path) -> tuple[list[Timed], dict]:
-    job = admin.post("/admin/jobs", json={
+    job = admin.post("/v1/admin/jobs", json={
         "algorithm": "fedmc-admm", "config": {"rank": 10}, "rounds": args.rounds,
         "per_round": args.per_round, "seed": 0, "tenant_ids": tenant_ids,
         "agents": tenant_ids, "wire": wire, "round_seconds": 600,
@@ -148,7 +148,7 @@ def run_job(url: str, admin: httpx.Client, blocks, tenant_ids, keys, args, wire:
     live = list(agents)
     while live:
         live = [a for a in live if a.step(job_id, wait=0.0)]
-    report = admin.get(f"/admin/jobs/{job_id}").json()
+    report = admin.get(f"/v1/admin/jobs/{job_id}").json()
     return agents, report
 
 
@@ -184,14 +184,14 @@ def main(argv=None) -> int:
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
-        admin.put("/admin/items", json={"items": [{"key": str(i)} for i in items.tolist()]}
+        admin.put("/v1/admin/items", json={"items": [{"key": str(i)} for i in items.tolist()]}
                   ).raise_for_status()
         tenant_ids, keys, blocks = [], [], []
         owner = r.users % args.tenants
         for t in range(args.tenants):
-            tid = admin.post("/admin/tenants", json={"name": f"agent-{t}", "privacy_budget": 1e6,
+            tid = admin.post("/v1/admin/tenants", json={"name": f"agent-{t}", "privacy_budget": 1e6,
                                                      "allow_non_private": True}).json()["id"]
-            keys.append(admin.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"])
+            keys.append(admin.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"])
             tenant_ids.append(tid)
             mine = owner == t
             rows = "".join(f"{u},{i},{v:g}\n" for u, i, v in zip(

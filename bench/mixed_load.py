@@ -93,16 +93,16 @@ def load_tenants(api: httpx.Client, n: int,
     users, items, values, titles = dataset(rng)
     catalogue = [{"key": str(i), "title": titles.get(int(i), f"Item {i}")}
                  for i in np.unique(items)]
-    api.put("/admin/items", json={"items": catalogue}).raise_for_status()
+    api.put("/v1/admin/items", json={"items": catalogue}).raise_for_status()
     tenants = []
     for t in range(n):
         # the load's noise-free jobs need each tenant's opt-in (epsilon = infinity)
-        tid = api.post("/admin/tenants", json={"name": f"mixed-{t}", "privacy_budget": 10.0,
+        tid = api.post("/v1/admin/tenants", json={"name": f"mixed-{t}", "privacy_budget": 10.0,
                                                "allow_non_private": True}
                        ).json()["id"]
-        key = api.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+        key = api.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"]
         mine = users % n == t
-        api.post(f"/tenants/{tid}/ratings", content=csv_body(users[mine], items[mine],
+        api.post(f"/v1/tenants/{tid}/ratings", content=csv_body(users[mine], items[mine],
                                                              values[mine]),
                  headers={"Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
                  ).raise_for_status()
@@ -131,7 +131,7 @@ def submit(api: httpx.Client, rounds: int, seed: int) -> int:
     body = {"algorithm": "fedmc-admm", "config": TRAIN_CONFIG, "rounds": rounds,
             "per_round": 0, "seed": seed, "dp": {"mechanism": "none"},
             "allow_not_private": True}
-    r = api.post("/admin/jobs", json=body)
+    r = api.post("/v1/admin/jobs", json=body)
     if r.status_code != 202:
         raise RuntimeError(f"job refused: {r.status_code} {r.text}")
     return r.json()["id"]
@@ -140,7 +140,7 @@ def submit(api: httpx.Client, rounds: int, seed: int) -> int:
 def wait_job(api: httpx.Client, job_id: int, done, timeout: float) -> dict:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        job = api.get(f"/admin/jobs/{job_id}").json()
+        job = api.get(f"/v1/admin/jobs/{job_id}").json()
         if done(job):
             return job
         if job["status"] in ("failed", "cancelled", "completed"):
@@ -161,7 +161,7 @@ class JobWatch(threading.Thread):
     def run(self) -> None:
         with httpx.Client(base_url=self.base, headers=self.headers, timeout=10) as c:
             while True:
-                job = c.get(f"/admin/jobs/{self.job_id}").json()
+                job = c.get(f"/v1/admin/jobs/{self.job_id}").json()
                 self.seen.append((job["status"], job["current_round"]))
                 if self.halt.wait(1.0):
                     return
@@ -223,13 +223,13 @@ local function upload(t)
   sent = sent + 1
   local headers = {["Authorization"] = "Bearer " .. t.key, ["Content-Type"] = "text/csv",
                    ["Idempotency-Key"] = run_id .. "-" .. thread_no .. "-" .. sent}
-  return wrk.format("POST", "/tenants/" .. t.id .. "/ratings", headers,
+  return wrk.format("POST", "/v1/tenants/" .. t.id .. "/ratings", headers,
                     table.concat(rows, "\n") .. "\n")
 end
 
 local function recommendations(t)
   local user = t.users[math.random(#t.users)]
-  return wrk.format("GET", "/tenants/" .. t.id .. "/users/" .. user .. "/recommendations?k=10",
+  return wrk.format("GET", "/v1/tenants/" .. t.id .. "/users/" .. user .. "/recommendations?k=10",
                     {["Authorization"] = "Bearer " .. t.key})
 end
 
@@ -436,7 +436,7 @@ def measure(args: argparse.Namespace, url: str) -> dict:
             wait_job(api, first, lambda j: j["status"] == "completed", 600)
             note("first model trained; starting the background job")
             for t in tenants:
-                probe = api.get(f"/tenants/{t['id']}/users/{t['users'][0]}/recommendations",
+                probe = api.get(f"/v1/tenants/{t['id']}/users/{t['users'][0]}/recommendations",
                                 headers={"Authorization": f"Bearer {t['key']}"}).json()
                 assert probe["source"] == "model" and len(probe["data"]) == 10, probe
             long_job = submit(api, args.job_rounds, args.seed + 1)
@@ -467,10 +467,10 @@ def measure(args: argparse.Namespace, url: str) -> dict:
             ours = {name: cpu_seconds(p) - ours0[name] for name, p in pids.items()}
             load_after = os.getloadavg()[0]
             note("measured; cancelling the background job")
-            api.post(f"/admin/jobs/{long_job}/cancel")
+            api.post(f"/v1/admin/jobs/{long_job}/cancel")
             wait_job(api, long_job, lambda j: j["status"] == "cancelled", 120)
             for t in tenants:  # the service still answers, from the model, after the load
-                probe = api.get(f"/tenants/{t['id']}/users/{t['users'][-1]}/recommendations",
+                probe = api.get(f"/v1/tenants/{t['id']}/users/{t['users'][-1]}/recommendations",
                                 headers={"Authorization": f"Bearer {t['key']}"})
                 assert probe.status_code == 200 and probe.json()["source"] == "model"
     finally:

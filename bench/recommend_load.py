@@ -111,7 +111,7 @@ def _serve_floor(data: Path, port: int, log: Path) -> subprocess.Popen:
 
 
 def _wrk_script(path: Path, tenant_id: int, users: list[str], key: str) -> None:
-    urls = ", ".join(f'"/tenants/{tenant_id}/users/{u}/recommendations?k=10"' for u in users)
+    urls = ", ".join(f'"/v1/tenants/{tenant_id}/users/{u}/recommendations?k=10"' for u in users)
     path.write_text(f"""
 local paths = {{{urls}}}
 local i = 0
@@ -154,9 +154,9 @@ def run(args: argparse.Namespace, url: str) -> None:
         base = f"http://127.0.0.1:{args.port}"
         admin = {"Authorization": f"Bearer {token}"}
         with httpx.Client(base_url=base, timeout=300, headers=admin) as api:
-            api.put("/admin/items", json={"items": catalogue()}).raise_for_status()
+            api.put("/v1/admin/items", json={"items": catalogue()}).raise_for_status()
             tid, key = new_tenant(api, "load")
-            api.post(f"/tenants/{tid}/ratings", content=ratings_csv(), headers={
+            api.post(f"/v1/tenants/{tid}/ratings", content=ratings_csv(), headers={
                 "Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
                      ).raise_for_status()
         users, a, b = _publish_snapshot(url, tid, args.rank, 0)

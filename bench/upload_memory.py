@@ -61,14 +61,14 @@ def start(tmp: Path) -> subprocess.Popen:
 
 
 def tenant(client: httpx.Client, name: str) -> tuple[int, str]:
-    tid = client.post("/admin/tenants", json={"name": name, "privacy_budget": 1}).json()["id"]
-    key = client.post(f"/admin/tenants/{tid}/api-keys").json()["key"]
+    tid = client.post("/v1/admin/tenants", json={"name": name, "privacy_budget": 1}).json()["id"]
+    key = client.post(f"/v1/admin/tenants/{tid}/api-keys").json()["key"]
     return tid, key
 
 
 def upload(tid: int, key: str, body: bytes, media: str) -> int:
     with httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=600) as c:
-        return c.post(f"/tenants/{tid}/ratings", content=body, headers={
+        return c.post(f"/v1/tenants/{tid}/ratings", content=body, headers={
             "Authorization": f"Bearer {key}", "Content-Type": media}).status_code
 
 
@@ -78,7 +78,7 @@ def scenario(name: str, body: bytes, media: str, parallel: int) -> None:
         try:
             admin = httpx.Client(base_url=f"http://127.0.0.1:{PORT}", timeout=60,
                                  headers={"Authorization": f"Bearer {TOKEN}"})
-            admin.put("/admin/items", json={"items": [{"key": "m1"}]}).raise_for_status()
+            admin.put("/v1/admin/items", json={"items": [{"key": "m1"}]}).raise_for_status()
             tenants = [tenant(admin, f"t{i}") for i in range(parallel)]
             upload(*tenants[0], b"u,m1,3\n", "text/csv")  # warm the code paths
             before = proc_status(server.pid)

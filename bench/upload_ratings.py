@@ -100,7 +100,7 @@ class Meter:
     def upload(self, client: httpx.Client, tenant_id: int, key: str,
                body: bytes) -> tuple[float, float]:
         cpu_before, start = cpu_seconds(self.pids()), time.perf_counter()
-        response = client.post(f"/tenants/{tenant_id}/ratings", content=body,
+        response = client.post(f"/v1/tenants/{tenant_id}/ratings", content=body,
                                headers={"Authorization": f"Bearer {key}",
                                         "Content-Type": "text/csv"})
         wall = time.perf_counter() - start
@@ -132,9 +132,9 @@ def copy_floor(conn: psycopg.Connection, tenant: int, body: bytes) -> tuple[floa
 
 
 def new_tenant(client: httpx.Client, name: str) -> tuple[int, str]:
-    tenant = client.post("/admin/tenants", json={"name": name, "privacy_budget": 10.0})
+    tenant = client.post("/v1/admin/tenants", json={"name": name, "privacy_budget": 10.0})
     tenant.raise_for_status()
-    key = client.post(f"/admin/tenants/{tenant.json()['id']}/api-keys")
+    key = client.post(f"/v1/admin/tenants/{tenant.json()['id']}/api-keys")
     key.raise_for_status()
     return tenant.json()["id"], key.json()["key"]
 
@@ -151,7 +151,7 @@ def run(url: str, database: str, admin: psycopg.Connection, repeat: int, body: b
     try:
         with httpx.Client(base_url="http://127.0.0.1:8765", timeout=600,
                           headers={"Authorization": f"Bearer {token}"}) as client:
-            client.put("/admin/items", json={"items": catalogue()}).raise_for_status()
+            client.put("/v1/admin/items", json={"items": catalogue()}).raise_for_status()
             inserts = []
             for n in range(repeat):
                 tenant_id, key = new_tenant(client, f"bench-{n}")
@@ -167,7 +167,7 @@ def run(url: str, database: str, admin: psycopg.Connection, repeat: int, body: b
                       f"{wall / floor_wall:.2f}x wall, {cpu / floor_cpu:.2f}x CPU "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)
             update = meter.upload(client, tenant_id, key, body)
-            count = client.get(f"/tenants/{tenant_id}/ratings/count",
+            count = client.get(f"/v1/tenants/{tenant_id}/ratings/count",
                                headers={"Authorization": f"Bearer {key}"}).json()
     finally:
         floor_conn.close()

@@ -35,17 +35,17 @@ def make_tenants(client, n=2, budget=1000.0, seed=0, **settings):
     further tenant fields (e.g. ``scheduled_retraining``)."""
     settings = {"allow_non_private": True, **settings}
     r = generate_ratings(N_USERS, N_ITEMS, 1800, rank=3, seed=seed)
-    client.put("/admin/items", json={"items": [{"key": f"i{j}", "title": f"Title {j}"}
+    client.put("/v1/admin/items", json={"items": [{"key": f"i{j}", "title": f"Title {j}"}
                                                for j in range(N_ITEMS)]}).raise_for_status()
     out = []
     for t in range(n):
-        tid = client.post("/admin/tenants", json={"name": f"t{t}", "privacy_budget": budget,
+        tid = client.post("/v1/admin/tenants", json={"name": f"t{t}", "privacy_budget": budget,
                                                   **settings}).json()["id"]
-        key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+        key = client.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"]
         mine = r.users % n == t
         rows = zip((f"u{u}" for u in r.users[mine]), (f"i{i}" for i in r.items[mine]),
                    r.values[mine], strict=True)
-        res = client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+        res = client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                           headers={"Content-Type": "text/csv", "Authorization": f"Bearer {key}"})
         assert res.status_code == 200, res.text
         out.append((tid, key))
@@ -55,7 +55,7 @@ def make_tenants(client, n=2, budget=1000.0, seed=0, **settings):
 def wait_job(client, job_id, timeout=60.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        job = client.get(f"/admin/jobs/{job_id}").json()
+        job = client.get(f"/v1/admin/jobs/{job_id}").json()
         if job["status"] not in ("queued", "running"):
             return job
         time.sleep(0.05)
@@ -65,7 +65,7 @@ def wait_job(client, job_id, timeout=60.0):
 def submit_job(client, **overrides):
     body = {"algorithm": "fedmc-admm", "config": CONFIG, "rounds": 4, "per_round": 0,
             "seed": 11, "dp": {"mechanism": "none"}, **overrides}
-    return client.post("/admin/jobs", json=body)
+    return client.post("/v1/admin/jobs", json=body)
 
 
 def federation_of(app, job_id):

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                        headers={"Authorization": f"Bearer {token}"})
     titles = _titles(path)
     items = np.unique(ratings.items)
-    api.put("/admin/items", json={"items": [{"key": str(i), "title": titles.get(int(i))}
+    api.put("/v1/admin/items", json={"items": [{"key": str(i), "title": titles.get(int(i))}
                                             for i in items.tolist()]}).raise_for_status()
     users = np.unique(ratings.users)
     owner = dict(zip(users.tolist(), np.random.default_rng(args.seed).integers(
@@ -97,10 +97,10 @@ def run(args: argparse.Namespace) -> int:
     tenant_ids = []
     for t in range(args.agents):
         name = TENANT_NAMES[t]
-        tid = api.post("/admin/tenants", json={
+        tid = api.post("/v1/admin/tenants", json={
             "name": name, "rating_min": lo, "rating_max": hi,
             "privacy_budget": args.epsilon_max}).raise_for_status().json()["id"]
-        key = api.post(f"/admin/tenants/{tid}/api-keys", json={"name": "agent"}
+        key = api.post(f"/v1/admin/tenants/{tid}/api-keys", json={"name": "agent"}
                        ).raise_for_status().json()["key"]
         mine = tenant_of == t
         csv = out / f"agent-{t + 1}.csv"
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                     dp={"mechanism": "gaussian", "noise_multiplier": args.noise_multiplier})
         what = (f"FedMC-ADMM, each agent's block protected (Gaussian, noise multiplier "
                 f"{args.noise_multiplier:g})")
-    job = api.post("/admin/jobs", json=body)
+    job = api.post("/v1/admin/jobs", json=body)
     if job.status_code != 202:
         raise ValueError(f"the job was refused: {job.text}")
     job_id = job.json()["id"]
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     seen = 0
     try:
         while True:
-            state = api.get(f"/admin/jobs/{job_id}").json()
+            state = api.get(f"/v1/admin/jobs/{job_id}").json()
             if state["current_round"] > seen:
                 for k in range(seen + 1, state["current_round"]):  # closed between polls
                     print(f"round {k}/{args.rounds} done", flush=True)
@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"round {seen}/{args.rounds} done in {m.get('seconds', 0):.2f} s"
                       + (f"; missed the deadline: {missed}" if missed else ""), flush=True)
             if state["status"] not in ("queued", "running"):
-                report = api.get(f"/admin/jobs/{job_id}/report").json()["privacy"]
+                report = api.get(f"/v1/admin/jobs/{job_id}/report").json()["privacy"]
                 print(f"job {job_id} {state['status']}; epsilon per tenant "
                       f"{report.get('epsilon_per_tenant')} (at delta "
                       f"{report.get('delta')})", flush=True)

@@ -121,7 +121,7 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
     for the comparison job, which opt in to non-private training."""
     items = np.unique(ratings.items)
     body = {"items": [{"key": str(i), "title": titles.get(int(i))} for i in items.tolist()]}
-    api.put("/admin/items", json=body).raise_for_status()
+    api.put("/v1/admin/items", json=body).raise_for_status()
     users = np.unique(ratings.users)
     owner = dict(zip(users.tolist(), np.random.default_rng(seed).integers(0, n_tenants,
                                                                           users.size).tolist(),
@@ -129,15 +129,15 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
     tenant_of = np.array([owner[u] for u in ratings.users.tolist()])
     tenants = []
     for t in range(n_tenants):
-        created = api.post("/admin/tenants", json={
+        created = api.post("/v1/admin/tenants", json={
             "name": TENANT_NAMES[t] + ("-noise-free" if noise_free else ""),
             "rating_min": float(ratings.values.min()),
             "rating_max": float(ratings.values.max()), "privacy_budget": budget,
             "allow_non_private": noise_free}).json()
-        key = api.post(f"/admin/tenants/{created['id']}/api-keys",
+        key = api.post(f"/v1/admin/tenants/{created['id']}/api-keys",
                        json={"name": "demo"}).json()["key"]
         mine = tenant_of == t
-        r = api.post(f"/tenants/{created['id']}/ratings", content=_csv(
+        r = api.post(f"/v1/tenants/{created['id']}/ratings", content=_csv(
             ratings.users[mine], ratings.items[mine], ratings.values[mine]),
             headers={"Content-Type": "text/csv", "Authorization": f"Bearer {key}"})
         r.raise_for_status()
@@ -151,7 +151,7 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
 
 def _train(api: httpx.Client, args: argparse.Namespace, privacy: dict[str, Any],
            tenants: list[dict[str, Any]]) -> dict[str, Any]:
-    r = api.post("/admin/jobs", json={
+    r = api.post("/v1/admin/jobs", json={
         "algorithm": args.algorithm, "rounds": args.rounds, "per_round": args.per_round,
         "seed": args.seed, "tenant_ids": [t["id"] for t in tenants], **privacy})
     if r.status_code != 202:
@@ -159,12 +159,12 @@ def _train(api: httpx.Client, args: argparse.Namespace, privacy: dict[str, Any],
     job = r.json()
     while job["status"] in ("queued", "running"):
         time.sleep(0.5)
-        job = api.get(f"/admin/jobs/{job['id']}").json()
+        job = api.get(f"/v1/admin/jobs/{job['id']}").json()
         print(f"\r  round {job['current_round']}/{job['rounds']}", end="", flush=True)
     print()
     if job["status"] != "completed":
         raise ValueError(f"job {job['id']} {job['status']}: {job.get('error')}")
-    return api.get(f"/admin/jobs/{job['id']}/report").json()
+    return api.get(f"/v1/admin/jobs/{job['id']}/report").json()
 
 
 def _print_curves(private: dict[str, Any], reference: dict[str, Any] | None) -> None:
@@ -200,7 +200,7 @@ def _print_privacy(report: dict[str, Any], tenants: list[dict[str, Any]]) -> Non
 def _print_recommendations(api: httpx.Client, tenants: list[dict[str, Any]]) -> None:
     print("\nSample recommendations (from the private model):")
     for t in tenants[:3]:
-        r = api.get(f"/tenants/{t['id']}/users/{t['first_user']}/recommendations",
+        r = api.get(f"/v1/tenants/{t['id']}/users/{t['first_user']}/recommendations",
                     params={"k": 5}, headers={"Authorization": f"Bearer {t['key']}"}).json()
         print(f"  {t['name']} / {r['user']} ({r['source']}):")
         if t is tenants[0]:

@@ -16,13 +16,14 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from app.routes import API_PREFIX
 from app.deps import UNPROCESSABLE, OwnTenantDep, errors
 from app.problems import ApiError
 from app.schemas import MAX_DB_INT, PathId
 from app.training import agents, pipeline
 from app.training.runner import dispatch_from_api
 
-router = APIRouter(tags=["tenant: agent"], responses=errors(401, 404))
+router = APIRouter(prefix=API_PREFIX, tags=["tenant: agent"], responses=errors(401, 404))
 JOBS = "/tenants/{tenant_id}/agent/jobs"
 MAX_UPLOAD_BYTES = 256 << 20
 MAX_WAIT = 60.0

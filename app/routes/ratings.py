@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from app import store
+from app.routes import API_PREFIX
 from app.deps import OwnTenantDep, SessionDep, SettingsDep, check_limit, errors
 from app.idempotency import IdempotencyKey
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
@@ -29,7 +30,7 @@ from app.schemas import (
 from app.training.forget import forget_user
 from app.uploads import IdempotencyConflict, request_digest, upload_ratings
 
-router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: ratings"],
+router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: ratings"],
                    responses=errors(401, 404))
 
 

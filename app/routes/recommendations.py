@@ -8,6 +8,7 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
+from app.routes import API_PREFIX
 from app.deps import (
     OwnTenantDep,
     ServingTenantDep,
@@ -36,7 +37,7 @@ from app.training.serving import (
     refresh_caches,
 )
 
-router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: recommendations"],
+router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: recommendations"],
                    responses=errors(401, 404))
 UNKNOWN_USER = "User {!r} not found: no ratings and no factors in this tenant"
 NO_JOB = "No training job has included this tenant yet"

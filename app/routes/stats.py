@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
+from app.routes import API_PREFIX
 from app.deps import OwnTenantDep, SessionDep, errors
 from app.models import RatingStats
 from app.problems import ApiError
 from app.queue import RECOMPUTE_RATING_STATS, enqueue
 from app.schemas import RatingStatsPublic, TaskEnqueued
 
-router = APIRouter(prefix="/tenants/{tenant_id}/stats", tags=["tenant: statistics"],
+router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}/stats", tags=["tenant: statistics"],
                    responses=errors(401, 404))
 
 
@@ -20,7 +21,7 @@ def create_stats_task(request: Request, response: Response, tenant: OwnTenantDep
     """Recompute the statistics in the background (in-process when no broker is set)."""
     session.commit()  # end the read transaction: the task writes through its own session
     task_id, state = enqueue(request.app.state.celery, RECOMPUTE_RATING_STATS, [tenant.id])
-    response.headers["Location"] = f"/tenants/{tenant.id}/stats"  # where the result appears
+    response.headers["Location"] = f"{API_PREFIX}/tenants/{tenant.id}/stats"  # the result
     return TaskEnqueued(task_id=task_id, status=state)
 
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from app.routes import API_PREFIX
 from app.deps import OwnTenantDep, SessionDep, errors
 from app.routes.tenants import privacy_public
 from app.schemas import TenantPrivacy
 
-router = APIRouter(prefix="/tenants/{tenant_id}", tags=["tenant: privacy"],
+router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: privacy"],
                    responses=errors(401, 404))
 
 

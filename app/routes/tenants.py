@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Header, Request, Response, status
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
+from app.routes import API_PREFIX
 from app.deps import UNPROCESSABLE, SessionDep, errors, require_admin, tenant_not_found
 from app.idempotency import IdempotencyError, IdempotencyKey, request_hash, row_for_key
 from app.logs import bind
@@ -36,7 +37,7 @@ from app.training.ledger import change_budget, spend_summary
 from privacy.ledger import BudgetChangeRefused
 
 log = logging.getLogger("fedrec")
-router = APIRouter(prefix="/admin/tenants", tags=["admin: tenants"],
+router = APIRouter(prefix=API_PREFIX + "/admin/tenants", tags=["admin: tenants"],
                    dependencies=[Depends(require_admin)], responses=errors(401))
 
 

@@ -40,23 +40,23 @@ class Api:
     def tenant(self, **fields) -> tuple[int, dict[str, str]]:
         """A new tenant (unique name) and the auth header of a fresh API key."""
         body = {"name": f"t-{uuid.uuid4().hex[:10]}", "privacy_budget": 1.0, **fields}
-        created = self.client.post("/admin/tenants", json=body, headers=self.admin)
+        created = self.client.post("/v1/admin/tenants", json=body, headers=self.admin)
         assert created.status_code == 201, created.text
         tenant_id = created.json()["id"]
-        key = self.client.post(f"/admin/tenants/{tenant_id}/api-keys", headers=self.admin)
+        key = self.client.post(f"/v1/admin/tenants/{tenant_id}/api-keys", headers=self.admin)
         assert key.status_code == 201, key.text
         return tenant_id, {"Authorization": f"Bearer {key.json()['key']}"}
 
     def items(self, *keys: str) -> None:
         body = {"items": [{"key": k} for k in keys]}
-        assert self.client.put("/admin/items", json=body, headers=self.admin).status_code == 200
+        assert self.client.put("/v1/admin/items", json=body, headers=self.admin).status_code == 200
 
     def upload_csv(self, tenant_id: int, headers: dict, text: str, **extra):
-        return self.client.post(f"/tenants/{tenant_id}/ratings", content=text.encode(),
+        return self.client.post(f"/v1/tenants/{tenant_id}/ratings", content=text.encode(),
                                 headers={**headers, "Content-Type": "text/csv", **extra})
 
     def ratings(self, tenant_id: int, headers: dict, **params) -> list[tuple]:
-        page = self.client.get(f"/tenants/{tenant_id}/ratings", headers=headers,
+        page = self.client.get(f"/v1/tenants/{tenant_id}/ratings", headers=headers,
                                params={"limit": 1000, **params})
         assert page.status_code == 200, page.text
         return [(r["user"], r["item"], r["rating"]) for r in page.json()["data"]]

@@ -46,33 +46,33 @@ def bodies(victim: int, other: int) -> dict:
     job = {"algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 1,
            "tenant_ids": [victim, other], "dp": {"mechanism": "none"}}
     return {
-        ("post", "/admin/tenants"): {"json": {"name": "walk-new", "privacy_budget": 1}},
-        ("post", "/admin/tenants/{tenant_id}/api-keys"): {"json": {"name": "walk"}},
-        ("put", "/admin/items"): {"json": {"items": [{"key": "walk-item"}]}},
-        ("patch", "/admin/tenants/{tenant_id}"): {"json": {"privacy_budget": 2000.0,
+        ("post", "/v1/admin/tenants"): {"json": {"name": "walk-new", "privacy_budget": 1}},
+        ("post", "/v1/admin/tenants/{tenant_id}/api-keys"): {"json": {"name": "walk"}},
+        ("put", "/v1/admin/items"): {"json": {"items": [{"key": "walk-item"}]}},
+        ("patch", "/v1/admin/tenants/{tenant_id}"): {"json": {"privacy_budget": 2000.0,
                                                             "retrain_min_seconds": 3600}},
-        ("post", "/admin/jobs"): {"json": job},
-        ("post", "/tenants/{tenant_id}/ratings"): {
+        ("post", "/v1/admin/jobs"): {"json": job},
+        ("post", "/v1/tenants/{tenant_id}/ratings"): {
             "content": b"u0,i0,3\n", "headers": {"Content-Type": "text/csv"}},
-        ("post", "/tenants/{tenant_id}/recommendations"): {"json": {"users": ["u0"], "k": 2}},
-        ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): {
+        ("post", "/v1/tenants/{tenant_id}/recommendations"): {"json": {"users": ["u0"], "k": 2}},
+        ("post", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): {
             "json": {"reason": "walk"}},
-        ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}"): {
+        ("post", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}"): {
             "json": {"message": {"type": "AdvertiseKeys"}}},
     }
 
 NOT_2XX_WHEN_AUTHORISED = {  # the walk's fixture state explains these (a finished job)
-    ("post", "/admin/jobs/{job_id}/cancel"): 409,
-    ("post", "/admin/jobs/{job_id}/resume"): 409,
-    ("get", "/tenants/{tenant_id}/stats"): 404,  # the GETs run before POST /stats
+    ("post", "/v1/admin/jobs/{job_id}/cancel"): 409,
+    ("post", "/v1/admin/jobs/{job_id}/resume"): 409,
+    ("get", "/v1/tenants/{tenant_id}/stats"): 404,  # the GETs run before POST /stats
     # the walk's job is hosted: the victim is not an agent of it
-    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}"): 404,
-    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/round"): 404,
-    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/global"): 404,
-    ("put", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/upload"): 404,
-    ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): 404,
-    ("get", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg"): 404,
-    ("post", "/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}"): 404,
+    ("get", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}"): 404,
+    ("get", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/round"): 404,
+    ("get", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/global"): 404,
+    ("put", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/upload"): 404,
+    ("post", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/decline"): 404,
+    ("get", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg"): 404,
+    ("post", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}"): 404,
 }
 TENANT_CASES = ("none", "basic", "empty_bearer", "no_scheme", "wrong_key", "garbage",
                 "revoked", "admin_token", "other_tenant")
@@ -102,20 +102,20 @@ class Walk:
         """Wait for every job (no training thread outlives the database); then no default
         credentials are left on the client."""
         self.client.headers.update(self.admin)
-        for job in self.client.get("/admin/jobs").json()["data"]:
+        for job in self.client.get("/v1/admin/jobs").json()["data"]:
             wait_job(self.client, job["id"])
         del self.client.headers["Authorization"]
 
     def _new_key(self) -> dict:
-        return self.client.post(f"/admin/tenants/{self.victim}/api-keys",
+        return self.client.post(f"/v1/admin/tenants/{self.victim}/api-keys",
                                 headers=self.admin).json()
 
     def _revoked_key(self) -> str:
         created = self._new_key()
-        used = self.client.get(f"/tenants/{self.victim}/ratings/count",
+        used = self.client.get(f"/v1/tenants/{self.victim}/ratings/count",
                                headers={"Authorization": f"Bearer {created['key']}"})
         assert used.status_code == 200  # cached as valid before the revocation
-        gone = self.client.delete(f"/admin/tenants/{self.victim}/api-keys/{created['id']}",
+        gone = self.client.delete(f"/v1/admin/tenants/{self.victim}/api-keys/{created['id']}",
                                   headers=self.admin)
         assert gone.status_code == 200
         return created["key"]
@@ -176,7 +176,7 @@ def walk(tmp_path_factory) -> Walk:
 @pytest.fixture(scope="module")
 def results(walk) -> list[tuple]:
     """(kind, method, path, case, response, secret) of every refused call of the walk."""
-    before = walk.client.get(f"/tenants/{walk.victim}/ratings/count",
+    before = walk.client.get(f"/v1/tenants/{walk.victim}/ratings/count",
                              headers={"Authorization": f"Bearer {walk.key}"}).json()
     out = []
     for method, path, op in operations(walk.app.openapi()):
@@ -184,7 +184,7 @@ def results(walk) -> list[tuple]:
         for case in {"admin": ADMIN_CASES, "tenant": TENANT_CASES}.get(kind, ()):
             headers, secret = walk.credentials(case)
             out.append((kind, method, path, case, walk.call(method, path, headers), secret))
-    after = walk.client.get(f"/tenants/{walk.victim}/ratings/count",
+    after = walk.client.get(f"/v1/tenants/{walk.victim}/ratings/count",
                             headers={"Authorization": f"Bearer {walk.key}"}).json()
     assert after == before  # no refused call wrote anything
     return out
@@ -193,9 +193,9 @@ def results(walk) -> list[tuple]:
 def test_every_route_is_classified_and_only_health_is_public(walk):
     for method, path, op in operations(walk.app.openapi()):
         kind = kind_of(path, op)
-        if path.startswith("/admin/") or path == "/metrics":  # metrics: admin-only
+        if path.startswith("/v1/admin/") or path == "/metrics":  # metrics: admin-only
             assert kind == "admin", (method, path)
-        elif path.startswith("/tenants/"):
+        elif path.startswith("/v1/tenants/"):
             assert kind == "tenant", (method, path)
         else:
             assert (method, path) in PUBLIC and kind == "public", (method, path)
@@ -275,7 +275,7 @@ def test_keys_are_random_distinct_and_long():
 
 
 def test_issued_keys_are_distinct_and_only_their_hashes_are_stored(walk):
-    issued = [walk.client.post(f"/admin/tenants/{walk.other}/api-keys",
+    issued = [walk.client.post(f"/v1/admin/tenants/{walk.other}/api-keys",
                                headers=walk.admin).json()["key"] for _ in range(5)]
     issued += [walk.key, walk.other_key, walk.revoked]
     assert len(set(issued)) == len(issued)
@@ -326,10 +326,10 @@ def test_admin_token_and_keys_go_through_compare_digest(walk, monkeypatch):
         return original(a, b)
 
     monkeypatch.setattr(app.security.hmac, "compare_digest", recording)
-    assert walk.client.get("/admin/tenants", headers=walk.admin).status_code == 200
+    assert walk.client.get("/v1/admin/tenants", headers=walk.admin).status_code == 200
     assert (ADMIN_TOKEN.encode(), ADMIN_TOKEN.encode()) in seen
     walk.app.state.key_cache.forget()  # force a database verification of the key
-    ok = walk.client.get(f"/tenants/{walk.victim}/ratings/count",
+    ok = walk.client.get(f"/v1/tenants/{walk.victim}/ratings/count",
                          headers={"Authorization": f"Bearer {walk.key}"})
     assert ok.status_code == 200
     assert (hash_key(walk.key).encode(), hash_key(walk.key).encode()) in seen

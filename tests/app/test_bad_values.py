@@ -42,7 +42,7 @@ def test_non_finite_or_unbounded_tenant_settings_are_422_naming_the_field(
         sqlite_api, fields, loc, kind):
     body = '{"name": "poison", "privacy_budget": 1, ' + fields + "}"
     before = tenant_count(sqlite_api)
-    response = sqlite_api.client.post("/admin/tenants", content=body, headers={
+    response = sqlite_api.client.post("/v1/admin/tenants", content=body, headers={
         **sqlite_api.admin, "Content-Type": "application/json"})
     assert response.status_code == 422, response.text
     errors = response.json()["errors"]
@@ -52,18 +52,18 @@ def test_non_finite_or_unbounded_tenant_settings_are_422_naming_the_field(
 
 
 def test_the_rating_span_is_bounded(sqlite_api):
-    response = sqlite_api.client.post("/admin/tenants", headers=sqlite_api.admin, json={
+    response = sqlite_api.client.post("/v1/admin/tenants", headers=sqlite_api.admin, json={
         "name": "wide", "privacy_budget": 1, "rating_min": -600000, "rating_max": 600000})
     assert response.status_code == 422
     assert response.json()["errors"][0]["message"] == \
         "Value error, rating_max - rating_min must be at most 1e+06"
-    widest = sqlite_api.client.post("/admin/tenants", headers=sqlite_api.admin, json={
+    widest = sqlite_api.client.post("/v1/admin/tenants", headers=sqlite_api.admin, json={
         "name": "widest", "privacy_budget": 1e6, "rating_min": -500000, "rating_max": 500000})
     assert widest.status_code == 201, widest.text
 
 
 def _recommend(client, tid, key, user):
-    return client.get(f"/tenants/{tid}/users/{user}/recommendations",
+    return client.get(f"/v1/tenants/{tid}/users/{user}/recommendations",
                       headers={"Authorization": f"Bearer {key}"}, params={"k": 5})
 
 
@@ -72,18 +72,18 @@ def test_a_tenant_with_extreme_ratings_cannot_break_the_others(sqlite_url):
     client = api.client
     client.headers.update(api.admin)
     (good, good_key), = make_tenants(client, n=1)
-    poison = client.post("/admin/tenants", json={
+    poison = client.post("/v1/admin/tenants", json={
         "name": "poison", "privacy_budget": 1000, "rating_min": -1e300, "rating_max": 1e300})
     assert poison.status_code == 422  # accepted before: +-1e300 then made the job NaN
-    bad = client.post("/admin/tenants", json={  # the most extreme scale still accepted
+    bad = client.post("/v1/admin/tenants", json={  # the most extreme scale still accepted
         "name": "extreme", "privacy_budget": 1000, "rating_min": -5e5, "rating_max": 5e5,
         "allow_non_private": True})  # the job below is noise-free
     assert bad.status_code == 201, bad.text
     bad_id = bad.json()["id"]
-    bad_key = client.post(f"/admin/tenants/{bad_id}/api-keys").json()["key"]
+    bad_key = client.post(f"/v1/admin/tenants/{bad_id}/api-keys").json()["key"]
     rows = "".join(f"x{u},i{i},{(-1) ** (u + i) * 5e5:g}\n" for u in range(30)
                    for i in range(0, 40, 3))
-    upload = client.post(f"/tenants/{bad_id}/ratings", content=rows.encode(), headers={
+    upload = client.post(f"/v1/tenants/{bad_id}/ratings", content=rows.encode(), headers={
         "Content-Type": "text/csv", "Authorization": f"Bearer {bad_key}"})
     assert upload.status_code == 200, upload.text
     job = wait_job(client, submit_job(client, rounds=3, tenant_ids=[good, bad_id]).json()["id"])
@@ -181,7 +181,7 @@ def test_an_extreme_offset_is_refused_and_every_page_stays_readable(api):
     edge = api.upload_csv(tenant_id, key, "u1,m1,4,9999-12-31T23:59:59Z\n"
                                           "u1,m2,3,1970-01-01T00:00:00+00:00\n")
     assert edge.status_code == 200, edge.text
-    page = api.client.get(f"/tenants/{tenant_id}/ratings", headers=key)
+    page = api.client.get(f"/v1/tenants/{tenant_id}/ratings", headers=key)
     assert page.status_code == 200
     assert [r["timestamp"] for r in page.json()["data"]] == [
         "9999-12-31T23:59:59Z", "1970-01-01T00:00:00Z"]
@@ -194,7 +194,7 @@ def test_statistics_during_a_broker_outage_are_503(sqlite_url):
                                                               "interval_start": 0}}
     conf.broker_transport_options = {"max_retries": 1}
     tenant_id, key = api.tenant()
-    response = api.client.post(f"/tenants/{tenant_id}/stats", headers=key)
+    response = api.client.post(f"/v1/tenants/{tenant_id}/stats", headers=key)
     assert refusal(response) == (
         503, "broker_unavailable", "The broker is unavailable; retry the request later")
     assert response.headers["retry-after"] == "5"

@@ -39,7 +39,7 @@ def _count(app, table) -> int:
 
 def _upload(client, tenant: tuple[int, str], rows):
     tid, key = tenant
-    return client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+    return client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                        headers={"Authorization": f"Bearer {key}", "Content-Type": "text/csv"})
 
 
@@ -52,14 +52,14 @@ def _version(app, tid: int) -> int:
 
 def test_tenant_opt_ins_are_off_by_default_and_shown_to_the_admin(env):
     _, client = env
-    created = client.post("/admin/tenants", json={"name": "plain", "privacy_budget": 10.0})
+    created = client.post("/v1/admin/tenants", json={"name": "plain", "privacy_budget": 10.0})
     assert created.status_code == 201, created.text
-    shown = client.get(f"/admin/tenants/{created.json()['id']}").json()
+    shown = client.get(f"/v1/admin/tenants/{created.json()['id']}").json()
     assert {k: shown[k] for k in ("allow_non_private", "scheduled_retraining",
                                   "retrain_min_seconds", "last_retrained_at")} == {
         "allow_non_private": False, "scheduled_retraining": False,
         "retrain_min_seconds": 86400.0, "last_retrained_at": None}
-    bad = client.post("/admin/tenants", json={"name": "x", "privacy_budget": 1.0,
+    bad = client.post("/v1/admin/tenants", json={"name": "x", "privacy_budget": 1.0,
                                               "retrain_min_seconds": -1})
     assert bad.status_code == 422 and bad.json()["errors"][0]["loc"] == [
         "body", "retrain_min_seconds"]
@@ -92,14 +92,14 @@ def test_an_opted_in_noise_free_job_is_charged_infinity_and_ends_dp_for_the_tena
                                       LedgerEntry.event)).all()
     assert sorted((t, r) for t, r, _ in charges) == [(a, 1), (a, 2), (b, 1), (b, 2)]
     assert {tuple(e["event"]) for _, _, e in charges} == {("none", 0.0, 1)}
-    privacy = client.get(f"/admin/jobs/{job['id']}/report").json()["privacy"]
+    privacy = client.get(f"/v1/admin/jobs/{job['id']}/report").json()["privacy"]
     assert privacy["guarantee"] == "not private (epsilon = infinity)"
     assert privacy["private"] is False and privacy["epsilon_max"] == "infinity"
     assert privacy["epsilon_per_tenant"] == {str(a): "infinity", str(b): "infinity"}
     assert privacy["lifetime"][str(a)] | {"delta": None} == {
         "epsilon_spent": "infinity", "epsilon_max": 10.0, "epsilon_remaining": 0.0,
         "delta": None, "private": False, "allow_non_private": True, "unit": "tenant"}
-    own = client.get(f"/tenants/{a}/report", headers={"Authorization": f"Bearer {key}"})
+    own = client.get(f"/v1/tenants/{a}/report", headers={"Authorization": f"Bearer {key}"})
     assert own.status_code == 200, own.text
     assert own.json()["privacy"]["guarantee"] == "not private (epsilon = infinity)"
     # infinity is spent for good: a DP job including these tenants would claim a
@@ -122,7 +122,7 @@ def test_an_upload_that_changes_nothing_leaves_the_ratings_version(env):
     auth = {"Authorization": f"Bearer {tenant[1]}"}
     for body, kind in ((b"user,item,rating\n", "text/csv"), (b'{"ratings": []}',
                                                               "application/json")):
-        r = client.post(f"/tenants/{tenant[0]}/ratings", content=body,
+        r = client.post(f"/v1/tenants/{tenant[0]}/ratings", content=body,
                         headers={**auth, "Content-Type": kind})
         assert r.status_code in (200, 422), r.text  # stored nothing either way
         if r.status_code == 200:
@@ -174,7 +174,7 @@ def test_retraining_runs_at_most_once_per_tenants_minimum_interval(env):
     second = retrain_if_changed(app.state.sessions, dispatch)
     assert second is not None
     dispatch.drain()
-    assert client.get(f"/admin/jobs/{second}").json()["status"] == "completed"
+    assert client.get(f"/v1/admin/jobs/{second}").json()["status"] == "completed"
     _upload(client, tenants[1], [("later", "i2", 2.0)]).raise_for_status()
     assert retrain_if_changed(app.state.sessions, dispatch) is None  # within the hour
     assert _count(app, TrainingJob) == 2
@@ -214,7 +214,7 @@ def test_a_job_refused_during_a_broker_outage_leaves_no_job_and_a_keyed_retry_pa
     make_tenants(down.client)
     body = {"algorithm": "fedmc-admm", "config": CONFIG, "rounds": 2, "seed": 1, "dp": DP}
     key = {"Idempotency-Key": "train-2026-11-24"}
-    r = down.client.post("/admin/jobs", json=body, headers=key)
+    r = down.client.post("/v1/admin/jobs", json=body, headers=key)
     assert r.status_code == 503, r.text
     assert refusal(r) == (503, "broker_unavailable",
                           "The broker is unavailable; retry the request later")
@@ -224,9 +224,9 @@ def test_a_job_refused_during_a_broker_outage_leaves_no_job_and_a_keyed_retry_pa
                           -1.0) == []
     up = make_api(sqlite_url)  # the broker is back (here: tasks in-process)
     up.client.headers.update(up.admin)
-    first = up.client.post("/admin/jobs", json=body, headers=key)
+    first = up.client.post("/v1/admin/jobs", json=body, headers=key)
     assert first.status_code == 202, first.text
-    again = up.client.post("/admin/jobs", json=body, headers=key)
+    again = up.client.post("/v1/admin/jobs", json=body, headers=key)
     assert again.status_code == 200 and again.headers["Idempotency-Replayed"] == "true"
     assert again.json()["id"] == first.json()["id"]
     wait_job(up.client, first.json()["id"])
@@ -238,15 +238,15 @@ def test_the_same_idempotency_key_with_another_body_is_422(env):
     app, client = env
     make_tenants(client)
     key = {"Idempotency-Key": "k1"}
-    first = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
+    first = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
                         headers=key)
     assert first.status_code == 202, first.text
-    other = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 2, "dp": DP},
+    other = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": 2, "dp": DP},
                         headers=key)
     assert refusal(other)[:2] == (422, "idempotency_conflict")
     assert other.json()["detail"] == ("Idempotency-Key 'k1' was already used with a "
                                       "different request body; use a new key for a new job")
-    empty = client.post("/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
+    empty = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
                         headers={"Idempotency-Key": ""})
     assert refusal(empty)[:2] == (422, "validation_error")
     assert empty.json()["errors"][0]["loc"] == ["header", "idempotency-key"]
@@ -316,7 +316,7 @@ def test_a_step_that_keeps_raising_fails_the_job_after_bounded_attempts(env, mon
     for _ in range(6):  # beat's watchdog, every FEDREC_STALLED_JOB_SECONDS
         resume_stalled(app.state.sessions, worker, -1.0)
         worker.drain()
-    job = client.get(f"/admin/jobs/{job_id}").json()
+    job = client.get(f"/v1/admin/jobs/{job_id}").json()
     assert (job["status"], job["current_round"]) == ("failed", 0)
     assert job["error"] == "ValueError: server step exploded (attempt 3 of 3; job failed)"
     assert calls == [1, 1, 1]
@@ -358,5 +358,5 @@ def test_null_tenant_ids_still_means_every_tenant(env):
     (a, _), (b, _) = make_tenants(client)
     body = {"algorithm": "fedmc-admm", "config": CONFIG, "rounds": 1,
             "dp": {"mechanism": "none"}, "tenant_ids": None}
-    job = wait_job(client, client.post("/admin/jobs", json=body).json()["id"])
+    job = wait_job(client, client.post("/v1/admin/jobs", json=body).json()["id"])
     assert job["tenant_ids"] == [a, b]

@@ -48,7 +48,7 @@ def env(request, tmp_path):
 
 
 def _a_user(client, tid, auth) -> str:
-    page = client.get(f"/tenants/{tid}/ratings", params={"limit": 1}, headers=auth).json()
+    page = client.get(f"/v1/tenants/{tid}/ratings", params={"limit": 1}, headers=auth).json()
     return page["data"][0]["user"]
 
 
@@ -78,7 +78,7 @@ def test_a_deletion_during_job_creation_wins_and_can_be_repeated(env, monkeypatc
     (tid, key), _ = make_tenants(client)
     auth = {"Authorization": f"Bearer {key}"}
     user = _a_user(client, tid, auth)
-    path = f"/tenants/{tid}/users/{user}/ratings"
+    path = f"/v1/tenants/{tid}/users/{user}/ratings"
     answers = _delete_during_job_creation(monkeypatch, other_client, path, auth)
     job = wait_job(client, submit_job(client).json()["id"])
     assert job["status"] == "completed", job
@@ -86,11 +86,11 @@ def test_a_deletion_during_job_creation_wins_and_can_be_repeated(env, monkeypatc
     stored = job_ratings(app.state.sessions, job["id"], tid)
     assert stored and not [k for k in stored if k[0] == user]  # scrubbed from the blocks
     assert all(user not in keys and "" not in keys for keys in _snapshot_users(app, tid))
-    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+    r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", headers=auth)
     assert r.status_code == 404
     again = client.delete(path, headers=auth)  # repeatable: nothing remained
     assert again.status_code == 200 and again.json() == {"user": user, "deleted": 0}
-    never = client.delete(f"/tenants/{tid}/users/never-seen/ratings", headers=auth)
+    never = client.delete(f"/v1/tenants/{tid}/users/never-seen/ratings", headers=auth)
     assert refusal(never) == (404, "user_not_found", "User not found")
 
 
@@ -99,20 +99,20 @@ def test_an_upload_after_forgetting_is_a_new_consent(env, monkeypatch):
     (tid, key), _ = make_tenants(client)
     auth = {"Authorization": f"Bearer {key}"}
     user = _a_user(client, tid, auth)
-    path = f"/tenants/{tid}/users/{user}/ratings"
+    path = f"/v1/tenants/{tid}/users/{user}/ratings"
     _delete_during_job_creation(monkeypatch, other_client, path, auth)
     raced = wait_job(client, submit_job(client).json()["id"])
     monkeypatch.undo()
     rows = [(user, "i1", 2.0), (user, "i2", 5.0), (user, "i3", 4.0), (user, "i4", 1.0),
             (user, "i5", 3.0)]
-    client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+    client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                 headers={**auth, "Content-Type": "text/csv"}).raise_for_status()
     fresh = wait_job(client, submit_job(client, seed=3, test_fraction=0.0).json()["id"])
     mine = {k: v for k, v in job_ratings(app.state.sessions, fresh["id"], tid).items()
             if k[0] == user}
     assert mine == {(user, i): v for _, i, v in rows}  # exactly the new ratings
     assert not [k for k in job_ratings(app.state.sessions, raced["id"], tid) if k[0] == user]
-    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth).json()
+    r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", headers=auth).json()
     assert r["source"] == "model" and r["job_id"] == fresh["id"]
 
 
@@ -145,7 +145,7 @@ def test_a_deletion_racing_the_final_aggregate_step_is_honoured(env, monkeypatch
         if tenant_ids is None and job.current_round == job.rounds - 1 and not answers:
             answers.append(None)
             threading.Thread(target=lambda: answers.append(other_client.delete(
-                f"/tenants/{tid}/users/{user}/ratings", headers=auth))).start()
+                f"/v1/tenants/{tid}/users/{user}/ratings", headers=auth))).start()
             time.sleep(0.5)  # the deletion would commit now, were it not kept waiting
         return out
 
@@ -155,7 +155,7 @@ def test_a_deletion_racing_the_final_aggregate_step_is_honoured(env, monkeypatch
     wait_for(lambda: len(answers) == 2, 30, "the racing deletion")
     assert answers[1].status_code == 200 and answers[1].json()["deleted"] > 0
     assert all(user not in keys for keys in _snapshot_users(app, tid))
-    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+    r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", headers=auth)
     assert r.status_code == 404
 
 
@@ -182,7 +182,7 @@ def test_forgetting_zeroes_the_users_rows_of_every_stored_local_state(env):
     row = keys.index(user)
     fields = type(before).user_rows
     assert fields and all(getattr(before, f)[row].any() for f in fields)
-    r = client.delete(f"/tenants/{tid}/users/{user}/ratings", headers=auth)
+    r = client.delete(f"/v1/tenants/{tid}/users/{user}/ratings", headers=auth)
     assert r.status_code == 200 and r.json()["deleted"] > 0
     keys_after, after = stored()
     assert keys_after[row] == "" and user not in keys_after

@@ -60,14 +60,14 @@ def test_every_route_bounds_the_body(small_body, chunked):
 
     def put(body: bytes):
         content = iter([body[:50], body[50:]]) if chunked else body  # no Content-Length
-        return client.put("/admin/items", content=content,
+        return client.put("/v1/admin/items", content=content,
                           headers={**admin, "Content-Type": "application/json"})
 
     at = put(padded_items(BYTES))
     assert (at.status_code, at.json()) == (200, {"upserted": 1})
     past = put(padded_items(BYTES + 1).replace(b"m1", b"m2"))
     assert answer(past) == (413, *too_large(BYTES))
-    keys = [i["key"] for i in client.get("/admin/items", headers=admin).json()["data"]]
+    keys = [i["key"] for i in client.get("/v1/admin/items", headers=admin).json()["data"]]
     assert keys == ["m1"]
 
 
@@ -108,7 +108,7 @@ def test_json_rows_bound_is_exact(small_rows):
     small_rows.items("m1", "m2", "m3", "m4")
     tenant_id, key = small_rows.tenant()
     rows = [{"user": "u1", "item": f"m{i}", "rating": i} for i in range(1, 5)]
-    url = f"/tenants/{tenant_id}/ratings"
+    url = f"/v1/tenants/{tenant_id}/ratings"
     refused = small_rows.client.post(url, json={"ratings": rows}, headers=key)
     assert answer(refused) == (413, *ROWS_DETAIL)
     assert small_rows.ratings(tenant_id, key) == []
@@ -124,7 +124,7 @@ def small_jobs(sqlite_url):
 
 
 def job_count(api) -> int:
-    return api.client.get("/admin/jobs").json()["count"]
+    return api.client.get("/v1/admin/jobs").json()["count"]
 
 
 def test_rounds_bound_is_exact(small_jobs):
@@ -158,14 +158,14 @@ def test_top_k_bound_is_exact(small_jobs):
     client = small_jobs.client
     (tenant_id, key), _ = make_tenants(client, n=2)
     auth = {"Authorization": f"Bearer {key}"}
-    url = f"/tenants/{tenant_id}/users/u0/recommendations"
+    url = f"/v1/tenants/{tenant_id}/users/u0/recommendations"
     ok = client.get(url, params={"k": 3}, headers=auth)
     assert ok.status_code == 200, ok.text
     assert ok.json()["k"] == 3 and len(ok.json()["data"]) == 3
     refused = client.get(url, params={"k": 4}, headers=auth)
     assert answer(refused) == (
         422, *over(["query", "k"], 4, 3, "FEDREC_MAX_TOP_K"))
-    batch = f"/tenants/{tenant_id}/recommendations"
+    batch = f"/v1/tenants/{tenant_id}/recommendations"
     ok = client.post(batch, json={"users": ["u0"], "k": 3}, headers=auth)
     assert ok.status_code == 200 and len(ok.json()["data"][0]["data"]) == 3
     refused = client.post(batch, json={"users": ["u0"], "k": 4}, headers=auth)
@@ -176,6 +176,6 @@ def test_top_k_bound_is_exact(small_jobs):
 def test_over_limit_k_is_refused_only_after_authentication(small_jobs):
     client = small_jobs.client
     (tenant_id, _), _ = make_tenants(client, n=2)
-    response = client.get(f"/tenants/{tenant_id}/users/u0/recommendations",
+    response = client.get(f"/v1/tenants/{tenant_id}/users/u0/recommendations",
                           params={"k": 4}, headers={"Authorization": "Bearer fk_wrong"})
     assert refusal(response) == (401, "invalid_api_key", "Invalid API key")

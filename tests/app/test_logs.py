@@ -35,20 +35,20 @@ def test_request_ids_are_echoed_or_made_and_every_line_carries_them(env, lines):
     app, client = env
     (tid, key), _ = make_tenants(client)
     auth = {"Authorization": f"Bearer {key}"}
-    given = client.get(f"/tenants/{tid}/ratings/count",
+    given = client.get(f"/v1/tenants/{tid}/ratings/count",
                        headers={**auth, "X-Request-ID": "req-42.a"})
     assert given.headers["x-request-id"] == "req-42.a"
-    made = client.get(f"/tenants/{tid}/ratings/count", headers=auth)
-    bad = client.get(f"/tenants/{tid}/ratings/count",
+    made = client.get(f"/v1/tenants/{tid}/ratings/count", headers=auth)
+    bad = client.get(f"/v1/tenants/{tid}/ratings/count",
                      headers={**auth, "X-Request-ID": "no spaces allowed"})
     assert len(made.headers["x-request-id"]) == 32
     assert bad.headers["x-request-id"] not in ("no spaces allowed",)
     job = wait_job(client, submit_job(client, rounds=1).json()["id"])
-    client.get(f"/admin/jobs/{job['id']}", headers={"X-Request-ID": "job-read"})
+    client.get(f"/v1/admin/jobs/{job['id']}", headers={"X-Request-ID": "job-read"})
     access = [line for line in lines() if line["logger"] == "fedrec.access"]
     mine = next(line for line in access if line["request_id"] == "req-42.a")
     assert mine["tenant_id"] == tid and mine["level"] == "INFO"
-    assert mine["message"].startswith("GET /tenants/{tenant_id}/ratings/count 200 ")
+    assert mine["message"].startswith("GET /v1/tenants/{tenant_id}/ratings/count 200 ")
     assert any(line["request_id"] == made.headers["x-request-id"] for line in access)
     read = next(line for line in access if line["request_id"] == "job-read")
     assert read["job_id"] == job["id"] and "tenant_id" not in read

@@ -38,17 +38,17 @@ def test_metrics_count_requests_uploads_jobs_rounds_and_epsilon(env):
     (a, key), (b, _) = make_tenants(client, budget=50)  # two uploads of rows
     auth = {"Authorization": f"Bearer {key}"}
     for _ in range(3):
-        client.get(f"/tenants/{a}/ratings/count", headers=auth)
-    client.get("/tenants/999999/ratings/count", headers=auth)  # 404: another label
-    bad = client.post(f"/tenants/{a}/ratings", content=b"u,nope,3\n",
+        client.get(f"/v1/tenants/{a}/ratings/count", headers=auth)
+    client.get("/v1/tenants/999999/ratings/count", headers=auth)  # 404: another label
+    bad = client.post(f"/v1/tenants/{a}/ratings", content=b"u,nope,3\n",
                       headers={**auth, "Content-Type": "text/csv"})
     assert bad.status_code == 422
     job = wait_job(client, submit_job(client, rounds=2, dp=DP).json()["id"])
     assert job["status"] == "completed"
     for _ in range(2):
-        client.get(f"/tenants/{a}/users/u0/recommendations", headers=auth)
+        client.get(f"/v1/tenants/{a}/users/u0/recommendations", headers=auth)
     got = samples(client)
-    route = "/tenants/{tenant_id}/ratings/count"
+    route = "/v1/tenants/{tenant_id}/ratings/count"
     count = ("fedrec_http_request_duration_seconds_count",
              (("method", "GET"), ("route", route), ("status", "200")))
     assert got[count] == 3

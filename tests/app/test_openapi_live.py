@@ -70,7 +70,7 @@ def server(tmp_path_factory):
                               timeout=30)
         (tenant, key), _ = make_tenants(client)
         job = wait_job(client, submit_job(client, rounds=1).json()["id"])
-        spare = client.post(f"/admin/tenants/{tenant}/api-keys", json={}).json()["id"]
+        spare = client.post(f"/v1/admin/tenants/{tenant}/api-keys", json={}).json()["id"]
         yield base, tmp, tenant, key, job["id"], spare
     finally:
         proc.terminate()
@@ -87,20 +87,20 @@ def config(tmp: Path, tenant: int, key: str, job: int, spare: int) -> Path:
 headers = {{ Authorization = "Bearer {ADMIN}" }}
 
 [[operations]]
-include-path-regex = "^/tenants/"
+include-path-regex = "^/v1/tenants/"
 headers = {{ Authorization = "Bearer {key}" }}
 parameters = {{ tenant_id = {tenant}, user_key = "u0", user = "u1", wait = 0 }}
 
 [[operations]]
-include-path-regex = "^/admin/tenants/[^/]+/api-keys/"
+include-path-regex = "^/v1/admin/tenants/[^/]+/api-keys/"
 parameters = {{ tenant_id = {tenant}, key_id = {spare} }}
 
 [[operations]]
-include-path-regex = "^/admin/jobs/"
+include-path-regex = "^/v1/admin/jobs/"
 parameters = {{ job_id = {job} }}
 
 [[operations]]
-include-path-regex = "^/admin/(tenants|jobs)$"
+include-path-regex = "^/v1/admin/(tenants|jobs)$"
 include-method = "POST"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "422"]
 """)

@@ -41,9 +41,9 @@ def world(tmp_path_factory):
     app.include_router(broken)
     client = TestClient(app, raise_server_exceptions=False)
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    tenant = client.post("/admin/tenants", headers=admin,
+    tenant = client.post("/v1/admin/tenants", headers=admin,
                          json={"name": "t", "privacy_budget": 1}).json()["id"]
-    key = client.post(f"/admin/tenants/{tenant}/api-keys", headers=admin).json()["key"]
+    key = client.post(f"/v1/admin/tenants/{tenant}/api-keys", headers=admin).json()["key"]
     return app, client, tenant, key
 
 
@@ -103,7 +103,7 @@ def test_every_error_response_is_documented_as_a_problem(schema):
 
 
 def credentials(path: str, key: str) -> dict:
-    token = ADMIN_TOKEN if path.startswith("/admin/") else key
+    token = ADMIN_TOKEN if path.startswith("/v1/admin/") else key
     return {"Authorization": f"Bearer {token}"}
 
 
@@ -180,6 +180,16 @@ def test_unknown_routes_and_server_errors_are_problems_without_internals(world, 
     assert missing.status_code == 404 and missing.headers["content-type"] == PROBLEM_JSON
     validator.validate(missing.json())
     assert missing.json()["code"] == "route_not_found"
+    assert "versioned" not in missing.json()["detail"]
+    # A client of the unversioned paths is told where the route went, not redirected.
+    old = client.post("/admin/tenants", json={"name": "x", "privacy_budget": 1})
+    assert old.status_code == 404 and old.json()["code"] == "route_not_found"
+    assert old.json()["detail"] == ("No route /admin/tenants; the API is versioned: "
+                                    "use /v1/admin/tenants")
+    old = client.get("/tenants/7/users/u1/recommendations")
+    assert old.json()["detail"].endswith("use /v1/tenants/7/users/u1/recommendations")
+    assert client.get("/v1/health").status_code == 404  # probes stay unversioned
+    assert client.get("/health").status_code == 200
     boom = client.get("/broken-for-test")
     assert boom.status_code == 500 and boom.headers["content-type"] == PROBLEM_JSON
     validator.validate(boom.json())
@@ -189,9 +199,9 @@ def test_unknown_routes_and_server_errors_are_problems_without_internals(world, 
 
 def test_validation_errors_name_every_field_in_detail_and_errors(world, schema):
     _, client, _, _ = world
-    response = client.post("/admin/tenants", headers=credentials("/admin/", ""),
+    response = client.post("/v1/admin/tenants", headers=credentials("/v1/admin/", ""),
                            json={"name": "", "privacy_budget": -1})
-    body = check(problem_validator(schema), schema, response, "post", "/admin/tenants", 422)
+    body = check(problem_validator(schema), schema, response, "post", "/v1/admin/tenants", 422)
     assert body["code"] == "validation_error"
     assert {e["field"] for e in body["errors"]} == {"name", "privacy_budget"}
     assert "body.name: " in body["detail"] and "body.privacy_budget: " in body["detail"]

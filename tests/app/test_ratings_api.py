@@ -19,10 +19,10 @@ def test_csv_upload_stores_and_reupload_updates(api):
     assert again.json() == {"stored": 1}
     assert api.ratings(tenant_id, key) == [
         ("u1", "m1", 5.0), ("u1", "m2", 2.5), ("u2", "m1", 1.0)]
-    stamp = api.client.get(f"/tenants/{tenant_id}/ratings", headers=key,
+    stamp = api.client.get(f"/v1/tenants/{tenant_id}/ratings", headers=key,
                            params={"user": "u1"}).json()["data"][0]["timestamp"]
     assert stamp == "2020-09-13T12:26:40Z"
-    count = api.client.get(f"/tenants/{tenant_id}/ratings/count", headers=key).json()
+    count = api.client.get(f"/v1/tenants/{tenant_id}/ratings/count", headers=key).json()
     assert count == {"count": 3, "users": 2}
 
 
@@ -30,7 +30,7 @@ def test_json_upload_with_keys_needing_escapes(api):
     api.items("i\\1")
     tenant_id, key = api.tenant()
     body = {"ratings": [{"user": "o'brien\\x", "item": "i\\1", "rating": 3}]}
-    response = api.client.post(f"/tenants/{tenant_id}/ratings", json=body, headers=key)
+    response = api.client.post(f"/v1/tenants/{tenant_id}/ratings", json=body, headers=key)
     assert response.json() == {"stored": 1}
     assert api.ratings(tenant_id, key) == [("o'brien\\x", "i\\1", 3.0)]
 
@@ -65,7 +65,7 @@ def test_error_list_is_capped_and_counts_the_rest(database_url):
 def test_auto_create_tenants_add_unknown_items(api):
     tenant_id, key = api.tenant(auto_create_items=True)
     assert api.upload_csv(tenant_id, key, "u,new-a,1\nu,new-b,2\n").json() == {"stored": 2}
-    keys = {i["key"] for i in api.client.get("/admin/items", headers=api.admin,
+    keys = {i["key"] for i in api.client.get("/v1/admin/items", headers=api.admin,
                                                params={"limit": 1000}).json()["data"]}
     assert {"new-a", "new-b"} <= keys
 
@@ -111,16 +111,16 @@ def test_tenant_a_can_never_read_or_delete_tenant_b(api):
     b, key_b = api.tenant()
     api.upload_csv(b, key_b, "victim,m1,4\n")
     c = api.client
-    for response in (c.get(f"/tenants/{b}/ratings", headers=key_a),
-                     c.get(f"/tenants/{b}/ratings/count", headers=key_a),
-                     c.post(f"/tenants/{b}/ratings", headers=key_a, json={"ratings": []}),
-                     c.delete(f"/tenants/{b}/users/victim/ratings", headers=key_a),
-                     c.get(f"/tenants/{b}/stats", headers=key_a),
-                     c.get("/tenants/99999/ratings", headers=key_a)):
+    for response in (c.get(f"/v1/tenants/{b}/ratings", headers=key_a),
+                     c.get(f"/v1/tenants/{b}/ratings/count", headers=key_a),
+                     c.post(f"/v1/tenants/{b}/ratings", headers=key_a, json={"ratings": []}),
+                     c.delete(f"/v1/tenants/{b}/users/victim/ratings", headers=key_a),
+                     c.get(f"/v1/tenants/{b}/stats", headers=key_a),
+                     c.get("/v1/tenants/99999/ratings", headers=key_a)):
         assert refusal(response) == (404, "tenant_not_found", "Tenant not found")
     # Through its own URL, A sees only its own (empty) data and cannot reach B's user.
     assert api.ratings(a, key_a, user="victim") == []
-    mine = c.delete(f"/tenants/{a}/users/victim/ratings", headers=key_a)
+    mine = c.delete(f"/v1/tenants/{a}/users/victim/ratings", headers=key_a)
     assert refusal(mine) == (404, "user_not_found", "User not found")
     assert api.ratings(b, key_b) == [("victim", "m1", 4.0)]
 
@@ -129,10 +129,10 @@ def test_forgetting_a_user_deletes_only_their_ratings(api):
     api.items("m1", "m2")
     tenant_id, key = api.tenant()
     api.upload_csv(tenant_id, key, "gone,m1,1\ngone,m2,2\nstays,m1,3\n")
-    response = api.client.delete(f"/tenants/{tenant_id}/users/gone/ratings", headers=key)
+    response = api.client.delete(f"/v1/tenants/{tenant_id}/users/gone/ratings", headers=key)
     assert response.json() == {"user": "gone", "deleted": 2}
     assert api.ratings(tenant_id, key) == [("stays", "m1", 3.0)]
-    count = api.client.get(f"/tenants/{tenant_id}/ratings/count", headers=key).json()
+    count = api.client.get(f"/v1/tenants/{tenant_id}/ratings/count", headers=key).json()
     assert count == {"count": 1, "users": 1}
 
 
@@ -140,7 +140,7 @@ def test_paging(api):
     api.items("m1", "m2", "m3")
     tenant_id, key = api.tenant()
     api.upload_csv(tenant_id, key, "b,m1,1\na,m2,2\na,m3,3\n")
-    page = api.client.get(f"/tenants/{tenant_id}/ratings", headers=key,
+    page = api.client.get(f"/v1/tenants/{tenant_id}/ratings", headers=key,
                           params={"offset": 1, "limit": 1}).json()
     assert page["count"] == 3 and [(r["user"], r["item"]) for r in page["data"]] == [("a", "m3")]
 
@@ -152,7 +152,7 @@ def test_missing_and_malformed_keys_are_401(api):
             ({"Authorization": "Bearer fk_short_x"}, "invalid_api_key", "Invalid API key"),
             ({"Authorization": "Bearer fk_0123456789ab_guess"}, "invalid_api_key",
              "Invalid API key")):
-        response = api.client.get(f"/tenants/{tenant_id}/ratings", headers=headers)
+        response = api.client.get(f"/v1/tenants/{tenant_id}/ratings", headers=headers)
         assert refusal(response) == (401, code, detail)
 
 
@@ -173,7 +173,7 @@ def test_bodies_over_the_limit_are_413_while_streaming(small_limit_api):
     api = small_limit_api
     tenant_id, key = api.tenant()
     chunks = iter([b"u,m1,1\n" * 5] * 3)  # no Content-Length: chunked transfer
-    response = api.client.post(f"/tenants/{tenant_id}/ratings", content=chunks,
+    response = api.client.post(f"/v1/tenants/{tenant_id}/ratings", content=chunks,
                                headers={**key, "Content-Type": "text/csv"})
     assert "content-length" not in {k.lower() for k in response.request.headers}
     assert refusal(response)[:2] == (413, "body_too_large")
@@ -189,12 +189,12 @@ def test_bodies_at_the_limit_pass(small_limit_api):
 
 def test_unsupported_media_type_and_bad_json(api):
     tenant_id, key = api.tenant()
-    plain = api.client.post(f"/tenants/{tenant_id}/ratings", content=b"x",
+    plain = api.client.post(f"/v1/tenants/{tenant_id}/ratings", content=b"x",
                             headers={**key, "Content-Type": "text/plain"})
     assert refusal(plain) == (415, "unsupported_media_type", (
         "unsupported Content-Type 'text/plain'; use application/json, text/csv, "
         "text/tab-separated-values or multipart/form-data"))
-    bad = api.client.post(f"/tenants/{tenant_id}/ratings", content=b"{",
+    bad = api.client.post(f"/v1/tenants/{tenant_id}/ratings", content=b"{",
                           headers={**key, "Content-Type": "application/json"})
     assert refusal(bad)[:2] == (422, "upload_rejected")
     assert bad.json()["detail"].startswith("body is not valid JSON")
@@ -221,7 +221,7 @@ def test_a_failure_after_writing_rolls_the_whole_upload_back(database_url, monke
     assert response.status_code == 500
     monkeypatch.setattr(uploads.store, "upsert_ratings", real)
     assert api.ratings(tenant_id, key) == []
-    count = api.client.get(f"/tenants/{tenant_id}/ratings/count", headers=key).json()
+    count = api.client.get(f"/v1/tenants/{tenant_id}/ratings/count", headers=key).json()
     assert count == {"count": 0, "users": 0}
     retried = api.upload_csv(tenant_id, key, "u1,m1,4\nu2,m2,5\n", **{"Idempotency-Key": "x"})
     assert retried.json() == {"stored": 2} and "Idempotency-Replayed" not in retried.headers

@@ -26,20 +26,20 @@ def api(tmp_path):
     app = create_app(Settings(database_url=url, admin_token=token, broker_url=None))
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {token}"
-        client.put("/admin/items", json={"items": [{"key": f"i{j}"} for j in range(6)]}
+        client.put("/v1/admin/items", json={"items": [{"key": f"i{j}"} for j in range(6)]}
                    ).raise_for_status()
-        tid = client.post("/admin/tenants", json={"name": "t", "privacy_budget": 1.0}
+        tid = client.post("/v1/admin/tenants", json={"name": "t", "privacy_budget": 1.0}
                           ).json()["id"]
-        key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+        key = client.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"]
 
         def upload(rows):
-            r = client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+            r = client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                             headers={"Content-Type": "text/csv",
                                      "Authorization": f"Bearer {key}"})
             assert r.status_code == 200, r.text
 
         def delete(user):
-            r = client.delete(f"/tenants/{tid}/users/{user}/ratings",
+            r = client.delete(f"/v1/tenants/{tid}/users/{user}/ratings",
                               headers={"Authorization": f"Bearer {key}"})
             assert r.status_code == 200, r.text
 

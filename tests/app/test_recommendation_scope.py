@@ -25,14 +25,14 @@ def env(admin_app):
 def _tenant_e(client) -> tuple[int, dict[str, str]]:
     """Tenant E auto-creates two items: 'e-secret' (rated by E's user) and 'e-orphan'
     (its only rating deleted again, so nobody rated it)."""
-    tid = client.post("/admin/tenants", json={"name": "E", "privacy_budget": 1000.0,
+    tid = client.post("/v1/admin/tenants", json={"name": "E", "privacy_budget": 1000.0,
                                               "auto_create_items": True}).json()["id"]
-    key = client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+    key = client.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"]
     auth = {"Authorization": f"Bearer {key}"}
     rows = [("e1", "e-secret", 4.0), ("e1", "i0", 3.0), ("e2", "e-orphan", 5.0)]
-    client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+    client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                 headers={**auth, "Content-Type": "text/csv"}).raise_for_status()
-    client.delete(f"/tenants/{tid}/users/e2/ratings", headers=auth).raise_for_status()
+    client.delete(f"/v1/tenants/{tid}/users/e2/ratings", headers=auth).raise_for_status()
     return tid, auth
 
 
@@ -67,12 +67,12 @@ def test_model_recommends_only_the_tenants_trained_items_with_clamped_scores(env
     keys, raw, columns = _expected(app, job["id"], tid, user)
     assert {"e-secret", "e-orphan"} <= set(columns)  # in the job's item axis...
     assert any(v > 5.0 for v in raw) or any(v < 1.0 for v in raw)  # precondition
-    r = client.get(f"/tenants/{tid}/users/{user}/recommendations",
+    r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations",
                    params={"k": 1000, "include_rated": True}, headers=auth).json()
     assert r["source"] == "model" and r["job_id"] == job["id"]
     assert [x["item"] for x in r["data"]] == keys  # ...but never recommended to A
     assert [x["score"] for x in r["data"]] == [min(5.0, max(1.0, v)) for v in raw]
-    batch = client.post(f"/tenants/{tid}/recommendations",
+    batch = client.post(f"/v1/tenants/{tid}/recommendations",
                         json={"users": [user], "k": 1000, "include_rated": True},
                         headers=auth).json()
     assert batch["data"][0]["data"] == r["data"]
@@ -109,7 +109,7 @@ def test_a_sigmoid_link_model_is_served_with_its_predictions(env):
     candidates = np.setdiff1d(trained, rated)
     pred = predict_ratings(glob, local, np.zeros(candidates.size, dtype=np.int64), candidates)
     order = np.argsort(-pred, kind="stable")[:5]
-    recs = client.get(f"/tenants/{tid}/users/{user}/recommendations?k=5",
+    recs = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations?k=5",
                       headers={"Authorization": f"Bearer {key}"}).json()
     assert recs["source"] == "model", recs
     assert [r["item"] for r in recs["data"]] == [columns[i] for i in candidates[order]]
@@ -126,11 +126,11 @@ def test_forgetting_a_user_keeps_the_served_link_of_the_others(env):
     job = wait_job(client, submit_job(client, algorithm="rfrec", config={"rank": 3},
                                       rounds=4).json()["id"])
     assert job["status"] == "completed", job
-    users = sorted({r["user"] for r in client.get(f"/tenants/{tid}/ratings?limit=1000",
+    users = sorted({r["user"] for r in client.get(f"/v1/tenants/{tid}/ratings?limit=1000",
                                                   headers=auth).json()["data"]})
-    before = client.get(f"/tenants/{tid}/users/{users[1]}/recommendations?k=5",
+    before = client.get(f"/v1/tenants/{tid}/users/{users[1]}/recommendations?k=5",
                         headers=auth).json()
-    client.delete(f"/tenants/{tid}/users/{users[0]}/ratings", headers=auth).raise_for_status()
-    after = client.get(f"/tenants/{tid}/users/{users[1]}/recommendations?k=5",
+    client.delete(f"/v1/tenants/{tid}/users/{users[0]}/ratings", headers=auth).raise_for_status()
+    after = client.get(f"/v1/tenants/{tid}/users/{users[1]}/recommendations?k=5",
                        headers=auth).json()
     assert after["source"] == "model" and after["data"] == before["data"]

@@ -56,7 +56,7 @@ class Env:
         (self.victim, key), _ = make_tenants(self.client)
         self.tenant = {"Authorization": f"Bearer {key}"}
         self.job = wait_job(self.client, submit_job(self.client, rounds=1).json()["id"])["id"]
-        spare = self.client.post(f"/admin/tenants/{self.victim}/api-keys").json()
+        spare = self.client.post(f"/v1/admin/tenants/{self.victim}/api-keys").json()
         self.spare_key_id = spare["id"]
 
     def pin(self, case) -> dict[str, str]:
@@ -66,10 +66,10 @@ class Env:
         for name, value in fixed.items():
             if name in params:
                 params[name] = value
-        return self.admin if case.operation.path.startswith("/admin/") else self.tenant
+        return self.admin if case.operation.path.startswith("/v1/admin/") else self.tenant
 
     def wait_jobs(self) -> None:
-        for job in self.client.get("/admin/jobs", headers=self.admin).json()["data"]:
+        for job in self.client.get("/v1/admin/jobs", headers=self.admin).json()["data"]:
             wait_job(self.client, job["id"])
 
 
@@ -97,7 +97,7 @@ LABELS = _operation_labels()
 
 def test_every_operation_is_fuzzed():
     # the list above is the app's own: a route added later is fuzzed without editing this file
-    assert "POST /tenants/{tenant_id}/ratings" in LABELS and len(LABELS) >= 20
+    assert "POST /v1/tenants/{tenant_id}/ratings" in LABELS and len(LABELS) >= 20
 
 
 @pytest.mark.parametrize("label", LABELS)

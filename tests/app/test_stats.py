@@ -32,12 +32,12 @@ def test_stats_task_runs_in_process_without_a_broker(api):
     other_id, other_key = api.tenant()
     api.upload_csv(tenant_id, key, "a,m1,5\na,m2,3\nb,m1,3\n")
     api.upload_csv(other_id, other_key, "z,m3,1\n")
-    missing = api.client.get(f"/tenants/{tenant_id}/stats", headers=key)
+    missing = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key)
     assert refusal(missing) == (404, "stats_not_computed",
                                 "Statistics not computed yet; POST to this URL to compute them")
-    queued = api.client.post(f"/tenants/{tenant_id}/stats", headers=key)
+    queued = api.client.post(f"/v1/tenants/{tenant_id}/stats", headers=key)
     assert queued.status_code == 202 and queued.json()["status"] == "SUCCESS"
-    stats = api.client.get(f"/tenants/{tenant_id}/stats", headers=key).json()
+    stats = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key).json()
     assert {k: stats[k] for k in ("tenant_id", "n_ratings", "n_users", "n_items", "mean",
                                   "histogram")} == {
         "tenant_id": tenant_id, "n_ratings": 3, "n_users": 2, "n_items": 2,
@@ -55,5 +55,5 @@ def test_beat_refresh_recomputes_every_tenant(sqlite_api):
     _, state = enqueue(api.client.app.state.celery, REFRESH_ALL_RATING_STATS, [])
     assert state == "SUCCESS"
     for n, (tenant_id, key) in enumerate(tenants):
-        stats = api.client.get(f"/tenants/{tenant_id}/stats", headers=key).json()
+        stats = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key).json()
         assert (stats["n_ratings"], stats["histogram"]) == (n + 1, {str(n + 1): n + 1})

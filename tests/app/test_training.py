@@ -39,7 +39,7 @@ def test_job_reports_exactly_what_the_simulator_computes(env):
     assert r.status_code == 202, r.text
     job = wait_job(client, r.json()["id"])
     assert job["status"] == "completed" and job["current_round"] == 4 and job["progress"] == 1
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
     fed, _ = federation_of(app, job["id"])
     alg = registry.get("fedmc-admm")
     sim = simulate(alg, alg.config(**CONFIG), fed, rounds=4, per_round=2, seed=11)
@@ -58,7 +58,7 @@ def test_job_reports_the_simulators_ranking_metrics_at_the_final_round(env):
     ids = make_tenants(client)
     r = submit_job(client)
     job = wait_job(client, r.json()["id"])
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
     fed, _ = federation_of(app, job["id"])
     alg = registry.get("fedmc-admm")
     sim = simulate(alg, alg.config(**CONFIG), fed, rounds=4, per_round=2, seed=11)
@@ -78,7 +78,7 @@ def test_job_reports_the_simulators_ranking_metrics_at_the_final_round(env):
         assert per[str(t)]["threshold"] == 3.5
     # the tenant's own report carries its figures only
     tid, key = ids[0]
-    own = client.get(f"/tenants/{tid}/report", headers={"Authorization": f"Bearer {key}"})
+    own = client.get(f"/v1/tenants/{tid}/report", headers={"Authorization": f"Bearer {key}"})
     assert own.status_code == 200, own.text
     assert own.json()["ranking"] == per[str(tid)]
 
@@ -91,11 +91,11 @@ def test_dp_job_charges_each_transmission_once_and_reports_the_accountants_epsil
     assert job["status"] == "completed"
     with app.state.sessions() as s:
         charges = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)).all()
-    participants = [p for c in client.get(f"/admin/jobs/{job['id']}/report").json()["curve"]
+    participants = [p for c in client.get(f"/v1/admin/jobs/{job['id']}/report").json()["curve"]
                     for p in [c]]
     assert len(charges) == 5 == len(participants)  # one tenant per round, charged once
     assert len(set(charges)) == 5
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()["privacy"]
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()["privacy"]
     for tid, _ in tenants:
         n = sum(1 for t, _ in charges if t == tid)
         expected = spend([Event("gaussian", 3.0, n)], 1e-5).epsilon if n else 0.0
@@ -107,7 +107,7 @@ def test_dp_job_charges_each_transmission_once_and_reports_the_accountants_epsil
                                                    1: Budget(1e3, 1e-5)}), seed=11)
     sim = simulate(alg, alg.config(**CONFIG), fed, rounds=5, per_round=1, seed=11,
                    privatizer=priv)
-    curve = client.get(f"/admin/jobs/{job['id']}/report").json()["curve"]
+    curve = client.get(f"/v1/admin/jobs/{job['id']}/report").json()["curve"]
     assert curve[-1]["test_rmse"] == sim.final.test_rmse
 
 
@@ -160,22 +160,22 @@ def test_recommendations_rank_by_the_learned_factors_and_skip_rated_items(env):
         ids = pipeline.item_ids_from_bytes(s.get(TrainingJob, job["id"]).item_ids)
         key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
         column_key = [key_of[int(i)] for i in ids]
-    rated = {r["item"] for r in client.get(f"/tenants/{tid}/ratings",
+    rated = {r["item"] for r in client.get(f"/v1/tenants/{tid}/ratings",
                                            params={"user": user, "limit": 1000},
                                            headers=auth).json()["data"]}
     scores = a[row] @ b
     expected = [column_key[j] for j in sorted(range(N_ITEMS), key=lambda j: (-scores[j], j))
                 if column_key[j] not in rated]
-    r = client.get(f"/tenants/{tid}/users/{user}/recommendations", params={"k": 5},
+    r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", params={"k": 5},
                    headers=auth).json()
     assert r["source"] == "model" and r["job_id"] == job["id"]
     assert [x["item"] for x in r["data"]] == expected[:5]
     assert r["data"][0]["title"] == f"Title {expected[0][1:]}"
     assert [x["score"] for x in r["data"]] == [scores[column_key.index(k)] for k in expected[:5]]
-    page2 = client.get(f"/tenants/{tid}/users/{user}/recommendations",
+    page2 = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations",
                        params={"k": 5, "offset": 5}, headers=auth).json()
     assert [x["item"] for x in page2["data"]] == expected[5:10]
-    with_rated = client.get(f"/tenants/{tid}/users/{user}/recommendations",
+    with_rated = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations",
                             params={"k": N_ITEMS, "include_rated": True}, headers=auth).json()
     assert len(with_rated["data"]) == N_ITEMS
 
@@ -185,15 +185,15 @@ def test_unknown_user_404_cold_start_popularity_and_batch(env):
     tenants, _ = _trained(client, app)
     tid, key = tenants[0]
     auth = {"Authorization": f"Bearer {key}"}
-    r = client.get(f"/tenants/{tid}/users/ghost/recommendations", headers=auth)
+    r = client.get(f"/v1/tenants/{tid}/users/ghost/recommendations", headers=auth)
     assert r.status_code == 404
     assert r.json()["detail"] == "User 'ghost' not found: no ratings and no factors in this tenant"
-    client.post(f"/tenants/{tid}/ratings", content=csv_body([("newbie", "i0", 4.0)]),
+    client.post(f"/v1/tenants/{tid}/ratings", content=csv_body([("newbie", "i0", 4.0)]),
                 headers={**auth, "Content-Type": "text/csv"}).raise_for_status()
-    cold = client.get(f"/tenants/{tid}/users/newbie/recommendations", headers=auth).json()
+    cold = client.get(f"/v1/tenants/{tid}/users/newbie/recommendations", headers=auth).json()
     assert cold["source"] == "popularity" and cold["job_id"] is None
     assert "i0" not in [x["item"] for x in cold["data"]]
-    batch = client.post(f"/tenants/{tid}/recommendations",
+    batch = client.post(f"/v1/tenants/{tid}/recommendations",
                         json={"users": ["newbie", "ghost"], "k": 3}, headers=auth).json()
     assert [d["user"] for d in batch["data"]] == ["newbie"] and batch["not_found"] == ["ghost"]
 
@@ -205,19 +205,19 @@ def test_tenants_never_see_each_others_recommendations_or_reports(env):
         b_user = s.scalars(sa.select(JobClient.user_keys).where(JobClient.tenant_id == b_id)
                            ).first()[0]
     a_auth = {"Authorization": f"Bearer {a_key}"}
-    for path in (f"/tenants/{b_id}/users/{b_user}/recommendations", f"/tenants/{b_id}/report",
-                 f"/tenants/{b_id}/report/plot.png"):
+    for path in (f"/v1/tenants/{b_id}/users/{b_user}/recommendations", f"/v1/tenants/{b_id}/report",
+                 f"/v1/tenants/{b_id}/report/plot.png"):
         r = client.get(path, headers=a_auth)
         assert r.status_code == 404 and r.json()["detail"] == "Tenant not found"
     # B's user is unknown in A's tenant, even though it exists in B
-    r = client.get(f"/tenants/{a_id}/users/{b_user}/recommendations", headers=a_auth)
+    r = client.get(f"/v1/tenants/{a_id}/users/{b_user}/recommendations", headers=a_auth)
     assert r.status_code in (200, 404)
     if r.status_code == 200:  # only if A happens to have a user with the same key
         assert r.json()["source"] in ("model", "popularity")
-    own = client.get(f"/tenants/{a_id}/report", headers=a_auth).json()
+    own = client.get(f"/v1/tenants/{a_id}/report", headers=a_auth).json()
     assert list(own["privacy"]["epsilon_per_tenant"] or {}) in ([], [str(a_id)])
-    assert client.get("/admin/jobs", headers=a_auth).status_code == 401
-    png = client.get(f"/tenants/{a_id}/report/plot.png", headers=a_auth)
+    assert client.get("/v1/admin/jobs", headers=a_auth).status_code == 401
+    png = client.get(f"/v1/tenants/{a_id}/report/plot.png", headers=a_auth)
     assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -284,7 +284,7 @@ def test_only_the_aggregate_step_reads_the_server_state_and_test_blocks(env):
     from app.training.jobs import JobSpec, create_job
 
     with app.state.sessions() as s:
-        tids = [t["id"] for t in client.get("/admin/tenants").json()["data"]]
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         job_id = create_job(s, JobSpec("fedmc-admm", tids, 2, 0, 3, CONFIG,
                                        {"mechanism": "none"})).id
         engine = s.get_bind()
@@ -308,7 +308,7 @@ def test_only_the_aggregate_step_reads_the_server_state_and_test_blocks(env):
         reads["client"] = [q for args in clients for q in run(pipeline.TASK_CLIENT, *args)]
         dispatch._queue.clear()  # the last client step queued the aggregate: run it below
         seen.clear()
-        assert client.get(f"/admin/jobs/{job_id}").status_code == 200
+        assert client.get(f"/v1/admin/jobs/{job_id}").status_code == 200
         reads["poll"] = [q for q in seen if q.lstrip().startswith("select")]
         reads["aggregate"] = run(pipeline.TASK_AGGREGATE, job_id, 1)
     finally:
@@ -327,11 +327,11 @@ def test_only_the_aggregate_step_reads_the_server_state_and_test_blocks(env):
 def test_cancel_and_resume_answer_409_when_nothing_to_do(env):
     app, client = env
     _, job = _trained(client, app)
-    r = client.post(f"/admin/jobs/{job['id']}/cancel")
+    r = client.post(f"/v1/admin/jobs/{job['id']}/cancel")
     assert r.status_code == 409 and r.json()["detail"] == f"Job {job['id']} is already completed"
-    r = client.post(f"/admin/jobs/{job['id']}/resume")
+    r = client.post(f"/v1/admin/jobs/{job['id']}/resume")
     assert r.status_code == 409
-    assert client.get("/admin/jobs/999").json()["detail"] == "Training job not found"
+    assert client.get("/v1/admin/jobs/999").json()["detail"] == "Training job not found"
 
 
 def test_retraining_starts_only_after_ratings_change_and_within_budget(env):
@@ -346,7 +346,7 @@ def test_retraining_starts_only_after_ratings_change_and_within_budget(env):
     tid, key = tenants[1]
     with app.state.sessions() as s:
         before = s.get(Tenant, tid).ratings_version
-    client.post(f"/tenants/{tid}/ratings", content=csv_body([("late", "i1", 3.0)]),
+    client.post(f"/v1/tenants/{tid}/ratings", content=csv_body([("late", "i1", 3.0)]),
                 headers={"Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
                 ).raise_for_status()
     with app.state.sessions() as s:
@@ -354,11 +354,11 @@ def test_retraining_starts_only_after_ratings_change_and_within_budget(env):
     new = retrain_if_changed(app.state.sessions, dispatch)
     assert new is not None
     dispatch.drain()
-    child = client.get(f"/admin/jobs/{new}").json()
+    child = client.get(f"/v1/admin/jobs/{new}").json()
     assert child["parent_job_id"] == job["id"] and child["status"] == "completed"
     assert child["config"] == job["config"] and child["rounds"] == job["rounds"]
     assert retrain_if_changed(app.state.sessions, dispatch) is None  # up to date again
-    client.delete(f"/tenants/{tid}/users/late/ratings",
+    client.delete(f"/v1/tenants/{tid}/users/late/ratings",
                   headers={"Authorization": f"Bearer {key}"}).raise_for_status()
     with app.state.sessions() as s:
         assert s.get(Tenant, tid).ratings_version == before + 2
@@ -374,12 +374,12 @@ def test_retraining_never_exceeds_a_budget(env):
     first = wait_job(client, submit_job(client, dp=dp, rounds=6).json()["id"])
     assert first["status"] == "completed"
     tid, key = tenants[0]
-    client.post(f"/tenants/{tid}/ratings", content=csv_body([("late", "i1", 3.0)]),
+    client.post(f"/v1/tenants/{tid}/ratings", content=csv_body([("late", "i1", 3.0)]),
                 headers={"Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
                 ).raise_for_status()
     assert retrain_if_changed(app.state.sessions, pipeline.InlineDispatcher(
         app.state.sessions)) is None
-    assert client.get("/admin/jobs").json()["count"] == 1
+    assert client.get("/v1/admin/jobs").json()["count"] == 1
 
 
 def test_factor_cache_sees_a_newer_snapshot_only_after_its_ttl(env):
@@ -387,7 +387,7 @@ def test_factor_cache_sees_a_newer_snapshot_only_after_its_ttl(env):
 
     app, client = env
     _trained(client, app)
-    tid = client.get("/admin/jobs").json()["data"][0]["tenant_ids"][0]
+    tid = client.get("/v1/admin/jobs").json()["data"][0]["tenant_ids"][0]
     slow, eager = FactorCache(ttl=3600.0), FactorCache(ttl=0.0)
     with app.state.sessions() as s:
         first = slow.get(s, tid).job_id
@@ -413,11 +413,11 @@ def test_a_forgotten_user_leaves_no_ratings_or_factors_behind(env):
         jc = s.scalars(sa.select(JobClient).where(JobClient.tenant_id == tid)).one()
         user, other = jc.user_keys[0], jc.user_keys[1]
         before = RatingBlock.from_bytes(jc.train_block)
-    other_recs = client.get(f"/tenants/{tid}/users/{other}/recommendations", headers=auth)
-    r = client.delete(f"/tenants/{tid}/users/{user}/ratings", headers=auth)
+    other_recs = client.get(f"/v1/tenants/{tid}/users/{other}/recommendations", headers=auth)
+    r = client.delete(f"/v1/tenants/{tid}/users/{user}/ratings", headers=auth)
     assert r.status_code == 200 and r.json()["deleted"] > 0
     app.state.factor_cache.ttl = 0.0  # do not wait for the serving cache
-    gone = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+    gone = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", headers=auth)
     assert gone.status_code == 404
     with app.state.sessions() as s:
         jc = s.scalars(sa.select(JobClient).where(JobClient.tenant_id == tid)).one()
@@ -428,7 +428,7 @@ def test_a_forgotten_user_leaves_no_ratings_or_factors_behind(env):
         assert not np.any(after.rows == 0)
         assert after.nnz == before.nnz - int(np.sum(before.rows == 0))
     # everybody else is served exactly as before
-    again = client.get(f"/tenants/{tid}/users/{other}/recommendations", headers=auth)
+    again = client.get(f"/v1/tenants/{tid}/users/{other}/recommendations", headers=auth)
     assert again.json()["data"] == other_recs.json()["data"]
 
 
@@ -455,7 +455,7 @@ def test_served_recommendations_follow_a_new_snapshot_within_the_cache_bound(fas
     with app.state.sessions() as s:
         user = s.scalars(sa.select(JobClient.user_keys).where(
             JobClient.tenant_id == tid)).first()[0]
-    url, auth = f"/tenants/{tid}/users/{user}/recommendations", {"Authorization": f"Bearer {key}"}
+    url, auth = f"/v1/tenants/{tid}/users/{user}/recommendations", {"Authorization": f"Bearer {key}"}
     assert client.get(url, headers=auth).json()["job_id"] == first["id"]
     second = wait_job(client, submit_job(client, seed=5).json()["id"])
     _eventually(lambda: client.get(url, headers=auth).json()["job_id"] == second["id"])
@@ -468,11 +468,11 @@ def test_a_key_revoked_by_another_process_stops_working_within_the_cache_bound(f
     (tid, key), _ = make_tenants(client)
     wait_job(client, submit_job(client).json()["id"])
     auth = {"Authorization": f"Bearer {key}"}
-    assert client.get(f"/tenants/{tid}/report", headers=auth).status_code == 200
+    assert client.get(f"/v1/tenants/{tid}/report", headers=auth).status_code == 200
     with app.state.sessions() as s:  # as another API process would: no local cache reset
         for k in s.scalars(sa.select(ApiKey).where(ApiKey.tenant_id == tid)):
             k.revoked_at = utcnow()
         s.commit()
-    url = f"/tenants/{tid}/users/nobody/recommendations"
+    url = f"/v1/tenants/{tid}/users/nobody/recommendations"
     _eventually(lambda: client.get(url, headers=auth).status_code == 401)
     assert client.get(url, headers=auth).json()["detail"] == "Invalid API key"

@@ -170,7 +170,7 @@ def post(api, tenant_id, key, body: bytes, media: str, idempotency: str | None =
     headers = {**key, "Content-Type": media}
     if idempotency:
         headers["Idempotency-Key"] = idempotency
-    return api.client.post(f"/tenants/{tenant_id}/ratings", content=body, headers=headers)
+    return api.client.post(f"/v1/tenants/{tenant_id}/ratings", content=body, headers=headers)
 
 
 @API

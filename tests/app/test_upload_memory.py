@@ -45,7 +45,7 @@ def test_a_rejected_large_upload_stays_in_bounded_memory(sqlite_url, media):
         body = ('{"ratings": [' + ",".join(f'{{"user": "{u}", "item": "{i}", "rating": {r}}}'
                                            for u, i, r in rows) + "]}").encode()
     response, peak = traced_peak(lambda: api.client.post(
-        f"/tenants/{tenant_id}/ratings", content=body,
+        f"/v1/tenants/{tenant_id}/ratings", content=body,
         headers={**key, "Content-Type": media}))
     assert refusal(response) == (422, "upload_rejected",
                                  f"{ROWS} invalid row(s); nothing was stored")
@@ -111,7 +111,7 @@ def test_finished_and_failed_uploads_give_their_slot_back(sqlite_url):
     for _ in range(3):
         assert api.upload_csv(tenant_id, key, "u1,nope,4\n").status_code == 422
         assert api.upload_csv(tenant_id, key, "u1,m1,9\n" * 2).status_code == 422
-        big = api.client.post(f"/tenants/{tenant_id}/ratings", content=b"u,m1,3\n" * 10,
+        big = api.client.post(f"/v1/tenants/{tenant_id}/ratings", content=b"u,m1,3\n" * 10,
                               headers={**key, "Content-Type": "text/plain"})
         assert big.status_code == 415
         assert api.upload_csv(tenant_id, key, "u1,m1,4\n").json() == {"stored": 1}

@@ -27,7 +27,7 @@ def submit(client, placement="central", epsilon=4.0, delta=1e-3, **overrides):
     body = {"algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS, "seed": 5,
             "privacy": {"unit": "user", "placement": placement, "target_epsilon": epsilon,
                         "delta": delta}, **overrides}
-    return client.post("/admin/jobs", json=body)
+    return client.post("/v1/admin/jobs", json=body)
 
 
 def dp_accounting_epsilon(events: list[Event], delta: float) -> float:
@@ -59,7 +59,7 @@ def test_user_level_job_equals_the_simulator_and_charges_each_release_once(env, 
     sim = simulate(alg, cfg, fed, rounds=ROUNDS, per_round=len(fed.train), seed=5,
                    privatizer=priv,
                    aggregator=priv.aggregate)
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
     assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
 
     # every tenant charged once per release, with the planned event of that release
@@ -90,7 +90,7 @@ def test_a_user_level_job_serves_recommendations_from_the_private_model(env):
     (tid, key), _ = make_tenants(client, n=2, allow_non_private=False)
     job = wait_job(client, submit(client).json()["id"])
     assert job["status"] == "completed", job
-    recs = client.get(f"/tenants/{tid}/users/u0/recommendations?k=5",
+    recs = client.get(f"/v1/tenants/{tid}/users/u0/recommendations?k=5",
                       headers={"Authorization": f"Bearer {key}"}).json()
     assert recs["source"] == "model" and recs["job_id"] == job["id"], recs
     assert len(recs["data"]) == 5
@@ -155,11 +155,11 @@ def test_a_dry_run_projects_each_tenants_spend_and_creates_nothing(env, privacy)
     app, client = env
     tenants = make_tenants(client, n=2, budget=50.0, allow_non_private=False)
     if privacy == "user":
-        r = client.post("/admin/jobs?dry_run=true", json={
+        r = client.post("/v1/admin/jobs?dry_run=true", json={
             "algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS, "seed": 5,
             "privacy": {"unit": "user", "target_epsilon": 4.0, "delta": 1e-3}})
     else:
-        r = client.post("/admin/jobs?dry_run=true", json={
+        r = client.post("/v1/admin/jobs?dry_run=true", json={
             "algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "seed": 5,
             "dp": {"mechanism": "gaussian", "noise_multiplier": 2.0}})
     assert r.status_code == 200, r.text
@@ -177,7 +177,7 @@ def test_a_dry_run_projects_each_tenants_spend_and_creates_nothing(env, privacy)
     with app.state.sessions() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(TrainingJob)) == 0
         assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)) == 0
-    over = client.post("/admin/jobs?dry_run=true", json={
+    over = client.post("/v1/admin/jobs?dry_run=true", json={
         "algorithm": "dpals", "config": CONFIG, "rounds": ROUNDS,
         "privacy": {"unit": "user", "target_epsilon": 80.0, "delta": 1e-3}})
     assert over.status_code == 409  # a dry run refuses what the job would be refused
@@ -188,14 +188,14 @@ def test_a_job_that_names_no_privacy_protects_users_at_epsilon_8(env):
     algorithm that cannot bound a user falls back to the tenant unit's default noise."""
     _, client = env
     make_tenants(client, n=2, allow_non_private=False)
-    r = client.post("/admin/jobs", json={"config": CONFIG, "rounds": ROUNDS})
+    r = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": ROUNDS})
     assert r.status_code == 202, r.text
     dp = r.json()["dp"]
     assert (r.json()["algorithm"], dp["unit"], dp["placement"], dp["epsilon"], dp["delta"]) \
         == ("dpals", "user", "central", 8.0, 1e-6)
     job = wait_job(client, r.json()["id"])
     assert job["status"] == "completed", job
-    other = client.post("/admin/jobs", json={"algorithm": "fedmc-admm", "config": {"rank": 2},
+    other = client.post("/v1/admin/jobs", json={"algorithm": "fedmc-admm", "config": {"rank": 2},
                                              "rounds": 1})
     assert other.status_code == 202, other.text
     assert (other.json()["dp"]["mechanism"], other.json()["dp"]["unit"]) == ("gaussian", "tenant")
@@ -207,15 +207,15 @@ def test_the_lifetime_budget_says_which_unit_it_covers(env):
     "tenant"."""
     _, client = env
     (a, _), (b, _) = make_tenants(client, n=2, allow_non_private=False)
-    dp_job = client.post("/admin/jobs", json={
+    dp_job = client.post("/v1/admin/jobs", json={
         "algorithm": "fedmc-admm", "config": {"rank": 2}, "rounds": 1, "tenant_ids": [a, b],
         "dp": {"mechanism": "gaussian", "noise_multiplier": 5.0}}).json()
     assert wait_job(client, dp_job["id"])["status"] == "completed"
-    lifetime = client.get(f"/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
+    lifetime = client.get(f"/v1/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
     assert lifetime[str(a)]["unit"] == lifetime[str(b)]["unit"] == "tenant"
     user_job = submit(client, tenant_ids=[a])
     assert wait_job(client, user_job.json()["id"])["status"] == "completed"
-    lifetime = client.get(f"/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
+    lifetime = client.get(f"/v1/admin/jobs/{dp_job['id']}/report").json()["privacy"]["lifetime"]
     assert (lifetime[str(a)]["unit"], lifetime[str(b)]["unit"]) == ("user", "tenant")
 
 
@@ -254,7 +254,7 @@ def test_gradient_methods_run_as_user_level_jobs_like_the_simulator(env, name):
                                           len(fed.train), seed=5)
     sim = simulate(alg, cfg, fed, rounds=ROUNDS, per_round=len(fed.train), seed=5,
                    privatizer=priv, aggregator=priv.aggregate)
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
     assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
     with app.state.sessions() as s:
         rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)).all()

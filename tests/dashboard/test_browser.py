@@ -76,27 +76,27 @@ def service(tmp_path_factory):
     admin = httpx.Client(base_url=base, timeout=60,
                          headers={"Authorization": f"Bearer {token}"})
     items = np.unique(ratings.items)
-    admin.put("/admin/items", json={"items": [{"key": str(i), "title": f"Film {i}"}
+    admin.put("/v1/admin/items", json={"items": [{"key": str(i), "title": f"Film {i}"}
                                               for i in items.tolist()]}).raise_for_status()
     owner = np.asarray(ratings.users) % 3
     tenants = {}
     for copy in ("", "-noise-free"):
         for t, name in enumerate(("northwind", "contoso", "fabrikam")):
-            made = admin.post("/admin/tenants", json={
+            made = admin.post("/v1/admin/tenants", json={
                 "name": name + copy, "rating_min": 1, "rating_max": 5, "privacy_budget": 20,
                 "allow_non_private": bool(copy)})
             made.raise_for_status()
             tid = made.json()["id"]
-            key = admin.post(f"/admin/tenants/{tid}/api-keys").json()["key"]
+            key = admin.post(f"/v1/admin/tenants/{tid}/api-keys").json()["key"]
             mine = owner == t
-            up = admin.post(f"/tenants/{tid}/ratings", headers={
+            up = admin.post(f"/v1/tenants/{tid}/ratings", headers={
                 "Authorization": f"Bearer {key}", "Content-Type": "text/csv"},
                 content=_csv(ratings.users[mine], ratings.items[mine], ratings.values[mine]))
             up.raise_for_status()
             tenants[name + copy] = {"id": tid, "key": key,
                                     "user": f"u{ratings.users[mine][0]}"}
     copies = [v["id"] for k, v in tenants.items() if k.endswith("-noise-free")]
-    ref = admin.post("/admin/jobs", json={"algorithm": "dpals", "rounds": ROUNDS,
+    ref = admin.post("/v1/admin/jobs", json={"algorithm": "dpals", "rounds": ROUNDS,
                                           "tenant_ids": copies, "dp": {"mechanism": "none"},
                                           "allow_not_private": True})
     assert ref.status_code == 202, ref.text
@@ -113,7 +113,7 @@ def _wait(api: httpx.Client, job_id: int) -> dict:
 
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        job = api.get(f"/admin/jobs/{job_id}").json()
+        job = api.get(f"/v1/admin/jobs/{job_id}").json()
         if job["status"] not in ("queued", "running"):
             assert job["status"] == "completed", job
             return job
@@ -193,7 +193,7 @@ def test_operator_starts_a_job_and_watches_it_finish(service, browser, shots):
     planned = float(row.nth(2).inner_text())  # at the tenant's budget delta (1e-5 > 1e-6)
     assert 0 < planned <= 4.0
     page.screenshot(path=shots / "operator-start-job.png", full_page=True)
-    assert service["admin"].get("/admin/jobs").json()["count"] == 1  # the reference only
+    assert service["admin"].get("/v1/admin/jobs").json()["count"] == 1  # the reference only
 
     page.get_by_role("button", name="Start the job").click()
     page.wait_for_url(re.compile(r"/dashboard/jobs/\d+$"))
@@ -208,7 +208,7 @@ def test_operator_starts_a_job_and_watches_it_finish(service, browser, shots):
     assert "ε = 4" in caption and "user level" in caption
     legend = page.locator("#rmse ul.legend").inner_text()
     assert "northwind" in legend and "contoso" in legend and "without noise" in legend
-    report = service["admin"].get(f"/admin/jobs/{job_id}/report").json()
+    report = service["admin"].get(f"/v1/admin/jobs/{job_id}/report").json()
     last = report["curve"][-1]["test_rmse"]
     assert f"{last:.4f}" in page.locator(".stat", has_text="Test RMSE").inner_text()
     assert "Protected unit: one user" in page.locator("#privacy").inner_text()
@@ -291,4 +291,4 @@ def test_forms_need_the_session_csrf_token(service):
         assert client.post("/dashboard/jobs/new", data=body).status_code == 403
         assert client.post("/dashboard/jobs/1/cancel", data={}).status_code == 403
         assert client.post("/dashboard/logout", data={"csrf": "x"}).status_code == 403
-    assert service["admin"].get("/admin/jobs").json()["count"] <= 2  # nothing was started
+    assert service["admin"].get("/v1/admin/jobs").json()["count"] <= 2  # nothing was started

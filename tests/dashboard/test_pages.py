@@ -81,8 +81,8 @@ def test_a_revoked_key_ends_the_tenant_session_and_other_tenants_are_404(client)
                  "/dashboard/tenants/99999", "/dashboard/jobs", "/dashboard/health"):
         page = client.get(path)
         assert page.status_code == 404 and "beta" not in page.text, path
-    keys = client.get(f"/admin/tenants/{mine}/api-keys", headers=api.admin).json()["data"]
-    revoked = client.delete(f"/admin/tenants/{mine}/api-keys/{keys[0]['id']}",
+    keys = client.get(f"/v1/admin/tenants/{mine}/api-keys", headers=api.admin).json()["data"]
+    revoked = client.delete(f"/v1/admin/tenants/{mine}/api-keys/{keys[0]['id']}",
                             headers=api.admin)
     assert revoked.status_code == 200
     response = client.get(f"/dashboard/tenants/{mine}", follow_redirects=False)
@@ -113,7 +113,7 @@ def test_job_chart_names_tenants_and_spans_its_references(client):
     n = sum(b[2] for k, b in baselines.items() if k != "all")
     pooled = (sum(b[0] ** 2 * b[2] for k, b in baselines.items() if k != "all") / n) ** 0.5
     assert baselines["all"][0] == pytest.approx(pooled)
-    png = admin.get(f"/admin/jobs/{record.id}/plot.png")
+    png = admin.get(f"/v1/admin/jobs/{record.id}/plot.png")
     assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
 
 
@@ -156,7 +156,7 @@ def test_job_form_names_a_bad_field_and_dry_runs_a_tenant_level_job(client):
     refused = client.post("/dashboard/jobs/new", data={**form, "privacy": "none",
                                                        "action": "start"})
     assert refused.status_code == 409 and "did not opt in to non-private training" in refused.text
-    assert admin.get("/admin/jobs").json()["count"] == 0
+    assert admin.get("/v1/admin/jobs").json()["count"] == 0
 
 
 def test_job_page_shows_the_final_ranking_metrics_of_the_report(client):
@@ -167,7 +167,7 @@ def test_job_page_shows_the_final_ranking_metrics_of_the_report(client):
     created = submit_job(admin, tenant_ids=[t for t, _ in tenants], rounds=2)
     job_id = created.json()["id"]
     assert wait_job(admin, job_id)["status"] == "completed"
-    report = admin.get(f"/admin/jobs/{job_id}/report").json()
+    report = admin.get(f"/v1/admin/jobs/{job_id}/report").json()
     overall = report["ranking"]
     assert overall and overall["users_ranked"] > 0
     assert sign_in(client, ADMIN_TOKEN).status_code == 303

@@ -97,16 +97,16 @@ class AgentProcess:
 
 def test_three_agent_processes_one_restarted_one_gone(coordinator, services, tmp_path):
     url, admin = coordinator
-    admin.put("/admin/items", json={"items": [{"key": f"i{j}"} for j in range(30)]}
+    admin.put("/v1/admin/items", json={"items": [{"key": f"i{j}"} for j in range(30)]}
               ).raise_for_status()
     rows = _rows()
     tenants = []
     for name in ("hosted", "a", "b", "c"):
-        tid = admin.post("/admin/tenants", json={"name": name, "privacy_budget": 1000.0}
+        tid = admin.post("/v1/admin/tenants", json={"name": name, "privacy_budget": 1000.0}
                          ).json()["id"]
-        key = admin.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+        key = admin.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"]
         tenants.append((tid, key))
-    res = admin.post(f"/tenants/{tenants[0][0]}/ratings", content=csv_body(rows[0]),
+    res = admin.post(f"/v1/tenants/{tenants[0][0]}/ratings", content=csv_body(rows[0]),
                      headers={"Content-Type": "text/csv",
                               "Authorization": f"Bearer {tenants[0][1]}"})
     assert res.status_code == 200, res.text
@@ -119,7 +119,7 @@ def test_three_agent_processes_one_restarted_one_gone(coordinator, services, tmp
     try:  # every agent up (its state directory opened) before the job starts
         wait_for(lambda: all((p.state / "agent.json").exists() for p in agents), 120,
                  "the agents to start")
-        job = admin.post("/admin/jobs", json={
+        job = admin.post("/v1/admin/jobs", json={
             "algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": ROUNDS,
             "per_round": 0, "seed": 7, "dp": {"mechanism": "gaussian", "noise_multiplier": 2.0},
             "tenant_ids": [t for t, _ in tenants], "agents": [t for t, _ in tenants[1:]],
@@ -136,7 +136,7 @@ def test_three_agent_processes_one_restarted_one_gone(coordinator, services, tmp
         wait_for(lambda: c.proc.poll() is not None, 120, "agent C to die in round 2")
 
         def finished():
-            j = admin.get(f"/admin/jobs/{job_id}").json()
+            j = admin.get(f"/v1/admin/jobs/{job_id}").json()
             return j if j["status"] not in ("queued", "running") else None
 
         final = wait_for(finished, 180, "the job to finish", interval=0.5)
@@ -148,7 +148,7 @@ def test_three_agent_processes_one_restarted_one_gone(coordinator, services, tmp
     finally:
         for p in agents:
             p.stop()
-    report = admin.get(f"/admin/jobs/{job_id}/report").json()
+    report = admin.get(f"/v1/admin/jobs/{job_id}/report").json()
     privacy = report["privacy"]
     # coordinator: every tenant charged once per upload it received, no round twice
     engine = sa.create_engine(services[0].database_url)

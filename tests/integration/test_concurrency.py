@@ -95,7 +95,7 @@ def test_overlapping_uploads_equal_a_serial_replay_and_the_job_keeps_its_snapsho
                 if number == BATCHES - 1:  # every writer's last batch follows the job
                     assert job_created.wait(120)
                 rows = _batch(writer, number)
-                r = client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+                r = client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                                 headers={"Content-Type": "text/csv",
                                          "Authorization": f"Bearer {key}"})
                 assert r.status_code == 200 and r.json() == {"stored": len(rows)}, r.text

@@ -56,7 +56,7 @@ def _finish(app, client, job_id: int, watchdog: bool = False) -> int:
     resumes, last, since = 0, -1, time.monotonic()
     end = time.monotonic() + 150
     while time.monotonic() < end:
-        r = client.get(f"/admin/jobs/{job_id}")
+        r = client.get(f"/v1/admin/jobs/{job_id}")
         if r.status_code == 200:
             job = r.json()
             assert job["status"] in ("queued", "running", "completed"), job
@@ -68,7 +68,7 @@ def _finish(app, client, job_id: int, watchdog: bool = False) -> int:
                 dispatch = CeleryDispatcher(app.state.celery)
                 resumes += len(resume_stalled(app.state.sessions, dispatch, STALLED))
             elif time.monotonic() - since > STALLED:
-                r = client.post(f"/admin/jobs/{job_id}/resume")
+                r = client.post(f"/v1/admin/jobs/{job_id}/resume")
                 assert r.status_code == 202, r.text
                 assert r.json()["current_round"] == last  # completed rounds are kept
                 resumes, since = resumes + 1, time.monotonic()
@@ -90,7 +90,7 @@ def test_redis_restart_mid_job_resumes_without_losing_or_repeating_a_round(api, 
     assert ready.json()["broker"].startswith("unreachable ("), ready.json()
     assert ready.json()["database"] == "ok"
     if by == "operator":  # resuming now cannot send the round: 503, and nothing changes
-        r = client.post(f"/admin/jobs/{job_id}/resume")
+        r = client.post(f"/v1/admin/jobs/{job_id}/resume")
         assert r.status_code == 503, r.text
         assert (r.json()["code"], r.json()["detail"]) == (
             "broker_unavailable", "The broker is unavailable; retry the request later")
@@ -111,7 +111,7 @@ def _uploads(client, tenant: tuple[int, str], stop: threading.Event, out: list) 
     n = 0
     while not stop.is_set():
         rows = [(f"p{n}-{u}", f"i{j}", 1 + (u + j) % 5) for u in range(3) for j in range(10)]
-        r = client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+        r = client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                         headers={"Content-Type": "text/csv", "Authorization": f"Bearer {key}"})
         out.append((n, r.status_code, r.json(), r.headers.get("retry-after")))
         n += 1

@@ -36,18 +36,18 @@ def test_deletions_during_a_running_job_all_win(env):
     app, client = env
     (tid, key), _ = make_tenants(client)
     auth = {"Authorization": f"Bearer {key}"}
-    users = sorted({r["user"] for r in client.get(f"/tenants/{tid}/ratings",
+    users = sorted({r["user"] for r in client.get(f"/v1/tenants/{tid}/ratings",
                                                   params={"limit": 1000},
                                                   headers=auth).json()["data"]})[:8]
     job_id = submit_job(client, rounds=40, config=CONFIG).json()["id"]
     mid_job, pending = 0, list(users)
     while pending:  # one deletion every 5 rounds, the last ones near the job's end
-        job = client.get(f"/admin/jobs/{job_id}").json()
+        job = client.get(f"/v1/admin/jobs/{job_id}").json()
         running = job["status"] in ("queued", "running")
         if running and job["current_round"] < 5 * (len(users) - len(pending)):
             time.sleep(0.01)
             continue
-        r = client.delete(f"/tenants/{tid}/users/{pending.pop()}/ratings", headers=auth)
+        r = client.delete(f"/v1/tenants/{tid}/users/{pending.pop()}/ratings", headers=auth)
         assert r.status_code == 200 and r.json()["deleted"] > 0, r.text
         mid_job += running
     job = wait_job(client, job_id, timeout=120)
@@ -62,5 +62,5 @@ def test_deletions_during_a_running_job_all_win(env):
                                                   JobClient.tenant_id == tid)).one()
         assert jc.user_keys.count("") == len(users)
     for user in users:
-        r = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth)
+        r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", headers=auth)
         assert r.status_code == 404

@@ -59,5 +59,5 @@ def test_a_step_that_always_raises_fails_the_job_after_three_attempts(services):
         with app.state.sessions() as s:  # the step failed before sending: nothing charged
             assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
                             .where(LedgerEntry.job_id == job_id)) == 0
-        shown = client.get(f"/admin/jobs/{job_id}").json()
+        shown = client.get(f"/v1/admin/jobs/{job_id}").json()
         assert shown["status"] == "failed" and shown["error"] == job.error

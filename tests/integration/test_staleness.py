@@ -36,20 +36,20 @@ def _prepare(url: str, token: str) -> tuple[int, str, str, str, str]:
     r = generate_ratings(60, 30, 900, rank=3, seed=1)
     with TestClient(app) as client:
         client.headers["Authorization"] = f"Bearer {token}"
-        client.put("/admin/items", json={"items": [{"key": f"i{j}"} for j in range(30)]}
+        client.put("/v1/admin/items", json={"items": [{"key": f"i{j}"} for j in range(30)]}
                    ).raise_for_status()
-        tid = client.post("/admin/tenants", json={"name": f"s-{uuid.uuid4().hex[:8]}",
+        tid = client.post("/v1/admin/tenants", json={"name": f"s-{uuid.uuid4().hex[:8]}",
                                                   "privacy_budget": 100.0,
                                                   # the job below is noise-free
                                                   "allow_non_private": True}).json()["id"]
-        keys = [client.post(f"/admin/tenants/{tid}/api-keys", json={}).json()["key"]
+        keys = [client.post(f"/v1/admin/tenants/{tid}/api-keys", json={}).json()["key"]
                 for _ in range(2)]
         rows = zip((f"u{u}" for u in r.users), (f"i{i}" for i in r.items), r.values,
                    strict=True)
-        client.post(f"/tenants/{tid}/ratings", content=csv_body(rows),
+        client.post(f"/v1/tenants/{tid}/ratings", content=csv_body(rows),
                     headers={"Content-Type": "text/csv",
                              "Authorization": f"Bearer {keys[0]}"}).raise_for_status()
-        job = client.post("/admin/jobs", json={"algorithm": "fedmc-admm", "config": CONFIG,
+        job = client.post("/v1/admin/jobs", json={"algorithm": "fedmc-admm", "config": CONFIG,
                                                "rounds": 2, "seed": 0,
                                                "tenant_ids": [tid],
                                                "dp": {"mechanism": "none"}})
@@ -87,18 +87,18 @@ def server(make_postgres_db, tmp_path):
 
 def test_revocation_and_forgetting_reach_every_process_within_the_bound(server):
     base, token, (tid, kept, revoked, user, other) = server
-    mine, theirs = (f"/tenants/{tid}/users/{u}/recommendations" for u in (user, other))
+    mine, theirs = (f"/v1/tenants/{tid}/users/{u}/recommendations" for u in (user, other))
     warm = _burst(base, kept, [mine] * 40) + _burst(base, revoked, [theirs] * 40)
     assert {r.status_code for r in warm} == {200}  # both processes cached both keys
     assert {r.json()["source"] for r in warm[:40]} == {"model"}
     with httpx.Client(base_url=base, timeout=10) as c:
-        forget = c.delete(f"/tenants/{tid}/users/{user}/ratings",
+        forget = c.delete(f"/v1/tenants/{tid}/users/{user}/ratings",
                           headers={"Authorization": f"Bearer {kept}"})
         assert forget.status_code == 200, forget.text
-        key_id = [k["id"] for k in c.get(f"/admin/tenants/{tid}/api-keys",
+        key_id = [k["id"] for k in c.get(f"/v1/admin/tenants/{tid}/api-keys",
                                          headers={"Authorization": f"Bearer {token}"}
                                          ).json()["data"]][1]
-        revoke = c.delete(f"/admin/tenants/{tid}/api-keys/{key_id}",
+        revoke = c.delete(f"/v1/admin/tenants/{tid}/api-keys/{key_id}",
                           headers={"Authorization": f"Bearer {token}"})
         assert revoke.status_code == 200 and revoke.json()["revoked_at"], revoke.text
     time.sleep(BOUND + MARGIN)

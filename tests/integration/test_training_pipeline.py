@@ -58,7 +58,7 @@ def test_upload_train_recommend_report_for_two_tenants(api):
     job = wait_job(client, submit_job(client, dp=DP, rounds=6, per_round=1).json()["id"],
                    timeout=120)
     assert job["status"] == "completed", job
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
     fed, _ = federation_of(app, job["id"])
     alg = registry.get("fedmc-admm")
     budgets = {i: Budget(1000.0, 1e-5) for i in range(2)}
@@ -73,12 +73,12 @@ def test_upload_train_recommend_report_for_two_tenants(api):
         with app.state.sessions() as s:
             user = s.scalars(sa.select(JobClient.user_keys).where(
                 JobClient.job_id == job["id"], JobClient.tenant_id == tid)).one()[0]
-        recs = client.get(f"/tenants/{tid}/users/{user}/recommendations", headers=auth).json()
+        recs = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations", headers=auth).json()
         assert recs["source"] == "model" and len(recs["data"]) == 10
-        own = client.get(f"/tenants/{tid}/report", headers=auth).json()
+        own = client.get(f"/v1/tenants/{tid}/report", headers=auth).json()
         assert own["job_id"] == job["id"]
         assert set(own["privacy"]["epsilon_per_tenant"]) <= {str(tid)}
-        assert client.get(f"/tenants/{other}/report", headers=auth).status_code == 404
+        assert client.get(f"/v1/tenants/{other}/report", headers=auth).status_code == 404
 
 
 def test_killed_worker_loses_only_the_round_in_flight(api):
@@ -106,7 +106,7 @@ def test_killed_worker_loses_only_the_round_in_flight(api):
     stopped_at = progress()
     assert 3 <= stopped_at < rounds, "the job finished before the worker was killed"
     worker()
-    r = client.post(f"/admin/jobs/{job_id}/resume")
+    r = client.post(f"/v1/admin/jobs/{job_id}/resume")
     assert r.status_code == 202, r.text
     wait_for(lambda: progress() == rounds, 120, "the resumed job to finish")
     assert_same_run(app.state.sessions, reference, job_id, rounds)
@@ -124,7 +124,7 @@ def test_user_level_central_job_on_postgres_and_a_worker_equals_the_simulator(ap
     body = {"algorithm": "dpals", "config": {"rank": 3, "sweeps": 2}, "rounds": 3, "seed": 7,
             "privacy": {"unit": "user", "placement": "central", "target_epsilon": 2.0,
                         "delta": 1e-3}}
-    job = wait_job(client, client.post("/admin/jobs", json=body).json()["id"], timeout=120)
+    job = wait_job(client, client.post("/v1/admin/jobs", json=body).json()["id"], timeout=120)
     assert job["status"] == "completed", job
     fed, _ = federation_of(app, job["id"])
     alg = registry.get("dpals")
@@ -133,7 +133,7 @@ def test_user_level_central_job_on_postgres_and_a_worker_equals_the_simulator(ap
                                           registry.user_bounds("dpals", cfg), 3, seed=7)
     sim = simulate(alg, cfg, fed, rounds=3, per_round=3, seed=7, privatizer=priv,
                    aggregator=priv.aggregate)
-    report = client.get(f"/admin/jobs/{job['id']}/report").json()
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
     assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
     with app.state.sessions() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)

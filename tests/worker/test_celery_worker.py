@@ -70,7 +70,7 @@ def test_worker_process_computes_and_stores_statistics(worker_env):
     api.items("w1", "w2")
     tenant_id, key = api.tenant()
     api.upload_csv(tenant_id, key, "a,w1,2\nb,w1,4\nb,w2,4\n")
-    queued = api.client.post(f"/tenants/{tenant_id}/stats", headers=key)
+    queued = api.client.post(f"/v1/tenants/{tenant_id}/stats", headers=key)
     assert queued.status_code == 202 and queued.json()["status"] == "PENDING"
     result = api.client.app.state.celery.AsyncResult(queued.json()["task_id"])
     try:
@@ -80,7 +80,7 @@ def test_worker_process_computes_and_stores_statistics(worker_env):
                              + log.read_text()[-3000:]) from None
     result.forget()
     assert outcome["status"] == "stored" and outcome["n_ratings"] == 3
-    stats = api.client.get(f"/tenants/{tenant_id}/stats", headers=key).json()
+    stats = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key).json()
     assert (stats["n_ratings"], stats["n_users"], stats["n_items"], stats["histogram"]) == (
         3, 2, 2, {"2": 1, "4": 2})
     assert abs(stats["mean"] - 10 / 3) < 1e-12
