@@ -16,9 +16,9 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
-from app.routes import API_PREFIX
 from app.deps import UNPROCESSABLE, OwnTenantDep, errors
 from app.problems import ApiError
+from app.routes import API_PREFIX
 from app.schemas import MAX_DB_INT, PathId
 from app.training import agents, pipeline
 from app.training.runner import dispatch_from_api

@@ -6,9 +6,9 @@ from fastapi import APIRouter, Depends
 from sqlalchemy import func, select
 
 from app import store
-from app.routes import API_PREFIX
 from app.deps import UNPROCESSABLE, SessionDep, SettingsDep, check_limit, errors, require_admin
 from app.models import Item
+from app.routes import API_PREFIX
 from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted, Limit, Offset
 
 router = APIRouter(prefix=API_PREFIX + "/admin/items", tags=["admin: items"],

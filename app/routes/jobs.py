@@ -10,12 +10,12 @@ from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 
-from app.routes import API_PREFIX
 from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_limit, errors
 from app.idempotency import IdempotencyKey
 from app.logs import bind
 from app.models import Tenant
 from app.problems import ApiError
+from app.routes import API_PREFIX
 from app.schemas import Limit, Offset, PathId
 from app.training import reports
 from app.training.jobs import (
@@ -32,7 +32,8 @@ from app.training.runner import resume_job as resume
 from app.training.runner import start_job
 from app.training.schemas import JobCreate, JobPlanPublic, JobPublic, JobReport, JobsPublic
 
-router = APIRouter(prefix=API_PREFIX + "/admin/jobs", tags=["admin: training"], responses=errors(401))
+router = APIRouter(prefix=API_PREFIX + "/admin/jobs", tags=["admin: training"],
+                   responses=errors(401))
 JOB_NOT_FOUND = "Training job not found"
 log = logging.getLogger("fedrec.training")
 

@@ -8,7 +8,6 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Query, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 
-from app.routes import API_PREFIX
 from app.deps import (
     OwnTenantDep,
     ServingTenantDep,
@@ -20,6 +19,7 @@ from app.deps import (
 )
 from app.models import Tenant
 from app.problems import ApiError
+from app.routes import API_PREFIX
 from app.training import reports
 from app.training.models import JobClient, TrainingJob
 from app.training.schemas import (

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
 
-from app.routes import API_PREFIX
 from app.deps import OwnTenantDep, SessionDep, errors
 from app.models import RatingStats
 from app.problems import ApiError
 from app.queue import RECOMPUTE_RATING_STATS, enqueue
+from app.routes import API_PREFIX
 from app.schemas import RatingStatsPublic, TaskEnqueued
 
 router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}/stats", tags=["tenant: statistics"],

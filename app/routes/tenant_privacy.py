@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.routes import API_PREFIX
 from app.deps import OwnTenantDep, SessionDep, errors
+from app.routes import API_PREFIX
 from app.routes.tenants import privacy_public
 from app.schemas import TenantPrivacy
 

@@ -11,12 +11,12 @@ from fastapi import APIRouter, Depends, Header, Request, Response, status
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from app.routes import API_PREFIX
 from app.deps import UNPROCESSABLE, SessionDep, errors, require_admin, tenant_not_found
 from app.idempotency import IdempotencyError, IdempotencyKey, request_hash, row_for_key
 from app.logs import bind
 from app.models import ApiKey, Tenant, TenantAudit, utcnow
 from app.problems import ApiError
+from app.routes import API_PREFIX
 from app.schemas import (
     ApiKeyCreate,
     ApiKeyCreated,

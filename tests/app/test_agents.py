@@ -686,7 +686,7 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
     from privacy.distributed import SecureAggregationPrivatizer
 
     app, client, _, agent_tenants, rows = fed
-    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=6.0,  # room for a loaded machine
+    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=6.0,  # room for a load
                          privacy={"dropout_tolerance": 0.4})
     agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
               for t, (_, key) in enumerate(agent_tenants)]

@@ -29,7 +29,8 @@ def test_created_and_accepted_resources_have_a_location(env):
     assert "key" not in shown.json()  # the secret is in the creating answer only
     (a, _), (b, _) = make_tenants(client)
     job = submit_job(client, rounds=1, tenant_ids=[a, b])
-    assert job.status_code == 202 and job.headers["location"] == f"/v1/admin/jobs/{job.json()['id']}"
+    assert job.status_code == 202
+    assert job.headers["location"] == f"/v1/admin/jobs/{job.json()['id']}"
     wait_job(client, job.json()["id"])
     tid = created.json()["id"]
     stats = client.post(f"/v1/tenants/{tid}/stats",

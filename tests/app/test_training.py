@@ -455,7 +455,8 @@ def test_served_recommendations_follow_a_new_snapshot_within_the_cache_bound(fas
     with app.state.sessions() as s:
         user = s.scalars(sa.select(JobClient.user_keys).where(
             JobClient.tenant_id == tid)).first()[0]
-    url, auth = f"/v1/tenants/{tid}/users/{user}/recommendations", {"Authorization": f"Bearer {key}"}
+    url = f"/v1/tenants/{tid}/users/{user}/recommendations"
+    auth = {"Authorization": f"Bearer {key}"}
     assert client.get(url, headers=auth).json()["job_id"] == first["id"]
     second = wait_job(client, submit_job(client, seed=5).json()["id"])
     _eventually(lambda: client.get(url, headers=auth).json()["job_id"] == second["id"])
