@@ -19,6 +19,7 @@ COMMANDS = [
     "app.commands.doctor",
     "agent.cli",
     "app.commands.agent_demo",
+    "app.commands.admin",
 ]
 
 

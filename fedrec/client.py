@@ -1,0 +1,602 @@
+"""A typed client of the fedrec API (``/v1``), on httpx.
+
+    from fedrec.client import Client
+
+    with Client("http://127.0.0.1:8000", token=ADMIN_TOKEN) as admin:
+        tenant = admin.create_tenant("acme", privacy_budget=10.0)
+        key = admin.create_api_key(tenant.id, name="uploads").key
+    with Client("http://127.0.0.1:8000", token=key) as acme:
+        acme.upload_ratings(tenant.id, path="u.data")
+        print(acme.recommendations(tenant.id, "196", k=5).data)
+
+One :class:`Client` per credential: the admin token reaches ``/v1/admin/*``, a tenant's
+API key its own ``/v1/tenants/{id}/*``. Answers are pydantic models named after the
+OpenAPI components they mirror (``schema_name``; tests/app/test_client.py checks every
+field against the server's schema); fields the server adds later are ignored. An error
+answer raises :class:`ApiError` with the problem document's ``status``, ``code``,
+``detail`` and ``errors``; a network failure raises httpx's ``TransportError``.
+
+This module imports no server module (``app``, ``worker``), so the tenant agent and
+any operator's machine can use it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import mimetypes
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+API_PREFIX = "/v1"
+Epsilon = float | Literal["infinity"]
+"""An epsilon as the API spells it: a number, or "infinity" after a noise-free job."""
+
+
+class ApiError(Exception):
+    """An error answer (4xx/5xx), from its RFC 9457 problem document.
+
+    ``code`` is the API's stable code (``tenant_not_found``, ``budget_exceeded``...),
+    ``errors`` the fields or upload rows at fault (``[{"field", "message", ...}]``).
+    An answer that is not a problem document (a proxy's page) gets ``http_<status>``."""
+
+    def __init__(self, status: int, code: str, detail: str,
+                 errors: list[dict[str, Any]] | None = None,
+                 problem: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status, self.code, self.detail = status, code, detail
+        self.errors = errors or []
+        self.problem = problem or {}
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> ApiError:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or "code" not in body:
+            text = response.text.strip()[:500] or response.reason_phrase
+            return cls(response.status_code, f"http_{response.status_code}", text)
+        detail = body.get("detail")
+        return cls(response.status_code, str(body["code"]),
+                   detail if isinstance(detail, str) else json.dumps(detail),
+                   body.get("errors"), body)
+
+
+# -- answers: one model per OpenAPI component (schema_name) --------------------------------
+
+class Model(BaseModel):
+    """An answer of the API; ``schema_name`` is its component in ``/openapi.json``."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+    schema_name: ClassVar[str]
+
+
+class Tenant(Model):
+    schema_name = "TenantPublic"
+    id: int
+    name: str
+    rating_min: float
+    rating_max: float
+    privacy_budget: float
+    auto_create_items: bool
+    allow_non_private: bool
+    scheduled_retraining: bool
+    retrain_min_seconds: float
+    last_retrained_at: dt.datetime | None
+    created_at: dt.datetime
+
+
+class JobSpend(Model):
+    schema_name = "JobSpend"
+    job_id: int
+    epsilon: Epsilon
+    transmissions: int
+
+
+class Privacy(Model):
+    schema_name = "TenantPrivacy"
+    tenant_id: int
+    epsilon_spent: Epsilon
+    epsilon_max: float
+    epsilon_remaining: float
+    delta: float
+    private: bool
+    transmissions: int
+    jobs: list[JobSpend]
+
+
+class TenantDetail(Tenant):
+    schema_name = "TenantDetail"
+    privacy: Privacy
+
+
+class Tenants(Model):
+    schema_name = "TenantsPublic"
+    data: list[Tenant]
+    count: int
+
+
+class AuditEntry(Model):
+    schema_name = "TenantAuditPublic"
+    id: int
+    tenant_id: int
+    actor: str
+    at: dt.datetime
+    changes: dict[str, dict[str, Any]]
+
+
+class AuditLog(Model):
+    schema_name = "TenantAuditLog"
+    data: list[AuditEntry]
+    count: int
+
+
+class ApiKey(Model):
+    schema_name = "ApiKeyPublic"
+    id: int
+    tenant_id: int
+    prefix: str
+    name: str | None
+    created_at: dt.datetime
+    revoked_at: dt.datetime | None
+
+
+class ApiKeyCreated(ApiKey):
+    schema_name = "ApiKeyCreated"
+    key: str
+
+
+class ApiKeys(Model):
+    schema_name = "ApiKeysPublic"
+    data: list[ApiKey]
+    count: int
+
+
+class Item(Model):
+    schema_name = "ItemPublic"
+    id: int
+    key: str
+    title: str | None
+
+
+class Items(Model):
+    schema_name = "ItemsPublic"
+    data: list[Item]
+    count: int
+
+
+class ItemsUpserted(Model):
+    schema_name = "ItemsUpserted"
+    upserted: int
+
+
+class Job(Model):
+    schema_name = "JobPublic"
+    id: int
+    status: str
+    algorithm: str
+    config: dict[str, Any]
+    dp: dict[str, Any]
+    rounds: int
+    per_round: int
+    seed: int
+    tenant_ids: list[int]
+    current_round: int
+    progress: float
+    latest_metrics: dict[str, Any] | None
+    stopped_tenants: dict[str, Any] | None
+    error: str | None
+    parent_job_id: int | None
+    agents: dict[str, Any] | None = None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in RUNNING
+
+
+RUNNING = ("queued", "running")
+"""Job statuses before the end; any other (completed, failed, cancelled) is final."""
+
+
+class Jobs(Model):
+    schema_name = "JobsPublic"
+    data: list[Job]
+    count: int
+
+
+class TenantPlan(Model):
+    schema_name = "TenantPlan"
+    epsilon_spent: Epsilon
+    epsilon_after: Epsilon
+    epsilon_max: float
+    delta: float
+
+
+class JobPlan(Model):
+    schema_name = "JobPlanPublic"
+    dry_run: bool = True
+    algorithm: str
+    privacy: dict[str, Any]
+    tenants: dict[str, TenantPlan]
+
+
+class Round(Model):
+    schema_name = "RoundPublic"
+    round: int
+    objective: float | None
+    test_rmse: float | None
+    test_mae: float | None
+    uploads: int
+    seconds: float
+
+
+class TenantRound(Model):
+    schema_name = "TenantRoundPublic"
+    round: int
+    test_rmse: float | None
+    test_mae: float | None
+    n_test: int
+
+
+class Ranking(Model):
+    schema_name = "RankingPublic"
+    k: int
+    threshold: float | None = None
+    precision_at_k: float | None
+    recall_at_k: float | None
+    ndcg_at_k: float | None
+    coverage: float
+    users_ranked: int
+
+
+class JobReport(Model):
+    schema_name = "JobReport"
+    job: Job
+    curve: list[Round]
+    per_tenant: dict[str, list[TenantRound]]
+    privacy: dict[str, Any]
+    ranking: Ranking | None = None
+    ranking_per_tenant: dict[str, Ranking] = {}
+
+
+class TenantReport(Model):
+    schema_name = "TenantReport"
+    tenant_id: int
+    job_id: int | None
+    curve: list[TenantRound]
+    privacy: dict[str, Any]
+    ranking: Ranking | None = None
+
+
+class Rating(Model):
+    schema_name = "RatingPublic"
+    user: str
+    item: str
+    rating: float
+    timestamp: dt.datetime | None
+
+
+class Ratings(Model):
+    schema_name = "RatingsPublic"
+    data: list[Rating]
+    count: int
+
+
+class RatingsCount(Model):
+    schema_name = "RatingsCount"
+    count: int
+    users: int
+
+
+class UploadResult(Model):
+    schema_name = "UploadResult"
+    stored: int
+
+
+class UserForgotten(Model):
+    schema_name = "UserRatingsDeleted"
+    user: str
+    deleted: int
+
+
+class Recommendation(Model):
+    schema_name = "Recommendation"
+    item: str
+    title: str | None
+    score: float
+
+
+class Recommendations(Model):
+    schema_name = "RecommendationsPublic"
+    user: str
+    source: Literal["model", "popularity"]
+    job_id: int | None
+    data: list[Recommendation]
+    k: int
+    offset: int
+
+
+class BatchRecommendations(Model):
+    schema_name = "BatchRecommendationsPublic"
+    data: list[Recommendations]
+    not_found: list[str]
+
+
+class TaskEnqueued(Model):
+    schema_name = "TaskEnqueued"
+    task_id: str
+    status: str
+
+
+class RatingStats(Model):
+    schema_name = "RatingStatsPublic"
+    tenant_id: int
+    n_ratings: int
+    n_users: int
+    n_items: int
+    mean: float | None
+    histogram: dict[str, int]
+    computed_at: dt.datetime
+
+
+MODELS: tuple[type[Model], ...] = tuple(
+    m for m in list(globals().values())
+    if isinstance(m, type) and issubclass(m, Model) and m is not Model)
+"""Every answer model (tests check each against the OpenAPI schema)."""
+
+
+# -- uploads ------------------------------------------------------------------------------
+
+MEDIA_TYPES = {".csv": "text/csv", ".tsv": "text/tab-separated-values",
+               ".data": "text/tab-separated-values", ".json": "application/json"}
+"""The upload's Content-Type by file extension (MovieLens ``u.data`` is TSV)."""
+CHUNK = 1 << 16
+
+
+def _media_type(path: Path) -> str:
+    return MEDIA_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] \
+        or "text/csv"
+
+
+def _chunks(path: Path, on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            if on_bytes is not None:
+                on_bytes(len(chunk))
+            yield chunk
+
+
+def _progress_bar(total: int, label: str):
+    """A rich progress bar on stderr when it is a terminal, else None (logs, pipes and
+    ``--json -`` output stay clean)."""
+    if not sys.stderr.isatty() or os.environ.get("FEDREC_NO_PROGRESS"):
+        return None
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    progress = Progress(TextColumn(label), BarColumn(), DownloadColumn(),
+                        TransferSpeedColumn(), console=Console(stderr=True), transient=True)
+    progress.add_task(label, total=total)
+    return progress
+
+
+# -- the client ---------------------------------------------------------------------------
+
+class Client:
+    """The fedrec API with one credential (the admin token or a tenant's API key).
+
+    ``transport`` is passed to httpx (e.g. ``httpx.ASGITransport`` or a TestClient's, to
+    talk to an app in-process); ``http`` replaces the httpx client altogether."""
+
+    def __init__(self, base_url: str, token: str | None = None, timeout: float = 60.0,
+                 transport: httpx.BaseTransport | None = None,
+                 http: httpx.Client | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout,
+                                         transport=transport)
+        self.http.headers.update(headers)
+        self.base_url = str(self.http.base_url)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call under ``/v1``; an error answer raises :class:`ApiError`."""
+        response = self.http.request(method, API_PREFIX + path, **kwargs)
+        if response.status_code >= 400:
+            raise ApiError.from_response(response)
+        return response
+
+    def _get(self, model: type[Model], path: str, **params: Any):
+        query = {k: v for k, v in params.items() if v is not None}
+        return model.model_validate(self.request("GET", path, params=query).json())
+
+    def _send(self, model: type[Model], method: str, path: str, body: Any = None,
+              headers: Mapping[str, str] | None = None, **params: Any):
+        response = self.request(method, path, json=body, headers=headers, params=params)
+        return model.model_validate(response.json())
+
+    # ---- admin: tenants ------------------------------------------------------------------
+    def create_tenant(self, name: str, privacy_budget: float, *,
+                      idempotency_key: str | None = None, **fields: Any) -> Tenant:
+        """``POST /admin/tenants`` (fields: rating_min, rating_max, auto_create_items,
+        allow_non_private, scheduled_retraining, retrain_min_seconds)."""
+        return self._send(Tenant, "POST", "/admin/tenants",
+                          {"name": name, "privacy_budget": privacy_budget, **fields},
+                          _key(idempotency_key))
+
+    def tenants(self) -> Tenants:
+        return self._get(Tenants, "/admin/tenants")
+
+    def tenant(self, tenant_id: int) -> TenantDetail:
+        return self._get(TenantDetail, f"/admin/tenants/{tenant_id}")
+
+    def update_tenant(self, tenant_id: int, *, actor: str | None = None,
+                      **changes: Any) -> TenantDetail:
+        """``PATCH``: only the fields given change; ``actor`` goes to the audit log."""
+        return self._send(TenantDetail, "PATCH", f"/admin/tenants/{tenant_id}", changes,
+                          {"X-Actor": actor} if actor else None)
+
+    def tenant_audit(self, tenant_id: int) -> AuditLog:
+        return self._get(AuditLog, f"/admin/tenants/{tenant_id}/audit")
+
+    # ---- admin: API keys -----------------------------------------------------------------
+    def create_api_key(self, tenant_id: int, name: str | None = None) -> ApiKeyCreated:
+        """A new key; its secret (``.key``) is in this answer only."""
+        return self._send(ApiKeyCreated, "POST", f"/admin/tenants/{tenant_id}/api-keys",
+                          {"name": name} if name is not None else {})
+
+    def api_keys(self, tenant_id: int) -> ApiKeys:
+        return self._get(ApiKeys, f"/admin/tenants/{tenant_id}/api-keys")
+
+    def revoke_api_key(self, tenant_id: int, key_id: int) -> ApiKey:
+        return self._send(ApiKey, "DELETE", f"/admin/tenants/{tenant_id}/api-keys/{key_id}")
+
+    # ---- admin: items --------------------------------------------------------------------
+    def put_items(self, items: Iterable[Mapping[str, Any]]) -> ItemsUpserted:
+        """Add or retitle catalogue items: ``[{"key": "1193", "title": "..."}, ...]``."""
+        body = [{"key": str(i["key"]), "title": i.get("title")} for i in items]
+        return self._send(ItemsUpserted, "PUT", "/admin/items", {"items": body})
+
+    def items(self, limit: int = 100, offset: int = 0) -> Items:
+        return self._get(Items, "/admin/items", limit=limit, offset=offset)
+
+    # ---- admin: jobs ---------------------------------------------------------------------
+    def create_job(self, *, idempotency_key: str | None = None, **body: Any) -> Job:
+        """``POST /admin/jobs`` with the body's fields (algorithm, tenant_ids, rounds,
+        privacy or dp, config...); with ``idempotency_key`` a retry returns the same job."""
+        return self._send(Job, "POST", "/admin/jobs", body, _key(idempotency_key))
+
+    def plan_job(self, **body: Any) -> JobPlan:
+        """The dry run: each tenant's epsilon before and after, nothing created."""
+        return self._send(JobPlan, "POST", "/admin/jobs", body, dry_run="true")
+
+    def jobs(self, limit: int = 100, offset: int = 0) -> Jobs:
+        return self._get(Jobs, "/admin/jobs", limit=limit, offset=offset)
+
+    def job(self, job_id: int) -> Job:
+        return self._get(Job, f"/admin/jobs/{job_id}")
+
+    def cancel_job(self, job_id: int) -> Job:
+        return self._send(Job, "POST", f"/admin/jobs/{job_id}/cancel")
+
+    def resume_job(self, job_id: int) -> Job:
+        return self._send(Job, "POST", f"/admin/jobs/{job_id}/resume")
+
+    def job_report(self, job_id: int) -> JobReport:
+        return self._get(JobReport, f"/admin/jobs/{job_id}/report")
+
+    def wait_job(self, job_id: int, *, poll: float = 0.5, timeout: float | None = None,
+                 on_poll: Callable[[Job], None] | None = None) -> Job:
+        """Poll the job until it ends (``on_poll`` sees every answer); TimeoutError after
+        ``timeout`` seconds."""
+        import time
+
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = self.job(job_id)
+            if on_poll is not None:
+                on_poll(job)
+            if job.finished:
+                return job
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError(f"job {job_id} still {job.status} after {timeout:g} s")
+            time.sleep(poll)
+
+    # ---- tenant: ratings -----------------------------------------------------------------
+    def upload_ratings(self, tenant_id: int, *, rows: Iterable[Mapping[str, Any]] | None
+                       = None, csv: str | bytes | None = None, path: str | Path | None = None,
+                       media_type: str | None = None, idempotency_key: str | None = None,
+                       progress: bool = True) -> UploadResult:
+        """Upload ratings: ``rows`` (``{"user", "item", "rating"[, "timestamp"]}``) as
+        JSON, ``csv`` text, or a file at ``path`` (CSV, TSV such as MovieLens ``u.data``,
+        or JSON; by extension unless ``media_type`` says) streamed in chunks, with a
+        progress bar on a terminal. All rows are stored or none (422 lists the rows)."""
+        if sum(x is not None for x in (rows, csv, path)) != 1:
+            raise ValueError("give exactly one of rows, csv or path")
+        headers = _key(idempotency_key) or {}
+        url = f"/tenants/{tenant_id}/ratings"
+        if rows is not None:
+            return self._send(UploadResult, "POST", url, {"ratings": [dict(r) for r in rows]},
+                              headers)
+        if csv is not None:
+            content = csv.encode() if isinstance(csv, str) else csv
+            headers["Content-Type"] = media_type or "text/csv"
+            return UploadResult.model_validate(
+                self.request("POST", url, content=content, headers=headers).json())
+        path = Path(path)
+        headers["Content-Type"] = media_type or _media_type(path)
+        size = path.stat().st_size
+        headers["Content-Length"] = str(size)
+        bar = _progress_bar(size, f"upload {path.name}") if progress else None
+        if bar is None:
+            return UploadResult.model_validate(self.request(
+                "POST", url, content=_chunks(path, None), headers=headers).json())
+        with bar:
+            task = bar.task_ids[0]
+            return UploadResult.model_validate(self.request(
+                "POST", url, headers=headers,
+                content=_chunks(path, lambda n: bar.advance(task, n))).json())
+
+    def ratings(self, tenant_id: int, *, user: str | None = None, limit: int = 100,
+                offset: int = 0) -> Ratings:
+        return self._get(Ratings, f"/tenants/{tenant_id}/ratings", user=user, limit=limit,
+                         offset=offset)
+
+    def count_ratings(self, tenant_id: int) -> RatingsCount:
+        return self._get(RatingsCount, f"/tenants/{tenant_id}/ratings/count")
+
+    def forget_user(self, tenant_id: int, user: str) -> UserForgotten:
+        """Delete a user's ratings and their rows in trained snapshots."""
+        return self._send(UserForgotten, "DELETE",
+                          f"/tenants/{tenant_id}/users/{_path(user)}/ratings")
+
+    # ---- tenant: recommendations, report, privacy, statistics ----------------------------
+    def recommendations(self, tenant_id: int, user: str, *, k: int = 10, offset: int = 0,
+                        include_rated: bool = False) -> Recommendations:
+        return self._get(Recommendations,
+                         f"/tenants/{tenant_id}/users/{_path(user)}/recommendations", k=k,
+                         offset=offset, include_rated=str(include_rated).lower())
+
+    def batch_recommendations(self, tenant_id: int, users: list[str], *, k: int = 10,
+                              include_rated: bool = False) -> BatchRecommendations:
+        return self._send(BatchRecommendations, "POST", f"/tenants/{tenant_id}/recommendations",
+                          {"users": users, "k": k, "include_rated": include_rated})
+
+    def tenant_report(self, tenant_id: int) -> TenantReport:
+        return self._get(TenantReport, f"/tenants/{tenant_id}/report")
+
+    def privacy(self, tenant_id: int) -> Privacy:
+        return self._get(Privacy, f"/tenants/{tenant_id}/privacy")
+
+    def compute_stats(self, tenant_id: int) -> TaskEnqueued:
+        return self._send(TaskEnqueued, "POST", f"/tenants/{tenant_id}/stats")
+
+    def stats(self, tenant_id: int) -> RatingStats:
+        return self._get(RatingStats, f"/tenants/{tenant_id}/stats")
+
+
+def _key(idempotency_key: str | None) -> dict[str, str] | None:
+    return {"Idempotency-Key": idempotency_key} if idempotency_key else None
+
+
+def _path(segment: str) -> str:
+    """A user key as one path segment (a key may hold ``/`` or ``?``)."""
+    from urllib.parse import quote
+
+    return quote(str(segment), safe="")
