@@ -1,4 +1,7 @@
-"""The coordinator's agent routes over HTTP (httpx), with retries on outages."""
+"""The coordinator's agent routes over HTTP (httpx), with retries on outages.
+
+Error answers are read as :class:`fedrec.client.ApiError` does (the problem document's
+status, code, detail and errors); :class:`Refused` is one."""
 
 from __future__ import annotations
 
@@ -8,13 +11,22 @@ from typing import Any
 
 import httpx
 
+from fedrec.client import ApiError
 
-class Refused(Exception):
-    """The coordinator answered 4xx: ``status`` and its ``detail``."""
 
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(f"{status}: {detail}")
-        self.status, self.detail = status, detail
+class Refused(ApiError):
+    """The coordinator refused (4xx, or a 5xx that outlasted the retries): ``status``,
+    the problem's ``code`` and ``detail``; raised by the agent itself with no code."""
+
+    def __init__(self, status: int, detail: str, code: str = "refused",
+                 errors: list | None = None, problem: dict | None = None) -> None:
+        super().__init__(status, code, detail, errors, problem)
+        self.args = (f"{status}: {detail}",)
+
+    @classmethod
+    def of(cls, response: httpx.Response) -> Refused:
+        err = ApiError.from_response(response)
+        return cls(err.status, err.detail, err.code, err.errors, err.problem)
 
 
 class Coordinator:
@@ -43,10 +55,10 @@ class Coordinator:
             else:
                 if res.status_code < 500:
                     if res.status_code >= 400:
-                        raise Refused(res.status_code, _detail(res))
+                        raise Refused.of(res)
                     return res
                 if time.monotonic() >= end:
-                    raise Refused(res.status_code, _detail(res))
+                    raise Refused.of(res)
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -97,10 +109,3 @@ class Coordinator:
         return self._call("POST", f"{self._jobs()}/{job_id}/rounds/{round_}/secagg/{phase}",
                           json=body).json()
 
-
-def _detail(res: httpx.Response) -> str:
-    try:
-        detail = res.json().get("detail", res.text)
-    except ValueError:
-        return res.text
-    return detail if isinstance(detail, str) else json.dumps(detail)

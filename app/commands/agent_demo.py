@@ -18,11 +18,11 @@ import secrets
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from algorithms import registry
 from algorithms.data import data_dir, load_ratings
+from fedrec.client import ApiError, Client
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -83,12 +83,10 @@ def run(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(32)
     server, thread = _start_server(Settings(database_url=url, admin_token=token), args.port)
     base_url = f"http://127.0.0.1:{args.port}"
-    api = httpx.Client(base_url=base_url, timeout=120,
-                       headers={"Authorization": f"Bearer {token}"})
+    api = Client(base_url, token=token, timeout=120)
     titles = _titles(path)
     items = np.unique(ratings.items)
-    api.put("/v1/admin/items", json={"items": [{"key": str(i), "title": titles.get(int(i))}
-                                            for i in items.tolist()]}).raise_for_status()
+    api.put_items({"key": str(i), "title": titles.get(int(i))} for i in items.tolist())
     users = np.unique(ratings.users)
     owner = dict(zip(users.tolist(), np.random.default_rng(args.seed).integers(
         0, args.agents, users.size).tolist(), strict=True))
@@ -97,11 +95,8 @@ def run(args: argparse.Namespace) -> int:
     tenant_ids = []
     for t in range(args.agents):
         name = TENANT_NAMES[t]
-        tid = api.post("/v1/admin/tenants", json={
-            "name": name, "rating_min": lo, "rating_max": hi,
-            "privacy_budget": args.epsilon_max}).raise_for_status().json()["id"]
-        key = api.post(f"/v1/admin/tenants/{tid}/api-keys", json={"name": "agent"}
-                       ).raise_for_status().json()["key"]
+        tid = api.create_tenant(name, args.epsilon_max, rating_min=lo, rating_max=hi).id
+        key = api.create_api_key(tid, "agent").key
         mine = tenant_of == t
         csv = out / f"agent-{t + 1}.csv"
         with csv.open("w") as f:
@@ -131,27 +126,27 @@ def run(args: argparse.Namespace) -> int:
                     dp={"mechanism": "gaussian", "noise_multiplier": args.noise_multiplier})
         what = (f"FedMC-ADMM, each agent's block protected (Gaussian, noise multiplier "
                 f"{args.noise_multiplier:g})")
-    job = api.post("/v1/admin/jobs", json=body)
-    if job.status_code != 202:
-        raise ValueError(f"the job was refused: {job.text}")
-    job_id = job.json()["id"]
+    try:
+        job_id = api.create_job(**body).id
+    except ApiError as exc:
+        raise ValueError(f"the job was refused ({exc.code}): {exc.detail}") from None
     print(f"job {job_id}: {what}, {args.rounds} rounds; waiting for the agents "
           f"(fedrec agent run --config {args.dir}/agent-N.json)", flush=True)
     seen = 0
     try:
         while True:
-            state = api.get(f"/v1/admin/jobs/{job_id}").json()
-            if state["current_round"] > seen:
-                for k in range(seen + 1, state["current_round"]):  # closed between polls
+            state = api.job(job_id)
+            if state.current_round > seen:
+                for k in range(seen + 1, state.current_round):  # closed between polls
                     print(f"round {k}/{args.rounds} done", flush=True)
-                seen = state["current_round"]
-                m = state["latest_metrics"] or {}
+                seen = state.current_round
+                m = state.latest_metrics or {}
                 missed = m.get("missed_deadline")
                 print(f"round {seen}/{args.rounds} done in {m.get('seconds', 0):.2f} s"
                       + (f"; missed the deadline: {missed}" if missed else ""), flush=True)
-            if state["status"] not in ("queued", "running"):
-                report = api.get(f"/v1/admin/jobs/{job_id}/report").json()["privacy"]
-                print(f"job {job_id} {state['status']}; epsilon per tenant "
+            if state.finished:
+                report = api.job_report(job_id).privacy
+                print(f"job {job_id} {state.status}; epsilon per tenant "
                       f"{report.get('epsilon_per_tenant')} (at delta "
                       f"{report.get('delta')})", flush=True)
                 break
@@ -164,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        api.close()
         server.should_exit = True
         thread.join(10)
     return 0

@@ -7,7 +7,8 @@ through the real pipeline, and prints its RMSE curve beside the same job without
 the privacy report and sample recommendations from the private model. The noise-free
 comparison trains on copies of the tenants ("<name>-noise-free") that opted in to
 non-private training, so the real tenants never send anything without a guarantee.
-``--serve`` keeps the API running afterwards, serving the private model.
+``--serve`` keeps the API running afterwards, serving the private model. Every call goes
+through the Python client, :mod:`fedrec.client`.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 
 from algorithms.data import Ratings, load_ratings
 from algorithms.synthetic import generate_ratings
+from fedrec.client import ApiError, Client, Job, JobReport
 
 TENANT_NAMES = ["northwind", "contoso", "fabrikam", "globex", "initech", "umbrella",
                 "hooli", "stark", "wayne", "acme"]
@@ -115,13 +116,13 @@ def _csv(users: np.ndarray, items: np.ndarray, values: np.ndarray) -> bytes:
     return buf.getvalue().encode()
 
 
-def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenants: int,
+def _setup(admin: Client, ratings: Ratings, titles: dict[int, str], n_tenants: int,
            budget: float, seed: int, noise_free: bool = False) -> list[dict[str, Any]]:
-    """Items, tenants, keys and uploads, all through the API. ``noise_free``: the copies
-    for the comparison job, which opt in to non-private training."""
+    """Items, tenants, keys and uploads, all through the API (:mod:`fedrec.client`).
+    ``noise_free``: the copies for the comparison job, which opt in to non-private
+    training."""
     items = np.unique(ratings.items)
-    body = {"items": [{"key": str(i), "title": titles.get(int(i))} for i in items.tolist()]}
-    api.put("/v1/admin/items", json=body).raise_for_status()
+    admin.put_items({"key": str(i), "title": titles.get(int(i))} for i in items.tolist())
     users = np.unique(ratings.users)
     owner = dict(zip(users.tolist(), np.random.default_rng(seed).integers(0, n_tenants,
                                                                           users.size).tolist(),
@@ -129,60 +130,60 @@ def _setup(api: httpx.Client, ratings: Ratings, titles: dict[int, str], n_tenant
     tenant_of = np.array([owner[u] for u in ratings.users.tolist()])
     tenants = []
     for t in range(n_tenants):
-        created = api.post("/v1/admin/tenants", json={
-            "name": TENANT_NAMES[t] + ("-noise-free" if noise_free else ""),
-            "rating_min": float(ratings.values.min()),
-            "rating_max": float(ratings.values.max()), "privacy_budget": budget,
-            "allow_non_private": noise_free}).json()
-        key = api.post(f"/v1/admin/tenants/{created['id']}/api-keys",
-                       json={"name": "demo"}).json()["key"]
+        created = admin.create_tenant(
+            TENANT_NAMES[t] + ("-noise-free" if noise_free else ""), budget,
+            rating_min=float(ratings.values.min()), rating_max=float(ratings.values.max()),
+            allow_non_private=noise_free)
+        key = admin.create_api_key(created.id, name="demo").key
         mine = tenant_of == t
-        r = api.post(f"/v1/tenants/{created['id']}/ratings", content=_csv(
-            ratings.users[mine], ratings.items[mine], ratings.values[mine]),
-            headers={"Content-Type": "text/csv", "Authorization": f"Bearer {key}"})
-        r.raise_for_status()
-        tenants.append({**created, "key": key, "n": int(mine.sum()),
-                        "first_user": f"u{ratings.users[mine][0]}"})
+        with Client(admin.base_url, token=key, timeout=120) as tenant:
+            tenant.upload_ratings(created.id, csv=_csv(
+                ratings.users[mine], ratings.items[mine], ratings.values[mine]))
+        tenants.append({"id": created.id, "name": created.name, "key": key,
+                        "n": int(mine.sum()), "first_user": f"u{ratings.users[mine][0]}"})
         if not noise_free:
-            print(f"  tenant {created['name']:<10} id {created['id']}: "
+            print(f"  tenant {created.name:<10} id {created.id}: "
                   f"{int(mine.sum()):>6} ratings uploaded")
     return tenants
 
 
-def _train(api: httpx.Client, args: argparse.Namespace, privacy: dict[str, Any],
-           tenants: list[dict[str, Any]]) -> dict[str, Any]:
-    r = api.post("/v1/admin/jobs", json={
-        "algorithm": args.algorithm, "rounds": args.rounds, "per_round": args.per_round,
-        "seed": args.seed, "tenant_ids": [t["id"] for t in tenants], **privacy})
-    if r.status_code != 202:
-        raise ValueError(f"job refused ({r.status_code}): {r.json().get('detail')}")
-    job = r.json()
-    while job["status"] in ("queued", "running"):
-        time.sleep(0.5)
-        job = api.get(f"/v1/admin/jobs/{job['id']}").json()
-        print(f"\r  round {job['current_round']}/{job['rounds']}", end="", flush=True)
-    print()
-    if job["status"] != "completed":
-        raise ValueError(f"job {job['id']} {job['status']}: {job.get('error')}")
-    return api.get(f"/v1/admin/jobs/{job['id']}/report").json()
+def _train(admin: Client, args: argparse.Namespace, privacy: dict[str, Any],
+           tenants: list[dict[str, Any]]) -> JobReport:
+    try:
+        job = admin.create_job(algorithm=args.algorithm, rounds=args.rounds,
+                               per_round=args.per_round, seed=args.seed,
+                               tenant_ids=[t["id"] for t in tenants], **privacy)
+    except ApiError as exc:
+        raise ValueError(f"job refused ({exc.status} {exc.code}): {exc.detail}") from None
+    shown = [0]
+
+    def progress(state: Job) -> None:  # one line per round, none skipped or repeated
+        for k in range(shown[0] + 1, state.current_round + 1):
+            print(f"  round {k}/{state.rounds}", flush=True)
+        shown[0] = max(shown[0], state.current_round)
+
+    job = admin.wait_job(job.id, poll=0.5, on_poll=progress)
+    if job.status != "completed":
+        raise ValueError(f"job {job.id} {job.status}: {job.error}")
+    return admin.job_report(job.id)
 
 
-def _print_curves(private: dict[str, Any], reference: dict[str, Any] | None) -> None:
+def _print_curves(private: JobReport, reference: JobReport | None) -> None:
     print("\nTest RMSE per round, all tenants (the private job, and the same job without "
           "noise):")
-    curve = private["curve"]
-    ref = {r["round"]: r for r in reference["curve"]} if reference else {}
+    curve = private.curve
+    ref = {r.round: r for r in reference.curve} if reference else {}
     rows = curve[:: max(1, len(curve) // 10)]
     rows += [curve[-1]] if rows[-1] is not curve[-1] else []
     for row in rows:
-        other = ref.get(row["round"])
-        extra = f"   without noise {other['test_rmse']:.4f}" if other else ""
-        print(f"  round {row['round']:>4}  RMSE {row['test_rmse']:.4f}  MAE "
-              f"{row['test_mae']:.4f}{extra}")
+        other = ref.get(row.round)
+        extra = f"   without noise {other.test_rmse:.4f}" if other else ""
+        print(f"  round {row.round:>4}  RMSE {row.test_rmse:.4f}  MAE "
+              f"{row.test_mae:.4f}{extra}")
 
 
-def _print_privacy(report: dict[str, Any], tenants: list[dict[str, Any]]) -> None:
-    priv = report["privacy"]
+def _print_privacy(report: JobReport, tenants: list[dict[str, Any]]) -> None:
+    priv = report.privacy
     print(f"\nPrivacy: {priv['guarantee']}")
     if not priv.get("private"):
         return
@@ -197,16 +198,16 @@ def _print_privacy(report: dict[str, Any], tenants: list[dict[str, Any]]) -> Non
         print(f"  {t['name']:<10} epsilon spent {spent:8.3f}, budget remaining {left:8.3f}")
 
 
-def _print_recommendations(api: httpx.Client, tenants: list[dict[str, Any]]) -> None:
+def _print_recommendations(base_url: str, tenants: list[dict[str, Any]]) -> None:
     print("\nSample recommendations (from the private model):")
     for t in tenants[:3]:
-        r = api.get(f"/v1/tenants/{t['id']}/users/{t['first_user']}/recommendations",
-                    params={"k": 5}, headers={"Authorization": f"Bearer {t['key']}"}).json()
-        print(f"  {t['name']} / {r['user']} ({r['source']}):")
+        with Client(base_url, token=t["key"]) as tenant:
+            r = tenant.recommendations(t["id"], t["first_user"], k=5)
+        print(f"  {t['name']} / {r.user} ({r.source}):")
         if t is tenants[0]:
-            print(f"  (from job {r['job_id']}, the most recent snapshot)")
-        for rec in r["data"]:
-            print(f"    {rec['score']:5.2f}  {rec['title'] or rec['item']}")
+            print(f"  (from job {r.job_id}, the most recent snapshot)")
+        for rec in r.data:
+            print(f"    {rec.score:5.2f}  {rec.title or rec.item}")
 
 
 def _privacy_body(args: argparse.Namespace, ratings: Ratings) -> dict[str, Any]:
@@ -253,8 +254,7 @@ def run(args: argparse.Namespace) -> int:
     server, thread = _start_server(settings, port)
     base = f"http://127.0.0.1:{port}"
     print(f"fedrec API on {base} (docs: {base}/docs), database {args.database_url}")
-    with httpx.Client(base_url=base, timeout=120,
-                      headers={"Authorization": f"Bearer {token}"}) as api:
+    with Client(base, token=token, timeout=120) as api:
         print(f"Uploading {len(ratings)} ratings for {args.tenants} tenants through the API:")
         titles = _titles(args.data)
         budget = args.budget or 2 * args.epsilon
@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> int:
         privacy = _privacy_body(args, ratings)
         print(f"Training {args.algorithm}, {args.rounds} rounds, {privacy}:")
         report = _train(api, args, privacy, tenants)
-        _print_recommendations(api, tenants)  # the private model: the newest snapshot
+        _print_recommendations(base, tenants)  # the private model: the newest snapshot
         reference = None
         if args.privacy != "none":
             print("\nTraining the same job without noise on copies of the tenants that opted "
@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         _print_curves(report, reference)
         _print_privacy(report, tenants)
         if reference is not None:
-            cost = report["curve"][-1]["test_rmse"] / reference["curve"][-1]["test_rmse"] - 1
+            cost = report.curve[-1].test_rmse / reference.curve[-1].test_rmse - 1
             print(f"\nPrivacy cost: noise raised the final test RMSE by {100 * cost:.1f}% "
                   f"at epsilon {args.epsilon:g}. See BENCHMARKS.md (user-level DP) for the "
                   "measured trade-off at every epsilon.")
