@@ -46,6 +46,32 @@ def test_simulate_json_matches_the_library(tmp_path, ratings_csv, capsys):
     assert f"{sim.final.test_rmse:9.4f}" in table
 
 
+def test_simulate_json_dash_writes_the_report_alone_to_stdout(tmp_path, ratings_csv, capsys):
+    """``--json -``: stdout is one JSON document (the file's), the table goes to stderr."""
+    argv = ["simulate", "--data", str(ratings_csv), "--clients", "4", "--rounds", "2",
+            "--rank", "3", "--seed", "1"]
+    assert main(argv + ["--json", str(tmp_path / "run.json")]) == 0
+    capsys.readouterr()
+    assert main(argv + ["--json", "-"]) == 0
+    out = capsys.readouterr()
+    report = json.loads(out.out)
+    written = json.loads((tmp_path / "run.json").read_text())
+    report["final"].pop("wall_seconds"), written["final"].pop("wall_seconds")
+    for r in report["rounds_detail"] + written["rounds_detail"]:
+        r.pop("seconds")
+    assert report == written
+    assert "test RMSE" in out.err and f"{report['final']['test_rmse']:9.4f}" in out.err
+
+
+def test_tune_json_dash_writes_the_choice_alone_to_stdout(ratings_csv, capsys):
+    assert main(["tune", "--data", str(ratings_csv), "--clients", "4", "--rounds", "2",
+                 "--trials", "2", "--json", "-"]) == 0
+    out = capsys.readouterr()
+    chosen = json.loads(out.out)
+    assert chosen["algorithm"] == "fedmc-admm" and len(chosen["trials"]) >= 2
+    assert chosen["command"] in out.err and "best: validation RMSE" in out.err
+
+
 def test_simulate_with_dp_reports_epsilon_per_tenant(tmp_path, ratings_csv):
     out = tmp_path / "dp.json"
     assert main(["simulate", "--data", str(ratings_csv), "--clients", "4", "--per-round", "2",

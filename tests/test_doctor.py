@@ -68,3 +68,26 @@ def test_workers_and_beat_are_checked_through_the_broker(monkeypatch, capsys,
     client.set(doctor.BEAT_KEY, time.time() - 5)
     assert doctor.check_beat(settings, 1)[0]
     client.delete(doctor.BEAT_KEY)
+
+
+def test_json_dash_writes_the_checks_to_stdout_only(tmp_path, monkeypatch, capsys):
+    import json
+
+    url = f"sqlite:///{tmp_path}/old.db"
+    migrate(url, "0004")
+    for name in ("FEDREC_BROKER_URL", "REDIS_URL", "DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FEDREC_DATABASE_URL", url)
+    get_settings.cache_clear()
+    try:
+        code = cli.main(["doctor", "--timeout", "1", "--json", "-"])
+    finally:
+        get_settings.cache_clear()
+    out = capsys.readouterr()
+    report = json.loads(out.out)  # stdout is the JSON document alone
+    assert code == 1 and report["ok"] is False and report["problems"] == 1
+    database, broker = report["checks"]
+    assert (database["name"], database["ok"]) == ("database", False)
+    assert "is at migration 0004" in database["message"]
+    assert (broker["name"], broker["ok"]) == ("broker", True)
+    assert "FAIL database: " + database["message"] in out.err  # the lines went to stderr

@@ -25,6 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "alive. Prints each problem in plain words; exit status 1 if any.")
     parser.add_argument("--timeout", type=float, default=3.0,
                         help="seconds to wait for each service (default 3)")
+    parser.add_argument("--json", metavar="FILE", default=None,
+                        help="also write the checks as JSON ({\"ok\", \"problems\", "
+                             "\"checks\": [{\"name\", \"ok\", \"message\"}]}) to FILE; "
+                             "'-': to stdout, the lines going to stderr")
     parser.set_defaults(func=run)
 
 
@@ -113,6 +117,17 @@ def _first_line(exc: BaseException) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.commands.output import json_output
+
+    with json_output(getattr(args, "json", None)) as write_json:
+        results: list[dict] = []
+        code = _run(args, results)
+        write_json({"ok": code == 0, "problems": sum(not r["ok"] for r in results),
+                    "checks": results})
+    return code
+
+
+def _run(args: argparse.Namespace, results: list[dict]) -> int:
     settings = get_settings()
     failed = 0
     checks = [("database", lambda: check_database(settings)),
@@ -120,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
     for name, check in checks:
         ok, message = check()
         failed += not ok
+        results.append({"name": name, "ok": ok, "message": message})
         print(f"{'ok  ' if ok else 'FAIL'} {name}: {message}")
     if settings.broker_url:
         if failed and not check_broker(settings, args.timeout)[0]:
@@ -129,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                                 ("beat", lambda: check_beat(settings, args.timeout))):
                 ok, message = check()
                 failed += not ok
+                results.append({"name": name, "ok": ok, "message": message})
                 print(f"{'ok  ' if ok else 'FAIL'} {name}: {message}")
     print(f"{failed} problem(s) found" if failed else "everything looks fine")
     return 1 if failed else 0

@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import re
-import sys
 import time
 import types
 import typing
@@ -23,6 +22,7 @@ from algorithms.data import Ratings, build_federation, data_dir, load_ratings
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
 from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
+from app.commands.output import RoundsBar, json_output
 from privacy.cli import (
     add_dp_arguments,
     add_privacy_arguments,
@@ -253,8 +253,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="binary algorithms: a rating >= threshold is a positive (default: "
                         "3.5, the paper's)")
     add_evaluation_arguments(p)
-    p.add_argument("--json", type=Path, help="write config, per-round figures and results "
-                                             "here (default: none)")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="write config, per-round figures and results to FILE; '-': to "
+                        "stdout, the table going to stderr (default: none)")
     p.add_argument("--quiet", action="store_true", help="no per-round table")
     add_privacy_arguments(p)
     add_dp_arguments(p, default="none")
@@ -315,32 +316,30 @@ def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
     return load_ratings(data), str(data)
 
 
-def _printer(rounds: int, quiet: bool):
-    tty = sys.stderr.isatty()
+def _printer(rounds: int, quiet: bool, bar: RoundsBar):
     if not quiet:
         print(f"{'round':>5} {'objective':>12} {'test RMSE':>9} {'test MAE':>9} "
               f"{'sec':>7} {'uploads':>7}")
 
     def on_round(rec: RoundRecord) -> None:
         if not (math.isfinite(rec.objective) and math.isfinite(rec.test_rmse)):
-            if tty:
-                print(file=sys.stderr)
+            bar.close()
             raise ValueError(f"training diverged in round {rec.round} (objective "
                              f"{rec.objective}); lower the step size or change the "
                              "optimiser (see the algorithm's options with --help)")
-        if tty:
-            done = int(30 * rec.round / rounds)
-            print(f"\r[{'#' * done}{'.' * (30 - done)}] {rec.round}/{rounds}", end="",
-                  file=sys.stderr, flush=True)
+        bar.update(rec.round, f"test RMSE {rec.test_rmse:.4f}")
         if not quiet:
-            if tty:
-                print("\r" + " " * 48 + "\r", end="", file=sys.stderr)
             print(f"{rec.round:>5} {rec.objective:>12.6g} {rec.test_rmse:>9.4f} "
                   f"{rec.test_mae:>9.4f} {rec.seconds:>7.3f} {rec.uploads:>7}", flush=True)
     return on_round
 
 
 def run(args: argparse.Namespace) -> int:
+    with json_output(args.json) as write_json:
+        return _run(args, write_json)
+
+
+def _run(args: argparse.Namespace, write_json) -> int:
     alg = registry.get(args.algorithm)
     cfg = _config(alg, args)
     unit = privacy_unit(args)
@@ -371,9 +370,13 @@ def run(args: argparse.Namespace) -> int:
         aggregator = SecureSum(args.seed, dropout_tolerance=args.dropout_tolerance
                                if args.dropout_tolerance is not None else 0.1)
     t0 = time.perf_counter()
-    result = simulate(alg, cfg, fed, rounds=run_cfg["rounds"], per_round=per_round,
-                      seed=args.seed, privatizer=privatizer, aggregator=aggregator,
-                      on_round=_printer(run_cfg["rounds"], args.quiet))
+    bar = RoundsBar(run_cfg["rounds"], alg.name)
+    try:
+        result = simulate(alg, cfg, fed, rounds=run_cfg["rounds"], per_round=per_round,
+                          seed=args.seed, privatizer=privatizer, aggregator=aggregator,
+                          on_round=_printer(run_cfg["rounds"], args.quiet, bar))
+    finally:
+        bar.close()
     wall = time.perf_counter() - t0
     final = result.final
     print(f"{alg.name}: test RMSE {final.test_rmse:.4f}, MAE {final.test_mae:.4f} after "
@@ -414,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
             "final": {"test_rmse": final.test_rmse, "test_mae": final.test_mae,
                       "objective": final.objective, "wall_seconds": wall},
         }
-        args.json.write_text(json.dumps(report, indent=2))
+        write_json(report)
     return 0
 
 

@@ -22,6 +22,7 @@ from algorithms import registry
 from algorithms.data import build_federation
 from algorithms.tuning import Trial, search_space, tune
 from app.commands.evaluation import add_partition_argument
+from app.commands.output import json_output
 from app.commands.simulate import _load, flag_of, format_value
 
 TUNABLE = [n for n in registry.names() if getattr(registry.get(n).config, "search_space", None)]
@@ -55,7 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of ratings held out for testing, never read (default: 0.2)")
     add_partition_argument(p)
-    p.add_argument("--json", type=Path, help="write the chosen config and every trial here")
+    p.add_argument("--json", type=Path, metavar="FILE",
+                   help="write the chosen config and every trial to FILE; '-': to stdout, "
+                        "the other lines going to stderr")
     p.add_argument("--quiet", action="store_true", help="no line per trial")
     p.set_defaults(func=run)
 
@@ -100,6 +103,11 @@ def _finite(obj: Any) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    with json_output(args.json) as write_json:
+        return _run(args, write_json)
+
+
+def _run(args: argparse.Namespace, write_json) -> int:
     alg = registry.get(args.algorithm)
     search_space(alg)  # refuses an algorithm without one
     run_cfg = _run_rounds(alg, args)
@@ -131,9 +139,8 @@ def run(args: argparse.Namespace) -> int:
            "validation_rmse": res.best.rmse, "default_validation_rmse": res.default.rmse,
            "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
            "trials": [{"params": t.params, "history": t.history} for t in res.trials]}
-    text = json.dumps(_finite(out), indent=2)
     if args.json:
-        args.json.write_text(text)
+        write_json(_finite(out))
     else:
         print(json.dumps({"algorithm": alg.name, "config": out["config"]}), file=sys.stdout)
     return 0

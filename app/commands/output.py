@@ -1,0 +1,79 @@
+"""Where a command's JSON goes (``--json FILE`` or ``--json -``) and its progress bars.
+
+``--json -`` writes the JSON document, and nothing else, to stdout: the command's human
+output goes to stderr meanwhile. Progress bars (rich) are drawn on stderr only when it is
+a terminal, so pipes, logs, CI and ``--json -`` output never hold them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+STDOUT = "-"
+
+
+def is_stdout(target: Path | str | None) -> bool:
+    return target is not None and str(target) == STDOUT
+
+
+@contextlib.contextmanager
+def json_output(target: Path | str | None) -> Iterator[Callable[[Any], None]]:
+    """Yields ``write(document)``: to the file ``target``, to stdout for ``-`` (the block's
+    other prints go to stderr), nowhere for None."""
+    if not is_stdout(target):
+        def write_file(document: Any) -> None:
+            if target is not None:
+                Path(target).write_text(json.dumps(document, indent=2))
+        yield write_file
+        return
+    real = sys.stdout
+
+    def write_stdout(document: Any) -> None:
+        real.write(json.dumps(document, indent=2) + "\n")
+        real.flush()
+    with contextlib.redirect_stdout(sys.stderr):
+        yield write_stdout
+
+
+def progress_enabled() -> bool:
+    """A bar only on a terminal, and not when FEDREC_NO_PROGRESS is set."""
+    return sys.stderr.isatty() and not os.environ.get("FEDREC_NO_PROGRESS")
+
+
+class RoundsBar:
+    """A rich progress bar of rounds on stderr (a no-op off a terminal):
+    ``bar.update(done, text)`` after each round, ``bar.close()`` at the end."""
+
+    def __init__(self, total: int, label: str = "rounds") -> None:
+        self.progress = None
+        if not progress_enabled():
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.progress = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[text]}"), TimeElapsedColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.task = self.progress.add_task(label, total=total, text="")
+        self.progress.start()
+
+    def update(self, done: int, text: str = "") -> None:
+        if self.progress is not None:
+            self.progress.update(self.task, completed=done, text=text)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
