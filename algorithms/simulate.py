@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import numpy as np
@@ -208,6 +210,24 @@ def step(steps: Steps, state: RoundState, k: int, aggregator: Aggregator | None 
                       state.global_msg, time.perf_counter() - t0, t1 - t0)
 
 
+ROUND_WATCHERS: ContextVar[tuple[Callable[[int, int, Any], None], ...]] = ContextVar(
+    "round_watchers", default=())
+"""Callbacks ``(round, rounds, record)`` every :func:`drive` in this context calls after
+each round (see :func:`watch_rounds`)."""
+
+
+@contextmanager
+def watch_rounds(callback: Callable[[int, int, Any], None]) -> Iterator[None]:
+    """Call ``callback(round, rounds, record)`` after every round of every run driven
+    inside the block, however deep (``fedrec bench``'s progress bar); nothing else
+    changes."""
+    token = ROUND_WATCHERS.set((*ROUND_WATCHERS.get(), callback))
+    try:
+        yield
+    finally:
+        ROUND_WATCHERS.reset(token)
+
+
 def drive(steps: Steps, state: RoundState, rounds: int, *,
           aggregator: Aggregator | None = None, evaluate_every: int = 1,
           on_round: Callable[[Any], None] | None = None,
@@ -226,11 +246,14 @@ def drive(steps: Steps, state: RoundState, rounds: int, *,
     if evaluate_every < 0:
         raise ValueError("evaluate_every must be non-negative")
     history: list[Any] = []
+    watchers = ROUND_WATCHERS.get()
     for k in range(state.round + 1, rounds + 1):
         state = step(steps, state, k, aggregator)
         due = evaluate_every > 0 and (k % evaluate_every == 0 or k == rounds)
         state, rec, stop = steps.record(state, due)
         history.append(rec)
+        for watcher in watchers:
+            watcher(k, rounds, rec)
         if on_round is not None:
             on_round(rec)
         if on_state is not None and on_state(state):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -553,3 +554,42 @@ def test_readme_tune_commands_parse_and_tune_offers_only_searchable_algorithms(c
     with pytest.raises(SystemExit):
         build_parser().parse_args(["tune", "--algorithm", "felb"])
     assert "invalid choice: 'felb'" in capsys.readouterr().err
+
+
+def test_watch_rounds_sees_every_round_of_every_run_inside_it():
+    from algorithms.simulate import watch_rounds
+
+    alg = registry.get("fedmc-admm")
+    fed = build_federation(generate_ratings(40, 20, 500, rank=2, seed=1), 3, 0)
+    seen = []
+    with watch_rounds(lambda k, n, rec: seen.append((k, n, rec))):
+        first = simulate(alg, alg.config(rank=2), fed, rounds=2, per_round=3, seed=0)
+        second = simulate(alg, alg.config(rank=2), fed, rounds=3, per_round=3, seed=1)
+    simulate(alg, alg.config(rank=2), fed, rounds=1, per_round=3, seed=2)  # not watched
+    assert [(k, n) for k, n, _ in seen] == [(1, 2), (2, 2), (1, 3), (2, 3), (3, 3)]
+    assert [rec for *_, rec in seen] == first.history + second.history
+
+
+def test_progress_bars_only_on_a_terminal(capsys, monkeypatch):
+    """Off a terminal (logs, pipes, --json -) no bar is drawn; on one, the bench bar
+    follows each run with its round and test RMSE, on stderr."""
+    from app.commands import output
+
+    alg = registry.get("fedmc-admm")
+    fed = build_federation(generate_ratings(40, 20, 500, rank=2, seed=1), 3, 0)
+
+    def two_runs():
+        for seed in (0, 1):
+            simulate(alg, alg.config(rank=2), fed, rounds=2, per_round=3, seed=seed)
+
+    with output.runs_bar("bench x"):
+        two_runs()
+    assert capsys.readouterr() == ("", "")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.delenv("FEDREC_NO_PROGRESS", raising=False)
+    with output.runs_bar("bench x"):
+        two_runs()
+    out = capsys.readouterr()
+    assert out.out == "" and "bench x" in out.err and "run 2" in out.err
+    monkeypatch.setenv("FEDREC_NO_PROGRESS", "1")
+    assert output.RoundsBar(3).progress is None

@@ -56,4 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if args.experiment not in found:
         raise ValueError(f"unknown experiment {args.experiment!r}; "
                          f"choose from: {', '.join(found)} (or list, table)")
-    return int(found[args.experiment].main(args.args) or 0)
+    from app.commands.output import runs_bar
+
+    with runs_bar(f"bench {args.experiment}"):  # on a terminal: each run's rounds
+        return int(found[args.experiment].main(args.args) or 0)

@@ -69,11 +69,41 @@ class RoundsBar:
         self.task = self.progress.add_task(label, total=total, text="")
         self.progress.start()
 
-    def update(self, done: int, text: str = "") -> None:
+    def update(self, done: int, text: str = "", total: int | None = None) -> None:
         if self.progress is not None:
-            self.progress.update(self.task, completed=done, text=text)
+            self.progress.update(self.task, completed=done, text=text,
+                                 **({"total": total} if total is not None else {}))
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
             self.progress = None
+
+
+@contextlib.contextmanager
+def runs_bar(label: str) -> Iterator[None]:
+    """A :class:`RoundsBar` following every training run driven inside the block
+    (:func:`algorithms.simulate.watch_rounds`): the run's number, its round and latest
+    test RMSE. Off a terminal nothing is drawn and nothing is watched."""
+    if not progress_enabled():
+        yield
+        return
+    import math
+
+    from algorithms.simulate import watch_rounds
+
+    bar, state = RoundsBar(1, label), {"runs": 0, "last": 0}
+
+    def seen(k: int, rounds: int, record: Any) -> None:
+        if k <= state["last"] or state["runs"] == 0:
+            state["runs"] += 1
+        state["last"] = k
+        rmse = getattr(record, "test_rmse", None)
+        text = f"run {state['runs']}" + (f"  test RMSE {rmse:.4f}" if isinstance(
+            rmse, float) and math.isfinite(rmse) else "")
+        bar.update(k, text, total=rounds)
+    try:
+        with watch_rounds(seen):
+            yield
+    finally:
+        bar.close()
