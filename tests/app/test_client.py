@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+import shlex
 import subprocess
 import sys
 import types
@@ -379,3 +380,82 @@ def test_admin_cli_keys_items_and_a_watched_job(live, capsys, tmp_path):
     assert code == 0 and re.search(rf"^3\s+\S+\s+{last.test_rmse:g}\s", out, re.M)
     code, _, err = admin_cli(capsys, "jobs", "cancel", str(job["id"]))
     assert code == 1 and f"error 409 job_finished: Job {job['id']} is already completed" in err
+
+
+# -- the README's examples, as written, against a fresh server ----------------------------
+
+def readme_blocks() -> tuple[str, list[str]]:
+    """The Python and the bash block of the README's client section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Python client and admin CLI", 1)[1].split("\n### ", 1)[0]
+    python = section.split("```python\n", 1)[1].split("```", 1)[0]
+    bash = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return python, [line for line in bash.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def fresh_live(sqlite_url, monkeypatch):
+    """A live server on a fresh SQLite database (the README's ids start at 1)."""
+    from app.commands.demo import _free_port, _start_server
+
+    port = _free_port()
+    server, thread = _start_server(Settings(database_url=sqlite_url, admin_token=ADMIN_TOKEN,
+                                            broker_url=None), port)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_the_readme_client_and_admin_examples_run(fresh_live, tmp_path, monkeypatch,
+                                                  capsys):
+    from algorithms.synthetic import generate_ratings
+
+    python, bash = readme_blocks()
+    r = generate_ratings(120, 200, 3000, rank=3, seed=5)
+    (tmp_path / "u.data").write_text("".join(
+        f"{u}\t{i + 1}\t{v:g}\t881250949\n" for u, i, v in zip(r.users, r.items, r.values,
+                                                             strict=True)))
+    monkeypatch.chdir(tmp_path)
+    exec(python.replace("http://127.0.0.1:8000", fresh_live)  # the README's, as written
+         .replace("ADMIN-TOKEN", ADMIN_TOKEN), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["3000", "count=3000 users=120", "404 user_not_found"]
+
+    assert bash[0].startswith("export FEDREC_URL=http://127.0.0.1:8000 FEDREC_ADMIN_TOKEN=")
+    monkeypatch.setenv("FEDREC_URL", fresh_live)
+    monkeypatch.setenv("FEDREC_ADMIN_TOKEN", ADMIN_TOKEN)
+    outputs = {}
+    for line in bash[1:]:
+        command, _, comment = line.partition("#")
+        argv = shlex.split(command)
+        assert argv[0] == "fedrec", line
+        code = main(argv[1:])
+        out = capsys.readouterr()
+        outputs[command.strip()] = out.out
+        if "error" in comment:  # the README shows the error line it prints
+            assert code == 1 and out.err.strip() == comment.strip(), (line, out.err)
+        else:
+            assert code == 0, (line, out.err)
+    # listed before the patch (budget 10), shown after it (20)
+    assert re.search(r"^1\s+acme\s+1\s+5\s+10\s+False\s", outputs["fedrec admin tenants list"],
+                     re.M)
+    assert "privacy_budget: 10.0 -> 20.0" in outputs["fedrec admin tenants audit 1"]
+    assert outputs["fedrec jobs watch 1"].rstrip().endswith("job 1 completed")
+    shown = json.loads(outputs["fedrec admin tenants show 1 --json -"])
+    assert shown["privacy_budget"] == 20.0 and shown["privacy"]["jobs"][0]["job_id"] == 1
+    assert 0 < shown["privacy"]["epsilon_spent"] <= 8.0 + 1e-9
+
+
+def test_the_help_lists_the_admin_and_jobs_commands(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert re.search(r"^\s+admin\s+manage tenants, API keys, items and jobs", text, re.M)
+    assert re.search(r"^\s+jobs\s+training jobs", text, re.M)
+    for resource, actions in {"tenants": "list create show patch audit",
+                              "keys": "create list revoke", "items": "put list",
+                              "jobs": "create list show cancel resume report watch"}.items():
+        with pytest.raises(SystemExit):
+            main(["admin", resource, "--help"])
+        listed = re.findall(r"^    (\w+)\s", capsys.readouterr().out, re.M)
+        assert listed == actions.split(), resource
