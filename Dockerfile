@@ -17,6 +17,9 @@ COPY algorithms ./algorithms
 COPY privacy ./privacy
 COPY migrations ./migrations
 COPY bench ./bench
+# the CLI registers `fedrec agent` and `fedrec admin` (fedrec.client) beside the server
+COPY agent ./agent
+COPY fedrec ./fedrec
 RUN pip install -c constraints.txt . && useradd --system --uid 10001 fedrec
 USER fedrec
 

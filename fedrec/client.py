@@ -375,10 +375,16 @@ def _chunks(path: Path, on_bytes: Callable[[int], None] | None) -> Iterator[byte
             yield chunk
 
 
+def progress_enabled() -> bool:
+    """Progress bars only when stderr is a terminal and FEDREC_NO_PROGRESS is unset: logs,
+    pipes, CI and ``--json -`` output never hold one."""
+    return sys.stderr.isatty() and not os.environ.get("FEDREC_NO_PROGRESS")
+
+
 def _progress_bar(total: int, label: str):
-    """A rich progress bar on stderr when it is a terminal, else None (logs, pipes and
-    ``--json -`` output stay clean)."""
-    if not sys.stderr.isatty() or os.environ.get("FEDREC_NO_PROGRESS"):
+    """A rich progress bar of bytes on stderr, or None when :func:`progress_enabled` is
+    false."""
+    if not progress_enabled():
         return None
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn

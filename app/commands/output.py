@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from fedrec.client import progress_enabled
 
 STDOUT = "-"
 
@@ -39,11 +40,6 @@ def json_output(target: Path | str | None) -> Iterator[Callable[[Any], None]]:
         real.flush()
     with contextlib.redirect_stdout(sys.stderr):
         yield write_stdout
-
-
-def progress_enabled() -> bool:
-    """A bar only on a terminal, and not when FEDREC_NO_PROGRESS is set."""
-    return sys.stderr.isatty() and not os.environ.get("FEDREC_NO_PROGRESS")
 
 
 class RoundsBar:

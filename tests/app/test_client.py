@@ -201,6 +201,9 @@ def test_the_client_drives_the_admin_and_tenant_routes(app, tmp_path):
     assert mine.forget_user(tenant.id, "c") == fc.UserForgotten(user="c", deleted=2)
     assert mine.count_ratings(tenant.id).count == 2
     assert mine.privacy(tenant.id).epsilon_max == 7.5
+    assert mine.compute_stats(tenant.id).status  # no broker: computed in-process
+    stats = mine.stats(tenant.id)
+    assert (stats.n_ratings, stats.n_users, stats.mean) == (2, 2, 3.0)
     recs = mine.recommendations(tenant.id, "a", k=2)
     # the tenant's rated items by popularity, less a's own (c's were forgotten)
     assert recs.source == "popularity" and [r.item for r in recs.data] == [f"{name}-1"]
@@ -255,10 +258,16 @@ def test_the_client_trains_a_job_and_reads_its_report(app):
         with pytest.raises(ApiError) as err:
             admin.cancel_job(job.id)
         assert (err.value.status, err.value.code) == (409, "job_finished")
+        with pytest.raises(ApiError) as err:
+            admin.resume_job(job.id)
+        assert (err.value.status, err.value.code) == (409, "job_not_resumable")
         mine = Client("http://testserver", token=key, http=TestClient(app))
         assert mine.tenant_report(tid).job_id == job.id
-        assert mine.recommendations(tid, mine.ratings(tid, limit=1).data[0].user).source \
-            == "model"
+        user = mine.ratings(tid, limit=1).data[0].user
+        one = mine.recommendations(tid, user, k=3)
+        assert one.source == "model" and one.job_id == job.id and len(one.data) == 3
+        batch = mine.batch_recommendations(tid, [user, "nobody"], k=3)
+        assert batch.data == [one] and batch.not_found == ["nobody"]
 
 
 def test_an_answer_that_is_not_a_problem_still_raises_api_error():
@@ -459,3 +468,22 @@ def test_the_help_lists_the_admin_and_jobs_commands(capsys):
             main(["admin", resource, "--help"])
         listed = re.findall(r"^    (\w+)\s", capsys.readouterr().out, re.M)
         assert listed == actions.split(), resource
+
+
+def test_an_upload_draws_a_progress_bar_only_on_a_terminal(sqlite_url, tmp_path, capsys,
+                                                          monkeypatch):
+    app = create_app(Settings(database_url=sqlite_url, admin_token=ADMIN_TOKEN,
+                              broker_url=None))
+    admin = client_of(app, ADMIN_TOKEN)
+    tenant = admin.create_tenant("bar", 1.0, auto_create_items=True)
+    mine = client_of(app, admin.create_api_key(tenant.id).key)
+    data = tmp_path / "u.data"
+    data.write_text("".join(f"u{n % 50}\ti{n % 300}\t{1 + n % 5}\n" for n in range(20000)))
+    monkeypatch.delenv("FEDREC_NO_PROGRESS", raising=False)
+    # rows repeat every 300 lines (same user, item and rating): 300 distinct ratings
+    assert mine.upload_ratings(tenant.id, path=data).stored == 300
+    assert capsys.readouterr().err == ""  # captured stderr is no terminal
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    mine.upload_ratings(tenant.id, path=data)
+    assert "upload u.data" in capsys.readouterr().err
+    assert mine.count_ratings(tenant.id) == fc.RatingsCount(count=300, users=50)
