@@ -127,6 +127,58 @@ def test_every_answer_model_is_the_documented_answer_of_its_routes(openapi):
     assert missing == set()
 
 
+CALLS = {  # every method that makes one call: its arguments
+    "create_tenant": (("acme", 1.0), {}), "tenants": ((), {}), "tenant": ((1,), {}),
+    "update_tenant": ((1,), {"name": "x"}), "tenant_audit": ((1,), {}),
+    "create_api_key": ((1,), {}), "api_keys": ((1,), {}), "revoke_api_key": ((1, 2), {}),
+    "put_items": (([{"key": "a"}],), {}), "items": ((), {}), "create_job": ((), {}),
+    "plan_job": ((), {}), "jobs": ((), {}), "job": ((1,), {}), "cancel_job": ((1,), {}),
+    "resume_job": ((1,), {}), "job_report": ((1,), {}),
+    "upload_ratings": ((1,), {"rows": [{"user": "u", "item": "a", "rating": 1}]}),
+    "ratings": ((1,), {}), "count_ratings": ((1,), {}), "forget_user": ((1, "u/1"), {}),
+    "recommendations": ((1, "u"), {}), "batch_recommendations": ((1, ["u"]), {}),
+    "tenant_report": ((1,), {}), "privacy": ((1,), {}), "compute_stats": ((1,), {}),
+    "stats": ((1,), {}),
+}
+
+
+def test_every_method_calls_a_documented_operation_answering_its_model(openapi):
+    """Each method's request is an operation of the schema (path and method), and the
+    operation's success answer is the component the method returns."""
+    import typing
+
+    sent = []
+
+    class Sent(Exception):
+        pass
+
+    def record(request):
+        sent.append(request)
+        raise Sent
+
+    client = Client("http://x", token="t", transport=httpx.MockTransport(record))
+    public = {n for n in dir(Client) if not n.startswith("_")} - {
+        "request", "close", "wait_job", "base_url"}
+    assert public == set(CALLS)
+    templates = {path: "^" + re.sub(r"\\\{[^}/]+\\\}", "[^/]+", re.escape(path)) + "$"
+                 for path in openapi["paths"]}
+    for name, (args, kwargs) in CALLS.items():
+        with pytest.raises(Sent):
+            getattr(client, name)(*args, **kwargs)
+        request = sent.pop()
+        path = request.url.raw_path.decode().split("?")[0]
+        if name == "forget_user":  # a user key is one path segment, whatever it holds
+            assert path == "/v1/tenants/1/users/u%2F1/ratings"
+        matches = [p for p, rx in templates.items() if re.match(rx, path)
+                   and request.method.lower() in openapi["paths"][p]]
+        assert len(matches) == 1, (name, request.method, path)
+        op = openapi["paths"][matches[0]][request.method.lower()]
+        answers = {ref for code, response in op["responses"].items() if code.startswith("2")
+                   for ref in re.findall(r"#/components/schemas/(\w+)", json.dumps(response))}
+        returned = typing.get_type_hints(getattr(Client, name))["return"]
+        assert returned.schema_name in answers, (name, answers)
+
+
 def test_the_client_imports_no_server_module():
     code = ("import sys, fedrec.client; print(sorted(m for m in sys.modules "
             "if m.split('.')[0] in ('app', 'worker', 'fastapi', 'sqlalchemy', 'torch')))")
