@@ -403,7 +403,7 @@ def test_admin_cli_without_a_server_or_token(monkeypatch, capsys):
     assert f"cannot reach the service at {url}" in capsys.readouterr().err
 
 
-def test_admin_cli_keys_items_and_a_watched_job(live, capsys, tmp_path):
+def test_admin_cli_keys_items_and_a_watched_job(live, capsys, tmp_path, monkeypatch):
     with Client(live, token=ADMIN_TOKEN) as admin:
         tid, _ = trained_tenant(admin, seed=3)
     code, out, _ = admin_cli(capsys, "keys", "create", str(tid), "--name", "cli",
@@ -441,6 +441,12 @@ def test_admin_cli_keys_items_and_a_watched_job(live, capsys, tmp_path):
     assert code == 0 and re.search(rf"^3\s+\S+\s+{last.test_rmse:g}\s", out, re.M)
     code, _, err = admin_cli(capsys, "jobs", "cancel", str(job["id"]))
     assert code == 1 and f"error 409 job_finished: Job {job['id']} is already completed" in err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # on a terminal: the bar
+    monkeypatch.delenv("FEDREC_NO_PROGRESS", raising=False)
+    assert main(["admin", "jobs", "watch", str(job["id"])]) == 0
+    out = capsys.readouterr()
+    assert out.out == f"job {job['id']} completed\n"  # no per-round lines: the bar has them
+    assert f"RMSE {last.test_rmse:.4f}" in out.err and "3/3" in out.err
 
 
 # -- the README's examples, as written, against a fresh server ----------------------------
