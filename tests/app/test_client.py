@@ -356,7 +356,7 @@ def admin_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-def test_admin_cli_creates_shows_and_patches_a_tenant(live, capsys):
+def test_admin_cli_creates_shows_and_patches_a_tenant(live, capsys, tmp_path):
     name = f"cli-{uuid.uuid4().hex[:8]}"
     code, out, _ = admin_cli(capsys, "tenants", "create", name, "--budget", "4",
                              "--allow-non-private", "--json", "-")
@@ -366,8 +366,11 @@ def test_admin_cli_creates_shows_and_patches_a_tenant(live, capsys):
         row = admin.tenant(created["id"])
     assert (row.name, row.privacy_budget, row.allow_non_private) == (name, 4.0, True)
 
-    code, out, _ = admin_cli(capsys, "tenants", "list")
+    saved = tmp_path / "tenants.json"
+    code, out, _ = admin_cli(capsys, "tenants", "list", "--json", str(saved))
     assert code == 0 and out.splitlines()[0].split()[:3] == ["ID", "NAME", "RATING_MIN"]
+    listed = json.loads(saved.read_text())  # a file: the JSON there, the table here
+    assert created in listed["data"] and listed["count"] == len(listed["data"])
     assert re.search(rf"^{created['id']}\s+{name}\s+1\s+5\s+4\s+True", out, re.M)
 
     code, out, _ = admin_cli(capsys, "tenants", "patch", str(created["id"]), "--budget", "9",
