@@ -27,6 +27,7 @@ import json
 import mimetypes
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -511,8 +512,6 @@ class Client:
                  on_poll: Callable[[Job], None] | None = None) -> Job:
         """Poll the job until it ends (``on_poll`` sees every answer); TimeoutError after
         ``timeout`` seconds."""
-        import time
-
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             job = self.job(job_id)
