@@ -39,6 +39,17 @@ Two options go beyond Algorithm 1 and are on in the recommended defaults (both o
   every item, including the ones column of the user bias). ``'diagonal'`` uses
   per-coordinate Gershgorin bounds.
 
+The recommended ridge is not the paper's R_i(U_i) = lambda/2 ||U_i||^2 and R(V) but a
+weighted-lambda one (as ALS-WR): ``lam_rating`` n_t on each user row t of U_i with n_t its
+ratings, and, inside each tenant's f_i, ``gamma_rating`` n_ij on item column j of W_i
+with n_ij the tenant's own ratings of j (summed over tenants at consensus: gamma_rating
+n_j ||v_j||^2, with no count leaving a tenant). Both are multiplied by the tenant's ridge
+scale, its rating variance in units over MovieLens' (:func:`algorithms._scale.ridge_scale_of`):
+a ridge on factors is not invariant under rescaling the ratings, so without it one weight
+would be too strong on data spread over less of the declared range (-10..10 sets) and too
+weak on 0/1 data. The U-step's prox and the W-step's bound simply add these per-row /
+per-column weights; lambda and gamma (0 by default) still apply as in the paper.
+
 Other deviations, all as in the authors' code: Y_i^0 = 0 (so the server knows every
 tenant's initial contribution; the paper's Y_i^0 = -(1/p) grad f_i would need a round-0
 upload), a floor on L_W and L_U, and small random initial factors.
