@@ -149,15 +149,18 @@ def soft_threshold(q: np.ndarray, tau: float) -> np.ndarray:
 # ---------------------------------------------------------------- plain numpy/scipy path
 def u_prox_steps_numpy(indptr: np.ndarray, indices: np.ndarray, target: np.ndarray,
                        u: np.ndarray, bt: np.ndarray, lip: np.ndarray, lam: float, l1: bool,
-                       n_steps: int) -> np.ndarray:
+                       n_steps: int, lam_rating: float = 0.0) -> np.ndarray:
     """N proximal-gradient steps on U with B fixed: eq. (66) (l2) or eq. (71) (l1).
 
     ``G = P_Omega(U B - target) B^T``; l2: ``U <- (L U - G) / (L + lam)``;
     l1: ``U <- S(U - G / L, lam / L)``. ``lip`` (m x q) holds L per row and coordinate (all
-    equal for the paper's global ``||W W^T||_F``). Returns a new array.
+    equal for the paper's global ``||W W^T||_F``). Row t's weight is
+    ``lam + lam_rating n_t`` with n_t its ratings (weighted-lambda; ``lam_rating`` 0: the
+    paper's). Returns a new array.
     """
     rows = np.repeat(np.arange(u.shape[0], dtype=np.int32), np.diff(indptr))
     shape = (u.shape[0], bt.shape[0])
+    lam = lam + lam_rating * np.diff(indptr).astype(float)[:, None] if lam_rating else lam
     for _ in range(n_steps):
         g = grad_left(observed_residual(u, bt, rows, indices, target), indptr, indices, bt,
                       shape)
@@ -167,20 +170,25 @@ def u_prox_steps_numpy(indptr: np.ndarray, indices: np.ndarray, target: np.ndarr
 
 def w_linearised_steps_numpy(indptr: np.ndarray, indices: np.ndarray, target: np.ndarray,
                              a: np.ndarray, wt: np.ndarray, vt: np.ndarray, yt: np.ndarray,
-                             lip: np.ndarray, beta: float, p: int, n_steps: int
-                             ) -> tuple[np.ndarray, np.ndarray]:
+                             lip: np.ndarray, beta: float, p: int, n_steps: int,
+                             mu_rating: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """N linearised steps on W (eq. 67) then the dual step (eq. 13), all transposed (n x q).
 
     ``W <- ((L/p) W + beta V - A^T P_Omega(A W - target)/p - Y) / (L/p + beta)`` evaluated
     over every item at every step; then ``Y <- Y + beta (W - V)``. ``lip`` (n x q) holds L per item
-    and coordinate (all equal for the paper's global ``||U^T U||_F``). Returns (W^T, Y^T).
+    and coordinate (all equal for the paper's global ``||U^T U||_F``). ``mu_rating`` > 0
+    adds ``(mu_rating / 2) n_j ||w_j||^2`` to f_i for each item j with n_j of the tenant's
+    ratings (its share of a weighted-lambda ridge on V; L grows by mu_rating n_j).
+    Returns (W^T, Y^T).
     """
     rows = np.repeat(np.arange(a.shape[0], dtype=np.int32), np.diff(indptr))
     shape = (a.shape[0], wt.shape[0])
-    ap = lip / p
+    mu = mu_rating * np.bincount(indices, minlength=wt.shape[0]).astype(float)[:, None] \
+        if mu_rating else 0.0
+    ap = (lip + mu) / p
     for _ in range(n_steps):
         gt = grad_right_t(observed_residual(a, wt, rows, indices, target), indptr, indices, a,
-                          shape)
+                          shape) + mu * wt
         wt = (ap * wt + beta * vt - gt / p - yt) / (ap + beta)
     return wt, yt + beta * (wt - vt)
 
@@ -224,13 +232,15 @@ def _bound_into(lip, gram, mode, given, floor):
             lip[c] = max(total, floor)
 
 
-def _u_prox_steps_loops(indptr, indices, target, u, bt, mode, given, floor, lam, l1, n_steps):
+def _u_prox_steps_loops(indptr, indices, target, u, bt, mode, given, floor, lam, lam_rating,
+                        l1, n_steps):
     m, q = u.shape
     out = u.copy()
     gram, h, g, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
     for t in range(m):
         _gram_into(gram, h, indices, target, bt, indptr[t], indptr[t + 1])
         _bound_into(lip, gram, mode, given, floor)
+        lam_t = lam + lam_rating * (indptr[t + 1] - indptr[t])
         row = out[t]
         for _ in range(n_steps):
             for c in range(q):  # G_t = (P(U B - T) B^T)_t = gram u_t - h
@@ -240,9 +250,9 @@ def _u_prox_steps_loops(indptr, indices, target, u, bt, mode, given, floor, lam,
             for c in range(q):
                 if l1:
                     z = row[c] - g[c] / lip[c]
-                    row[c] = np.sign(z) * max(abs(z) - lam / lip[c], 0.0)
+                    row[c] = np.sign(z) * max(abs(z) - lam_t / lip[c], 0.0)
                 else:
-                    row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam)
+                    row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam_t)
     return out
 
 
@@ -260,10 +270,11 @@ def _pairwise_fro(a, rowidx, lo, hi):
 
 
 def _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, lo, hi,
-                    vt, yt, mode, given, floor, beta, p, n_steps):
+                    vt, yt, mode, given, floor, beta, mu_rating, p, n_steps):
     """N steps of eq. (67) on rated item column j, written as ``w <- k1 w + k0 - k2 grad``
     with per-coordinate constants; the gradient from the item's Gram matrix when it has
-    more ratings than q / 2, else directly from its ratings."""
+    more ratings than q / 2, else directly from its ratings. The ridge ``mu_rating`` per
+    rating adds mu w to the gradient and mu to the bound, mu = mu_rating (hi - lo)."""
     q = col.shape[0]
     use_gram = 2 * (hi - lo) > q
     if use_gram or mode == LIP_BLOCK_DIAG:
@@ -273,6 +284,9 @@ def _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, l
         lip[:] = max(_pairwise_fro(a, rowidx, lo, hi), floor)
     else:
         lip[:] = given
+    mu = mu_rating * (hi - lo)
+    for c in range(q):
+        lip[c] += mu
     inv = 0.0
     for c in range(q):
         if c == 0 or lip[c] != lip[c - 1]:  # one division per distinct bound
@@ -296,11 +310,11 @@ def _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, l
                 for c in range(q):
                     grad[c] += e * a[t, c]
         for c in range(q):
-            col[c] = k1[c] * col[c] + k0[c] - k2[c] * grad[c]
+            col[c] = k1[c] * col[c] + k0[c] - k2[c] * (grad[c] + mu * col[c])
 
 
 def _w_linearised_steps_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given, floor, beta,
-                              p, n_steps):
+                              mu_rating, p, n_steps):
     n, q = wt.shape
     w_out = np.empty_like(wt)
     y_out = np.empty_like(yt)
@@ -323,7 +337,7 @@ def _w_linearised_steps_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given
             for c in range(q):
                 col[c] = wt[j, c]
             _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, lo, hi,
-                            vt, yt, mode, given, floor, beta, p, n_steps)
+                            vt, yt, mode, given, floor, beta, mu_rating, p, n_steps)
         for c in range(q):
             y_out[j, c] = yt[j, c] + beta * (col[c] - vt[j, c])
     return w_out, y_out
@@ -334,8 +348,8 @@ def _chunks(count, parts):
     return np.linspace(0, count, parts + 1).astype(np.int64)
 
 
-def _u_prox_steps_par_loops(indptr, indices, target, u, bt, mode, given, floor, lam, l1,
-                            n_steps, parts):
+def _u_prox_steps_par_loops(indptr, indices, target, u, bt, mode, given, floor, lam, lam_rating,
+                            l1, n_steps, parts):
     """:func:`_u_prox_steps_loops` with the rows split into ``parts`` chunks run in
     parallel (``prange``), each with its own scratch arrays: every row is computed by the
     same code as in the serial kernel, so the result is identical."""
@@ -347,6 +361,7 @@ def _u_prox_steps_par_loops(indptr, indices, target, u, bt, mode, given, floor, 
         for t in range(bounds[part], bounds[part + 1]):
             _gram_into(gram, h, indices, target, bt, indptr[t], indptr[t + 1])
             _bound_into(lip, gram, mode, given, floor)
+            lam_t = lam + lam_rating * (indptr[t + 1] - indptr[t])
             row = out[t]
             for _ in range(n_steps):
                 for c in range(q):
@@ -356,14 +371,14 @@ def _u_prox_steps_par_loops(indptr, indices, target, u, bt, mode, given, floor, 
                 for c in range(q):
                     if l1:
                         z = row[c] - g[c] / lip[c]
-                        row[c] = np.sign(z) * max(abs(z) - lam / lip[c], 0.0)
+                        row[c] = np.sign(z) * max(abs(z) - lam_t / lip[c], 0.0)
                     else:
-                        row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam)
+                        row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam_t)
     return out
 
 
 def _w_linearised_steps_par_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given, floor,
-                                  beta, p, n_steps, parts):
+                                  beta, mu_rating, p, n_steps, parts):
     """:func:`_w_linearised_steps_loops` with the items split into ``parts`` chunks of
     about equal numbers of ratings, run in parallel: the same numbers."""
     n, q = wt.shape
@@ -395,7 +410,8 @@ def _w_linearised_steps_par_loops(colptr, rowidx, target, a, wt, vt, yt, mode, g
                 for c in range(q):
                     col[c] = wt[j, c]
                 _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target,
-                                lo, hi, vt, yt, mode, given, floor, beta, p, n_steps)
+                                lo, hi, vt, yt, mode, given, floor, beta, mu_rating, p,
+                                n_steps)
             for c in range(q):
                 y_out[j, c] = yt[j, c] + beta * (col[c] - vt[j, c])
     return w_out, y_out
@@ -422,8 +438,8 @@ if HAVE_NUMBA:
 
 def u_prox_steps_numba(indptr: np.ndarray, indices: np.ndarray, target: np.ndarray,
                        u: np.ndarray, bt: np.ndarray, mode: int, given: float, floor: float,
-                       lam: float, l1: bool, n_steps: int, parallel: bool | None = None
-                       ) -> np.ndarray:
+                       lam: float, l1: bool, n_steps: int, parallel: bool | None = None,
+                       lam_rating: float = 0.0) -> np.ndarray:
     """Same as :func:`u_prox_steps_numpy`, fused per user row (rows are independent).
 
     One pass per row builds its Gram matrix G_t and h_t = sum target b_j, from which the
@@ -436,7 +452,8 @@ def u_prox_steps_numba(indptr: np.ndarray, indices: np.ndarray, target: np.ndarr
     the result is the same to the bit.
     """
     args = (indptr, indices, target, np.ascontiguousarray(u), np.ascontiguousarray(bt),
-            int(mode), float(given), float(floor), float(lam), bool(l1), int(n_steps))
+            int(mode), float(given), float(floor), float(lam), float(lam_rating), bool(l1),
+            int(n_steps))
     if _use_parallel(parallel, u.shape[0]):
         return _run_parallel(_u_prox_steps_par, _u_prox_steps_jit, *args)
     return _u_prox_steps_jit(*args)
@@ -445,8 +462,8 @@ def u_prox_steps_numba(indptr: np.ndarray, indices: np.ndarray, target: np.ndarr
 def w_linearised_steps_numba(colptr: np.ndarray, rowidx: np.ndarray, target: np.ndarray,
                              a: np.ndarray, wt: np.ndarray, vt: np.ndarray, yt: np.ndarray,
                              mode: int, given: float, floor: float, beta: float, p: int,
-                             n_steps: int, parallel: bool | None = None
-                             ) -> tuple[np.ndarray, np.ndarray]:
+                             n_steps: int, parallel: bool | None = None,
+                             mu_rating: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Same as :func:`w_linearised_steps_numpy` (transposed, n x q), fused per item.
 
     Takes the block's CSC structure (``colptr``, ``rowidx``, ``target`` in CSC order) and
@@ -459,7 +476,7 @@ def w_linearised_steps_numba(colptr: np.ndarray, rowidx: np.ndarray, target: np.
     """
     args = (colptr, rowidx, target, np.ascontiguousarray(a), np.ascontiguousarray(wt),
             np.ascontiguousarray(vt), np.ascontiguousarray(yt), int(mode), float(given),
-            float(floor), float(beta), int(p), int(n_steps))
+            float(floor), float(beta), float(mu_rating), int(p), int(n_steps))
     if _use_parallel(parallel, wt.shape[0]):
         return _run_parallel(_w_linearised_steps_par, _w_linearised_steps_jit, *args)
     return _w_linearised_steps_jit(*args)

@@ -21,16 +21,16 @@ items). One round k:
 
 * every running client takes Q1 gradient steps on U_i with V^k fixed (eq. 11)::
 
-      U <- U - (P_Omega(U V^k - M_i) (V^k)^T + Lam U) / c,
-      c = c_factor lambda_max(V V^T) + max Lam
+      U <- U - C^-1 (P_Omega(U V^k - M_i) (V^k)^T + Lam U),
+      C = diag(c_t), c_t = c_factor lambda_max(V V^T) + Lam_t
 
 * then Q2^k gradient steps on W_i, restarting from V^k every round (eq. 13)::
 
-      W <- W - (s U^T P_Omega(U W - M_i) + W Gam) / d_i,
-      d_i = d_factor lambda_max(U^T U) + max Gam
+      W <- W - (s U^T P_Omega(U W - M_i) + W Gam) D^-1,
+      D = diag(d_j), d_j = d_factor lambda_max(U^T U) + Gam_j
 
   with s = 1/p when ``scale_by_p`` (the formula of FedMC-ADMM paper Sec. 5.2) else 1 (the
-  paper's d_i has no max Gam term; it only matters when gamma is not negligible);
+  paper's d_i has no Gam term; it only matters when gamma is not negligible);
   Q2^k = floor(Q_hat / k) + 1 when ``q_hat`` is set (diminishing Q2, Sec. III-A);
 * the server averages the uploaded W_i (eq. 9): V^{k+1} = (1/m) sum_{i in A^k} W_i.
 
@@ -67,7 +67,7 @@ from pydantic import Field
 
 from algorithms._messages import Message
 from algorithms._rng import sample_clients
-from algorithms._scale import normalised, rating_factors, unit_of
+from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 
@@ -197,25 +197,32 @@ def lambda_max(a: np.ndarray) -> float:
 def penalties(block: RatingBlock, cfg) -> tuple[np.ndarray, np.ndarray]:
     """Ridge weights of the rows of U_i (m_i,) and of the items in W_i (n,).
 
-    plain: lambda and gamma everywhere; per_rating: lambda n_t and gamma n_j^(i).
+    plain: lambda and gamma everywhere; per_rating: lambda n_t and gamma n_j^(i), times the
+    tenant's ridge scale (its rating variance in units relative to MovieLens,
+    :func:`algorithms._scale.ridge_scale_of`; ``block`` is in the tenant's units).
     """
     if cfg.reg == "plain":
         return np.full(block.n_users, cfg.lam), np.full(block.n_items, cfg.gamma)
+    ridge = ridge_scale_of(block, 1.0)
     n_t = np.bincount(block.rows, minlength=block.n_users).astype(float)
     n_j = np.bincount(block.cols, minlength=block.n_items).astype(float)
-    return cfg.lam * n_t, cfg.gamma * n_j
+    return ridge * cfg.lam * n_t, ridge * cfg.gamma * n_j
 
 
 def u_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
             lam_rows: np.ndarray, c_factor: float, offset: float = 0.0) -> np.ndarray:
     """Q1 gradient steps on U with V fixed (eq. 11; FedMC-ADMM paper Sec. 5.2).
 
-    U <- U - (P_Omega(U V - M) V^T + Lam U) / c, c = c_factor lambda_max(V V^T) + max Lam,
-    Lam = diag(lam_rows).
+    U <- U - C^-1 (P_Omega(U V - M) V^T + Lam U), Lam = diag(lam_rows), with a step per
+    user row, C = diag(c_t), c_t = c_factor lambda_max(V V^T) + Lam_t: the rows are
+    independent terms and c_t bounds row t's curvature (with the papers' constant lambda
+    every c_t is the same; with the per-rating ridge one heavy user no longer shrinks
+    every other user's step).
     """
-    c = c_factor * lambda_max(v.T) + (float(lam_rows.max()) if lam_rows.size else 0.0)
-    if c == 0.0:
+    c = c_factor * lambda_max(v.T) + lam_rows
+    if not np.any(c):
         return u.copy()
+    c = np.where(c > 0, c, 1.0)[:, None]  # c_t = 0 only if V = 0 and Lam_t = 0: no step
     for _ in range(steps):
         u = u - (residual_matrix(u, v, block, offset) @ v.T + lam_rows[:, None] * u) / c
     return u
@@ -226,13 +233,14 @@ def w_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
             ) -> np.ndarray:
     """Q2 gradient steps on W_i starting from V^k with U fixed (eq. 13).
 
-    W <- W - (scale U^T P_Omega(U W - M) + W Gam) / d, d = d_factor lambda_max(U^T U)
-    + max Gam, Gam = diag(gamma_cols).
+    W <- W - (scale U^T P_Omega(U W - M) + W Gam) D^-1, Gam = diag(gamma_cols), with a step
+    per item column, D = diag(d_j), d_j = d_factor lambda_max(U^T U) + Gam_j (as for U).
     """
-    d = d_factor * lambda_max(u) + float(gamma_cols.max())
+    d = d_factor * lambda_max(u) + gamma_cols
     w = v.copy()
-    if d == 0.0:
+    if not np.any(d):
         return w
+    d = np.where(d > 0, d, 1.0)[None, :]
     for _ in range(steps):
         grad = scale * (residual_matrix(u, w, block, offset).T @ u).T + w * gamma_cols
         w = w - grad / d

@@ -39,6 +39,17 @@ Two options go beyond Algorithm 1 and are on in the recommended defaults (both o
   every item, including the ones column of the user bias). ``'diagonal'`` uses
   per-coordinate Gershgorin bounds.
 
+The recommended ridge is not the paper's R_i(U_i) = lambda/2 ||U_i||^2 and R(V) but a
+weighted-lambda one (as ALS-WR): ``lam_rating`` n_t on each user row t of U_i with n_t its
+ratings, and, inside each tenant's f_i, ``gamma_rating`` n_ij on item column j of W_i
+with n_ij the tenant's own ratings of j (summed over tenants at consensus: gamma_rating
+n_j ||v_j||^2, with no count leaving a tenant). Both are multiplied by the tenant's ridge
+scale, its rating variance in units over MovieLens' (:func:`algorithms._scale.ridge_scale_of`):
+a ridge on factors is not invariant under rescaling the ratings, so without it one weight
+would be too strong on data spread over less of the declared range (-10..10 sets) and too
+weak on 0/1 data. The U-step's prox and the W-step's bound simply add these per-row /
+per-column weights; lambda and gamma (0 by default) still apply as in the paper.
+
 Other deviations, all as in the authors' code: Y_i^0 = 0 (so the server knows every
 tenant's initial contribution; the paper's Y_i^0 = -(1/p) grad f_i would need a round-0
 upload), a floor on L_W and L_U, and small random initial factors.
@@ -60,7 +71,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _mf_kernels as K
 from algorithms._messages import Message
-from algorithms._scale import normalised, rating_factors, unit_of
+from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 
@@ -72,8 +83,16 @@ class FedMCADMMConfig(AlgorithmConfig):
     rank: int = Field(10, description="r, number of latent factors (bias rows/cols extra)")
     regulariser: Literal["l2", "l1"] = Field(
         "l2", description="R_i and R: 'l2' (eqs. 65-68) or 'l1' (eqs. 70-73)")
-    lam: float = Field(5.0, description="lambda, weight of R_i(U_i) (eqs. 65/70)")
-    gamma: float = Field(0.15, description="gamma, weight of R(V) (eqs. 68/73)")
+    lam: float = Field(0.0, description="lambda, weight of R_i(U_i) (eqs. 65/70)")
+    gamma: float = Field(0.0, description="gamma, weight of R(V) (eqs. 68/73)")
+    lam_rating: float = Field(
+        0.085, description="l2 weight per rating on each user row of U_i, added to lambda "
+        "(weighted-lambda, as ALS-WR: a user with n ratings gets lambda + lam_rating n), "
+        "times the tenant's ridge scale (see the module docstring)")
+    gamma_rating: float = Field(
+        0.085, description="l2 weight per rating on each item column, in each tenant's f_i "
+        "over its own ratings of the item (summed: a weighted-lambda ridge on V), times the "
+        "tenant's ridge scale")
     beta: float = Field(0.006, description="ADMM penalty beta > 0")
     inner_steps: int = Field(10, description="N, inner steps per round on U_i and on W_i")
     init: Literal["uniform", "normal"] = Field(
@@ -95,11 +114,11 @@ class FedMCADMMConfig(AlgorithmConfig):
         "auto", description="inner loops: fused numba if installed ('auto'), or plain numpy")
 
     #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`): field -> ("log", lo, hi)
-    #: for a log-uniform draw or ("choice", [values]); around the defaults' lambda 5, gamma
-    #: 0.15 and beta 0.006, validated on ML-100k (they mean the same on every scale)
+    #: for a log-uniform draw or ("choice", [values]); around the defaults' weighted lambda
+    #: 0.085 and beta 0.006 (they mean the same on every scale)
     search_space: ClassVar[dict[str, tuple]] = {
-        "rank": ("choice", [5, 10, 20]), "lam": ("log", 0.5, 20.0),
-        "gamma": ("log", 0.03, 0.6), "beta": ("log", 0.002, 0.02)}
+        "rank": ("choice", [5, 10, 20]), "lam_rating": ("log", 0.02, 0.4),
+        "gamma_rating": ("log", 0.02, 0.4), "beta": ("log", 0.002, 0.02)}
 
     @model_validator(mode="after")
     def _check(self) -> FedMCADMMConfig:
@@ -107,8 +126,8 @@ class FedMCADMMConfig(AlgorithmConfig):
             raise ValueError("rank must be at least 1")
         if self.inner_steps < 1:
             raise ValueError("inner_steps must be at least 1")
-        if self.lam < 0 or self.gamma < 0:
-            raise ValueError("lam and gamma must be non-negative")
+        if min(self.lam, self.gamma, self.lam_rating, self.gamma_rating) < 0:
+            raise ValueError("lam, gamma, lam_rating and gamma_rating must be non-negative")
         if not self.beta > 0 or not self.init_scale > 0 or not self.lipschitz_floor > 0:
             raise ValueError("beta, init_scale and lipschitz_floor must be positive")
         if self.kernel == "numba" and not K.HAVE_NUMBA:
@@ -122,7 +141,8 @@ class FedMCADMMConfig(AlgorithmConfig):
         (66)-(67) with floor 1e-4, U-step at W_i^k, no biases; ratings centred (the authors
         z-score globally, which needs every tenant's data; here each tenant centres on its
         own mean). ``overrides`` replace fields (e.g. ``rank=50``, the authors' script)."""
-        base = dict(rank=5, regulariser="l2", lam=1e-6, gamma=1e-6, beta=1e4, inner_steps=10,
+        base = dict(rank=5, regulariser="l2", lam=1e-6, gamma=1e-6, lam_rating=0.0,
+                    gamma_rating=0.0, beta=1e4, inner_steps=10,
                     init="uniform", init_scale=2e-4, u_anchor="local", lipschitz="global",
                     lipschitz_floor=1e-4, user_bias=False, item_bias=False, centre="tenant")
         return cls(**{**base, **overrides})
@@ -175,6 +195,7 @@ class LocalState(Message):
     mean: float
     rank: int
     scale_unit: float = 1.0
+    ridge_scale: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +230,7 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: FedMCADMMConfi
     block = normalised(block, unit)
     mean = float(block.vals.mean()) if cfg.centre == "tenant" and block.nnz else 0.0
     return LocalState(U=u, W=global_msg.V.copy(), Y=np.zeros_like(global_msg.V), mean=mean,
-                      rank=cfg.rank, scale_unit=unit)
+                      rank=cfg.rank, scale_unit=unit, ridge_scale=ridge_scale_of(block, 1.0))
 
 
 def u_design_t(w: np.ndarray, cfg: FedMCADMMConfig) -> np.ndarray:
@@ -269,10 +290,11 @@ def u_update(state: LocalState, block: RatingBlock, cfg: FedMCADMMConfig) -> np.
     if cfg.use_numba():
         mode, given = _fused_lipschitz(bt, cfg)
         return K.u_prox_steps_numba(csr.indptr, csr.indices, target, state.U, bt, mode, given,
-                                    cfg.lipschitz_floor, cfg.lam, l1, cfg.inner_steps)
+                                    cfg.lipschitz_floor, cfg.lam, l1, cfg.inner_steps,
+                                    lam_rating=cfg.lam_rating * state.ridge_scale)
     lip = lipschitz(csr.indptr, csr.indices, bt, cfg)
     return K.u_prox_steps_numpy(csr.indptr, csr.indices, target, state.U, bt, lip, cfg.lam,
-                                l1, cfg.inner_steps)
+                                l1, cfg.inner_steps, lam_rating=cfg.lam_rating * state.ridge_scale)
 
 
 def w_update(u: np.ndarray, v: np.ndarray, p: int, state: LocalState, block: RatingBlock,
@@ -285,14 +307,16 @@ def w_update(u: np.ndarray, v: np.ndarray, p: int, state: LocalState, block: Rat
         mode, given = _fused_lipschitz(a, cfg)
         wt, yt = K.w_linearised_steps_numba(csc.indptr, csc.indices, target, a, state.W.T,
                                             v.T, state.Y.T, mode, given, cfg.lipschitz_floor,
-                                            cfg.beta, p, cfg.inner_steps)
+                                            cfg.beta, p, cfg.inner_steps,
+                                            mu_rating=cfg.gamma_rating * state.ridge_scale)
     else:
         csr, csc = block.csr, block.csc
         rows = np.repeat(np.arange(block.n_users, dtype=np.int32), np.diff(csr.indptr))
         target = w_target(csr.data, rows, u, state.mean, cfg)
         lip = lipschitz(csc.indptr, csc.indices, a, cfg)
         wt, yt = K.w_linearised_steps_numpy(csr.indptr, csr.indices, target, a, state.W.T,
-                                            v.T, state.Y.T, lip, cfg.beta, p, cfg.inner_steps)
+                                            v.T, state.Y.T, lip, cfg.beta, p, cfg.inner_steps,
+                                            mu_rating=cfg.gamma_rating * state.ridge_scale)
     return wt.T, yt.T  # views: W, Y are stored as transposes of item-major arrays
 
 
@@ -360,10 +384,19 @@ def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     else:
         r_u = 0.5 * cfg.lam * float(np.sum(state.U**2))
         r_v = 0.5 * cfg.gamma * float(np.sum(global_msg.V**2))
+    if cfg.lam_rating or cfg.gamma_rating:  # the weighted-lambda terms, part of f_i
+        csr, ridge = block.csr, 0.5 * state.ridge_scale
+        n_u = np.diff(csr.indptr).astype(float)
+        n_j = np.bincount(csr.indices, minlength=global_msg.V.shape[1]).astype(float)
+        r_u += ridge * cfg.lam_rating * float(n_u @ np.sum(state.U**2, axis=1))
+        r_u += ridge * cfg.gamma_rating * float(n_j @ np.sum(global_msg.V**2, axis=0))
     return float((0.5 * e @ e + r_u + r_v) / p)
 
 
 ALGORITHM = Algorithm(
     name="fedmc-admm", config=FedMCADMMConfig, init_server=init_server,
     init_client=init_client, client_step=client_step, server_step=server_step,
-    factors=factors, objective=objective)
+    factors=factors, objective=objective,
+    # every tenant every round: the weighted-lambda defaults converge in about 60 rounds so
+    # (BENCHMARKS.md, "Defaults on any rating scale"); 10 a round needed several hundred
+    run_defaults={"clients": 100, "per_round": 100, "rounds": 100})

@@ -30,12 +30,12 @@ def _dense(block: RatingBlock) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _dense_u_step(u, v, m, mask, lam_rows, offset):
-    c = np.linalg.eigvalsh(v @ v.T).max() + lam_rows.max()
+    c = np.linalg.eigvalsh(v @ v.T).max() + lam_rows[:, None]  # a step per user row
     return u - ((mask * (u @ v + offset - m)) @ v.T + lam_rows[:, None] * u) / c
 
 
 def _dense_w_step(u, w, m, mask, gamma_cols, d_factor, scale, offset):
-    d = d_factor * np.linalg.eigvalsh(u.T @ u).max() + gamma_cols.max()
+    d = d_factor * np.linalg.eigvalsh(u.T @ u).max() + gamma_cols[None, :]  # per item
     return w - (scale * u.T @ (mask * (u @ w + offset - m)) + w * gamma_cols[None, :]) / d
 
 
@@ -71,8 +71,9 @@ def test_penalties_per_rating_are_local_counts_times_weights():
     _, mask = _dense(block)
     cfg = fm.FedMAvgConfig(lam=0.5, gamma=0.25, reg="per_rating")
     lam_rows, gamma_cols = fm.penalties(block, cfg)
-    np.testing.assert_array_equal(lam_rows, 0.5 * mask.sum(axis=1))
-    np.testing.assert_array_equal(gamma_cols, 0.25 * mask.sum(axis=0))
+    ridge = np.var(block.vals) / 1.1257**2  # the tenant's rating variance over MovieLens'
+    np.testing.assert_allclose(lam_rows, ridge * 0.5 * mask.sum(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(gamma_cols, ridge * 0.25 * mask.sum(axis=0), rtol=1e-12)
     plain = fm.penalties(block, cfg.model_copy(update={"reg": "plain"}))
     np.testing.assert_array_equal(plain[0], np.full(4, 0.5))
     np.testing.assert_array_equal(plain[1], np.full(6, 0.25))
@@ -89,8 +90,9 @@ def test_objective_share_matches_dense_evaluation(reg):
     if reg == "plain":
         expected = loss + 0.15 * np.sum(u * u) + 0.35 * np.sum(v * v) / 5
     else:
-        expected = (loss + 0.15 * mask.sum(1) @ np.sum(u * u, 1)
-                    + 0.35 * mask.sum(0) @ np.sum(v * v, 0))
+        ridge = np.var(block.vals) / 1.1257**2
+        expected = loss + ridge * (0.15 * mask.sum(1) @ np.sum(u * u, 1)
+                                   + 0.35 * mask.sum(0) @ np.sum(v * v, 0))
     got = fm.local_objective(u, v, block, cfg, n_clients=5, offset=3.0)
     assert got == pytest.approx(expected, rel=1e-12)
 

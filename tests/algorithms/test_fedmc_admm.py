@@ -50,16 +50,21 @@ def _dense_client(u, w, y, v, block, cfg, p):
 
     The U-step holds W_i^k fixed (eq. 14), or V^k when ``cfg.u_anchor == 'global'``."""
     m, omega = _dense(block)
+    # weighted lambda: ridge lam_rating n_t on user row t, gamma_rating n_j on item column j
+    # (the tenant's counts), both times the tenant's rating variance over 1.1257^2
+    ridge = np.var(block.vals) / 1.1257**2
+    lam = cfg.lam + cfg.lam_rating * ridge * omega.sum(axis=1, keepdims=True)
+    mu = cfg.gamma_rating * ridge * omega.sum(axis=0, keepdims=True)
     wu = w if cfg.u_anchor == "local" else v
     lw = max(np.linalg.norm(wu @ wu.T), cfg.lipschitz_floor)
     for _ in range(cfg.inner_steps):
         g = (omega * (u @ wu - m)) @ wu.T
-        u = _soft(u - g / lw, cfg.lam / lw) if cfg.regulariser == "l1" else (
-            (lw * u - g) / (lw + cfg.lam))
-    lu = max(np.linalg.norm(u.T @ u), cfg.lipschitz_floor)
+        u = _soft(u - g / lw, lam / lw) if cfg.regulariser == "l1" else (
+            (lw * u - g) / (lw + lam))
+    lu = max(np.linalg.norm(u.T @ u), cfg.lipschitz_floor) + mu
     w_new = w
     for _ in range(cfg.inner_steps):
-        grad = u.T @ (omega * (u @ w_new - m))
+        grad = u.T @ (omega * (u @ w_new - m)) + mu * w_new
         w_new = (lu / p * w_new + cfg.beta * v - grad / p - y) / (lu / p + cfg.beta)
     return u, w_new, y + cfg.beta * (w_new - v)
 
@@ -73,19 +78,22 @@ def _dense_server(ws, ys, cfg):
     return sum(cfg.beta * w + y for w, y in zip(ws, ys, strict=True)) / (p * cfg.beta + cfg.gamma)
 
 
-def _plain_cfg(kernel, regulariser="l2", anchor="local"):
-    """The paper's equations exactly: no bias, no centring, global Lipschitz constants."""
+def _plain_cfg(kernel, regulariser="l2", anchor="local", lam_rating=0.0, gamma_rating=0.0):
+    """The paper's equations exactly: no bias, no centring, global Lipschitz constants
+    (plus the weighted-lambda ridges when given)."""
     return F.FedMCADMMConfig(rank=RANK, regulariser=regulariser, lam=0.3, gamma=0.2, beta=0.7,
+                             lam_rating=lam_rating, gamma_rating=gamma_rating,
                              inner_steps=3, init="uniform", init_scale=1.0, lipschitz="global",
                              user_bias=False, item_bias=False, centre="none", kernel=kernel,
                              u_anchor=anchor)
 
 
+@pytest.mark.parametrize("weighted", [(0.0, 0.0), (0.04, 0.07)])
 @pytest.mark.parametrize("anchor", ["local", "global"])
 @pytest.mark.parametrize("regulariser", ["l2", "l1"])
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_two_rounds_match_dense_equations(kernel, regulariser, anchor):
-    cfg = _plain_cfg(kernel, regulariser, anchor)
+def test_two_rounds_match_dense_equations(kernel, regulariser, anchor, weighted):
+    cfg = _plain_cfg(kernel, regulariser, anchor, *weighted)
     blocks = _blocks()
     server, glob, locs = initialise(F.ALGORITHM, cfg, blocks, seed=3)
     ref = [(s.U, s.W, s.Y) for s in locs]
@@ -164,7 +172,8 @@ def test_fused_kernel_equals_plain_kernel(regulariser, lipschitz):
     out = []
     for kernel in ("numpy", "numba"):
         cfg = F.FedMCADMMConfig(rank=4, regulariser=regulariser, lam=0.5, gamma=0.1, beta=0.2,
-                                lipschitz=lipschitz, kernel=kernel)
+                                lam_rating=0.03, gamma_rating=0.05, lipschitz=lipschitz,
+                                kernel=kernel)
         glob = F.GlobalModel(V=rng.normal(size=(cfg.q_w, 50)) if not out else out[0][0],
                              n_clients=7)
         state = F.init_client(block, glob, cfg, np.random.default_rng(2))
@@ -218,7 +227,7 @@ def test_factors_fold_in_biases_and_mean():
 def test_user_bias_alone_learns_row_offsets():
     """Rank-1 data plus user offsets: the user-bias column must absorb them."""
     cfg = F.FedMCADMMConfig(rank=1, item_bias=False, centre="none", lam=1e-3, gamma=1e-3,
-                            beta=0.5)
+                            lam_rating=0.0, gamma_rating=0.0, beta=0.5)
     rng = np.random.default_rng(8)
     off = np.array([-1.0, 0.0, 2.0])
     full = np.outer(rng.uniform(1, 2, 3), rng.uniform(1, 2, 8)) + off[:, None]
@@ -239,7 +248,7 @@ def _fed(blocks):
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("rank", 0, "rank must be at least 1"),
     ("inner_steps", 0, "inner_steps must be at least 1"),
-    ("lam", -1.0, "lam and gamma must be non-negative"),
+    ("lam", -1.0, "lam, gamma, lam_rating and gamma_rating must be non-negative"),
     ("beta", 0.0, "beta, init_scale and lipschitz_floor must be positive"),
     ("lipschitz_floor", 0.0, "beta, init_scale and lipschitz_floor must be positive"),
 ])

@@ -31,7 +31,7 @@ def _block(m: int, n: int, q: int, seed: int):
 def test_parallel_u_step_equals_serial(mode, given, l1, parts):
     csr, _, (u, bt, *_rest) = _block(700, 400, 10, seed=parts)
     args = (csr.indptr.astype(np.int32), csr.indices.astype(np.int32), csr.data, u, bt,
-            mode, given, 0.01, 0.05, l1, 10)
+            mode, given, 0.01, 0.05, 0.02, l1, 10)
     serial = K._u_prox_steps_jit(*args)
     assert np.abs(serial - u).max() > 1e-3  # the steps moved the factors
     np.testing.assert_allclose(K._u_prox_steps_par(*args, parts), serial, rtol=0, atol=1e-12)
@@ -42,7 +42,7 @@ def test_parallel_u_step_equals_serial(mode, given, l1, parts):
 def test_parallel_w_step_equals_serial(mode, given, parts):
     _, csc, (a, wt, vt, yt, _) = _block(500, 900, 10, seed=10 + parts)
     args = (csc.indptr.astype(np.int32), csc.indices.astype(np.int32), csc.data, a, wt, vt,
-            yt, mode, given, 0.01, 0.006, 100, 10)
+            yt, mode, given, 0.01, 0.006, 0.03, 100, 10)
     w_serial, y_serial = K._w_linearised_steps_jit(*args)
     assert np.abs(w_serial - wt).max() > 1e-3
     w_par, y_par = K._w_linearised_steps_par(*args, parts)

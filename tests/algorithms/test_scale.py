@@ -79,3 +79,33 @@ def test_a_state_stored_before_units_keeps_training_on_raw_ratings():
     want, _ = fedmc_admm.client_step(glob, old, raw, cfg, None)
     np.testing.assert_array_equal(got.U, want.U)
     np.testing.assert_array_equal(got.W, want.W)
+
+
+def test_ridge_scale_is_the_rating_variance_in_units_over_movielens():
+    from algorithms._scale import ridge_scale_of
+
+    rng = np.random.default_rng(4)
+    vals = rng.uniform(-10.0, 10.0, 500)
+    block = RatingBlock(np.arange(500) % 20, np.arange(500) % 37, vals, 20, 37, (-10.0, 10.0))
+    # unit 5 (a spread of 20 over 4): the variance of vals / 5 over 1.1257^2
+    want = np.mean((vals / 5 - np.mean(vals / 5)) ** 2) / 1.1257**2
+    assert ridge_scale_of(block, 5.0) == pytest.approx(want, rel=1e-12)
+    assert ridge_scale_of(block, 1.0) == pytest.approx(8.0)  # clipped at 8
+    assert ridge_scale_of(block, 1000.0) == pytest.approx(0.125)  # and at 1/8
+    one = RatingBlock(np.array([0]), np.array([0]), np.array([3.0]), 1, 1)
+    flat = RatingBlock(np.array([0, 1]), np.array([0, 0]), np.array([3.0, 3.0]), 2, 1)
+    assert ridge_scale_of(one, 1.0) == ridge_scale_of(flat, 1.0) == 1.0
+
+
+def test_fedmc_admm_tenant_ridge_follows_its_own_spread():
+    """Doubling a tenant's spread within the same declared scale quadruples its ridge."""
+    rng = np.random.default_rng(5)
+    rows, cols = rng.integers(0, 30, 400), rng.integers(0, 40, 400)
+    base = rng.normal(0.0, 1.0, 400)
+    cfg = fedmc_admm.FedMCADMMConfig()
+    states = []
+    for spread in (3.0, 6.0):
+        block = RatingBlock(rows, cols, spread * base, 30, 40, (-10.0, 10.0))
+        _, glob = fedmc_admm.init_server(40, 1, cfg, np.random.default_rng(0))
+        states.append(fedmc_admm.init_client(block, glob, cfg, np.random.default_rng(0)))
+    assert states[1].ridge_scale == pytest.approx(4 * states[0].ridge_scale, rel=1e-12)
