@@ -207,10 +207,12 @@ def main(argv: list[str] | None = None) -> dict:
                 if variant == "serial" or not isinstance(res[variant], dict):
                     continue
                 for kind in ("wall", "cpu_critical_path"):
-                    ratio = {s: res["serial"][kind][s] / res[variant][kind][s]
+                    slow, fast = ("numpy", "serial") if variant == "numpy" else ("serial",
+                                                                                variant)
+                    ratio = {s: res[slow][kind][s] / res[fast][kind][s]
                              for s in ("min_ms", "median_ms")}
-                    res[variant][f"speedup_{kind}"] = ratio
-                    print(f"  {name:13s} serial / {variant}, {kind}: "
+                    res[variant][f"ratio_{kind}"] = ratio
+                    print(f"  {name:13s} {slow} / {fast}, {kind}: "
                           f"{ratio['min_ms']:.2f}x (min), {ratio['median_ms']:.2f}x (median)")
     if args.json:
         with open(args.json, "w") as fh:
