@@ -221,6 +221,10 @@ def run(args: argparse.Namespace, url: str) -> None:
         print(f"FLOOR median over {args.rounds} round(s): throughput "
               f"{statistics.median(rps):.1%} of the floor (target >= 90%), p99 "
               f"{statistics.median(p99):.2f}x the floor's (target <= 1.3x)")
+        pooled = (sum(o["rps"] for o in results["fedrec"])
+                  / sum(f["rps"] for f in results["floor"]))
+        print(f"FLOOR pooled over {args.rounds} round(s): fedrec served {pooled:.1%} of the "
+              f"floor's requests")
     finally:
         stop(floor)
         if server is not None:
