@@ -32,8 +32,7 @@ import time
 import numpy as np
 
 from algorithms import _mf_kernels as K
-from algorithms import _pool
-from algorithms import registry
+from algorithms import _pool, registry
 from algorithms.data import build_federation, load_movielens
 from algorithms.simulate import run_round, simulate
 
