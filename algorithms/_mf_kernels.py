@@ -26,6 +26,8 @@ import threading
 import numpy as np
 import scipy.sparse as sp
 
+from algorithms._pool import in_pool
+
 try:  # numba is optional: the numpy path is always available
     import numba
     from numba import prange
@@ -56,8 +58,8 @@ _PARALLEL_OK = [True]
 
 
 def _use_parallel(parallel: bool | None, size: int) -> bool:
-    if parallel is None:
-        parallel = size >= PARALLEL_MIN_ROWS
+    if parallel is None:  # a pool thread runs one of several client steps at once: serial
+        parallel = size >= PARALLEL_MIN_ROWS and not in_pool()
     return bool(parallel) and _PARALLEL_OK[0] and threads() > 1
 
 
@@ -232,12 +234,13 @@ def _bound_into(lip, gram, mode, given, floor):
             lip[c] = max(total, floor)
 
 
-def _u_prox_steps_loops(indptr, indices, target, u, bt, mode, given, floor, lam, lam_rating,
-                        l1, n_steps):
-    m, q = u.shape
-    out = u.copy()
+def _u_rows(out, lo, hi, indptr, indices, target, bt, mode, given, floor, lam, lam_rating,
+            l1, n_steps):
+    """N steps of eq. (66) / (71) on user rows ``lo .. hi - 1`` of ``out``, in place, with
+    their own scratch arrays: the one body of the serial and the parallel U kernels."""
+    q = out.shape[1]
     gram, h, g, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
-    for t in range(m):
+    for t in range(lo, hi):
         _gram_into(gram, h, indices, target, bt, indptr[t], indptr[t + 1])
         _bound_into(lip, gram, mode, given, floor)
         lam_t = lam + lam_rating * (indptr[t + 1] - indptr[t])
@@ -253,6 +256,13 @@ def _u_prox_steps_loops(indptr, indices, target, u, bt, mode, given, floor, lam,
                     row[c] = np.sign(z) * max(abs(z) - lam_t / lip[c], 0.0)
                 else:
                     row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam_t)
+
+
+def _u_prox_steps_loops(indptr, indices, target, u, bt, mode, given, floor, lam, lam_rating,
+                        l1, n_steps):
+    out = u.copy()
+    _u_rows(out, 0, u.shape[0], indptr, indices, target, bt, mode, given, floor, lam,
+            lam_rating, l1, n_steps)
     return out
 
 
@@ -313,107 +323,89 @@ def _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, l
             col[c] = k1[c] * col[c] + k0[c] - k2[c] * (grad[c] + mu * col[c])
 
 
-def _w_linearised_steps_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given, floor, beta,
-                              mu_rating, p, n_steps):
-    n, q = wt.shape
-    w_out = np.empty_like(wt)
-    y_out = np.empty_like(yt)
-    gram, h, grad, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
-    k0, k1, k2 = np.empty(q), np.empty(q), np.empty(q)
-    # unrated items: no data term, so N steps of w <- c w + d have a closed form
+def _free_steps(mode, given, floor, beta, p, n_steps):
+    """(c^N, 1 + c + ... + c^(N-1), 1 / den) of the affine recursion ``w <- c w + d`` an
+    unrated item follows (no data term): ``den = L/p + beta``, ``c = (L/p) / den``."""
     l_free = given if mode == LIP_GIVEN else floor
     den = l_free / p + beta
-    c_pow, c_sum, cc, inv_den = 1.0, 0.0, (l_free / p) / den, 1.0 / den
+    c_pow, c_sum, cc = 1.0, 0.0, (l_free / p) / den
     for _ in range(n_steps):
         c_sum += c_pow
         c_pow *= cc
-    for j in range(n):
-        lo, hi = colptr[j], colptr[j + 1]
+    return c_pow, c_sum, 1.0 / den
+
+
+def _w_items(w_out, y_out, lo, hi, colptr, rowidx, target, a, wt, vt, yt, mode, given, floor,
+             beta, mu_rating, p, n_steps):
+    """N steps of eq. (67) and the dual step on item columns ``lo .. hi - 1`` into
+    ``w_out``, ``y_out``, with their own scratch arrays: the one body of the serial and the
+    parallel W kernels."""
+    q = wt.shape[1]
+    gram, h, grad, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
+    k0, k1, k2 = np.empty(q), np.empty(q), np.empty(q)
+    c_pow, c_sum, inv_den = _free_steps(mode, given, floor, beta, p, n_steps)
+    for j in range(lo, hi):
+        c_lo, c_hi = colptr[j], colptr[j + 1]
         col = w_out[j]
-        if lo == hi:
+        if c_lo == c_hi:  # unrated: the closed form of the N-step affine recursion
             for c in range(q):
                 col[c] = c_pow * wt[j, c] + c_sum * (beta * vt[j, c] - yt[j, c]) * inv_den
         else:
             for c in range(q):
                 col[c] = wt[j, c]
-            _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, lo, hi,
-                            vt, yt, mode, given, floor, beta, mu_rating, p, n_steps)
+            _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target, c_lo,
+                            c_hi, vt, yt, mode, given, floor, beta, mu_rating, p, n_steps)
         for c in range(q):
             y_out[j, c] = yt[j, c] + beta * (col[c] - vt[j, c])
+
+
+def _w_linearised_steps_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given, floor, beta,
+                              mu_rating, p, n_steps):
+    w_out = np.empty_like(wt)
+    y_out = np.empty_like(yt)
+    _w_items(w_out, y_out, 0, wt.shape[0], colptr, rowidx, target, a, wt, vt, yt, mode, given,
+             floor, beta, mu_rating, p, n_steps)
     return w_out, y_out
 
 
-def _chunks(count, parts):
-    """Bounds of ``parts`` near-equal contiguous chunks of ``range(count)``."""
-    return np.linspace(0, count, parts + 1).astype(np.int64)
+def _work_bounds(ptr, parts, fixed):
+    """Bounds of ``parts`` contiguous chunks of the compressed rows of ``ptr`` with about
+    equal work, counting each row's entries plus ``fixed`` per row."""
+    n = ptr.shape[0] - 1
+    work = ptr[1:] + np.arange(1, n + 1) * fixed
+    total = work[-1] if n else 0
+    bounds = np.empty(parts + 1, dtype=np.int64)
+    bounds[0] = 0
+    for part in range(1, parts):
+        bounds[part] = np.searchsorted(work, total * part // parts, side="right")
+    bounds[parts] = n
+    return bounds
 
 
 def _u_prox_steps_par_loops(indptr, indices, target, u, bt, mode, given, floor, lam, lam_rating,
                             l1, n_steps, parts):
-    """:func:`_u_prox_steps_loops` with the rows split into ``parts`` chunks run in
-    parallel (``prange``), each with its own scratch arrays: every row is computed by the
-    same code as in the serial kernel, so the result is identical."""
-    m, q = u.shape
+    """:func:`_u_prox_steps_loops` with the rows split into ``parts`` chunks of about equal
+    work run in parallel (``prange``): every row is computed by the same code (:func:`_u_rows`),
+    so the result is identical."""
     out = u.copy()
-    bounds = _chunks(m, parts)
+    bounds = _work_bounds(indptr, parts, n_steps)
     for part in prange(parts):
-        gram, h, g, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
-        for t in range(bounds[part], bounds[part + 1]):
-            _gram_into(gram, h, indices, target, bt, indptr[t], indptr[t + 1])
-            _bound_into(lip, gram, mode, given, floor)
-            lam_t = lam + lam_rating * (indptr[t + 1] - indptr[t])
-            row = out[t]
-            for _ in range(n_steps):
-                for c in range(q):
-                    g[c] = -h[c]
-                    for d in range(q):
-                        g[c] += gram[c, d] * row[d]
-                for c in range(q):
-                    if l1:
-                        z = row[c] - g[c] / lip[c]
-                        row[c] = np.sign(z) * max(abs(z) - lam_t / lip[c], 0.0)
-                    else:
-                        row[c] = (lip[c] * row[c] - g[c]) / (lip[c] + lam_t)
+        _u_rows(out, bounds[part], bounds[part + 1], indptr, indices, target, bt, mode, given,
+                floor, lam, lam_rating, l1, n_steps)
     return out
 
 
 def _w_linearised_steps_par_loops(colptr, rowidx, target, a, wt, vt, yt, mode, given, floor,
                                   beta, mu_rating, p, n_steps, parts):
     """:func:`_w_linearised_steps_loops` with the items split into ``parts`` chunks of
-    about equal numbers of ratings, run in parallel: the same numbers."""
-    n, q = wt.shape
+    about equal work (ratings plus a fixed cost per item), run in parallel: the same
+    numbers (:func:`_w_items`)."""
     w_out = np.empty_like(wt)
     y_out = np.empty_like(yt)
-    l_free = given if mode == LIP_GIVEN else floor
-    den = l_free / p + beta
-    c_pow, c_sum, cc, inv_den = 1.0, 0.0, (l_free / p) / den, 1.0 / den
-    for _ in range(n_steps):
-        c_sum += c_pow
-        c_pow *= cc
-    # balance by work: ratings plus a fixed cost per item
-    work = colptr[1:] + np.arange(1, n + 1) * (2 * q)
-    bounds = np.searchsorted(work, _chunks(work[-1] if n else 0, parts)[1:], side="right")
-    starts = np.empty(parts + 1, dtype=np.int64)
-    starts[0] = 0
-    starts[1:] = bounds
-    starts[parts] = n
+    bounds = _work_bounds(colptr, parts, 2 * wt.shape[1])
     for part in prange(parts):
-        gram, h, grad, lip = np.empty((q, q)), np.empty(q), np.empty(q), np.empty(q)
-        k0, k1, k2 = np.empty(q), np.empty(q), np.empty(q)
-        for j in range(starts[part], max(starts[part], starts[part + 1])):
-            lo, hi = colptr[j], colptr[j + 1]
-            col = w_out[j]
-            if lo == hi:
-                for c in range(q):
-                    col[c] = c_pow * wt[j, c] + c_sum * (beta * vt[j, c] - yt[j, c]) * inv_den
-            else:
-                for c in range(q):
-                    col[c] = wt[j, c]
-                _w_column_steps(j, col, grad, gram, h, k0, k1, k2, lip, a, rowidx, target,
-                                lo, hi, vt, yt, mode, given, floor, beta, mu_rating, p,
-                                n_steps)
-            for c in range(q):
-                y_out[j, c] = yt[j, c] + beta * (col[c] - vt[j, c])
+        _w_items(w_out, y_out, bounds[part], bounds[part + 1], colptr, rowidx, target, a, wt,
+                 vt, yt, mode, given, floor, beta, mu_rating, p, n_steps)
     return w_out, y_out
 
 
@@ -421,17 +413,21 @@ if HAVE_NUMBA:
     # reassociation lets LLVM vectorise the short dot products; results stay within
     # ~1e-13 of the numpy path (tested) and are deterministic on a given machine
     _FAST = {"reassoc", "contract"}
-    _jit = numba.njit(cache=True, fastmath=_FAST)
+    # nogil: a pool of threads can run several tenants' client steps at once
+    _jit = numba.njit(cache=True, fastmath=_FAST, nogil=True)
     # helpers are inlined: no call or array refcount overhead per item column
     _inline = numba.njit(inline="always", fastmath=_FAST)
     _gram_into = _inline(_gram_into)
     _bound_into = _inline(_bound_into)
     _pairwise_fro = _inline(_pairwise_fro)
     _w_column_steps = _inline(_w_column_steps)
+    _free_steps = _inline(_free_steps)
+    _u_rows = _inline(_u_rows)
+    _w_items = _inline(_w_items)
+    _work_bounds = _inline(_work_bounds)
     _u_prox_steps_jit = _jit(_u_prox_steps_loops)
     _w_linearised_steps_jit = _jit(_w_linearised_steps_loops)
-    _chunks = _inline(_chunks)
-    _par = numba.njit(cache=True, fastmath=_FAST, parallel=True)
+    _par = numba.njit(cache=True, fastmath=_FAST, parallel=True, nogil=True)
     _u_prox_steps_par = _par(_u_prox_steps_par_loops)
     _w_linearised_steps_par = _par(_w_linearised_steps_par_loops)
 

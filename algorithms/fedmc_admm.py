@@ -71,6 +71,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _mf_kernels as K
 from algorithms._messages import Message
+from algorithms._pool import copy
 from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
@@ -345,7 +346,7 @@ def aggregate(s: np.ndarray, p: int, cfg: FedMCADMMConfig) -> np.ndarray:
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
     """Replace the uploaders' contributions (others keep theirs) and solve eq. (16)."""
-    c, s = state.C.copy(), state.S.copy()
+    c, s = copy(state.C), state.S.copy()  # the 31 MiB of C filled on every core
     for i in sorted(uploads):
         new = cfg.beta * uploads[i].W.T + uploads[i].Y.T
         s += new

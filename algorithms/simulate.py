@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from algorithms import _pool
 from algorithms._messages import Message
 from algorithms._rng import SAMPLING, SERVER, client_init_rng, client_rng, derive_rng
 from algorithms.base import Algorithm, predict
@@ -264,16 +265,19 @@ def drive(steps: Steps, state: RoundState, rounds: int, *,
 
 
 class PerClient:
-    """The default :class:`Steps`: clients of ``alg`` selected by its ``select``, stepped one
-    by one (each upload through ``privatizer``), the algorithm's server step, and a
-    :class:`RoundRecord` evaluated on ``test`` (when given)."""
+    """The default :class:`Steps`: clients of ``alg`` selected by its ``select``, stepped on
+    ``workers`` threads (None: one per core, :func:`algorithms._pool.map_tasks`; 1: one by
+    one in the calling thread; the same numbers either way), each upload through
+    ``privatizer``, the algorithm's server step, and a :class:`RoundRecord` evaluated on
+    ``test`` (when given)."""
 
     def __init__(self, alg: Algorithm, cfg: Any, seed: int, per_round: int,
                  train: Sequence[RatingBlock], test: Sequence[RatingBlock] | None = None,
                  scale: tuple[float, float] | None = None,
-                 privatizer: Privatizer | None = None) -> None:
+                 privatizer: Privatizer | None = None, workers: int | None = None) -> None:
         self.alg, self.cfg, self.seed, self.per_round = alg, cfg, int(seed), per_round
         self.train, self.test, self.scale, self.privatizer = train, test, scale, privatizer
+        self.workers = workers
 
     def select(self, k: int, state: RoundState) -> np.ndarray:
         return select_clients(self.alg, state.global_msg, len(self.train), self.per_round,
@@ -281,19 +285,30 @@ class PerClient:
 
     def clients(self, k: int, state: RoundState, selected: np.ndarray
                 ) -> tuple[list[Message], dict[int, Message]]:
+        """The selected clients' steps, on ``workers`` threads (each computed as serially),
+        then each upload through the privatizer in the order of ``selected``."""
         locals_ = list(state.local_states)
+        ids = [int(c) for c in selected]
+
+        def run(i: int) -> tuple[Message, Message | None]:
+            return client_round(self.alg, self.cfg, k, self.seed, i, state.global_msg,
+                                locals_[i], self.train[i])
+
+        with _pool.using(self.workers):
+            stepped = _pool.map_tasks(run, ids, weights=[self.train[i].nnz for i in ids])
         uploads: dict[int, Message] = {}
-        for i in (int(c) for c in selected):
-            locals_[i], up = client_round(self.alg, self.cfg, k, self.seed, i,
-                                          state.global_msg, locals_[i], self.train[i],
-                                          self.privatizer)
+        for i, (local, up) in zip(ids, stepped, strict=True):
+            locals_[i] = local
+            if up is not None and self.privatizer is not None:
+                up = self.privatizer(up, i, k)
             if up is not None:
                 uploads[i] = up
         return locals_, uploads
 
     def server(self, k: int, server_state: Message, received: Mapping[int, Message]
                ) -> tuple[Message, Message]:
-        return server_round(self.alg, self.cfg, k, self.seed, server_state, received)
+        with _pool.using(self.workers):  # e.g. FedMC-ADMM's server state copied on them
+            return server_round(self.alg, self.cfg, k, self.seed, server_state, received)
 
     def record(self, state: RoundState, due: bool
                ) -> tuple[RoundState, RoundRecord, bool]:
@@ -312,14 +327,15 @@ class PerClient:
 def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
               global_msg: Message, server_state: Message, local_states: list[Message],
               blocks: Sequence[RatingBlock], privatizer: Privatizer | None = None,
-              aggregator: Aggregator | None = None,
+              aggregator: Aggregator | None = None, workers: int | None = None,
               ) -> tuple[Message, Message, list[Message], np.ndarray, Mapping[int, Message]]:
     """One communication round (:func:`step` of :class:`PerClient`); returns new (global,
     server, locals, selected, uploads).
 
     ``uploads`` are what the tenants sent; with an ``aggregator`` the server step receives
-    ``aggregator(uploads, round_)`` instead."""
-    st = step(PerClient(alg, cfg, seed, per_round, blocks, privatizer=privatizer),
+    ``aggregator(uploads, round_)`` instead; ``workers`` as in :class:`PerClient`."""
+    st = step(PerClient(alg, cfg, seed, per_round, blocks, privatizer=privatizer,
+                        workers=workers),
               RoundState(round_ - 1, global_msg, server_state, local_states), round_,
               aggregator)
     return st.global_msg, st.server_state, st.local_states, st.selected, st.uploads
@@ -330,21 +346,24 @@ def simulate(alg: Algorithm, cfg: Any, fed: Federation, *, rounds: int, per_roun
              aggregator: Aggregator | None = None, evaluate_every: int = 1,
              on_round: Callable[[RoundRecord], None] | None = None,
              on_state: Callable[[RoundState], bool | None] | None = None,
-             start: RoundState | None = None) -> SimulationResult:
+             start: RoundState | None = None, workers: int | None = None
+             ) -> SimulationResult:
     """Run ``rounds`` rounds with ``per_round`` clients each; evaluate on ``fed.test``
     every ``evaluate_every`` rounds and at the last (0: never).
 
     :func:`drive` with :class:`PerClient`. ``on_state`` sees every round's full state
     (e.g. to trace or attack the uploads) and may end the run by returning True;
-    ``start`` continues from a state instead of :func:`initialise`. Seconds per round
-    count client and server work only (evaluation excluded).
+    ``start`` continues from a state instead of :func:`initialise`; ``workers``: threads
+    for the client steps (:class:`PerClient`). Seconds per round count client and server
+    work only (evaluation excluded).
     """
     if rounds < 0:
         raise ValueError("rounds must be non-negative")
     if start is None:
         server_state, global_msg, local_states = initialise(alg, cfg, fed.train, seed)
         start = RoundState(0, global_msg, server_state, local_states)
-    steps = PerClient(alg, cfg, seed, per_round, fed.train, fed.test, fed.scale, privatizer)
+    steps = PerClient(alg, cfg, seed, per_round, fed.train, fed.test, fed.scale, privatizer,
+                      workers)
     history, last = drive(steps, start, rounds, aggregator=aggregator,
                           evaluate_every=evaluate_every, on_round=on_round, on_state=on_state)
     return SimulationResult(history, last.global_msg, last.server_state, last.local_states)

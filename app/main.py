@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from contextlib import asynccontextmanager
 
@@ -48,8 +49,15 @@ async def unavailable(request: Request, exc: Exception) -> JSONResponse:
                             headers={"Retry-After": "5"})
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the API from ``settings`` (default: the environment). Does not migrate."""
+def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -> FastAPI:
+    """Build the API from ``settings`` (default: the environment). Does not migrate.
+
+    ``freeze_heap`` (``fedrec serve``, :func:`create_served_app`): once started, move every
+    object then alive out of the garbage collector's reach (``gc.freeze``). The app's ~180k
+    long-lived objects (modules, routes, schemas, SQLAlchemy metadata) are otherwise walked
+    by every full collection: about 0.1 to 0.4 s per collection on the 2-core machine, a
+    pause every request in flight waits out. Not for processes that build many apps
+    (tests): frozen objects are never collected."""
     settings = settings or get_settings()
     if settings.log_format == "json":  # text: leave the host's (uvicorn's, pytest's) setup
         configure_logging("json")
@@ -61,6 +69,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        if freeze_heap:
+            gc.collect()
+            gc.freeze()
         yield
         engine.dispose()
 
@@ -92,3 +103,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestContext)  # outermost: X-Request-ID and the access log line
     app.state.metrics = Metrics(app.state.sessions)
     return app
+
+
+def create_served_app() -> FastAPI:
+    """``fedrec serve``'s factory: :func:`create_app` with its heap frozen once started."""
+    return create_app(freeze_heap=True)

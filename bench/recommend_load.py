@@ -15,8 +15,9 @@ figures for BENCHMARKS.md.
 In the same run it measures the framework floor: ``bench._floor_app``, a bare FastAPI app
 (the same uvicorn, 2 workers, access log as fedrec's) computing the same top-10 from the
 same factors and rated items held in memory, with no database and no authentication, under
-the same wrk command. ``--rounds`` alternates fedrec and the floor that many times and
-prints the ratios of each round (throughput fedrec / floor, p99 fedrec / floor).
+the same wrk command. ``--rounds`` alternates fedrec and the floor that many times (fedrec
+first in odd rounds, the floor first in even ones) and prints the ratios of each round
+(throughput fedrec / floor, p99 fedrec / floor) and their medians.
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ def run(args: argparse.Namespace, url: str) -> None:
                 print(f"{name} warm-up (5 s, not counted):", parse_wrk(warm), flush=True)
             results: dict[str, list[dict]] = {"fedrec": [], "floor": []}
             for n in range(args.rounds):
-                for name, where in (("fedrec", base), ("floor", floor_base)):
+                pair = (("fedrec", base), ("floor", floor_base))
+                # ABBA order: a drift in the machine's load favours neither side
+                for name, where in (pair if n % 2 == 0 else pair[::-1]):
                     spy = None
                     if args.profile and name == "fedrec" and n == 0:
                         spy = subprocess.Popen(
@@ -218,6 +221,10 @@ def run(args: argparse.Namespace, url: str) -> None:
         print(f"FLOOR median over {args.rounds} round(s): throughput "
               f"{statistics.median(rps):.1%} of the floor (target >= 90%), p99 "
               f"{statistics.median(p99):.2f}x the floor's (target <= 1.3x)")
+        pooled = (sum(o["rps"] for o in results["fedrec"])
+                  / sum(f["rps"] for f in results["floor"]))
+        print(f"FLOOR pooled over {args.rounds} round(s): fedrec served {pooled:.1%} of the "
+              f"floor's requests")
     finally:
         stop(floor)
         if server is not None:

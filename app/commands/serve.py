@@ -41,6 +41,6 @@ def run(args: argparse.Namespace) -> int:
         migrate(settings.database_url)
     # fedrec logs one access line per request itself (with its request id); uvicorn keeps
     # the logging configured here (log_config=None)
-    uvicorn.run("app.main:create_app", factory=True, host=args.host, port=args.port,
+    uvicorn.run("app.main:create_served_app", factory=True, host=args.host, port=args.port,
                 workers=args.workers, access_log=False, log_config=None)
     return 0

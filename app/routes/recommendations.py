@@ -49,10 +49,13 @@ def _caches(request: Request):
 
 
 def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPublic:
-    data = [Recommendation(item=key, title=title, score=score)
+    # built without validation: every value is already of its field's type (str keys and
+    # titles from the catalogue, float scores, int ids), and this runs on every request
+    data = [Recommendation.model_construct(item=key, title=title, score=score)
             for key, title, score in ranked.items]
-    return RecommendationsPublic(user=user, source=ranked.source, job_id=ranked.job_id,
-                                 data=data, k=k, offset=offset)
+    return RecommendationsPublic.model_construct(user=user, source=ranked.source,
+                                                 job_id=ranked.job_id, data=data, k=k,
+                                                 offset=offset)
 
 
 @router.get("/users/{user_key}/recommendations", response_model=RecommendationsPublic)

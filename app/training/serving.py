@@ -195,7 +195,7 @@ def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: 
     scores = f.a[row] @ f.b
     exclude = None
     if not include_rated and rated.size:
-        exclude = np.flatnonzero(np.isin(f.item_ids, rated))
+        exclude = f.positions(rated)
     idx, vals = top_k(scores, k, exclude, offset)
     if f.link is not None:
         shift, spread = f.link

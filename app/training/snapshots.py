@@ -78,6 +78,22 @@ class ServingFactors:
     item_keys: list[str]
     titles: list[str | None]
     link: tuple[float, float] | None = None  # (offset, spread) of a sigmoid link
+    #: the item ids sorted, and where each sorted id is in ``item_ids``
+    _sorted: np.ndarray = dataclasses.field(init=False, repr=False)
+    _order: np.ndarray = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        order = np.argsort(self.item_ids, kind="stable")
+        object.__setattr__(self, "_order", order)
+        object.__setattr__(self, "_sorted", self.item_ids[order])
+
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        """Indices into ``item_ids`` of those of ``ids`` it holds (by binary search: a
+        user's few rated items against the whole catalogue, on every request)."""
+        if not ids.size or not self._sorted.size:
+            return np.empty(0, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self._sorted, ids), self._sorted.size - 1)
+        return self._order[at[self._sorted[at] == ids]]
 
 
 def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFactors:

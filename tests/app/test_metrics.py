@@ -73,3 +73,26 @@ def test_metrics_count_requests_uploads_jobs_rounds_and_epsilon(env):
     assert got[("fedrec_uploaded_rows_total", ())] > 0
     assert not any(n == "fedrec_http_request_duration_seconds_count" and "999999" in str(lab)
                    for n, lab in got)  # raw paths never become labels
+
+
+def test_the_served_app_freezes_its_heap_once_started_and_test_apps_do_not(sqlite_url):
+    """``fedrec serve``'s app moves its startup objects out of the collector's reach (a
+    full collection would otherwise walk them all, pausing every request in flight)."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    from app.config import Settings
+    from app.main import create_app
+
+    gc.unfreeze()
+    settings = Settings(database_url=sqlite_url, admin_token="t" * 32)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/health").status_code == 200
+        assert gc.get_freeze_count() == 0
+    try:
+        with TestClient(create_app(settings, freeze_heap=True)) as client:
+            assert client.get("/health").status_code == 200
+            assert gc.get_freeze_count() > 50_000
+    finally:
+        gc.unfreeze()
