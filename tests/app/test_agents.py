@@ -17,8 +17,9 @@ from agent.state import AgentState
 from algorithms import Message, RatingBlock
 from algorithms._messages import messages_equal
 from algorithms.synthetic import generate_ratings
-from app.training.models import JobClient, LedgerEntry, RoundUpload, TrainingJob
 from app.training.models import JobRound as JobRoundRow
+from app.training.models import LedgerEntry, RoundUpload, TrainingJob
+from app.training.states import committed_states
 from privacy.ledger import Budget
 from tests.training_helpers import csv_body, wait_job
 
@@ -112,8 +113,7 @@ def max_diff(a: Message, b: Message) -> float:
 def states(app, job_id):
     with app.state.sessions() as s:
         job = s.get(TrainingJob, job_id)
-        locals_ = s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == job_id)
-                            .order_by(JobClient.client_index)).all()
+        locals_ = [b or b"" for b in committed_states(s, job_id)]
         return Message.from_bytes(job.global_msg), locals_, job
 
 
