@@ -127,8 +127,7 @@ def scrub_client(s: Session, jc: JobClient, forgotten: set[str]) -> list[int]:
         blob = without_forgotten(block, jc.user_keys, forgotten).to_bytes()
         setattr(jc, f"{column}_block", blob)
         setattr(jc, f"{column}_digest", digest(blob))
-    rewrite_versions(s, jc.job_id, jc.client_index,
-                     lambda state: state.forget_rows(np.asarray(rows)))
+    rewrite_versions(s, jc, lambda state: state.forget_rows(np.asarray(rows)))
     jc.user_keys = [FORGOTTEN if k in forgotten else k for k in jc.user_keys]
     return rows
 

@@ -51,6 +51,8 @@ class TrainingJob(Base):
     # The blobs are deferred (loaded on first access, or up front with ``undefer``):
     # status polls, reports and client steps must not drag the server state around.
     global_msg: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
+    global_digest: Mapped[str | None] = mapped_column(sa.String(32))
+    """Digest of ``global_msg`` (migration 0010): a worker that holds it skips the fetch."""
     server_state: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
     """The server state without its per-client parts (those are :class:`JobServerPart`
     rows): :func:`app.training.states.load_server` joins them."""
@@ -100,6 +102,8 @@ class JobClient(Base):
     state_round: Mapped[int | None]
     """The round of the committed local state (its :class:`JobLocalState` version); None
     for an agent tenant, whose state stays on its machine."""
+    state_digest: Mapped[str | None] = mapped_column(sa.String(32))
+    """The digest of that version (a worker holding it in memory reads nothing more)."""
     transmissions: Mapped[int] = mapped_column(default=0)
 
 

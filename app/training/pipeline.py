@@ -145,12 +145,13 @@ def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
                 ) -> TrainingJob | None:
     """The job if round ``round_`` is the next one to run, else None (stale task).
 
-    Loads the global message with it; the shared part of the server state too when
-    ``lock`` (the aggregate step is the only one that reads it).
+    Loads the shared part of the server state with it when ``lock`` (the aggregate step
+    is the only one that reads it); the global message is read through
+    :func:`app.training.states.load_global` (from memory when its digest is there).
     """
-    blobs = [TrainingJob.global_msg, *([TrainingJob.server_state] if lock else [])]
-    q = (sa.select(TrainingJob).where(TrainingJob.id == job_id)
-         .options(*(orm.undefer(c) for c in blobs)))
+    q = sa.select(TrainingJob).where(TrainingJob.id == job_id)
+    if lock:
+        q = q.options(orm.undefer(TrainingJob.server_state))
     job = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
     if job is None or job.status not in ("queued", "running"):
         return None
@@ -158,7 +159,7 @@ def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
 
 
 def _selected(job: TrainingJob, alg: Algorithm, round_: int) -> list[int]:
-    glob = Message.from_bytes(job.global_msg)
+    glob = states.load_global(job)
     return [int(i) for i in select_clients(alg, glob, len(job.tenant_ids), job.per_round,
                                            job.seed, round_)]
 
@@ -255,8 +256,8 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             gone = forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
             train = without_forgotten(_block(jc, "train"), jc.user_keys, gone)
             local, upload = client_round(
-                alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
-                states.load_local(s, job_id, client, jc.state_round), train)
+                alg, cfg, round_, job.seed, client, states.load_global(job),
+                states.load_locals(s, job_id, [jc])[client], train)
             event = refused = None
             if upload is not None:
                 upload, event, refused = _privatise(s, job, alg, cfg, jc.tenant_id, client,
@@ -370,9 +371,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         states.commit_locals(s, job_id, moved, round_)
         s.flush()
         scrub_job_clients(s, job, clients)  # deletions win over evaluation and publishing
-        locals_ = states.load_locals(s, job_id, {jc.client_index: jc.state_round
-                                                 for jc in clients
-                                                 if jc.client_index not in remote})
+        locals_ = states.load_locals(s, job_id, [jc for jc in clients
+                                                 if jc.client_index not in remote])
         metrics = _evaluate(s, job, alg, cfg, glob, clients, locals_)
         started = (job.latest_metrics or {}).get("round_started", time.time())
         seconds = max(0.0, time.time() - started)
@@ -390,7 +390,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         refused.update(released_refusals)
         if refused:
             job.stopped_tenants = {**refused, **(job.stopped_tenants or {})}
-        job.global_msg = glob.to_bytes()
+        states.store_global(job, glob)
         states.save_server(s, job, before, server)
         job.current_round = round_
         job.attempts, job.error = 0, None  # failures are counted per round

@@ -60,6 +60,7 @@ def clear_caches() -> None:
     with _LOCK:
         _LOCAL.clear()
         _SERVER.clear()
+        _GLOBAL.clear()
         _LOCAL_BYTES = 0
 
 
@@ -87,58 +88,43 @@ def _cached_local(key: tuple[int, int, str]) -> Message | None:
         return msg
 
 
-def stage_local(s: Session, job_id: int, client: int, round_: int, state: Message) -> None:
-    """Add version ``round_`` of the client's local state (the caller commits)."""
+def stage_local(s: Session, job_id: int, client: int, round_: int, state: Message) -> str:
+    """Add version ``round_`` of the client's local state (the caller commits); returns
+    its digest."""
     blob = state.to_bytes()
     d = digest(blob)
     s.add(JobLocalState(job_id=job_id, client_index=client, round=round_, state=blob,
                         digest=d))
     _remember_local((job_id, client, d), state)
+    return d
 
 
-def local_digests(s: Session, job_id: int, versions: dict[int, int]) -> dict[int, str]:
-    """client -> digest of its version ``versions[client]`` (absent: no such version)."""
-    if not versions:
-        return {}
-    q = sa.select(JobLocalState.client_index, JobLocalState.round, JobLocalState.digest
-                  ).where(JobLocalState.job_id == job_id)
-    if len(versions) < 64:  # else every version of the job: one scan beats a long IN list
-        q = q.where(JobLocalState.client_index.in_(list(versions)))
-    return {c: d for c, r, d in s.execute(q) if versions.get(c) == r}
-
-
-def load_locals(s: Session, job_id: int, versions: dict[int, int]) -> dict[int, Message]:
-    """The local states ``{client: version round}`` asks for, decoded: from memory when
-    the stored digest matches, else fetched (and remembered)."""
-    digests = local_digests(s, job_id, versions)
-    missing = set(versions) - set(digests)
-    if missing:
-        raise LookupError(f"job {job_id}: no stored local state of client(s) "
-                          f"{sorted(missing)} at the committed round")
+def load_locals(s: Session, job_id: int, clients: Iterable) -> dict[int, Message]:
+    """The committed local states of ``clients`` (JobClient rows), decoded: from memory
+    when their stored digest is there, else fetched (and remembered)."""
     out: dict[int, Message] = {}
     fetch = []
-    for c, d in digests.items():
-        msg = _cached_local((job_id, c, d))
+    for jc in clients:
+        msg = _cached_local((job_id, jc.client_index, jc.state_digest))
         if msg is None:
-            fetch.append(c)
+            fetch.append((jc.client_index, jc.state_round))
         else:
-            out[c] = msg
+            out[jc.client_index] = msg
     for chunk in range(0, len(fetch), 256):
-        keys = [(c, versions[c]) for c in fetch[chunk:chunk + 256]]
         rows = s.execute(sa.select(JobLocalState.client_index, JobLocalState.digest,
                                    JobLocalState.state)
                          .where(JobLocalState.job_id == job_id,
                                 sa.tuple_(JobLocalState.client_index,
-                                          JobLocalState.round).in_(keys)))
+                                          JobLocalState.round).in_(fetch[chunk:chunk + 256])))
         for c, d, blob in rows:
             msg = Message.from_bytes(blob)
             out[c] = msg
             _remember_local((job_id, c, d), msg)
+    missing = {c for c, _ in fetch} - set(out)
+    if missing:
+        raise LookupError(f"job {job_id}: no stored local state of client(s) "
+                          f"{sorted(missing)} at the committed round")
     return out
-
-
-def load_local(s: Session, job_id: int, client: int, round_: int) -> Message:
-    return load_locals(s, job_id, {client: round_})[client]
 
 
 def local_state_bytes(s: Session, job_id: int, client: int) -> bytes | None:
@@ -166,23 +152,64 @@ def committed_states(s: Session, job_id: int) -> list[bytes | None]:
 def commit_locals(s: Session, job_id: int, clients: Iterable, round_: int) -> None:
     """Point each of ``clients`` (JobClient rows with a staged version ``round_``) at that
     version and delete the versions it supersedes (the caller commits)."""
-    moved = [jc for jc in clients]
-    for jc in moved:
-        jc.state_round = round_
+    moved = list(clients)
     if moved:
+        staged = dict(s.execute(sa.select(JobLocalState.client_index, JobLocalState.digest)
+                                .where(JobLocalState.job_id == job_id,
+                                       JobLocalState.round == round_)).all())
+        for jc in moved:
+            jc.state_round, jc.state_digest = round_, staged[jc.client_index]
         s.execute(sa.delete(JobLocalState).where(
             JobLocalState.job_id == job_id,
             JobLocalState.client_index.in_([jc.client_index for jc in moved]),
             JobLocalState.round < round_))
 
 
-def rewrite_versions(s: Session, job_id: int, client: int, change) -> None:
-    """Replace every stored version (committed and staged) of the client's local state by
-    ``change(message)`` (a forgotten user's scrub), digests with them."""
+def rewrite_versions(s: Session, jc, change) -> None:
+    """Replace every stored version (committed and staged) of the client's (a JobClient
+    row's) local state by ``change(message)`` (a forgotten user's scrub), digests with
+    them."""
     for row in s.scalars(sa.select(JobLocalState).where(
-            JobLocalState.job_id == job_id, JobLocalState.client_index == client)):
+            JobLocalState.job_id == jc.job_id, JobLocalState.client_index == jc.client_index)):
         blob = change(Message.from_bytes(row.state)).to_bytes()
         row.state, row.digest = blob, digest(blob)
+        if row.round == jc.state_round:
+            jc.state_digest = row.digest
+
+
+# -------------------------------------------------------------------------- global message
+
+_GLOBAL: collections.OrderedDict[str, Message] = collections.OrderedDict()
+_GLOBAL_SIZE = 8
+
+
+def load_global(job) -> Message:
+    """The job's global message: from memory when its stored digest is there, else the
+    deferred column is loaded (the job's session must be open)."""
+    d = job.global_digest
+    with _LOCK:
+        msg = _GLOBAL.get(d) if d else None
+    if msg is not None:
+        return msg
+    blob = job.global_msg
+    msg = Message.from_bytes(blob)
+    _remember_global(d or digest(blob), msg)
+    return msg
+
+
+def store_global(job, msg: Message) -> None:
+    """Set the job's global message and its digest (the caller commits)."""
+    blob = msg.to_bytes()
+    job.global_msg, job.global_digest = blob, digest(blob)
+    _remember_global(job.global_digest, msg)
+
+
+def _remember_global(d: str, msg: Message) -> None:
+    with _LOCK:
+        _GLOBAL[d] = msg
+        _GLOBAL.move_to_end(d)
+        while len(_GLOBAL) > _GLOBAL_SIZE:
+            _GLOBAL.popitem(last=False)
 
 
 # ---------------------------------------------------------------------------- server state
@@ -204,10 +231,15 @@ def _shared(state: Message) -> bytes:
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit for bit (a NaN equals itself, -0.0 differs from 0.0)."""
-    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(
-        np.ascontiguousarray(a).reshape(-1).view(np.uint8),
-        np.ascontiguousarray(b).reshape(-1).view(np.uint8))
+    """Bit for bit (a NaN equals itself, -0.0 differs from 0.0), compared as integers of
+    the same width."""
+    if a is b:
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    width = np.dtype(f"u{a.dtype.itemsize}") if a.dtype.itemsize in (1, 2, 4, 8) else np.uint8
+    return np.array_equal(np.ascontiguousarray(a).reshape(-1).view(width),
+                          np.ascontiguousarray(b).reshape(-1).view(width))
 
 
 def new_server(s: Session, job, state: Message) -> None:
@@ -240,22 +272,33 @@ def load_server(s: Session, job) -> Message:
         have, arrays = {}, None
     stale = sorted(i for i, d in digests.items() if have.get(i) != d)
     if stale:
-        parts = {}
-        for chunk in range(0, len(stale), 256):
-            parts.update(s.execute(sa.select(JobServerPart.client_index, JobServerPart.part)
-                                   .where(JobServerPart.job_id == job.id,
-                                          JobServerPart.client_index.in_(
-                                              stale[chunk:chunk + 256]))).all())
-        if arrays is None:  # nothing in memory: stack every part
-            decoded = [_unpack(shared, parts[i]) for i in range(len(digests))]
-            arrays = {n: np.stack([d[k] for d in decoded]) for k, n in enumerate(names)}
-        else:  # a copy with the stale rows replaced: cached arrays never change
-            arrays = {n: a.copy() for n, a in arrays.items()}
+        parts = _fetch_parts(s, job.id, stale)
+        if arrays is not None:  # a copy with the stale rows replaced (cached arrays never
+            arrays = {n: a.copy() for n, a in arrays.items()}  # change in place)
             for i in stale:
                 for n, a in zip(names, _unpack(shared, parts[i]), strict=True):
+                    if arrays[n][i].shape != a.shape:  # another database's job of this id
+                        arrays = None
+                        break
                     arrays[n][i] = a
+                if arrays is None:
+                    break
+        if arrays is None:  # nothing usable in memory: stack every part
+            parts.update(_fetch_parts(s, job.id, sorted(set(digests) - set(parts))))
+            decoded = [_unpack(shared, parts[i]) for i in range(len(digests))]
+            arrays = {n: np.stack([d[k] for d in decoded]) for k, n in enumerate(names)}
         _remember_server(job.id, digests, arrays)
     return shared.replace(**arrays)
+
+
+def _fetch_parts(s: Session, job_id: int, clients: list[int]) -> dict[int, bytes]:
+    parts: dict[int, bytes] = {}
+    for chunk in range(0, len(clients), 256):
+        parts.update(s.execute(sa.select(JobServerPart.client_index, JobServerPart.part)
+                               .where(JobServerPart.job_id == job_id,
+                                      JobServerPart.client_index.in_(
+                                          clients[chunk:chunk + 256]))).all())
+    return parts
 
 
 def _remember_server(job_id: int, digests: dict[int, str], arrays: dict[str, np.ndarray]

@@ -70,6 +70,9 @@ def upgrade() -> None:
         batch.add_column(sa.Column("train_digest", sa.String(32), nullable=True))
         batch.add_column(sa.Column("test_digest", sa.String(32), nullable=True))
         batch.add_column(sa.Column("state_round", sa.Integer(), nullable=True))
+        batch.add_column(sa.Column("state_digest", sa.String(32), nullable=True))
+    with op.batch_alter_table("training_jobs") as batch:
+        batch.add_column(sa.Column("global_digest", sa.String(32), nullable=True))
     bind = op.get_bind()
     locals_ = sa.table("job_local_states", sa.column("job_id"), sa.column("client_index"),
                        sa.column("round"), sa.column("state"), sa.column("digest"))
@@ -82,10 +85,11 @@ def upgrade() -> None:
                 "WHERE job_id = :j"), {"j": job_id}).all():
             kept = bool(state)  # b"": an agent's (its state stays on its machine)
             bind.execute(sa.text(
-                "UPDATE job_clients SET train_digest = :a, test_digest = :b, state_round = :r "
-                "WHERE job_id = :j AND client_index = :i"),
+                "UPDATE job_clients SET train_digest = :a, test_digest = :b, state_round = :r, "
+                "state_digest = :d WHERE job_id = :j AND client_index = :i"),
                 {"a": _digest(bytes(train)), "b": _digest(bytes(test)),
-                 "r": current if kept else None, "j": job_id, "i": index})
+                 "r": current if kept else None, "d": _digest(bytes(state)) if kept else None,
+                 "j": job_id, "i": index})
             if kept:
                 bind.execute(sa.insert(locals_), {"job_id": job_id, "client_index": index,
                                                   "round": current, "state": bytes(state),
@@ -97,6 +101,11 @@ def upgrade() -> None:
                 bind.execute(sa.insert(locals_), {"job_id": job_id, "client_index": index,
                                                   "round": round_, "state": bytes(state),
                                                   "digest": _digest(bytes(state))})
+        glob = bind.scalar(sa.text("SELECT global_msg FROM training_jobs WHERE id = :j"),
+                           {"j": job_id})
+        if glob is not None:
+            bind.execute(sa.text("UPDATE training_jobs SET global_digest = :d WHERE id = :j"),
+                         {"d": _digest(bytes(glob)), "j": job_id})
         blob = bind.scalar(sa.text("SELECT server_state FROM training_jobs WHERE id = :j"),
                            {"j": job_id})
         if blob:
@@ -162,10 +171,13 @@ def downgrade() -> None:
                      {"s": full.to_bytes(), "j": job_id})
     with op.batch_alter_table("job_clients") as batch:
         batch.alter_column("local_state", existing_type=sa.LargeBinary(), nullable=False)
+        batch.drop_column("state_digest")
         batch.drop_column("state_round")
         batch.drop_column("test_digest")
         batch.drop_column("train_digest")
     with op.batch_alter_table("round_uploads") as batch:
         batch.alter_column("local_state", existing_type=sa.LargeBinary(), nullable=False)
+    with op.batch_alter_table("training_jobs") as batch:
+        batch.drop_column("global_digest")
     op.drop_table("job_server_parts")
     op.drop_table("job_local_states")

@@ -297,6 +297,8 @@ def test_only_the_aggregate_step_reads_the_server_state_and_test_blocks(env):
         return [q for q in seen if q.lstrip().startswith("select")]
 
     dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    states.clear_caches()  # a fresh worker: nothing in memory (another test ran this data)
+    pipeline._BLOCKS.clear()
     sa.event.listen(engine, "before_cursor_execute", record)
     try:
         reads = {"start": run(pipeline.TASK_START, job_id, 1)}
