@@ -71,7 +71,7 @@ def upgrade() -> None:
         batch.add_column(sa.Column("test_digest", sa.String(32), nullable=True))
         batch.add_column(sa.Column("state_round", sa.Integer(), nullable=True))
         batch.add_column(sa.Column("state_digest", sa.String(32), nullable=True))
-    with op.batch_alter_table("training_jobs") as batch:
+    with op.batch_alter_table("training_jobs", recreate="never") as batch:  # parent of cascades
         batch.add_column(sa.Column("global_digest", sa.String(32), nullable=True))
     bind = op.get_bind()
     locals_ = sa.table("job_local_states", sa.column("job_id"), sa.column("client_index"),
@@ -177,7 +177,7 @@ def downgrade() -> None:
         batch.drop_column("train_digest")
     with op.batch_alter_table("round_uploads") as batch:
         batch.alter_column("local_state", existing_type=sa.LargeBinary(), nullable=False)
-    with op.batch_alter_table("training_jobs") as batch:
+    with op.batch_alter_table("training_jobs", recreate="never") as batch:  # parent of cascades
         batch.drop_column("global_digest")
     op.drop_table("job_server_parts")
     op.drop_table("job_local_states")
