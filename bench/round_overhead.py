@@ -12,16 +12,23 @@ publishes the serving factors). Two federations: MovieLens 1M split into 100 ten
 whose overhead must not grow with the 990 tenants that sit the round out.
 
     nice -n 10 python -m bench.round_overhead [--rounds 8] [--only ml-1m|synthetic]
-        [--pg "host=127.0.0.1 port=5432 user=postgres dbname=test"]
+        [--pg "host=127.0.0.1 port=5432 user=postgres dbname=test"] [--baseline DIR]
 
-Needs FEDREC_DATA_DIR (MovieLens 1M) and a PostgreSQL server; the database it creates is
-dropped at the end.
+``--baseline DIR`` first runs this same file against another checkout's code (e.g. the
+main branch before this storage), federation by federation, interleaved with this one, and
+prints both: a before/after in one run.
+
+The machine is shared, so wall time is noisy: the CPU columns (this process plus the
+PostgreSQL backends serving the database, read from /proc, minus the simulator's CPU) give
+the overhead independent of other load. Needs FEDREC_DATA_DIR (MovieLens 1M) and a
+PostgreSQL server on this machine; the database it creates is dropped at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import statistics
 import time
@@ -94,36 +101,60 @@ def _load(sessions, ratings: Ratings, n_tenants: int) -> list[int]:
     return tids
 
 
-def _service(sessions, tids: list[int], rounds: int, per_round: int
-             ) -> tuple[int, list[float], list[float]]:
-    """(job id, wall seconds per round, CPU seconds of this process per round)."""
+def _pg_cpu(admin: str, dbname: str) -> float:
+    """CPU seconds used so far by the PostgreSQL backends serving ``dbname`` (read from
+    /proc: the server runs on this machine; 0 where it cannot be read)."""
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))]
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _service(sessions, tids: list[int], rounds: int, per_round: int,
+             pg_cpu=lambda: 0.0) -> tuple[int, list[float], list[float], list[float]]:
+    """(job id, wall seconds per round, CPU seconds of this process per round, CPU
+    seconds of the PostgreSQL backends per round)."""
     from app.training import pipeline
     from app.training.jobs import JobSpec, create_job
 
     with sessions() as s:
         job_id = create_job(s, JobSpec("fedmc-admm", tids, rounds, per_round, SEED, CONFIG,
                                        {"mechanism": "none"})).id
-    marks: list[tuple[float, float]] = []
+    marks: list[tuple[float, float, float]] = []
+
+    def mark() -> None:
+        pg = pg_cpu()  # before the clocks: the query's own time is not the round's
+        marks.append((time.perf_counter(), time.process_time(), pg))
 
     class Timed(pipeline.InlineDispatcher):
         def send(self, task: str, *args: int) -> None:
             if task == pipeline.TASK_START:
-                marks.append((time.perf_counter(), time.process_time()))
+                mark()
             super().send(task, *args)
 
     dispatch = Timed(sessions)
     dispatch.send(pipeline.TASK_START, job_id, 1)
     dispatch.drain()
-    marks.append((time.perf_counter(), time.process_time()))
+    mark()
     from app.training.models import TrainingJob
 
     with sessions() as s:
         job = s.get(TrainingJob, job_id)
         assert job.status == "completed" and job.current_round == rounds, (job.status,
                                                                             job.error)
-    wall = [b[0] - a[0] for a, b in zip(marks, marks[1:], strict=False)]
-    cpu = [b[1] - a[1] for a, b in zip(marks, marks[1:], strict=False)]
-    return job_id, wall, cpu
+    wall, cpu, pg = ([b[k] - a[k] for a, b in zip(marks, marks[1:], strict=False)]
+                     for k in range(3))
+    return job_id, wall, cpu, pg
 
 
 def _federation(sessions, job_id: int, scale: tuple[float, float]) -> Federation:
@@ -174,7 +205,8 @@ def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: in
     try:
         sessions = session_factory(engine_for(url))
         tids = _load(sessions, ratings, n_tenants)
-        job_id, wall, cpu = _service(sessions, tids, rounds, per_round)
+        job_id, wall, cpu, pg = _service(sessions, tids, rounds, per_round,
+                                         lambda: _pg_cpu(admin, name))
         fed = _federation(sessions, job_id, (float(ratings.values.min()),
                                              float(ratings.values.max())))
         c_wall, c_cpu = _compute(fed, rounds, per_round)
@@ -189,6 +221,9 @@ def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: in
            "service_cpu_ms": 1e3 * med(cpu[mid]), "compute_cpu_ms": 1e3 * med(c_cpu[mid]),
            "overhead_ms": 1e3 * med([w - c for w, c in zip(wall[mid], c_wall[mid],
                                                              strict=True)]),
+           "pg_cpu_ms": 1e3 * med(pg[mid]),
+           "overhead_cpu_ms": 1e3 * med([a + p - c for a, p, c in zip(
+               cpu[mid], pg[mid], c_cpu[mid], strict=True)]),
            "storage_bytes": sizes, "load": os.getloadavg()[0]}
     return row
 
@@ -199,24 +234,53 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--only", choices=["ml-1m", "synthetic"])
     p.add_argument("--pg", default=os.environ.get(
         "FEDREC_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=test"))
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run against the code of this checkout (before/after)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rounds < 3:
         p.error("--rounds must be at least 3 (round 1 and the last are left out)")
     rows = []
-    if args.only in (None, "ml-1m"):
-        rows.append(run("ml-1m", load_movielens("ml-1m"), 100, 10, args.rounds, args.pg))
-    if args.only in (None, "synthetic"):
-        synth = generate_ratings(10_000, 300, 200_000, rank=5, seed=0)
-        rows.append(run("synthetic", synth, 1000, 10, args.rounds, args.pg))
-    print(f"{'federation':<10} {'tenants':>7} {'per round':>9} {'service ms':>10} "
-          f"{'compute ms':>10} {'overhead ms':>11} {'svc CPU ms':>10} {'alg CPU ms':>10} "
-          f"{'load':>5}")
+    for label in ("ml-1m", "synthetic"):
+        if args.only not in (None, label):
+            continue
+        if args.baseline:
+            rows.append(_baseline(args.baseline, label, args.rounds, args.pg))
+        if label == "ml-1m":
+            rows.append(run("ml-1m", load_movielens("ml-1m"), 100, 10, args.rounds, args.pg))
+        else:
+            synth = generate_ratings(10_000, 300, 200_000, rank=5, seed=0)
+            rows.append(run("synthetic", synth, 1000, 10, args.rounds, args.pg))
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print("wall: service and simulator seconds per round; CPU: this process (service "
+          "steps / simulator) and the PostgreSQL backends; medians over rounds 2..R-1")
+    print(f"{'federation':<17} {'tenants':>7} {'/round':>6} {'svc wall':>8} "
+          f"{'alg wall':>8} {'overhead':>8} | {'svc CPU':>7} {'PG CPU':>6} {'alg CPU':>7} "
+          f"{'overhead':>8} {'load':>5}")
     for r in rows:
-        print(f"{r['federation']:<10} {r['tenants']:>7} {r['per_round']:>9} "
-              f"{r['service_ms']:>10.1f} {r['compute_ms']:>10.1f} {r['overhead_ms']:>11.1f} "
-              f"{r['service_cpu_ms']:>10.1f} {r['compute_cpu_ms']:>10.1f} {r['load']:>5.2f}")
+        print(f"{r['federation'] + r.get('code', ''):<17} {r['tenants']:>7} {r['per_round']:>6} "
+              f"{r['service_ms']:>8.1f} {r['compute_ms']:>8.1f} {r['overhead_ms']:>8.1f} | "
+              f"{r['service_cpu_ms']:>7.1f} {r['pg_cpu_ms']:>6.1f} {r['compute_cpu_ms']:>7.1f} "
+              f"{r['overhead_cpu_ms']:>8.1f} {r['load']:>5.2f}")
     for r in rows:
-        print(f"{r['federation']}: storage after the job {r['storage_bytes']}")
+        print(f"{r['federation']}{r.get('code', '')}: bytes in the job's tables after it "
+              f"(dead rows included) {r['storage_bytes']}")
+
+
+def _baseline(checkout: str, label: str, rounds: int, admin: str) -> dict:
+    """This benchmark's row for ``label`` run on the code of ``checkout``."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", "--only", label,
+                          "--rounds", str(rounds), "--pg", admin], env=env, cwd=checkout,
+                         check=True, capture_output=True, text=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])[0]
+    row["code"] = " (base)"
+    return row
 
 
 if __name__ == "__main__":
