@@ -686,7 +686,9 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
     from privacy.distributed import SecureAggregationPrivatizer
 
     app, client, _, agent_tenants, rows = fed
-    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=2.0,
+    # the keys phase is the first quarter of the round: the agents, set up after the round
+    # started, need more than 0.5 s on a loaded machine to send theirs
+    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=4.0,
                          privacy={"dropout_tolerance": 0.4})
     agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
               for t, (_, key) in enumerate(agent_tenants)]
