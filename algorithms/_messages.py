@@ -32,6 +32,10 @@ class Message:
     #: array fields with one row per user of the tenant's block (a local state's U_i and
     #: anything else derived per user): what :meth:`forget_rows` erases
     user_rows: ClassVar[tuple[str, ...]] = ()
+    #: array fields of a server state whose first axis is the client index (row i is
+    #: client i's part, e.g. FedMC-ADMM's contributions C): the service stores each
+    #: client's rows on their own and rewrites only those a server step changed
+    client_parts: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -177,6 +177,8 @@ class ServerState(Message):
     contribution (p x n x q_w; W_i^0 = V^0 and Y_i^0 = 0 until i first uploads), and
     ``S = sum_i C[i]`` (n x q_w), updated by difference. Eqs. (68)/(73) need only S."""
 
+    client_parts: ClassVar[tuple[str, ...]] = ("C",)
+
     C: np.ndarray
     S: np.ndarray
 

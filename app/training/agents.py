@@ -265,7 +265,7 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
         if not _same_event(theirs, event):
             raise AgentRefused(422, f"Fedrec-Charge {theirs.as_list()} is not what job "
                                     f"{job_id} charges this upload ({event.as_list()})")
-    s.add(RoundUpload(job_id=job_id, round=round_, client_index=client, local_state=b"",
+    s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
                       upload=upload.to_bytes(), refused=None))
     s.add(LedgerEntry(tenant_id=tenant_id, job_id=job_id, round=round_,
                       event={"event": event.as_list(), "dp": job.dp, "by": "agent"}))
@@ -320,7 +320,7 @@ def _stage_nothing(s: Session, job: TrainingJob, client: int, round_: int,
     prior = s.get(RoundUpload, (job_id, round_, client))
     if prior is not None:
         return _replay(s, job, client, round_, prior, None)
-    s.add(RoundUpload(job_id=job_id, round=round_, client_index=client, local_state=b"",
+    s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
                       upload=None, refused=refused))
     try:
         s.commit()

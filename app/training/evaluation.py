@@ -22,7 +22,7 @@ from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, 
 RANKING_K = 10
 
 
-def job_ranking(alg: Algorithm, glob: Message, clients: list, locals_: dict[int, bytes],
+def job_ranking(alg: Algorithm, glob: Message, clients: list, locals_: dict[int, Message],
                 scales: dict[int, tuple[float, float]],
                 block: Callable[[Any, str], RatingBlock], k: int = RANKING_K
                 ) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def job_ranking(alg: Algorithm, glob: Message, clients: list, locals_: dict[int,
     total = None
     per_tenant: dict[str, Any] = {}
     for jc in clients:
-        a, b = alg.factors(glob, Message.from_bytes(locals_[jc.client_index]))
+        a, b = alg.factors(glob, locals_[jc.client_index])
         scale = scales[jc.tenant_id]
         cut = relevance_threshold(scale)
         sums = tenant_ranking(a, b, block(jc, "train"), block(jc, "test"), cut, k)

@@ -31,10 +31,10 @@ import sqlalchemy as sa
 from sqlalchemy import orm
 from sqlalchemy.orm import Session
 
-from algorithms import Message, RatingBlock
+from algorithms import RatingBlock
 from app import store
 from app.models import ForgottenUser, Tenant, utcnow
-from app.training.models import FactorSnapshot, JobClient, RoundUpload, TrainingJob
+from app.training.models import FactorSnapshot, JobClient, TrainingJob
 
 FORGOTTEN = ""
 
@@ -63,11 +63,8 @@ def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
     with s.no_autoflush:  # one UPDATE per row: a second one would re-check its foreign key
         for job_id, index, keys, versions in rows:
             if user_key in keys and tomb.version > _version(versions, tenant_id):
-                rows = scrub_client(s.get(JobClient, (job_id, index), options=blocks),
-                                    {user_key})
-                for staged in s.scalars(sa.select(RoundUpload).where(
-                        RoundUpload.job_id == job_id, RoundUpload.client_index == index)):
-                    staged.local_state = _forget_rows(staged.local_state, rows)
+                scrub_client(s, s.get(JobClient, (job_id, index), options=blocks),
+                             {user_key})
     for snap in s.scalars(sa.select(FactorSnapshot).where(FactorSnapshot.tenant_id ==
                                                           tenant_id)):
         if user_key in snap.user_keys:
@@ -112,25 +109,27 @@ def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) ->
         s.execute(sa.text("UPDATE forgotten_users SET version = version WHERE 0"))
     forgotten = forgotten_since(s, job)
     for jc in clients:
-        scrub_client(jc, forgotten.get(jc.tenant_id, set()))
+        scrub_client(s, jc, forgotten.get(jc.tenant_id, set()))
 
 
-def scrub_client(jc: JobClient, forgotten: set[str]) -> list[int]:
-    """Drop the ``forgotten`` users' ratings from a job's blocks, zero their rows of its
-    local state and unlink their keys; returns their row indices."""
+def scrub_client(s: Session, jc: JobClient, forgotten: set[str]) -> list[int]:
+    """Drop the ``forgotten`` users' ratings from a job's blocks, zero their rows of every
+    stored version of its local state (committed and staged) and unlink their keys;
+    returns their row indices. Digests are recomputed with the bytes, so no worker's
+    in-memory copy of the old ones is used again."""
+    from app.training.states import digest, rewrite_versions
+
     rows = [i for i, key in enumerate(jc.user_keys) if key in forgotten]
     if not rows:
         return rows
-    for column in ("train_block", "test_block"):
-        block = RatingBlock.from_bytes(getattr(jc, column))
-        setattr(jc, column, without_forgotten(block, jc.user_keys, forgotten).to_bytes())
-    jc.local_state = _forget_rows(jc.local_state, rows)
+    for column in ("train", "test"):
+        block = RatingBlock.from_bytes(getattr(jc, f"{column}_block"))
+        blob = without_forgotten(block, jc.user_keys, forgotten).to_bytes()
+        setattr(jc, f"{column}_block", blob)
+        setattr(jc, f"{column}_digest", digest(blob))
+    rewrite_versions(s, jc, lambda state: state.forget_rows(np.asarray(rows)))
     jc.user_keys = [FORGOTTEN if k in forgotten else k for k in jc.user_keys]
     return rows
-
-
-def _forget_rows(state: bytes, rows: list[int]) -> bytes:
-    return Message.from_bytes(state).forget_rows(np.asarray(rows)).to_bytes()
 
 
 def _scrub_snapshot(snap: FactorSnapshot, user_key: str) -> None:

@@ -24,6 +24,7 @@ from algorithms.simulate import (
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
 from app.models import Item, Tenant
+from app.training import states
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
@@ -227,22 +228,27 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         status="queued", algorithm=alg.name, config=cfg.model_dump(), dp=settings,
         rounds=spec.rounds, per_round=per_round, seed=spec.seed,
         test_fraction=spec.test_fraction, tenant_ids=list(spec.tenant_ids),
-        item_ids=item_ids_bytes(item_ids), current_round=0, global_msg=glob.to_bytes(),
-        server_state=server.to_bytes(), parent_job_id=spec.parent_job_id,
+        item_ids=item_ids_bytes(item_ids), current_round=0,
+        parent_job_id=spec.parent_job_id,
         ratings_version={str(t.id): t.ratings_version for t in tenants},
         idempotency_key=key, request_hash=digest, max_attempts=spec.max_attempts,
         agents=None if not agents else {
             "tenants": [t for t in spec.tenant_ids if t in agents],
             "round_seconds": float(spec.round_seconds), "wire": spec.wire,
             "upload": None if upload is None else upload_schema(upload)})
+    states.store_global(job, glob)
     s.add(job)
     s.flush()
+    states.new_server(s, job, server)
     for i, t in enumerate(tenants):
+        train, test = fed.train[i].to_bytes(), fed.test[i].to_bytes()
+        kept = locals_[i] is not None  # an agent's state stays on its machine
         s.add(JobClient(job_id=job.id, client_index=i, tenant_id=t.id,
                         user_keys=[str(k) for k in user_keys[i]],
-                        train_block=fed.train[i].to_bytes(), test_block=fed.test[i].to_bytes(),
-                        local_state=b"" if locals_[i] is None else locals_[i].to_bytes(),
-                        transmissions=0))
+                        train_block=train, test_block=test, train_digest=states.digest(train),
+                        test_digest=states.digest(test), state_round=0 if kept else None,
+                        state_digest=states.stage_local(s, job.id, i, 0, locals_[i])
+                        if kept else None, transmissions=0))
     s.commit()
     return job
 

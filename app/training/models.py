@@ -2,13 +2,18 @@
 
 Durability rules (the architecture's invariants 2-4):
 
-* A client step stores its new local state, its (privatised) upload and the privacy
-  charge of that upload in one transaction (:class:`RoundUpload` + :class:`LedgerEntry`);
-  re-running it for the same (job, round, client) overwrites identical bytes and never
-  charges twice (unique key).
-* A round completes in one transaction: server state, global message, every staged
-  local state, the round's metrics and ``current_round`` move together, so a crash loses
-  at most the round in flight.
+* A client step stores its new local state (a new version in :class:`JobLocalState`),
+  its (privatised) upload and the privacy charge of that upload in one transaction
+  (:class:`RoundUpload` + :class:`LedgerEntry`); re-running it for the same (job, round,
+  client) never stores or charges twice (unique keys).
+* A round completes in one transaction: the server state (the shared part on the job,
+  each tenant's part in :class:`JobServerPart`, only the parts that changed written), the
+  global message, the staged local states (committed by pointing ``JobClient.state_round``
+  at their version: no bytes are copied), the round's metrics and ``current_round`` move
+  together, so a crash loses at most the round in flight.
+* Every stored state and block carries a digest of its bytes, so a worker's in-memory
+  copy is checked against the database without fetching the blob
+  (:mod:`app.training.states`).
 """
 
 from __future__ import annotations
@@ -43,10 +48,14 @@ class TrainingJob(Base):
     """int64 ids of the items (columns of V), as raw bytes."""
     current_round: Mapped[int] = mapped_column(default=0)
     """Number of completed rounds."""
-    # The three blobs are deferred (loaded on first access, or up front with ``undefer``):
+    # The blobs are deferred (loaded on first access, or up front with ``undefer``):
     # status polls, reports and client steps must not drag the server state around.
     global_msg: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
+    global_digest: Mapped[str | None] = mapped_column(sa.String(32))
+    """Digest of ``global_msg`` (migration 0010): a worker that holds it skips the fetch."""
     server_state: Mapped[bytes | None] = mapped_column(sa.LargeBinary, deferred=True)
+    """The server state without its per-client parts (those are :class:`JobServerPart`
+    rows): :func:`app.training.states.load_server` joins them."""
     latest_metrics: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     error: Mapped[str | None] = mapped_column(sa.Text)
     stopped_tenants: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
@@ -87,8 +96,44 @@ class JobClient(Base):
     user_keys: Mapped[list[str]] = mapped_column(sa.JSON)
     train_block: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
     test_block: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
-    local_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    train_digest: Mapped[str] = mapped_column(sa.String(32))
+    """blake2b-128 of ``train_block`` (:func:`app.training.states.digest`), kept with it."""
+    test_digest: Mapped[str] = mapped_column(sa.String(32))
+    state_round: Mapped[int | None]
+    """The round of the committed local state (its :class:`JobLocalState` version); None
+    for an agent tenant, whose state stays on its machine."""
+    state_digest: Mapped[str | None] = mapped_column(sa.String(32))
+    """The digest of that version (a worker holding it in memory reads nothing more)."""
     transmissions: Mapped[int] = mapped_column(default=0)
+
+
+class JobLocalState(Base):
+    """A version of a tenant's private state in a job: the one written at round ``round``
+    (0: initial). ``JobClient.state_round`` names the committed one; a later version is
+    staged by the round in flight. The aggregate step deletes versions it supersedes."""
+
+    __tablename__ = "job_local_states"
+
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    client_index: Mapped[int] = mapped_column(primary_key=True)
+    round: Mapped[int] = mapped_column(primary_key=True)
+    state: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
+    digest: Mapped[str] = mapped_column(sa.String(32))
+
+
+class JobServerPart(Base):
+    """Client ``client_index``'s part of the job's server state (the rows of the state's
+    ``client_parts`` arrays that belong to it, e.g. FedMC-ADMM's contribution C_i),
+    rewritten only when the server step changed it."""
+
+    __tablename__ = "job_server_parts"
+
+    job_id: Mapped[int] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
+    client_index: Mapped[int] = mapped_column(primary_key=True)
+    part: Mapped[bytes] = mapped_column(sa.LargeBinary, deferred=True)
+    digest: Mapped[str] = mapped_column(sa.String(32))
 
 
 class RoundUpload(Base):
@@ -100,7 +145,6 @@ class RoundUpload(Base):
         sa.ForeignKey("training_jobs.id", ondelete="CASCADE"), primary_key=True)
     round: Mapped[int] = mapped_column(primary_key=True)
     client_index: Mapped[int] = mapped_column(primary_key=True)
-    local_state: Mapped[bytes] = mapped_column(sa.LargeBinary)
     upload: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
     """The privatised upload; None when nothing was sent (or the budget refused it)."""
     refused: Mapped[str | None] = mapped_column(sa.Text)

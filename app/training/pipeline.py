@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import hashlib
 import io
 import logging
 import threading
@@ -45,6 +44,7 @@ from algorithms.simulate import (
 from app import queue
 from app.db import DATABASE_DOWN
 from app.models import Tenant, utcnow
+from app.training import states
 from app.training.forget import forgotten_since, scrub_job_clients, without_forgotten
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
@@ -122,17 +122,17 @@ def algorithm_of(job: TrainingJob) -> tuple[Algorithm, Any]:
 
 
 _BLOCKS: collections.OrderedDict[tuple[int, int, str], RatingBlock] = collections.OrderedDict()
-_BLOCK_CACHE_SIZE = 512
+_BLOCK_CACHE_SIZE = 4096
 
 
 def _block(jc: JobClient, which: str) -> RatingBlock:
-    """A job's blocks never change: decompress each once per process (LRU keyed by a digest
-    of the stored bytes, so a cache never confuses two databases' jobs with the same id)."""
-    blob = jc.train_block if which == "train" else jc.test_block
-    key = (jc.job_id, jc.client_index, hashlib.blake2b(blob, digest_size=16).hexdigest())
+    """A job's blocks change only when a forgotten user is scrubbed: decompress each once
+    per process (LRU keyed by the digest stored with the block, so neither a round nor a
+    cache hit fetches the blob, and a cache never confuses two databases' jobs)."""
+    key = (jc.job_id, jc.client_index, jc.train_digest if which == "train" else jc.test_digest)
     block = _BLOCKS.get(key)
-    if block is None:
-        block = RatingBlock.from_bytes(blob)
+    if block is None:  # loads the deferred column now
+        block = RatingBlock.from_bytes(jc.train_block if which == "train" else jc.test_block)
         _BLOCKS[key] = block
         if len(_BLOCKS) > _BLOCK_CACHE_SIZE:
             _BLOCKS.popitem(last=False)
@@ -145,12 +145,13 @@ def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
                 ) -> TrainingJob | None:
     """The job if round ``round_`` is the next one to run, else None (stale task).
 
-    Loads the global message with it; the server state too when ``lock`` (the aggregate
-    step is the only one that reads it).
+    Loads the shared part of the server state with it when ``lock`` (the aggregate step
+    is the only one that reads it); the global message is read through
+    :func:`app.training.states.load_global` (from memory when its digest is there).
     """
-    blobs = [TrainingJob.global_msg, *([TrainingJob.server_state] if lock else [])]
-    q = (sa.select(TrainingJob).where(TrainingJob.id == job_id)
-         .options(*(orm.undefer(c) for c in blobs)))
+    q = sa.select(TrainingJob).where(TrainingJob.id == job_id)
+    if lock:
+        q = q.options(orm.undefer(TrainingJob.server_state))
     job = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
     if job is None or job.status not in ("queued", "running"):
         return None
@@ -158,7 +159,7 @@ def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
 
 
 def _selected(job: TrainingJob, alg: Algorithm, round_: int) -> list[int]:
-    glob = Message.from_bytes(job.global_msg)
+    glob = states.load_global(job)
     return [int(i) for i in select_clients(alg, glob, len(job.tenant_ids), job.per_round,
                                            job.seed, round_)]
 
@@ -251,19 +252,19 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             return
         alg, cfg = algorithm_of(job)
         if s.get(RoundUpload, (job_id, round_, client)) is None:
-            jc = s.get(JobClient, (job_id, client),
-                       options=[orm.undefer(JobClient.train_block)])
+            jc = s.get(JobClient, (job_id, client))
             gone = forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
             train = without_forgotten(_block(jc, "train"), jc.user_keys, gone)
             local, upload = client_round(
-                alg, cfg, round_, job.seed, client, Message.from_bytes(job.global_msg),
-                Message.from_bytes(jc.local_state), train)
+                alg, cfg, round_, job.seed, client, states.load_global(job),
+                states.load_locals(s, job_id, [jc])[client], train)
             event = refused = None
             if upload is not None:
                 upload, event, refused = _privatise(s, job, alg, cfg, jc.tenant_id, client,
                                                      round_, upload)
+            states.stage_local(s, job_id, client, round_, local)
             s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
-                              local_state=local.to_bytes(), refused=refused,
+                              refused=refused,
                               upload=None if upload is None else upload.to_bytes()))
             if event is not None:  # charged in the same transaction that stores the upload
                 s.add(LedgerEntry(tenant_id=jc.tenant_id, job_id=job_id, round=round_,
@@ -285,7 +286,7 @@ def round_complete(s: Session, job: TrainingJob, alg: Algorithm, round_: int) ->
 
 
 def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Message,
-              clients: list[JobClient], locals_: dict[int, bytes]) -> dict[str, Any]:
+              clients: list[JobClient], locals_: dict[int, Message]) -> dict[str, Any]:
     """Training objective and test RMSE/MAE, overall and per tenant (same arithmetic as
     :func:`algorithms.simulate.evaluate`, so a job matches a simulation number for number).
 
@@ -300,7 +301,7 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
     for jc in clients:
         if jc.client_index in remote:  # an agent evaluates on its own machine
             continue
-        state = Message.from_bytes(locals_[jc.client_index])
+        state = locals_[jc.client_index]
         part = tenant_errors(alg, glob, state, _block(jc, "test"), scales[jc.tenant_id])
         objective += float(alg.objective(glob, state, _block(jc, "train"), cfg))
         parts.append(part)
@@ -313,7 +314,7 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
 
 
 def _final_ranking(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
-                   clients: list[JobClient]) -> dict[str, Any]:
+                   clients: list[JobClient], locals_: dict[int, Message]) -> dict[str, Any]:
     """Ranking metrics of the final model on the hosted tenants (an agent's U_i stays
     with it) (:mod:`app.training.evaluation`)."""
     from app.training.evaluation import job_ranking
@@ -322,8 +323,8 @@ def _final_ranking(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
         sa.select(Tenant.id, Tenant.rating_min, Tenant.rating_max)
         .where(Tenant.id.in_(job.tenant_ids)))}
     hosted = [jc for jc in clients if jc.client_index not in agent_clients(job)]
-    return job_ranking(alg, glob, hosted, {jc.client_index: jc.local_state for jc in hosted},
-                       scales, _block)
+    return job_ranking(alg, glob, hosted, {jc.client_index: locals_[jc.client_index]
+                                           for jc in hosted}, scales, _block)
 
 
 def _num(x: float) -> float | None:
@@ -356,23 +357,27 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         else:
             received, released_refusals = _release_central(s, job, cfg, round_, uploads)
             n_uploads = len(uploads)
-        server, glob = server_round(alg, cfg, round_, job.seed,
-                                    Message.from_bytes(job.server_state), received)
+        remote = agent_clients(job)
+        before = states.load_server(s, job)
+        server, glob = server_round(alg, cfg, round_, job.seed, before, received)
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
                                  .order_by(JobClient.client_index)
-                                 .options(orm.undefer(JobClient.train_block),
-                                          orm.undefer(JobClient.test_block))
                                  .with_for_update(key_share=True)))  # before tombstones
+        moved = [jc for jc in clients if jc.client_index in staged
+                 and jc.client_index not in remote]
         for jc in clients:
             if jc.client_index in staged:
-                jc.local_state = staged[jc.client_index].local_state
                 jc.transmissions += staged[jc.client_index].upload is not None
+        states.commit_locals(s, job_id, moved, round_)
+        s.flush()
         scrub_job_clients(s, job, clients)  # deletions win over evaluation and publishing
-        metrics = _evaluate(s, job, alg, cfg, glob,
-                            clients, {jc.client_index: jc.local_state for jc in clients})
+        locals_ = states.load_locals(s, job_id, [jc for jc in clients
+                                                 if jc.client_index not in remote])
+        metrics = _evaluate(s, job, alg, cfg, glob, clients, locals_)
         started = (job.latest_metrics or {}).get("round_started", time.time())
         seconds = max(0.0, time.time() - started)
-        ranking = _final_ranking(s, job, alg, glob, clients) if round_ >= job.rounds else None
+        ranking = (_final_ranking(s, job, alg, glob, clients, locals_)
+                   if round_ >= job.rounds else None)
         missed = [job.tenant_ids[i] for i in missing]
         if missed:
             log.info("job %s round %s closed at its deadline without %s", job_id, round_,
@@ -385,7 +390,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         refused.update(released_refusals)
         if refused:
             job.stopped_tenants = {**refused, **(job.stopped_tenants or {})}
-        job.global_msg, job.server_state = glob.to_bytes(), server.to_bytes()
+        states.store_global(job, glob)
+        states.save_server(s, job, before, server)
         job.current_round = round_
         job.attempts, job.error = 0, None  # failures are counted per round
         job.latest_metrics = {"round": round_, "objective": metrics["objective"],
@@ -396,22 +402,21 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                                                RoundUpload.round == round_))
         done = round_ >= job.rounds
         if done:
-            _finish(s, job, alg, glob, clients)
+            _finish(s, job, alg, glob, clients, locals_)
         s.commit()
     if not done:
         dispatch.send(TASK_START, job_id, round_ + 1)
 
 
 def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
-            clients: list[JobClient]) -> None:
+            clients: list[JobClient], locals_: dict[int, Message]) -> None:
     """Mark the job completed and publish every tenant's serving factors (or fail it,
     publishing nothing, when any factor is not finite)."""
     from app.training.snapshots import non_finite_factors, write_snapshot
 
     remote = agent_clients(job)  # an agent serves its own users from its own factors
     clients = [jc for jc in clients if jc.client_index not in remote]
-    factors = {jc.tenant_id: alg.factors(glob, Message.from_bytes(jc.local_state))
-               for jc in clients}
+    factors = {jc.tenant_id: alg.factors(glob, locals_[jc.client_index]) for jc in clients}
     job.finished_at = utcnow()
     problem = non_finite_factors(factors)
     if problem:
@@ -422,7 +427,7 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
         a, b = factors[jc.tenant_id]
         trained = np.unique(_block(jc, "train").cols)  # the tenant's own rated items
         link = None if alg.serving_link is None else alg.serving_link(
-            glob, Message.from_bytes(jc.local_state))
+            glob, locals_[jc.client_index])
         write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained, link)
 
 

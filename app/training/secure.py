@@ -273,7 +273,7 @@ def accept(s: Session, job: TrainingJob, client: int, round_: int, phase: str,
                                  "secure_aggregation": True}))
         charged = event.as_list()
     if phase == "unmask":  # the tenant's part of the round is done
-        s.add(RoundUpload(job_id=job.id, round=round_, client_index=client, local_state=b"",
+        s.add(RoundUpload(job_id=job.id, round=round_, client_index=client,
                           upload=None, refused=None))
     try:
         s.commit()

@@ -17,8 +17,9 @@ from agent.state import AgentState
 from algorithms import Message, RatingBlock
 from algorithms._messages import messages_equal
 from algorithms.synthetic import generate_ratings
-from app.training.models import JobClient, LedgerEntry, RoundUpload, TrainingJob
 from app.training.models import JobRound as JobRoundRow
+from app.training.models import LedgerEntry, RoundUpload, TrainingJob
+from app.training.states import committed_states
 from privacy.ledger import Budget
 from tests.training_helpers import csv_body, wait_job
 
@@ -112,8 +113,7 @@ def max_diff(a: Message, b: Message) -> float:
 def states(app, job_id):
     with app.state.sessions() as s:
         job = s.get(TrainingJob, job_id)
-        locals_ = s.scalars(sa.select(JobClient.local_state).where(JobClient.job_id == job_id)
-                            .order_by(JobClient.client_index)).all()
+        locals_ = [b or b"" for b in committed_states(s, job_id)]
         return Message.from_bytes(job.global_msg), locals_, job
 
 
@@ -686,7 +686,9 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
     from privacy.distributed import SecureAggregationPrivatizer
 
     app, client, _, agent_tenants, rows = fed
-    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=6.0,  # room for a load
+    # the keys phase is the first quarter of the round: the agents, set up after the round
+    # started, need more than 0.5 s (1.5 s here) on a loaded machine to send theirs
+    job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=6.0,
                          privacy={"dropout_tolerance": 0.4})
     agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
               for t, (_, key) in enumerate(agent_tenants)]

@@ -20,6 +20,7 @@ from app.db import downgrade, make_engine, migrate
 from app.main import create_app
 from app.training import jobs
 from app.training.models import FactorSnapshot
+from app.training.states import local_state_bytes
 from tests.app.conftest import refusal
 from tests.integration.conftest import wait_for
 from tests.training_helpers import csv_body, job_ratings, make_tenants, submit_job, wait_job
@@ -176,7 +177,8 @@ def test_forgetting_zeroes_the_users_rows_of_every_stored_local_state(env):
         with app.state.sessions() as s:
             jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job["id"],
                                                       JobClient.tenant_id == tid)).one()
-            return list(jc.user_keys), Message.from_bytes(jc.local_state)
+            return list(jc.user_keys), Message.from_bytes(
+                local_state_bytes(s, job["id"], jc.client_index))
 
     keys, before = stored()
     row = keys.index(user)

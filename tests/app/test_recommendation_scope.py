@@ -13,6 +13,7 @@ from algorithms import Message, RatingBlock, registry
 from app.models import Item
 from app.training import pipeline
 from app.training.models import FactorSnapshot, JobClient, TrainingJob
+from app.training.states import local_state_bytes
 from tests.training_helpers import csv_body, make_tenants, submit_job, wait_job
 
 
@@ -44,7 +45,8 @@ def _expected(app, job_id: int, tid: int, user: str):
         jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id,
                                                   JobClient.tenant_id == tid)).one()
         a, b = registry.get(job.algorithm).factors(Message.from_bytes(job.global_msg),
-                                                   Message.from_bytes(jc.local_state))
+                                                   Message.from_bytes(local_state_bytes(
+                                                       s, job_id, jc.client_index)))
         key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
         columns = [key_of[int(i)] for i in pipeline.item_ids_from_bytes(job.item_ids)]
         trained = np.unique(RatingBlock.from_bytes(jc.train_block).cols)
@@ -99,7 +101,8 @@ def test_a_sigmoid_link_model_is_served_with_its_predictions(env):
         stored = s.get(TrainingJob, job["id"])
         jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job["id"],
                                                   JobClient.tenant_id == tid)).one()
-        glob, local = Message.from_bytes(stored.global_msg), Message.from_bytes(jc.local_state)
+        glob = Message.from_bytes(stored.global_msg)
+        local = Message.from_bytes(local_state_bytes(s, job["id"], jc.client_index))
         key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
         columns = [key_of[int(i)] for i in pipeline.item_ids_from_bytes(stored.item_ids)]
         train, test = (RatingBlock.from_bytes(b) for b in (jc.train_block, jc.test_block))

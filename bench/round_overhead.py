@@ -1,0 +1,287 @@
+"""The service's overhead per training round beyond the algorithm's own compute.
+
+A FedMC-ADMM job (rank 10, N = 10, no DP noise) runs through the service's round pipeline
+(:mod:`app.training.pipeline`: start, one client step per sampled tenant, aggregate with
+evaluation, every task executed in this process) on a fresh PostgreSQL database; the same
+rounds of the same federation (the job's stored blocks, seed and sampling) are then timed
+through :func:`algorithms.simulate.simulate` with evaluation every round, as the service
+evaluates. Overhead = service seconds per round - simulator seconds per round (medians over
+rounds 2..R-1: round 1 pays JIT compilation and first decompressions, the last one
+publishes the serving factors). Two federations: MovieLens 1M split into 100 tenants,
+10 sampled per round, and a synthetic federation of 1,000 small tenants, 10 per round,
+whose overhead must not grow with the 990 tenants that sit the round out.
+
+    nice -n 10 python -m bench.round_overhead [--rounds 8] [--only ml-1m|synthetic]
+        [--pg "host=127.0.0.1 port=5432 user=postgres dbname=test"] [--baseline DIR]
+
+``--baseline DIR`` first runs this same file against another checkout's code (e.g. the
+main branch before this storage), federation by federation, interleaved with this one, and
+prints both: a before/after in one run.
+
+The machine is shared, so wall time is noisy: the CPU columns (this process plus the
+PostgreSQL backends serving the database, read from /proc, minus the simulator's CPU) give
+the overhead independent of other load. Needs FEDREC_DATA_DIR (MovieLens 1M) and a
+PostgreSQL server on this machine; the database it creates is dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import time
+import uuid
+
+import numpy as np
+import sqlalchemy as sa
+
+from algorithms import registry
+from algorithms.data import Federation, Ratings, load_movielens
+from algorithms.simulate import simulate
+from algorithms.synthetic import generate_ratings
+
+CONFIG = {"rank": 10, "inner_steps": 10}
+SEED = 7
+
+
+def _database(admin: str) -> tuple[str, str]:
+    import psycopg
+
+    from app.db import migrate
+
+    name = f"fedrec_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    migrate(url)
+    return name, url
+
+
+def _drop(admin: str, name: str) -> None:
+    import psycopg
+
+    from app.db import engine_for
+
+    engine_for.cache_clear()
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _load(sessions, ratings: Ratings, n_tenants: int) -> list[int]:
+    """Tenants (users dealt round-robin in id order), users, items and ratings, written
+    directly (COPY for the ratings: the upload path is not what this measures)."""
+    from app.models import Item, Tenant, User
+
+    items = np.unique(ratings.items)
+    users = np.unique(ratings.users)
+    lo, hi = float(ratings.values.min()), float(ratings.values.max())
+    with sessions() as s:
+        tenants = [Tenant(name=f"bench-{i}", rating_min=lo, rating_max=hi,
+                          privacy_budget=1e9, allow_non_private=True)
+                   for i in range(n_tenants)]
+        s.add_all(tenants)
+        s.flush()
+        tids = [t.id for t in tenants]
+        s.execute(sa.insert(Item), [{"key": str(i)} for i in items])
+        s.execute(sa.insert(User), [{"tenant_id": tids[k % n_tenants], "key": str(u)}
+                                    for k, u in enumerate(users)])
+        s.flush()
+        item_id = dict((k, i) for k, i in s.execute(sa.select(Item.key, Item.id)))
+        user_id = dict((k, i) for k, i in s.execute(sa.select(User.key, User.id)))
+        buf = io.StringIO()
+        for u, i, v in zip(ratings.users.tolist(), ratings.items.tolist(),
+                           ratings.values.tolist(), strict=True):
+            buf.write(f"{user_id[str(u)]}\t{item_id[str(i)]}\t{v!r}\n")
+        raw = s.connection().connection.driver_connection
+        with raw.cursor().copy("COPY ratings (user_id, item_id, value) FROM STDIN") as cp:
+            cp.write(buf.getvalue())
+        s.commit()
+    return tids
+
+
+def _pg_cpu(admin: str, dbname: str) -> float:
+    """CPU seconds used so far by the PostgreSQL backends serving ``dbname`` (read from
+    /proc: the server runs on this machine; 0 where it cannot be read)."""
+    import psycopg
+
+    with psycopg.connect(admin, autocommit=True) as conn:
+        pids = [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,))]
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _service(sessions, tids: list[int], rounds: int, per_round: int,
+             pg_cpu=lambda: 0.0) -> tuple[int, list[float], list[float], list[float]]:
+    """(job id, wall seconds per round, CPU seconds of this process per round, CPU
+    seconds of the PostgreSQL backends per round)."""
+    from app.training import pipeline
+    from app.training.jobs import JobSpec, create_job
+
+    with sessions() as s:
+        job_id = create_job(s, JobSpec("fedmc-admm", tids, rounds, per_round, SEED, CONFIG,
+                                       {"mechanism": "none"})).id
+    marks: list[tuple[float, float, float]] = []
+
+    def mark() -> None:
+        pg = pg_cpu()  # before the clocks: the query's own time is not the round's
+        marks.append((time.perf_counter(), time.process_time(), pg))
+
+    class Timed(pipeline.InlineDispatcher):
+        def send(self, task: str, *args: int) -> None:
+            if task == pipeline.TASK_START:
+                mark()
+            super().send(task, *args)
+
+    dispatch = Timed(sessions)
+    dispatch.send(pipeline.TASK_START, job_id, 1)
+    dispatch.drain()
+    mark()
+    from app.training.models import TrainingJob
+
+    with sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        assert job.status == "completed" and job.current_round == rounds, (job.status,
+                                                                            job.error)
+    wall, cpu, pg = ([b[k] - a[k] for a, b in zip(marks, marks[1:], strict=False)]
+                     for k in range(3))
+    return job_id, wall, cpu, pg
+
+
+def _federation(sessions, job_id: int, scale: tuple[float, float]) -> Federation:
+    from algorithms import RatingBlock
+    from app.training.models import JobClient, TrainingJob
+    from app.training.pipeline import item_ids_from_bytes
+
+    with sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        rows = s.execute(sa.select(JobClient.train_block, JobClient.test_block,
+                                   JobClient.user_keys).where(JobClient.job_id == job_id)
+                         .order_by(JobClient.client_index)).all()
+        items = item_ids_from_bytes(job.item_ids)
+    return Federation([RatingBlock.from_bytes(r[0]) for r in rows],
+                      [RatingBlock.from_bytes(r[1]) for r in rows],
+                      [np.array(r[2]) for r in rows], items, scale)
+
+
+def _compute(fed: Federation, rounds: int, per_round: int) -> tuple[list[float], list[float]]:
+    alg = registry.get("fedmc-admm")
+    cfg = alg.config(**CONFIG)
+    marks = [(time.perf_counter(), time.process_time())]
+    simulate(alg, cfg, fed, rounds=rounds, per_round=per_round, seed=SEED, evaluate_every=1,
+             on_round=lambda rec: marks.append((time.perf_counter(), time.process_time())))
+    return ([b[0] - a[0] for a, b in zip(marks, marks[1:], strict=False)],
+            [b[1] - a[1] for a, b in zip(marks, marks[1:], strict=False)])
+
+
+def _storage(url: str, job_id: int) -> dict[str, int]:
+    """Bytes the job keeps in its tables (as PostgreSQL stores them)."""
+    import psycopg
+
+    out = {}
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+        for table in ("training_jobs", "job_clients", "job_server_parts", "round_uploads"):
+            ok = conn.execute("SELECT to_regclass(%s)", (table,)).fetchone()[0]
+            if ok:
+                out[table] = conn.execute(
+                    "SELECT pg_total_relation_size(%s)", (table,)).fetchone()[0]
+    return out
+
+
+def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: int,
+        admin: str) -> dict:
+    from app.db import engine_for, session_factory
+
+    name, url = _database(admin)
+    try:
+        sessions = session_factory(engine_for(url))
+        tids = _load(sessions, ratings, n_tenants)
+        job_id, wall, cpu, pg = _service(sessions, tids, rounds, per_round,
+                                         lambda: _pg_cpu(admin, name))
+        fed = _federation(sessions, job_id, (float(ratings.values.min()),
+                                             float(ratings.values.max())))
+        c_wall, c_cpu = _compute(fed, rounds, per_round)
+        sizes = _storage(url, job_id)
+    finally:
+        _drop(admin, name)
+    mid = slice(1, rounds - 1)
+    med = statistics.median
+    row = {"federation": label, "tenants": n_tenants, "per_round": per_round,
+           "ratings": len(ratings), "rounds": rounds,
+           "service_ms": 1e3 * med(wall[mid]), "compute_ms": 1e3 * med(c_wall[mid]),
+           "service_cpu_ms": 1e3 * med(cpu[mid]), "compute_cpu_ms": 1e3 * med(c_cpu[mid]),
+           "overhead_ms": 1e3 * med([w - c for w, c in zip(wall[mid], c_wall[mid],
+                                                             strict=True)]),
+           "pg_cpu_ms": 1e3 * med(pg[mid]),
+           "overhead_cpu_ms": 1e3 * med([a + p - c for a, p, c in zip(
+               cpu[mid], pg[mid], c_cpu[mid], strict=True)]),
+           "storage_bytes": sizes, "load": os.getloadavg()[0]}
+    return row
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--only", choices=["ml-1m", "synthetic"])
+    p.add_argument("--pg", default=os.environ.get(
+        "FEDREC_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=test"))
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run against the code of this checkout (before/after)")
+    p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.rounds < 3:
+        p.error("--rounds must be at least 3 (round 1 and the last are left out)")
+    rows = []
+    for label in ("ml-1m", "synthetic"):
+        if args.only not in (None, label):
+            continue
+        if args.baseline:
+            rows.append(_baseline(args.baseline, label, args.rounds, args.pg))
+        if label == "ml-1m":
+            rows.append(run("ml-1m", load_movielens("ml-1m"), 100, 10, args.rounds, args.pg))
+        else:
+            synth = generate_ratings(10_000, 300, 200_000, rank=5, seed=0)
+            rows.append(run("synthetic", synth, 1000, 10, args.rounds, args.pg))
+    if args.json:
+        print(json.dumps(rows))
+        return
+    print("wall: service and simulator seconds per round; CPU: this process (service "
+          "steps / simulator) and the PostgreSQL backends; medians over rounds 2..R-1")
+    print(f"{'federation':<17} {'tenants':>7} {'/round':>6} {'svc wall':>8} "
+          f"{'alg wall':>8} {'overhead':>8} | {'svc CPU':>7} {'PG CPU':>6} {'alg CPU':>7} "
+          f"{'overhead':>8} {'load':>5}")
+    for r in rows:
+        print(f"{r['federation'] + r.get('code', ''):<17} {r['tenants']:>7} {r['per_round']:>6} "
+              f"{r['service_ms']:>8.1f} {r['compute_ms']:>8.1f} {r['overhead_ms']:>8.1f} | "
+              f"{r['service_cpu_ms']:>7.1f} {r['pg_cpu_ms']:>6.1f} {r['compute_cpu_ms']:>7.1f} "
+              f"{r['overhead_cpu_ms']:>8.1f} {r['load']:>5.2f}")
+    for r in rows:
+        print(f"{r['federation']}{r.get('code', '')}: bytes in the job's tables after it "
+              f"(dead rows included) {r['storage_bytes']}")
+
+
+def _baseline(checkout: str, label: str, rounds: int, admin: str) -> dict:
+    """This benchmark's row for ``label`` run on the code of ``checkout``."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json", "--only", label,
+                          "--rounds", str(rounds), "--pg", admin], env=env, cwd=checkout,
+                         check=True, capture_output=True, text=True).stdout
+    row = json.loads(out.strip().splitlines()[-1])[0]
+    row["code"] = " (base)"
+    return row
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""How a job's states are stored between tasks (app.training.states): per-client server
+parts rewritten only when changed, local states versioned and committed by pointer, and
+blobs a worker holds never fetched again (their digests are read instead)."""
+
+from __future__ import annotations
+
+import numpy as np
+import sqlalchemy as sa
+
+from algorithms import Message, registry
+from algorithms.simulate import simulate
+from app.db import downgrade, migrate
+from app.training import pipeline, states
+from app.training.jobs import JobSpec, create_job
+from app.training.models import JobClient, JobLocalState, JobRound, JobServerPart, TrainingJob
+from tests.training_helpers import CONFIG, federation_of, make_tenants
+
+BLOBS = ("job_local_states.state", "job_server_parts.part", "job_clients.train_block",
+         "job_clients.test_block", "training_jobs.global_msg")
+
+
+def _job(app, client, n=4, rounds=3, per_round=2):
+    make_tenants(client, n=n)
+    with app.state.sessions() as s:
+        tids = [t["id"] for t in client.get("/admin/tenants").json()["data"]]
+        return create_job(s, JobSpec("fedmc-admm", tids, rounds, per_round, 5, CONFIG,
+                                     {"mechanism": "none"})).id
+
+
+def _round(app, job_id: int, round_: int) -> list[str]:
+    """Run round ``round_`` task by task; returns the SELECT statements it sent."""
+    seen: list[str] = []
+    engine = app.state.sessions.kw["bind"]
+
+    def record(conn, cursor, statement, *args):
+        seen.append(statement.lower())
+
+    dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    dispatch.send(pipeline.TASK_START, job_id, round_)
+    sa.event.listen(engine, "before_cursor_execute", record)
+    try:
+        while dispatch._queue:
+            task, args = dispatch._queue.popleft()
+            if task == pipeline.TASK_START and args[1] != round_:
+                break  # the next round: not this one
+            pipeline.TASKS[task](app.state.sessions, dispatch, *args)
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", record)
+    return [q for q in seen if q.lstrip().startswith("select")]
+
+
+def _parts(s, job_id: int) -> dict[int, str]:
+    return dict(s.execute(sa.select(JobServerPart.client_index, JobServerPart.digest)
+                          .where(JobServerPart.job_id == job_id)).all())
+
+
+def test_a_round_rewrites_the_parts_of_the_tenants_that_uploaded_and_no_other(env):
+    app, client = env
+    job_id = _job(app, client, n=4, rounds=3, per_round=2)
+    for k in (1, 2, 3):
+        with app.state.sessions() as s:
+            before = _parts(s, job_id)
+        _round(app, job_id, k)
+        with app.state.sessions() as s:
+            after = _parts(s, job_id)
+            sampled = s.get(JobRound, (job_id, k)).participants
+        assert len(after) == 4
+        assert {i for i in after if after[i] != before[i]} == set(sampled)
+    fed, job = federation_of(app, job_id)
+    alg = registry.get("fedmc-admm")
+    sim = simulate(alg, alg.config(**CONFIG), fed, rounds=3, per_round=2, seed=5)
+    states.clear_caches()  # rebuilt from the rows alone
+    with app.state.sessions() as s:
+        stored = states.load_server(s, s.get(TrainingJob, job_id))
+        assert stored.to_bytes() == sim.server_state.to_bytes()
+        shared = Message.from_bytes(s.get(TrainingJob, job_id).server_state)
+        assert shared.C.shape[0] == 0  # the job row holds no client's part
+        locals_ = states.committed_states(s, job_id)
+    assert locals_ == [m.to_bytes() for m in sim.local_states]
+
+
+def test_a_committed_round_keeps_one_version_per_tenant_and_a_round_in_flight_two(env):
+    app, client = env
+    job_id = _job(app, client, n=4, rounds=2, per_round=2)
+    _round(app, job_id, 1)
+    dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    pipeline.TASKS[pipeline.TASK_START](app.state.sessions, dispatch, job_id, 2)
+    clients = [args for task, args in dispatch._queue if task == pipeline.TASK_CLIENT]
+    for args in clients:
+        pipeline.TASKS[pipeline.TASK_CLIENT](app.state.sessions, dispatch, *args)
+    with app.state.sessions() as s:
+        versions = s.execute(sa.select(JobLocalState.client_index, JobLocalState.round)
+                             .where(JobLocalState.job_id == job_id)).all()
+        committed = dict(s.execute(sa.select(JobClient.client_index, JobClient.state_round)
+                                   .where(JobClient.job_id == job_id)).all())
+    staged = {args[2] for args in clients}
+    assert sorted(versions) == sorted([(i, committed[i]) for i in range(4)]
+                                      + [(i, 2) for i in staged])
+    assert all(committed[i] <= 1 for i in range(4))  # round 2 is not committed yet
+    pipeline.TASKS[pipeline.TASK_AGGREGATE](app.state.sessions, dispatch, job_id, 2)
+    with app.state.sessions() as s:
+        rows = s.execute(sa.select(JobClient.client_index, JobClient.state_round,
+                                   JobClient.state_digest).where(JobClient.job_id == job_id)
+                         ).all()
+        versions = dict(((c, r), d) for c, r, d in s.execute(
+            sa.select(JobLocalState.client_index, JobLocalState.round, JobLocalState.digest)
+            .where(JobLocalState.job_id == job_id)))
+    assert len(versions) == 4  # superseded versions deleted with the commit
+    for c, r, d in rows:
+        assert versions[(c, r)] == d
+        assert (r == 2) == (c in staged)
+
+
+def test_a_worker_reads_digests_not_the_blobs_it_holds(env):
+    app, client = env
+    job_id = _job(app, client, n=4, rounds=3, per_round=2)
+    _round(app, job_id, 1)  # warms this process's copies
+    warm = _round(app, job_id, 2)
+    assert not [q for q in warm if any(b in q for b in BLOBS)], warm
+    assert any("job_server_parts.digest" in q for q in warm)
+    states.clear_caches()  # a fresh worker must fetch them all
+    pipeline._BLOCKS.clear()
+    cold = _round(app, job_id, 3)
+    for blob in BLOBS:
+        assert any(blob in q for q in cold), blob
+
+
+def test_a_copy_changed_in_the_database_is_refetched_by_its_digest(env):
+    """Another worker (or a forgotten user's scrub) rewrote a part and a local state: the
+    digests differ from this process's, so its copies are not used."""
+    app, client = env
+    job_id = _job(app, client, n=3, rounds=2, per_round=3)
+    _round(app, job_id, 1)
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        held = states.load_server(s, job)
+        jc = s.get(JobClient, (job_id, 1))
+        local = states.load_locals(s, job_id, [jc])[1]
+        part = held.C[1] + 1.0
+        blob = states._part(held.replace(C=np.stack([held.C[0], part, held.C[2]])), 1)
+        s.execute(sa.update(JobServerPart).where(JobServerPart.job_id == job_id,
+                                                 JobServerPart.client_index == 1)
+                  .values(part=blob, digest=states.digest(blob)))
+        changed = local.replace(U=local.U + 1.0).to_bytes()
+        s.execute(sa.update(JobLocalState).where(
+            JobLocalState.job_id == job_id, JobLocalState.client_index == 1,
+            JobLocalState.round == jc.state_round)
+            .values(state=changed, digest=states.digest(changed)))
+        jc.state_digest = states.digest(changed)
+        s.commit()
+    with app.state.sessions() as s:
+        now = states.load_server(s, s.get(TrainingJob, job_id))
+        assert np.array_equal(now.C[1], part) and np.array_equal(now.C[0], held.C[0])
+        again = states.load_locals(s, job_id, [s.get(JobClient, (job_id, 1))])[1]
+        assert np.array_equal(again.U, local.U + 1.0)
+
+
+def test_migration_0010_converts_a_running_job_both_ways(env, tmp_path):
+    app, client = env
+    job_id = _job(app, client, n=3, rounds=4, per_round=2)
+    _round(app, job_id, 1)
+    _round(app, job_id, 2)
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        server = states.load_server(s, job).to_bytes()
+        locals_ = states.committed_states(s, job_id)
+        url = str(s.get_bind().url)
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0009")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        old = conn.execute(sa.text("SELECT local_state FROM job_clients WHERE job_id = :j "
+                                   "ORDER BY client_index"), {"j": job_id}).scalars().all()
+        full = conn.execute(sa.text("SELECT server_state FROM training_jobs WHERE id = :j"),
+                            {"j": job_id}).scalar()
+    engine.dispose()
+    assert [bytes(b) for b in old] == locals_
+    assert bytes(full) == server
+    migrate(url)
+    states.clear_caches()
+    with app.state.sessions() as s:
+        job = s.get(TrainingJob, job_id)
+        assert states.load_server(s, job).to_bytes() == server
+        assert states.committed_states(s, job_id) == locals_
+    _round(app, job_id, 3)  # and the job carries on
+    with app.state.sessions() as s:
+        assert s.get(TrainingJob, job_id).current_round == 3
