@@ -22,7 +22,7 @@ BLOBS = ("job_local_states.state", "job_server_parts.part", "job_clients.train_b
 def _job(app, client, n=4, rounds=3, per_round=2):
     make_tenants(client, n=n)
     with app.state.sessions() as s:
-        tids = [t["id"] for t in client.get("/admin/tenants").json()["data"]]
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         return create_job(s, JobSpec("fedmc-admm", tids, rounds, per_round, 5, CONFIG,
                                      {"mechanism": "none"})).id
 
