@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from algorithms import Message, RatingBlock, registry
+from algorithms import Message, RatingBlock, felb, registry
 from algorithms.base import Algorithm, AlgorithmConfig
-from algorithms import felb
 from algorithms.binary_metrics import (
     binarise,
     boolean_confusion,
