@@ -54,20 +54,26 @@ NOTE = {
 }
 
 
-#: MovieLens 25M (Table 2's Movielens row; 59,047 of its 62,423 movie ids have ratings)
-ML25M = {"n_users": 162_541, "n_items": 59_047, "n_ratings": 25_000_095}
+#: shapes of the synthetic sets: MovieLens 25M (Table 2's Movielens row; 59,047 of its
+#: 62,423 movie ids have ratings) and, to measure what the generator changes against real
+#: data, MovieLens 1M
+SHAPES = {"ml-25m": {"n_users": 162_541, "n_items": 59_047, "n_ratings": 25_000_095},
+          "ml-1m": {"n_users": 6_040, "n_items": 3_706, "n_ratings": 1_000_209}}
 
 
-def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0) -> Federation:
-    """Binarised (>= 3.5) synthetic ratings of MovieLens 25M's shape in ``clients`` tenants.
+def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0,
+                     shape: str = "ml-25m") -> Federation:
+    """Binarised (>= 3.5) synthetic ratings of MovieLens 25M's (or ``shape``'s) shape in
+    ``clients`` tenants.
 
     ``fraction`` < 1 scales users, ratings and tenants together (items stay 59,047), so a
     tenant keeps about 3,250 users: a quicker run of the same per-tenant problem. Every
     block is training data; ``test`` blocks are empty (Table 1 scores the fit itself).
     """
     n_clients = max(1, round(clients * fraction))
-    ratings = generate_tenant_ratings(round(ML25M["n_users"] * fraction), ML25M["n_items"],
-                                      round(ML25M["n_ratings"] * fraction), n_clients,
+    dims = SHAPES[shape]
+    ratings = generate_tenant_ratings(round(dims["n_users"] * fraction), dims["n_items"],
+                                      round(dims["n_ratings"] * fraction), n_clients,
                                       seed=seed)
     empty = [RatingBlock(np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(0),
                          b.n_users, b.n_items) for b in ratings.blocks]
@@ -83,10 +89,10 @@ def _timed(fn):
 
 
 def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
-                   fraction: float) -> dict:
+                   fraction: float, shape: str = "ml-25m") -> dict:
     """F1 and RMSD of Felb, Felb-MU (and the voting baseline unless ``baseline_iters`` is
     0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part."""
-    fed, wall, cpu = _timed(lambda: paper_federation(seed, clients, fraction))
+    fed, wall, cpu = _timed(lambda: paper_federation(seed, clients, fraction, shape))
     ones = sum(b.nnz for b in fed.train)
     print(f"seed {seed} data: {fed.n_clients} tenants, {sum(b.n_users for b in fed.train)} "
           f"users, {fed.n_items} items, {ones} ones; {cpu} s CPU", flush=True)
@@ -156,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fraction", type=float, default=None,
                     help="with --paper-size: this fraction of its users, ratings and "
                          "tenants (default 1; 0.04 with --quick)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="ml-25m",
+                    help="with --paper-size: the shape of the synthetic set (ml-1m measures "
+                         "the generator against the real ML-1M run; result file "
+                         "felb_table1_paper_ml-1m.json)")
     ap.set_defaults(seeds=None)
     args = ap.parse_args(argv)
     if args.paper_size:
@@ -189,6 +199,9 @@ PAPER_NOTE = {
     "vote": "paper's Elbmf-vote column; here fewer local Elbmf iterations (see command)",
 }
 
+SHAPE_NOTE = ("the generator at ML-1M's shape (50 tenants of ~121 users), to set beside the "
+              "real ML-1M rows")
+
 
 def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     """The ``--paper-size`` run: one result file, ``felb_table1_paper.json``."""
@@ -197,23 +210,29 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     rounds = args.rounds or (2 if args.quick else 20)
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
-    runs = [run_paper_seed(s, rounds, iters, args.clients, fraction) for s in range(seeds)]
+    runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape)
+            for s in range(seeds)]
     methods = [m for m in PAPER if m in runs[0]]
-    what = "synthetic ML-25M shape" + (f" x {fraction:g}" if fraction != 1 else "")
-    comparisons = [E.comparison(f"{what}, {LABELS[m]}", "F1", PAPER[m],
-                                [r[m]["f1"] for r in runs], PAPER_NOTE[m],
+    dims = SHAPES[args.shape]
+    what = f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
+                                                      else "")
+    paper_shape = args.shape == "ml-25m"  # the ml-1m shape is a diagnostic: no paper figure
+    comparisons = [E.comparison(f"{what}, {LABELS[m]}", "F1", PAPER[m] if paper_shape else None,
+                                [r[m]["f1"] for r in runs],
+                                PAPER_NOTE[m] if paper_shape else SHAPE_NOTE,
                                 lower_is_better=False) for m in methods]
     comparisons += [E.comparison(f"{what}, {LABELS[m]}", "RMSD", None,
                                  [r[m]["rmsd"] for r in runs],
                                  "Table 3's MovieLens RMSD is on another scale", True)
                     for m in methods]
     E.write_result(args.out, "felb_table1", argv, args.quick, {
-        "settings": {"data": "synthetic MovieLens 25M shape", "fraction": fraction,
-                     **{k: round(v * fraction) for k, v in ML25M.items() if k != "n_items"},
-                     "n_items": ML25M["n_items"], "clients": args.clients, "rank": 20,
+        "settings": {"data": f"synthetic {args.shape} shape", "fraction": fraction,
+                     **{k: round(v * fraction) for k, v in dims.items() if k != "n_items"},
+                     "n_items": dims["n_items"], "clients": args.clients, "rank": 20,
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
                      "threshold": 3.5},
-        "comparisons": comparisons, "runs": runs}, stem="felb_table1_paper")
+        "comparisons": comparisons, "runs": runs},
+        stem="felb_table1_paper" + ("" if args.shape == "ml-25m" else f"_{args.shape}"))
     return 0
 
 
