@@ -21,7 +21,8 @@ power-law activity and popularity, low-rank preferences, MovieLens' star histogr
 tenants of about 3,250 users. As in Table 1, each method factorises the whole data matrix
 (no held-out split) and F1 / RMSD compare the Boolean reconstruction with it, computed
 from component bit masks (:func:`algorithms.binary_metrics.boolean_quality`) since the
-users x items product has 10^10 entries. The result goes to ``felb_table1_paper.json``.
+users x items product has 10^10 entries. The result goes to ``felb_table1_paper.json``
+(``--shape``, ``--fraction`` and ``--proximity`` add a suffix: diagnostic variants).
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def _timed(fn):
 
 
 def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
-                   fraction: float, shape: str = "ml-25m") -> dict:
+                   fraction: float, shape: str = "ml-25m",
+                   proximity: float | None = None) -> dict:
     """F1 and RMSD of Felb, Felb-MU (and the voting baseline unless ``baseline_iters`` is
     0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part."""
     fed, wall, cpu = _timed(lambda: paper_federation(seed, clients, fraction, shape))
@@ -101,7 +103,8 @@ def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
     methods = ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
     for m in methods:
         (alg, res, _), wall, cpu = _timed(lambda m=m: S.fit(m, fed, 20, rounds, seed,
-                                                            baseline_iters))
+                                                            baseline_iters,
+                                                            proximity=proximity))
         module = felb if m in felb.ALGORITHMS else binary_baseline
         pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
         (f1, rmsd), _, eval_cpu = _timed(lambda p=pairs: boolean_quality(p, fed.train))
@@ -166,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --paper-size: the shape of the synthetic set (ml-1m measures "
                          "the generator against the real ML-1M run; result file "
                          "felb_table1_paper_ml-1m.json)")
+    ap.add_argument("--proximity", type=float, default=None,
+                    help="with --paper-size: Felb's proximity weight gamma (default "
+                         f"{felb.FelbConfig().proximity:g}; the paper gives no value)")
     ap.set_defaults(seeds=None)
     args = ap.parse_args(argv)
     if args.paper_size:
@@ -210,17 +216,24 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     rounds = args.rounds or (2 if args.quick else 20)
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
-    runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape)
-            for s in range(seeds)]
+    runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape,
+                           args.proximity) for s in range(seeds)]
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
-    what = f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
-                                                      else "")
-    paper_shape = args.shape == "ml-25m"  # the ml-1m shape is a diagnostic: no paper figure
+    variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
+               + ("" if fraction == 1 else f"_x{fraction:g}")
+               + ("" if args.proximity is None else f"_gamma{args.proximity:g}"))
+    what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
+                                                       else "")
+            + ("" if args.proximity is None else f", gamma {args.proximity:g}"))
+    paper_shape = args.shape == "ml-25m" and fraction == 1  # else a diagnostic: no figure
+    note = {m: (PAPER_NOTE[m] if paper_shape else SHAPE_NOTE if args.shape == "ml-1m"
+                else f"diagnostic: {fraction:g} of the users, ratings and tenants")
+            + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
+               f"{felb.FelbConfig().proximity:g}") for m in methods}
     comparisons = [E.comparison(f"{what}, {LABELS[m]}", "F1", PAPER[m] if paper_shape else None,
-                                [r[m]["f1"] for r in runs],
-                                PAPER_NOTE[m] if paper_shape else SHAPE_NOTE,
-                                lower_is_better=False) for m in methods]
+                                [r[m]["f1"] for r in runs], note[m], lower_is_better=False)
+                   for m in methods]
     comparisons += [E.comparison(f"{what}, {LABELS[m]}", "RMSD", None,
                                  [r[m]["rmsd"] for r in runs],
                                  "Table 3's MovieLens RMSD is on another scale", True)
@@ -230,9 +243,10 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                      **{k: round(v * fraction) for k, v in dims.items() if k != "n_items"},
                      "n_items": dims["n_items"], "clients": args.clients, "rank": 20,
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
-                     "threshold": 3.5},
+                     "proximity": (felb.FelbConfig().proximity if args.proximity is None
+                                   else args.proximity), "threshold": 3.5},
         "comparisons": comparisons, "runs": runs},
-        stem="felb_table1_paper" + ("" if args.shape == "ml-25m" else f"_{args.shape}"))
+        stem="felb_table1_paper" + variant)
     return 0
 
 
