@@ -89,11 +89,32 @@ def _timed(fn):
     return out, round(time.perf_counter() - wall, 1), round(time.process_time() - cpu, 1)
 
 
+_FED: Federation | None = None  # the set a forked worker of run_paper_seed reads
+
+
+def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
+                   proximity: float | None) -> dict:
+    """Train method ``m`` on ``_FED`` and score its Boolean reconstruction."""
+    fed = _FED
+    (alg, res, _), wall, cpu = _timed(lambda: S.fit(m, fed, 20, rounds, seed, baseline_iters,
+                                                    proximity=proximity))
+    module = felb if m in felb.ALGORITHMS else binary_baseline
+    pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
+    (f1, rmsd), _, eval_cpu = _timed(lambda: boolean_quality(pairs, fed.train))
+    print(f"seed {seed} {m:8s} F1 {f1:.4f} RMSD {rmsd:.5f} train {cpu} s CPU "
+          f"({wall} s wall), F1 {eval_cpu} s", flush=True)
+    return {"f1": f1, "rmsd": rmsd, "train_cpu_seconds": cpu, "train_wall_seconds": wall,
+            "eval_cpu_seconds": eval_cpu}
+
+
 def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
                    fraction: float, shape: str = "ml-25m",
-                   proximity: float | None = None) -> dict:
+                   proximity: float | None = None, jobs: int = 1) -> dict:
     """F1 and RMSD of Felb, Felb-MU (and the voting baseline unless ``baseline_iters`` is
-    0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part."""
+    0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part.
+    ``jobs`` > 1 trains the methods in that many forked processes (they share the data
+    set's pages; each method's figures are those of a sequential run)."""
+    global _FED
     fed, wall, cpu = _timed(lambda: paper_federation(seed, clients, fraction, shape))
     ones = sum(b.nnz for b in fed.train)
     print(f"seed {seed} data: {fed.n_clients} tenants, {sum(b.n_users for b in fed.train)} "
@@ -101,17 +122,19 @@ def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
     rows: dict = {"data": {"ones": ones, "users": sum(b.n_users for b in fed.train),
                            "tenants": fed.n_clients, "cpu_seconds": cpu, "wall_seconds": wall}}
     methods = ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
-    for m in methods:
-        (alg, res, _), wall, cpu = _timed(lambda m=m: S.fit(m, fed, 20, rounds, seed,
-                                                            baseline_iters,
-                                                            proximity=proximity))
-        module = felb if m in felb.ALGORITHMS else binary_baseline
-        pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
-        (f1, rmsd), _, eval_cpu = _timed(lambda p=pairs: boolean_quality(p, fed.train))
-        rows[m] = {"f1": f1, "rmsd": rmsd, "train_cpu_seconds": cpu,
-                   "train_wall_seconds": wall, "eval_cpu_seconds": eval_cpu}
-        print(f"seed {seed} {m:8s} F1 {f1:.4f} RMSD {rmsd:.5f} train {cpu} s CPU "
-              f"({wall} s wall), F1 {eval_cpu} s", flush=True)
+    args = [(m, seed, rounds, baseline_iters, proximity) for m in methods]
+    _FED = fed
+    try:
+        if jobs > 1:
+            import multiprocessing
+
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(methods))) as pool:
+                results = pool.starmap(_fit_and_score, args)
+        else:
+            results = [_fit_and_score(*a) for a in args]
+    finally:
+        _FED = None
+    rows.update(zip(methods, results, strict=True))
     return rows
 
 
@@ -172,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proximity", type=float, default=None,
                     help="with --paper-size: Felb's proximity weight gamma (default "
                          f"{felb.FelbConfig().proximity:g}; the paper gives no value)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="with --paper-size: train the methods in this many processes")
     ap.set_defaults(seeds=None)
     args = ap.parse_args(argv)
     if args.paper_size:
@@ -217,7 +242,7 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
     runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape,
-                           args.proximity) for s in range(seeds)]
+                           args.proximity, args.jobs) for s in range(seeds)]
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
     variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
