@@ -172,6 +172,17 @@ def plot(runs: list[dict], path) -> None:
     E.save_figure(fig, path)
 
 
+def _comparisons(what: str, methods: list[str], runs: list[dict], paper: dict | None,
+                 notes: dict, rmsd_note: str) -> list[dict]:
+    """F1 rows (beside ``paper``'s figures, if any) then RMSD rows of ``methods``."""
+    rows = [E.comparison(f"{what}, {LABELS[m]}", "F1", None if paper is None else paper[m],
+                         [r[m]["f1"] for r in runs], notes[m], lower_is_better=False)
+            for m in methods]
+    return rows + [E.comparison(f"{what}, {LABELS[m]}", "RMSD", None,
+                                [r[m]["rmsd"] for r in runs], rmsd_note, True)
+                   for m in methods]
+
+
 def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ap = E.parser("felb_table1", __doc__)
@@ -206,13 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (5 if args.quick else 20)
     iters = args.baseline_iters or (30 if args.quick else 200)
     runs = [run_seed(data, s, rounds, iters, args.clients) for s in range(seeds)]
-    comparisons = [E.comparison(f"{data}, {LABELS[m]}", "F1", PAPER[m],
-                                [r[m]["f1"] for r in runs], NOTE[m], lower_is_better=False)
-                   for m in PAPER]
-    comparisons += [E.comparison(f"{data}, {LABELS[m]}", "RMSD", None,
-                                 [r[m]["rmsd"] for r in runs],
-                                 "Table 3 gives RMSD on MovieLens 25M only", True)
-                    for m in PAPER]
+    comparisons = _comparisons(data, list(PAPER), runs, PAPER, NOTE,
+                               "Table 3 gives RMSD on MovieLens 25M only")
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
               "cpu_seconds": round(time.process_time(), 1)}
     E.write_result(args.out, "felb_table1", argv, args.quick, {**timing,
@@ -256,13 +262,8 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                 else f"diagnostic: {fraction:g} of the users, ratings and tenants")
             + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
                f"{felb.FelbConfig().proximity:g}") for m in methods}
-    comparisons = [E.comparison(f"{what}, {LABELS[m]}", "F1", PAPER[m] if paper_shape else None,
-                                [r[m]["f1"] for r in runs], note[m], lower_is_better=False)
-                   for m in methods]
-    comparisons += [E.comparison(f"{what}, {LABELS[m]}", "RMSD", None,
-                                 [r[m]["rmsd"] for r in runs],
-                                 "Table 3's MovieLens RMSD is on another scale", True)
-                    for m in methods]
+    comparisons = _comparisons(what, methods, runs, PAPER if paper_shape else None, note,
+                               "Table 3's MovieLens RMSD is on another scale")
     E.write_result(args.out, "felb_table1", argv, args.quick, {
         "settings": {"data": f"synthetic {args.shape} shape", "fraction": fraction,
                      **{k: round(v * fraction) for k, v in dims.items() if k != "n_items"},
