@@ -182,6 +182,12 @@ def factors(global_msg: BaselineGlobal, local: BaselineLocal):
     return a, np.vstack([boolean(v).astype(np.float64), v])
 
 
+def boolean_factors(global_msg: BaselineGlobal, local: BaselineLocal
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(B(U_i), B(V)) whose product :func:`factors` scores, V the model's coefficients."""
+    return boolean(local.u), boolean(_model(global_msg, local))
+
+
 def objective(global_msg: BaselineGlobal, local: BaselineLocal, block: RatingBlock,
               cfg: BinaryBaselineConfig) -> float:
     """1/2 ||A_i - U_i V||_F^2 with the relaxed U_i and the model's V."""

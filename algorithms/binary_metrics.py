@@ -89,6 +89,53 @@ def reconstruction_quality(alg: Algorithm, global_msg: Message,
     return f1_and_rmsd(tp, fp, fn, cells)
 
 
+def _component_masks(b: np.ndarray) -> np.ndarray:
+    """Each row of a Boolean (rows x k) matrix as ceil(k / 64) uint64 words of bits."""
+    words = -(-b.shape[1] // 64)
+    padded = np.zeros((b.shape[0], words * 64), dtype=bool)
+    padded[:, :b.shape[1]] = b
+    bits = np.left_shift(np.uint64(1), np.arange(64, dtype=np.uint64))
+    return np.stack([np.bitwise_or.reduce(np.where(padded[:, 64 * w:64 * (w + 1)], bits,
+                                                   np.uint64(0)), axis=1)
+                     for w in range(words)], axis=1)
+
+
+def boolean_confusion(u: np.ndarray, v: np.ndarray, block: RatingBlock
+                      ) -> tuple[int, int, int]:
+    """TP, FP, FN of the Boolean product ``u o v`` (m x k and k x n Boolean) against the
+    1s of ``block``, without forming the m x n product.
+
+    Each user and each item becomes a bit mask of its components; (t, j) is predicted
+    exactly when the masks share a bit. TP checks the listed 1s only; the number of
+    predicted entries counts pairs of distinct user and item masks, weighted by how many
+    users and items carry them (tenants have a few thousand distinct masks at most).
+    """
+    mu, mv = _component_masks(np.asarray(u, bool)), _component_masks(np.asarray(v, bool).T)
+    ones = block.vals >= 0.5
+    hit = (mu[block.rows[ones]] & mv[block.cols[ones]]) != 0
+    tp = int(hit.any(axis=1).sum())
+    um, uc = np.unique(mu, axis=0, return_counts=True)
+    vm, vc = np.unique(mv, axis=0, return_counts=True)
+    step = max(1, (1 << 22) // max(vm.shape[0], 1))
+    predicted = 0
+    for s in range(0, um.shape[0], step):
+        cover = ((um[s:s + step, None, :] & vm[None, :, :]) != 0).any(axis=2)
+        predicted += int(uc[s:s + step] @ (cover @ vc))
+    return tp, predicted - tp, int(ones.sum()) - tp
+
+
+def boolean_quality(pairs: Sequence[tuple[np.ndarray, np.ndarray]],
+                    blocks: Sequence[RatingBlock]) -> tuple[float, float]:
+    """F1 and RMSD of each tenant's Boolean product ``U_i o V_i`` (``pairs``) against its
+    block: what :func:`reconstruction_quality` gives for Felb's factors at cut 1/2, in
+    time linear in the listed entries instead of users x items."""
+    tp = fp = fn = cells = 0
+    for (u, v), block in zip(pairs, blocks, strict=True):
+        t, p, n = boolean_confusion(u, v, block)
+        tp, fp, fn, cells = tp + t, fp + p, fn + n, cells + block.n_users * block.n_items
+    return f1_and_rmsd(tp, fp, fn, cells)
+
+
 def _hits_per_user(scores: np.ndarray, seen: RatingBlock, test: RatingBlock, start: int,
                    users: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(hits in the top k, number of held-out positives) of each user in ``users``."""

@@ -148,16 +148,66 @@ def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, m
 
     The V step works on V^T (the same kernel as U) and ends with the proximity prox
     towards ``v_hat`` with weight eta * gamma; ``proximity=0`` gives the plain Elbmf step.
+    ``a`` is the tenant's sparse matrix. Each step is :func:`prox_grad_step` (and
+    :func:`proximity_prox`) computed by :func:`_fused_step`, block of rows by block of rows.
     """
-    vt, vt_prev = v.T, v.T
+    vt = np.ascontiguousarray(v.T)
+    vt_prev, vht = vt, np.ascontiguousarray(v_hat.T)
+    at = a.T.tocsr()  # A^T as CSR: A^T U by rows, twice as fast as the CSC view
     for _ in range(steps):
-        u_new, _ = prox_grad_step(u, u_prev, vt.T @ vt, a @ vt, kappa, lam, inertia, mu)
+        u_new = _fused_step(u, u_prev, vt.T @ vt, a @ vt, kappa, lam, inertia, mu)
         u, u_prev = u_new, u
-        vt_new, eta = prox_grad_step(vt, vt_prev, u.T @ u, a.T @ u, kappa, lam, inertia, mu)
-        if proximity:
-            vt_new = proximity_prox(vt_new, v_hat.T, eta * proximity)
+        vt_new = _fused_step(vt, vt_prev, u.T @ u, at @ u, kappa, lam, inertia, mu,
+                             vht, proximity)
         vt, vt_prev = vt_new, vt
     return u, u_prev, np.ascontiguousarray(vt.T)
+
+
+_ROWS = 2048  # rows per block of :func:`_fused_step`: a few 2048 x k arrays stay in cache
+
+
+def _fused_step(x, x_prev, gram, cross, kappa, lam, inertia, mu, v_hat=None, proximity=0.0,
+                rows: int | None = None) -> np.ndarray:
+    """:func:`prox_grad_step`, then :func:`proximity_prox` towards ``v_hat`` with weight
+    eta * ``proximity`` when ``proximity`` > 0, in the same floating-point operations.
+
+    Rows are independent given ``gram``, so they are processed ``rows`` at a time with
+    in-place operations: the dozen element-wise passes of the step then run on blocks
+    that fit in the CPU cache instead of streaming n x k arrays through memory (about 3x
+    faster for MovieLens 25M's 59k items, the paper-size run of the Felb Table 1 bench).
+    """
+    rows = rows or _ROWS
+    out = np.empty_like(x)
+    lip = None if mu else 1.0 / max(float(np.linalg.norm(gram, 2)), _EPS)
+    for s in range(0, x.shape[0], rows):
+        xs, o = x[s:s + rows], out[s:s + rows]
+        y = np.subtract(xs, x_prev[s:s + rows])
+        y *= inertia
+        y += xs  # y = x + beta (x - x_prev)
+        if mu:
+            np.maximum(y, 0.0, out=y)
+        z = y @ gram
+        if mu:
+            eta = np.maximum(z, _EPS)
+            np.divide(y, eta, out=eta)  # eta = y / (y gram)
+        else:
+            eta = lip
+        z -= cross[s:s + rows]
+        z *= eta
+        np.subtract(y, z, out=z)  # z = y - eta (y gram - cross); y is free from here
+        # elb_prox(z, eta kappa, eta lam): q = max(min(z, 1 - z) - eta kappa, 0) / (1 + eta lam)
+        np.subtract(1.0, z, out=y)
+        np.minimum(z, y, out=y)
+        y -= eta * kappa
+        np.maximum(y, 0.0, out=y)
+        y /= 1.0 + eta * lam
+        np.subtract(1.0, y, out=o)
+        np.copyto(o, y, where=z <= 0.5)
+        if proximity:  # (o + w v_hat) / (1 + w), w = eta gamma
+            w = eta * proximity
+            o += w * v_hat[s:s + rows]
+            o /= 1.0 + w
+    return out
 
 
 def squared_error(u: np.ndarray, v: np.ndarray, block: RatingBlock) -> float:
@@ -232,6 +282,12 @@ def factors(global_msg: FelbGlobal, local: FelbLocal) -> tuple[np.ndarray, np.nd
     a = np.hstack([boolean(local.u).astype(np.float64), eps * local.u])
     b = np.vstack([boolean(global_msg.v_hat).astype(np.float64), global_msg.v_hat])
     return a, b
+
+
+def boolean_factors(global_msg: FelbGlobal, local: FelbLocal) -> tuple[np.ndarray, np.ndarray]:
+    """(B(U_i), B(V_hat)): the final Boolean factors whose product :func:`factors` scores
+    (for :func:`algorithms.binary_metrics.boolean_quality`)."""
+    return boolean(local.u), boolean(global_msg.v_hat)
 
 
 def objective(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,

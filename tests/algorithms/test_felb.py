@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from algorithms import Message, RatingBlock, registry
+from algorithms import Message, RatingBlock, felb, registry
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.binary_metrics import (
     binarise,
+    boolean_confusion,
+    boolean_quality,
     f1_and_rmsd,
     ranking_quality,
     reconstruction_quality,
@@ -29,6 +31,7 @@ from algorithms.felb import (
     FelbServer,
     FelbUpload,
     boolean,
+    boolean_factors,
     boolean_product,
     elb_prox,
     elb_regulariser,
@@ -109,6 +112,37 @@ def test_felb_local_step_matches_dense_evaluation_of_eq8():
     np.testing.assert_allclose(u_got, u_want, atol=1e-4)
     np.testing.assert_array_equal(u_prev_got, u)
     np.testing.assert_allclose(v_got, v_want, atol=1e-4)
+
+
+def _reference_local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, gamma, mu):
+    """Eq. 8 composed from the one-step functions on dense arrays, whole matrices at once."""
+    vt, vt_prev = v.T, v.T
+    for _ in range(steps):
+        u_new, _ = prox_grad_step(u, u_prev, vt.T @ vt, a @ vt, kappa, lam, inertia, mu)
+        u, u_prev = u_new, u
+        vt_new, eta = prox_grad_step(vt, vt_prev, u.T @ u, a.T @ u, kappa, lam, inertia, mu)
+        if gamma:
+            vt_new = proximity_prox(vt_new, v_hat.T, eta * gamma)
+        vt, vt_prev = vt_new, vt
+    return u, u_prev, vt.T
+
+
+@pytest.mark.parametrize("mu", [False, True])
+@pytest.mark.parametrize("gamma", [0.0, 0.7])
+def test_blocked_sparse_local_steps_equal_the_dense_composition(monkeypatch, mu, gamma):
+    """local_steps (sparse A, in-place row blocks of 7 so blocks end mid-matrix) against
+    prox_grad_step / proximity_prox on the dense matrix, over 6 steps with inertia."""
+    rng = np.random.default_rng(11)
+    a = (rng.random((23, 41)) < 0.2).astype(float)
+    u, u_prev = rng.uniform(0, 1, (23, 4)), rng.uniform(0, 1, (23, 4))
+    v, v_hat = rng.uniform(0, 1, (4, 41)), rng.uniform(0, 1, (4, 41))
+    args = (u, u_prev, v, v_hat, 6, 0.02, 0.3, 0.1, gamma, mu)
+    want = _reference_local_steps(a, *args)
+    monkeypatch.setattr(felb, "_ROWS", 7)
+    got = local_steps(sp.csr_array(a), *args)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-12)
+    assert not np.allclose(got[2], v, atol=1e-3)  # the steps moved V
 
 
 def test_mu_step_without_regulariser_is_lee_seung():
@@ -255,6 +289,29 @@ def test_reconstruction_quality_counts_every_entry():
     f1, rmsd = reconstruction_quality(_stub(), None, [_Fixed(scores, np.eye(4))], [block])
     # predicted (>= 0.5): (0,0) (0,1) (1,2) (2,0) (2,1) (2,3): tp 4, fp 2, fn 2
     assert f1 == pytest.approx(8 / 12) and rmsd == pytest.approx(np.sqrt(4 / 12))
+
+
+@pytest.mark.parametrize("k", [3, 70])  # 70 components: two 64-bit words per mask
+def test_boolean_quality_equals_the_dense_reconstruction(k):
+    """F1 / RMSD from component bit masks against reconstruction_quality, which forms the
+    dense m x n scores of Felb's factors; TP / FP / FN against the dense Boolean product."""
+    rng = np.random.default_rng(12)
+    glob = FelbGlobal(rng.uniform(0, 1, (k, 30)) ** (3 if k > 3 else 1), 0)
+    states, blocks = [], []
+    for m in (9, 14):
+        u = rng.uniform(0, 1, (m, k)) ** (8 if k > 3 else 1)  # few 1s: some empty rows
+        truth = rng.random((m, 30)) < 0.3
+        r, c = np.nonzero(truth)
+        blocks.append(RatingBlock(r, c, np.ones(r.size), m, 30))
+        states.append(FelbLocal(u, u))
+        pred = boolean_product(*boolean_factors(glob, states[-1]))
+        tp = int((pred & truth).sum())
+        want = (tp, int(pred.sum()) - tp, int(truth.sum()) - tp)
+        assert boolean_confusion(*boolean_factors(glob, states[-1]), blocks[-1]) == want
+        assert 0 < tp and want[1] > 0 and want[2] > 0
+    alg = registry.get("felb")
+    assert boolean_quality([boolean_factors(glob, s) for s in states], blocks) == \
+        reconstruction_quality(alg, glob, states, blocks)
 
 
 def test_ranking_quality_hand_computed():
