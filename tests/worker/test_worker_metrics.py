@@ -1,0 +1,133 @@
+"""A real Celery worker (prefork, two pool processes) with FEDREC_WORKER_METRICS_PORT runs
+a training job through Redis and PostgreSQL; its exporter then reports every task the
+pool processes ran, summed, and its JSON log lines carry the job's and tenant's ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import redis
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.config import Settings
+from app.db import migrate
+from app.main import create_app
+from app.queue import TRAINING_AGGREGATE, TRAINING_CLIENT_STEP, TRAINING_START_ROUND
+from app.training.models import JobRound
+from tests.training_helpers import make_tenants, submit_job, wait_job
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "worker-metrics-test-token-0123456789abcdef"
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} of the worker's exporter."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(body.decode())
+            for s in family.samples}
+
+
+@pytest.fixture
+def metered_worker(make_postgres_db, redis_test_url, tmp_path):
+    url = make_postgres_db()
+    migrate(url)
+    queue, port = f"fedrec-test-{uuid.uuid4().hex[:8]}", _free_port()
+    env = {**os.environ, "FEDREC_DATABASE_URL": url, "FEDREC_BROKER_URL": redis_test_url,
+           "FEDREC_TASK_QUEUE": queue, "FEDREC_WORKER_METRICS_PORT": str(port),
+           "FEDREC_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log_path = tmp_path / "worker.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+         "--pool=prefork", "--concurrency=2", "--loglevel=INFO", "--without-gossip",
+         "--without-mingle", "--without-heartbeat"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    settings = Settings(database_url=url, broker_url=redis_test_url, task_queue=queue,
+                        admin_token=TOKEN)
+    yield settings, port, proc, log_path
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+    log.close()
+    broker = redis.Redis.from_url(redis_test_url)
+    leftovers = list(broker.scan_iter(f"*{queue}*"))
+    if leftovers:
+        broker.delete(*leftovers)
+
+
+def test_exporter_reports_the_tasks_of_a_job_and_logs_carry_its_ids(metered_worker):
+    settings, port, proc, log_path = metered_worker
+    end = time.monotonic() + 60
+    while True:  # the exporter is up once the worker has initialised
+        try:
+            before = _scrape(port)
+            break
+        except OSError:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < end, "the worker's exporter never answered"
+            time.sleep(0.2)
+    assert not [k for k in before if k[0] == "fedrec_worker_tasks_total"]
+    app = create_app(settings)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        tenants = make_tenants(client, n=2)
+        job = wait_job(client, submit_job(client, rounds=3).json()["id"], timeout=180)
+        assert job["status"] == "completed", (job, log_path.read_text()[-3000:])
+    with app.state.sessions() as s:
+        rounds = s.execute(sa.select(JobRound.participants, JobRound.seconds)
+                           .where(JobRound.job_id == job["id"])).all()
+    steps = sum(len(participants) for participants, _ in rounds)
+    assert steps == 3 * 2  # every tenant in every round (per_round 0)
+    after = _scrape(port)
+
+    def tasks(task: str, state: str) -> float:
+        return after.get(("fedrec_worker_tasks_total",
+                          (("state", state), ("task", task))), 0.0)
+
+    for state in ("started", "succeeded"):
+        assert tasks(TRAINING_CLIENT_STEP, state) == steps
+        assert tasks(TRAINING_START_ROUND, state) == 3
+    assert tasks(TRAINING_CLIENT_STEP, "failed") == tasks(TRAINING_CLIENT_STEP, "retried") == 0
+    # every client step completes the round or not; the last one of each round aggregates
+    assert tasks(TRAINING_AGGREGATE, "succeeded") >= 3
+    duration = (("task", TRAINING_CLIENT_STEP),)
+    assert after[("fedrec_worker_task_duration_seconds_count", duration)] == steps
+    assert after[("fedrec_worker_task_duration_seconds_sum", duration)] > 0
+    assert after[("fedrec_worker_client_step_duration_seconds_count", ())] == steps
+    computed = after[("fedrec_worker_client_step_duration_seconds_sum", ())]
+    assert 0 < computed <= after[("fedrec_worker_task_duration_seconds_sum", duration)]
+    # the rounds this worker committed: the durations stored on the rounds
+    assert after[("fedrec_worker_round_duration_seconds_count", ())] == 3
+    assert after[("fedrec_worker_round_duration_seconds_sum", ())] == pytest.approx(
+        sum(seconds for _, seconds in rounds), rel=1e-9)
+
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()
+             if line.startswith("{")]
+    succeeded = [line for line in lines if TRAINING_CLIENT_STEP in line["message"]
+                 and "succeeded" in line["message"]]
+    assert len(succeeded) == steps
+    assert {line.get("job_id") for line in succeeded} == {job["id"]}
+    assert {line.get("tenant_id") for line in succeeded} == {t for t, _ in tenants}
