@@ -17,7 +17,8 @@ from celery import shared_task
 
 from app.db import DATABASE_DOWN, engine_for, session_factory
 from app.logs import bind
-from app.training import pipeline, schedule
+from app.queue import TUNING_RUN
+from app.training import pipeline, schedule, tuning
 from app.training.models import JobClient
 from app.training.runner import CeleryDispatcher
 from worker import metrics
@@ -74,3 +75,9 @@ def resume_stalled(self) -> list[int]:
     """Beat: resume jobs whose round made no progress for FEDREC_STALLED_JOB_SECONDS."""
     return schedule.resume_stalled(_sessions(self), CeleryDispatcher(self.app),
                                    self.app.conf.fedrec_stalled_job_seconds)
+
+
+@shared_task(name=TUNING_RUN, **_OPTIONS)
+def run_tuning(self, tuning_id: int) -> None:
+    """A tuning job's whole search (:mod:`app.training.tuning`)."""
+    tuning.run_tuning(_sessions(self), tuning_id)
