@@ -23,7 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.config import Settings
 from app.db import migrate
 from app.main import create_app
-from app.queue import TRAINING_AGGREGATE, TRAINING_CLIENT_STEP, TRAINING_START_ROUND
+from app.queue import (
+    TRAINING_AGGREGATE,
+    TRAINING_CLIENT_STEP,
+    TRAINING_START_ROUND,
+    TUNING_RUN,
+)
 from app.training.models import JobRound
 from tests.training_helpers import make_tenants, submit_job, wait_job
 
@@ -131,3 +136,26 @@ def test_exporter_reports_the_tasks_of_a_job_and_logs_carry_its_ids(metered_work
     assert len(succeeded) == steps
     assert {line.get("job_id") for line in succeeded} == {job["id"]}
     assert {line.get("tenant_id") for line in succeeded} == {t for t, _ in tenants}
+
+
+def test_a_worker_runs_a_tuning_job_and_counts_it(metered_worker):
+    settings, port, proc, log_path = metered_worker
+    app = create_app(settings)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {TOKEN}"
+        make_tenants(client, n=2)
+        created = client.post("/v1/admin/tuning-jobs", json={
+            "algorithm": "fedmc-admm", "rounds": 3, "trials": 3, "seed": 1})
+        assert created.status_code == 202, created.text
+        end = time.monotonic() + 180
+        while (tuned := client.get(created.headers["location"]).json())["status"] in (
+                "queued", "running"):
+            assert time.monotonic() < end, log_path.read_text()[-3000:]
+            time.sleep(0.2)
+        assert tuned["status"] == "completed", (tuned, log_path.read_text()[-3000:])
+        job = wait_job(client, submit_job(client, config=tuned["config"], rounds=2,
+                                          seed=1).json()["id"], timeout=180)
+        assert job["status"] == "completed", job
+    after = _scrape(port)
+    assert after[("fedrec_worker_tasks_total",
+                  (("state", "succeeded"), ("task", TUNING_RUN)))] == 1
