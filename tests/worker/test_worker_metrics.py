@@ -5,17 +5,11 @@ pool processes ran, summed, and its JSON log lines carry the job's and tenant's 
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
-import uuid
-from pathlib import Path
 
 import pytest
-import redis
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -31,8 +25,8 @@ from app.queue import (
 )
 from app.training.models import JobRound
 from tests.training_helpers import make_tenants, submit_job, wait_job
+from tests.worker.conftest import celery_worker
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "worker-metrics-test-token-0123456789abcdef"
 pytestmark = pytest.mark.integration
 
@@ -55,32 +49,12 @@ def _scrape(port: int) -> dict[tuple[str, tuple], float]:
 def metered_worker(make_postgres_db, redis_test_url, tmp_path):
     url = make_postgres_db()
     migrate(url)
-    queue, port = f"fedrec-test-{uuid.uuid4().hex[:8]}", _free_port()
-    env = {**os.environ, "FEDREC_DATABASE_URL": url, "FEDREC_BROKER_URL": redis_test_url,
-           "FEDREC_TASK_QUEUE": queue, "FEDREC_WORKER_METRICS_PORT": str(port),
-           "FEDREC_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)}
-    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    log_path = tmp_path / "worker.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
-         "--pool=prefork", "--concurrency=2", "--loglevel=INFO", "--without-gossip",
-         "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    settings = Settings(database_url=url, broker_url=redis_test_url, task_queue=queue,
-                        admin_token=TOKEN)
-    yield settings, port, proc, log_path
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    log.close()
-    broker = redis.Redis.from_url(redis_test_url)
-    leftovers = list(broker.scan_iter(f"*{queue}*"))
-    if leftovers:
-        broker.delete(*leftovers)
+    port, log = _free_port(), tmp_path / "worker.log"
+    with celery_worker(url, redis_test_url, log, "--pool=prefork", "--concurrency=2",
+                       FEDREC_WORKER_METRICS_PORT=str(port),
+                       FEDREC_LOG_FORMAT="json") as (queue, proc):
+        yield (Settings(database_url=url, broker_url=redis_test_url, task_queue=queue,
+                        admin_token=TOKEN), port, proc, log)
 
 
 def test_exporter_reports_the_tasks_of_a_job_and_logs_carry_its_ids(metered_worker):
