@@ -225,7 +225,8 @@ class TuningJobCreate(BaseModel):
     """A hyper-parameter search on a validation carve-out of the tenants' training ratings
     (``fedrec tune`` on the stored ratings)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # strict: a JSON true is no number of trials (nor a test fraction of 1.0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
 
     algorithm: str = Field("fedmc-admm", description="An algorithm with a search space: "
                                                       "fedmc-admm, fedmavg, rfrec, rfrecf.")

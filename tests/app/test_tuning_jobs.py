@@ -81,3 +81,11 @@ def test_tuning_needs_every_tenants_opt_in_and_a_tunable_algorithm(env):
 
     with app.state.sessions() as s:  # no refused request left a tuning job behind
         assert s.query(TuningJob).count() == 0
+
+
+def test_a_boolean_is_no_number(env):
+    _, client = env
+    for field in ("test_fraction", "trials", "rounds"):
+        r = client.post("/v1/admin/tuning-jobs", json={**SEARCH, field: True})
+        assert r.status_code == 422, (field, r.text)
+        assert [e["loc"] for e in r.json()["errors"]] == [["body", field]], r.text
