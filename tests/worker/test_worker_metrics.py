@@ -18,6 +18,7 @@ from app.config import Settings
 from app.db import migrate
 from app.main import create_app
 from app.queue import (
+    RECOMPUTE_RATING_STATS,
     TRAINING_AGGREGATE,
     TRAINING_CLIENT_STEP,
     TRAINING_START_ROUND,
@@ -75,6 +76,11 @@ def test_exporter_reports_the_tasks_of_a_job_and_logs_carry_its_ids(metered_work
         tenants = make_tenants(client, n=2)
         job = wait_job(client, submit_job(client, rounds=3).json()["id"], timeout=180)
         assert job["status"] == "completed", (job, log_path.read_text()[-3000:])
+        # a task that raises is counted as failed (a tenant id that is no number)
+        broken = app.state.celery.send_task(RECOMPUTE_RATING_STATS, args=["no-id"],
+                                            queue=settings.task_queue)
+        assert broken.get(timeout=60, propagate=False) is not None and broken.failed()
+        broken.forget()
     with app.state.sessions() as s:
         rounds = s.execute(sa.select(JobRound.participants, JobRound.seconds)
                            .where(JobRound.job_id == job["id"])).all()
@@ -90,6 +96,8 @@ def test_exporter_reports_the_tasks_of_a_job_and_logs_carry_its_ids(metered_work
         assert tasks(TRAINING_CLIENT_STEP, state) == steps
         assert tasks(TRAINING_START_ROUND, state) == 3
     assert tasks(TRAINING_CLIENT_STEP, "failed") == tasks(TRAINING_CLIENT_STEP, "retried") == 0
+    assert (tasks(RECOMPUTE_RATING_STATS, "started"), tasks(RECOMPUTE_RATING_STATS, "failed"),
+            tasks(RECOMPUTE_RATING_STATS, "succeeded")) == (1, 1, 0)
     # every client step completes the round or not; the last one of each round aggregates
     assert tasks(TRAINING_AGGREGATE, "succeeded") >= 3
     duration = (("task", TRAINING_CLIENT_STEP),)
