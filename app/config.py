@@ -71,6 +71,9 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     """Log lines of the API, worker and beat: ``text`` or ``json`` (one object a line, with
     request_id, tenant_id, job_id); ``fedrec --log-format`` sets it too."""
+    worker_metrics_port: int | None = Field(None, ge=1, le=65535)
+    """A Celery worker serves its Prometheus task metrics on this port (``/metrics``, every
+    pool process summed); unset: none. One port per worker command: scrape each worker."""
     job_max_attempts: int = Field(3, ge=1)
     """A job whose steps raise this many times without a round committing in between is
     marked ``failed`` with the error (the watchdog then leaves it alone)."""

@@ -30,6 +30,7 @@ from app.routes import (
     stats,
     tenant_privacy,
     tenants,
+    tuning,
 )
 from app.security import KeyCache
 from app.training.serving import RatingsCache
@@ -91,7 +92,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # recommendations first: routes are matched in order, and it is the hot path
     # (each resource router carries the /v1 prefix itself: API_PREFIX in app.routes)
     for module in (recommendations, health, tenants, items, ratings, stats, jobs,
-                   tenant_privacy, metrics, agents):
+                   tenant_privacy, metrics, agents, tuning):
         app.include_router(module.router)
     app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
     problems.install(app)  # every error as problem+json, documented in the OpenAPI

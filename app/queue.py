@@ -13,6 +13,7 @@ TRAINING_CLIENT_STEP = "fedrec.training.client_step"
 TRAINING_AGGREGATE = "fedrec.training.aggregate"
 TRAINING_RETRAIN = "fedrec.training.retrain"
 TRAINING_RESUME_STALLED = "fedrec.training.resume_stalled"
+TUNING_RUN = "fedrec.tuning.run"
 
 
 def enqueue(celery: Celery, name: str, args: list) -> tuple[str, str]:

@@ -70,6 +70,55 @@ def _task_context(task_id=None, task=None, args=None, kwargs=None, **_: object) 
     new_context(**{**context(), **fields})  # an in-process task keeps its request id
 
 
+@signals.worker_init.connect
+def _start_metrics(**_: object) -> None:
+    """FEDREC_WORKER_METRICS_PORT set: this worker serves its Prometheus metrics there
+    (:mod:`worker.metrics`); started before the pool forks, so every pool process counts."""
+    port = get_settings().worker_metrics_port
+    if port is not None:
+        from worker import metrics
+
+        metrics.start_exporter(port)
+
+
+@signals.worker_shutdown.connect
+def _stop_metrics(**_: object) -> None:
+    from worker import metrics
+
+    metrics.stop_exporter()
+
+
+@signals.task_prerun.connect
+def _count_start(task_id=None, task=None, **_: object) -> None:
+    from worker import metrics
+
+    if (measured := metrics.current()) is not None:
+        measured.task_started(task_id, task.name)
+
+
+@signals.task_postrun.connect
+def _count_end(task_id=None, **_: object) -> None:
+    from worker import metrics
+
+    if (measured := metrics.current()) is not None:
+        measured.task_finished(task_id)
+
+
+def _count(state: str):
+    def handler(sender=None, **_: object) -> None:
+        from worker import metrics
+
+        if (measured := metrics.current()) is not None and sender is not None:
+            measured.task_state(sender.name, state)
+    return handler
+
+
+_COUNTERS = [_count("succeeded"), _count("failed"), _count("retried")]
+signals.task_success.connect(_COUNTERS[0], weak=False)
+signals.task_failure.connect(_COUNTERS[1], weak=False)
+signals.task_retry.connect(_COUNTERS[2], weak=False)
+
+
 @signals.task_success.connect
 def _beat_heartbeat(sender=None, **_: object) -> None:
     """Record each run of the beat-scheduled watchdog for ``fedrec doctor`` (best effort)."""

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from app import store
 from app.db import engine_for
+from app.logs import bind
 from app.models import Tenant
 from app.queue import RECOMPUTE_RATING_STATS, REFRESH_ALL_RATING_STATS
 from app.stats import block_statistics
@@ -18,6 +19,7 @@ from app.stats import block_statistics
 @shared_task(name=RECOMPUTE_RATING_STATS, bind=True)
 def recompute_rating_stats(self, tenant_id: int) -> dict:
     """Recompute and store one tenant's rating-block statistics."""
+    bind(tenant_id=tenant_id)
     with Session(engine_for(self.app.conf.fedrec_database_url)) as session, session.begin():
         if session.get(Tenant, tenant_id) is None:
             return {"tenant_id": tenant_id, "status": "tenant not found"}

@@ -12,20 +12,28 @@ leaves it alone. Their results are not stored: the job's state is in the databas
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from celery import shared_task
 
 from app.db import DATABASE_DOWN, engine_for, session_factory
-from app.training import pipeline, schedule
+from app.logs import bind
+from app.queue import TUNING_RUN
+from app.training import pipeline, schedule, tuning
+from app.training.models import JobClient
 from app.training.runner import CeleryDispatcher
+from worker import metrics
 
 _OPTIONS = {"bind": True, "acks_late": True, "reject_on_worker_lost": True, "ignore_result": True,
             "autoretry_for": DATABASE_DOWN, "retry_backoff": 1, "retry_backoff_max": 16,
             "retry_jitter": False, "max_retries": 25}
 
 
-def _run(task, step, *args: int) -> None:
-    sessions = session_factory(engine_for(task.app.conf.fedrec_database_url))
-    step(sessions, CeleryDispatcher(task.app), *args)
+def _sessions(task):
+    return session_factory(engine_for(task.app.conf.fedrec_database_url))
+
+
+def _run(task, step, *args: int):
+    return step(_sessions(task), CeleryDispatcher(task.app), *args)
 
 
 @shared_task(name=pipeline.TASK_START, **_OPTIONS)
@@ -36,26 +44,40 @@ def start_round(self, job_id: int, round_: int) -> None:
 
 @shared_task(name=pipeline.TASK_CLIENT, **_OPTIONS)
 def client_step(self, job_id: int, round_: int, client: int) -> None:
-    """One tenant's privatised client step; stages its upload and ledger charge."""
-    _run(self, pipeline.TASKS[pipeline.TASK_CLIENT], job_id, round_, client)
+    """One tenant's privatised client step; stages its upload and ledger charge. Its log
+    lines carry the tenant's id (the job's id comes from the task's arguments)."""
+    with _sessions(self)() as s:
+        tenant_id = s.scalar(sa.select(JobClient.tenant_id).where(
+            JobClient.job_id == job_id, JobClient.client_index == client))
+    if tenant_id is not None:
+        bind(tenant_id=tenant_id)
+    seconds = _run(self, pipeline.TASKS[pipeline.TASK_CLIENT], job_id, round_, client)
+    if seconds is not None and (measured := metrics.current()) is not None:
+        measured.client_steps.observe(seconds)
 
 
 @shared_task(name=pipeline.TASK_AGGREGATE, **_OPTIONS)
 def aggregate(self, job_id: int, round_: int) -> None:
     """The server step on the round's uploads; commits the round."""
-    _run(self, pipeline.TASKS[pipeline.TASK_AGGREGATE], job_id, round_)
+    seconds = _run(self, pipeline.TASKS[pipeline.TASK_AGGREGATE], job_id, round_)
+    if seconds is not None and (measured := metrics.current()) is not None:
+        measured.rounds.observe(seconds)
 
 
 @shared_task(name=pipeline.TASK_RETRAIN, bind=True)
 def retrain(self) -> int | None:
     """Beat: start a job from the last one's settings when ratings changed since."""
-    sessions = session_factory(engine_for(self.app.conf.fedrec_database_url))
-    return schedule.retrain_if_changed(sessions, CeleryDispatcher(self.app))
+    return schedule.retrain_if_changed(_sessions(self), CeleryDispatcher(self.app))
 
 
 @shared_task(name=pipeline.TASK_WATCHDOG, bind=True)
 def resume_stalled(self) -> list[int]:
     """Beat: resume jobs whose round made no progress for FEDREC_STALLED_JOB_SECONDS."""
-    sessions = session_factory(engine_for(self.app.conf.fedrec_database_url))
-    return schedule.resume_stalled(sessions, CeleryDispatcher(self.app),
+    return schedule.resume_stalled(_sessions(self), CeleryDispatcher(self.app),
                                    self.app.conf.fedrec_stalled_job_seconds)
+
+
+@shared_task(name=TUNING_RUN, **_OPTIONS)
+def run_tuning(self, tuning_id: int) -> None:
+    """A tuning job's whole search (:mod:`app.training.tuning`)."""
+    tuning.run_tuning(_sessions(self), tuning_id)

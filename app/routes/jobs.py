@@ -48,6 +48,7 @@ REFUSALS = (  # (status, start of the message, code) of JobRefused, first match 
     (422, "tenant ", "no_ratings"),  # "tenant 3 (acme) has no ratings to train on"
     (422, "invalid privacy", "invalid_privacy"),
     (422, "invalid config", "invalid_config"),
+    (422, "not tunable", "not_tunable"),
 )
 
 

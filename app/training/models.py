@@ -220,3 +220,31 @@ class FactorSnapshot(Base):
     factors: Mapped[bytes] = mapped_column(sa.LargeBinary)
     """npz with A (users x r'), B (r' x items) and item_ids."""
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class TuningJob(Base):
+    """A hyper-parameter search on a validation carve-out of some tenants' training
+    ratings (``POST /v1/admin/tuning-jobs``, :mod:`app.training.tuning`; migration 0010)."""
+
+    __tablename__ = "tuning_jobs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    algorithm: Mapped[str] = mapped_column(sa.String(32))
+    base_config: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    """The request's fields of the base config; a trial replaces those it draws."""
+    tenant_ids: Mapped[list[int]] = mapped_column(sa.JSON)
+    rounds: Mapped[int]
+    per_round: Mapped[int]
+    seed: Mapped[int]
+    test_fraction: Mapped[float]
+    trials: Mapped[int]
+    eta: Mapped[int]
+    budget_seconds: Mapped[float]
+    scored: Mapped[list[dict[str, Any]] | None] = mapped_column(sa.JSON)
+    """Every trial evaluation so far (params, rounds, validation RMSE), in order."""
+    result: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    """Once completed: the chosen config and the search's figures."""
+    error: Mapped[str | None] = mapped_column(sa.Text)
+    created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[dt.datetime | None]

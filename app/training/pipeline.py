@@ -244,14 +244,19 @@ def _release_central(s: Session, job: TrainingJob, cfg: Any, round_: int,
 
 
 def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int,
-                client: int) -> None:
-    """Run tenant ``client``'s step of the round and stage its result (idempotent)."""
+                client: int) -> float | None:
+    """Run tenant ``client``'s step of the round and stage its result (idempotent).
+
+    Returns the seconds spent computing and staging it, or None when there was nothing to
+    compute (a stale or duplicate delivery, an agent's client)."""
+    computed = None
     with sessions() as s:
         job = _active_job(s, job_id, round_)
         if job is None or client in agent_clients(job):
-            return
+            return None
         alg, cfg = algorithm_of(job)
         if s.get(RoundUpload, (job_id, round_, client)) is None:
+            started = time.perf_counter()
             jc = s.get(JobClient, (job_id, client))
             gone = forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
             train = without_forgotten(_block(jc, "train"), jc.user_keys, gone)
@@ -271,11 +276,13 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                                   event={"event": event, "dp": job.dp}))
             try:
                 s.commit()
+                computed = time.perf_counter() - started
             except IntegrityError:  # a duplicate delivery of this task got there first
                 s.rollback()
         complete = round_complete(s, job, alg, round_)
     if complete:
         dispatch.send(TASK_AGGREGATE, job_id, round_)
+    return computed
 
 
 def round_complete(s: Session, job: TrainingJob, alg: Algorithm, round_: int) -> bool:
@@ -331,12 +338,16 @@ def _num(x: float) -> float | None:
     return None if not np.isfinite(x) else float(x)
 
 
-def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int) -> None:
-    """Server step on the staged uploads; commit the whole round in one transaction."""
+def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
+              ) -> float | None:
+    """Server step on the staged uploads; commit the whole round in one transaction.
+
+    Returns the round's duration (its start to this commit, as stored on the round), or
+    None when no round was committed (stale, or still waiting for uploads)."""
     with sessions() as s:
         job = _active_job(s, job_id, round_, lock=True)
         if job is None:
-            return
+            return None
         alg, cfg = algorithm_of(job)
         selected = _selected(job, alg, round_)
         staged = {r.client_index: r for r in s.scalars(sa.select(RoundUpload).where(
@@ -345,7 +356,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         deadline = round_deadline(job, round_)
         if missing and not (set(missing) <= agent_clients(job) and deadline is not None
                             and time.time() >= deadline):
-            return  # not complete yet: a later client step sends aggregate again
+            return None  # not complete yet: a later client step sends aggregate again
         # past the deadline, agents that sent nothing sit the round out (state unchanged)
         uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
                    if i in staged and staged[i].upload is not None}
@@ -406,6 +417,7 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         s.commit()
     if not done:
         dispatch.send(TASK_START, job_id, round_ + 1)
+    return seconds
 
 
 def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
@@ -451,15 +463,15 @@ def record_failure(sessions: Sessions, job_id: int, exc: BaseException) -> bool:
         return job.status == "failed"
 
 
-def _bounded(step: Callable[..., None]) -> Callable[..., None]:
+def _bounded(step: Callable[..., Any]) -> Callable[..., Any]:
     """Run a pipeline step; a failure other than an outage of the database or the broker
     is counted on the job before it propagates (see record_failure), so a step that always
     raises fails its job instead of being resumed for ever."""
 
     @functools.wraps(step)
-    def run(sessions: Sessions, dispatch: Dispatcher, job_id: int, *args: int) -> None:
+    def run(sessions: Sessions, dispatch: Dispatcher, job_id: int, *args: int) -> Any:
         try:
-            step(sessions, dispatch, job_id, *args)
+            return step(sessions, dispatch, job_id, *args)
         except OUTAGES:
             raise
         except Exception as exc:
@@ -472,7 +484,7 @@ def _bounded(step: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-TASKS: dict[str, Callable[..., None]] = {
+TASKS: dict[str, Callable[..., Any]] = {
     TASK_START: _bounded(start_round),
     TASK_CLIENT: _bounded(client_step),
     TASK_AGGREGATE: _bounded(aggregate),

@@ -104,3 +104,16 @@ def resume_job(app: FastAPI, job_id: int) -> bool:
     threading.Thread(target=run_inline, args=(app.state.sessions, job_id, True),
                      name=f"fedrec-job-{job_id}", daemon=True).start()
     return True
+
+
+def start_tuning(app: FastAPI, tuning_id: int) -> None:
+    """Send a tuning job to a worker, or run it in a background thread (no broker)."""
+    from app.queue import TUNING_RUN
+    from app.training.tuning import run_tuning
+
+    if _uses_broker(app):
+        app.state.celery.send_task(TUNING_RUN, args=[tuning_id], ignore_result=True,
+                                   queue=app.state.celery.conf.task_default_queue)
+        return
+    threading.Thread(target=run_tuning, args=(app.state.sessions, tuning_id),
+                     name=f"fedrec-tuning-{tuning_id}", daemon=True).start()

@@ -219,3 +219,66 @@ class TenantReport(BaseModel):
     privacy: dict[str, Any]
     ranking: RankingPublic | None = Field(
         None, description="this tenant's ranking metrics at the job's final round")
+
+
+class TuningJobCreate(BaseModel):
+    """A hyper-parameter search on a validation carve-out of the tenants' training ratings
+    (``fedrec tune`` on the stored ratings)."""
+
+    # strict: a JSON true is no number of trials (nor a test fraction of 1.0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, strict=True)
+
+    algorithm: str = Field("fedmc-admm", description="An algorithm with a search space: "
+                                                      "fedmc-admm, fedmavg, rfrec, rfrecf.")
+    config: dict[str, Any] = Field(default_factory=dict,
+                                   description="The base config (the default trial's); each "
+                                               "trial replaces the fields of the algorithm's "
+                                               "search space it draws.")
+    tenant_ids: list[DbId] | None = Field(
+        None, min_length=1, description="Tenants whose training ratings are tuned on; "
+                                        "omitted: all. Each must allow non-private training.")
+    rounds: int | None = Field(None, ge=1, description="Rounds of the search's last rung "
+                                                       "(default: the algorithm's).")
+    per_round: int = Field(0, ge=0, le=MAX_DB_INT, description="Tenants per round; 0 = all.")
+    seed: int = Field(0, ge=0, le=MAX_DB_INT, description="Seed of the split (as a training "
+                                                          "job's), the carve-out and search.")
+    test_fraction: float = Field(0.2, ge=0.0, lt=1.0,
+                                 description="Held out as a training job with this seed "
+                                             "holds it out; never read by the search.")
+    trials: int = Field(9, ge=1, le=200, description="Configs drawn, the default included.")
+    eta: int = Field(3, ge=2, le=10, description="Successive halving: keep 1/eta per rung.")
+    budget_seconds: float = Field(600.0, gt=0, le=86400.0,
+                                  description="Stop starting new trials after this long.")
+
+
+class TuningTrial(BaseModel):
+    params: dict[str, Any]
+    rounds: int
+    validation_rmse: float | None
+
+
+class TuningJobPublic(BaseModel):
+    id: int
+    status: Literal["queued", "running", "completed", "failed"]
+    algorithm: str
+    tenant_ids: list[int]
+    rounds: int
+    per_round: int
+    seed: int
+    test_fraction: float
+    trials: int
+    eta: int
+    budget_seconds: float
+    base_config: dict[str, Any]
+    scored: list[TuningTrial] = Field(description="Every trial evaluation so far, in order.")
+    config: dict[str, Any] | None = Field(
+        None, description="Once completed: the chosen config, as a training job's config.")
+    changed: dict[str, Any] | None = Field(None, description="The fields the search changed "
+                                                             "from the default.")
+    validation_rmse: float | None = None
+    default_validation_rmse: float | None = None
+    budget_exhausted: bool | None = None
+    seconds: float | None = None
+    error: str | None = None
+    created_at: UtcDatetime
+    finished_at: UtcDatetime | None = None

@@ -20,6 +20,7 @@ import inspect
 import math
 import secrets
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,8 @@ def bodies(victim: int, other: int) -> dict:
         ("patch", "/v1/admin/tenants/{tenant_id}"): {"json": {"privacy_budget": 2000.0,
                                                             "retrain_min_seconds": 3600}},
         ("post", "/v1/admin/jobs"): {"json": job},
+        ("post", "/v1/admin/tuning-jobs"): {"json": {"tenant_ids": [victim, other],
+                                                     "rounds": 2, "trials": 2}},
         ("post", "/v1/tenants/{tenant_id}/ratings"): {
             "content": b"u0,i0,3\n", "headers": {"Content-Type": "text/csv"}},
         ("post", "/v1/tenants/{tenant_id}/recommendations"): {"json": {"users": ["u0"], "k": 2}},
@@ -65,6 +68,7 @@ NOT_2XX_WHEN_AUTHORISED = {  # the walk's fixture state explains these (a finish
     ("post", "/v1/admin/jobs/{job_id}/cancel"): 409,
     ("post", "/v1/admin/jobs/{job_id}/resume"): 409,
     ("get", "/v1/tenants/{tenant_id}/stats"): 404,  # the GETs run before POST /stats
+    ("get", "/v1/admin/tuning-jobs/{job_id}"): 404,  # ... and before POST /tuning-jobs
     # the walk's job is hosted: the victim is not an agent of it
     ("get", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}"): 404,
     ("get", "/v1/tenants/{tenant_id}/agent/jobs/{job_id}/round"): 404,
@@ -104,6 +108,11 @@ class Walk:
         self.client.headers.update(self.admin)
         for job in self.client.get("/v1/admin/jobs").json()["data"]:
             wait_job(self.client, job["id"])
+        for _ in range(1200):  # and the tuning job the walk may have created
+            if self.client.get("/v1/admin/tuning-jobs/1").json().get("status") not in (
+                    "queued", "running"):
+                break
+            time.sleep(0.05)
         del self.client.headers["Authorization"]
 
     def _new_key(self) -> dict:

@@ -3,19 +3,11 @@ on the real PostgreSQL (integration)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import uuid
-from pathlib import Path
-
 import pytest
-import redis
 
 from app.config import Settings
+from tests.worker.conftest import celery_worker
 from worker.celery_app import create_celery_app
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_without_a_broker_the_app_is_eager():
@@ -34,29 +26,10 @@ def test_with_a_broker_tasks_go_to_the_configured_queue():
 @pytest.fixture
 def worker_env(migrated_postgres_url, redis_test_url, tmp_path):
     """Settings shared by the test's API and a worker process on a private queue."""
-    queue = f"fedrec-test-{uuid.uuid4().hex[:8]}"
-    settings = Settings(database_url=migrated_postgres_url, broker_url=redis_test_url,
-                        task_queue=queue)
-    env = {**os.environ, "FEDREC_DATABASE_URL": migrated_postgres_url,
-           "FEDREC_BROKER_URL": redis_test_url, "FEDREC_TASK_QUEUE": queue,
-           "PYTHONPATH": str(ROOT)}
-    log = (tmp_path / "worker.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker", "--pool=solo",
-         "--loglevel=INFO", "--without-gossip", "--without-mingle", "--without-heartbeat"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    yield settings, proc, tmp_path / "worker.log"
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-    log.close()
-    broker = redis.Redis.from_url(redis_test_url)
-    leftovers = list(broker.scan_iter(f"*{queue}*"))
-    if leftovers:
-        broker.delete(*leftovers)
+    log = tmp_path / "worker.log"
+    with celery_worker(migrated_postgres_url, redis_test_url, log) as (queue, proc):
+        yield Settings(database_url=migrated_postgres_url, broker_url=redis_test_url,
+                       task_queue=queue), proc, log
 
 
 @pytest.mark.integration
