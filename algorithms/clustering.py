@@ -16,14 +16,19 @@ Steps (fedrec's client/server mould, with its own messages since each client hol
 dense X_p instead of a rating block):
 
 * client, both methods: Q1 projected gradient steps on H_p with W fixed (eqs. 11, 28),
-  step 1 / (c_factor L_H), L_H = (2/N) lambda_max(W^T W) + rho (K - 1) + nu;
+  step 1 / (c_factor L_H), L_H = (2/N) lambda_max(W^T W) + rho (K - 1) + nu (an upper
+  bound of the Lipschitz constant); c_factor = 0.51 as the paper's Sec. V-A
+  "c = 1/2 lambda_max" (the authors' code divides by 0.51 times the largest eigenvalue of
+  the H-Hessian), almost twice the safe 1/L step and still a descent step (< 2/L);
 * FedMAvg (Algorithm 1): uploading clients then take Q2^k gradient steps on W_p from W^k
   (eq. 13, no projection), step 1 / (d_factor (2/N_p) lambda_max(H_p H_p^T)); the server
   averages the uploads and projects onto the box (eq. 9). Partial client communication:
   every client updates H_p each round, m upload;
 * FedMGS (Algorithm 2): sampled clients send the change of H_p H_p^T and X_p H_p^T
   (eq. 31); the server keeps the sums and takes Q2 projected gradient steps on
-  W with grad = (2/N)(W sum H H^T - sum X H^T) (eq. 32), step 1/(d_factor lambda_max).
+  W with grad = (2/N)(W sum H H^T - sum X H^T) (eq. 32), step 1/(d_factor L_W),
+  L_W = (2/N) lambda_max(sum H H^T), d_factor = 0.501 (Sec. V-A "d = 1/2 lambda_max",
+  0.501 in the authors' code).
   Partial participation: unsampled clients are idle. Not privacy-preserving (X_p H_p^T
   of a one-sample client is that sample times h).
 
@@ -75,15 +80,16 @@ class ClusterConfig(AlgorithmConfig):
     growth: float = Field(1.5, gt=1, description="SNCP: rho <- growth * rho")
     tol: float | None = Field(None, gt=0, description="SNCP tolerance (1e-5 / 5e-5 if None)")
     stop_tol: float = Field(1e-8, gt=0, description="stop when the relative change is below")
-    c_factor: float = Field(1.0, gt=0, description="H step 1/(c_factor L_H)")
-    d_factor: float | None = Field(None, gt=0, description="W step 1/(d_factor L_W); 5 / 1")
+    c_factor: float = Field(0.51, gt=0, description="H step 1/(c_factor L_H) (paper: 0.51)")
+    d_factor: float | None = Field(None, gt=0, description="W step 1/(d_factor L_W); 5/0.501")
 
     @property
     def w_step_factor(self) -> float:
-        """d_factor, or the paper's 5 for FedMAvg's local steps and 1 for FedMGS's server."""
+        """d_factor, or the paper's 5 for FedMAvg's local steps and 0.501 for FedMGS's
+        server (Sec. V-A "d = 1/2 lambda_max"; the authors' code uses 0.501)."""
         if self.d_factor is not None:
             return self.d_factor
-        return 5.0 if self.method == "fedmavg" else 1.0
+        return 5.0 if self.method == "fedmavg" else 0.501
 
     @property
     def sncp_tol(self) -> float:

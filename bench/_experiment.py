@@ -95,12 +95,13 @@ def comparison(what: str, metric: str, paper: float | None, values: list[float],
 
 
 def write_result(out: Path, name: str, argv: list[str] | None, quick: bool,
-                 payload: dict[str, Any]) -> Path:
-    """Write ``<out>/<name>.json`` with the payload, the command and the machine."""
+                 payload: dict[str, Any], stem: str | None = None) -> Path:
+    """Write ``<out>/<name>.json`` (``<out>/<stem>.json`` for a non-default variant of the
+    experiment, e.g. its paper-size run) with the payload, the command and the machine."""
     out.mkdir(parents=True, exist_ok=True)
     doc = {"experiment": name, "command": command(name, argv), "quick": quick,
            "machine": machine(), "run_time": run_time(), **payload}
-    path = out / f"{name}.json"
+    path = out / f"{stem or name}.json"
     path.write_text(json.dumps(doc, indent=1, default=_jsonable) + "\n")
     return path
 

@@ -4,13 +4,18 @@ m = 100 (FedMAvg/FedMGS paper Sec. V-F, Table I, column "syn"; k-means++ as the 
 The paper's model X = W H + E at SNR -3 dB (:func:`algorithms.clustering.synthetic`), 100
 clients, iid (Case 1: random balanced split) or non-iid (Case 2: k-means into 100 groups),
 Q1 = 10, FedMAvg diminishing Q2 (Q_hat = 50), FedMGS Q2 = 10, SNCP schedule of Sec. V-F.
+Step sizes are the paper's (Sec. V-A, :class:`algorithms.clustering.ClusterConfig`).
 Table I reports Case 2 only (M = 2000, N = 10000, K = 20, up to the stopping rule); the
 default size here is scaled down (M = 2000, N = 2000, K = 20, at most 100 rounds) to fit
-the ten-minute budget of a benchmark on 2 shared cores; ``--M 2000 --N 10000 --K 20
---rounds 500`` is the paper's size (not timed here). Seeds vary the data, the
-partition and the algorithms' randomness. Reuses :mod:`algorithms.clustering`.
+the ten-minute budget of a benchmark on 2 shared cores. ``--paper-size`` is the paper's
+setting: M = 2000, N = 10000, K = 20, its stopping rule (relative change of F below 1e-8)
+and round cap (500), Case 2 only unless ``--partitions`` says otherwise; it writes
+``clustering_table1_paper-size.json`` / ``.png`` beside the default result (``--jobs``
+runs the seeds in parallel processes). Seeds vary the data, the partition and the
+algorithms' randomness. Reuses :mod:`algorithms.clustering`.
 
     OPENBLAS_NUM_THREADS=1 nice -n 10 fedrec bench clustering_table1
+    OPENBLAS_NUM_THREADS=1 nice -n 10 fedrec bench clustering_table1 --paper-size --jobs 3
 
 Set OPENBLAS_NUM_THREADS=1 in the environment: ``fedrec`` imports numpy before this module,
 so a setting made here is too late, and threaded BLAS on a loaded 2-core box runs several
@@ -51,7 +56,7 @@ def run_seed(args, seed: int) -> dict:
     """Accuracy (%) and the accuracy curve of every method, partition and m on one seed."""
     x, labels = cl.synthetic(args.m, args.n, args.k, args.snr_db, derive_rng(seed, 0, SPLIT))
     out = {"kmeans": 100 * cl.accuracy(labels, cl.kmeans(x, args.k, derive_rng(seed, 2, SPLIT)))}
-    for kind in PARTITIONS:
+    for kind in args.partitions:
         parts = cl.partition(x, args.clients, kind, derive_rng(seed, 1, SPLIT))
         xs, ls = [x[:, p] for p in parts], [labels[p] for p in parts]
         for method, m in METHODS:
@@ -69,9 +74,9 @@ def run_seed(args, seed: int) -> dict:
     return out
 
 
-def comparisons(runs: list[dict], size: str) -> list[dict]:
+def comparisons(runs: list[dict], size: str, partitions=PARTITIONS) -> list[dict]:
     rows = []
-    for kind in PARTITIONS:
+    for kind in partitions:
         for method, m in METHODS:
             paper = PAPER[(method, m)] if kind == "noniid" else None
             note = (f"{size}; paper at M 2000, N 10000, K 20" if paper is not None else
@@ -85,13 +90,14 @@ def comparisons(runs: list[dict], size: str) -> list[dict]:
     return rows
 
 
-def plot(runs: list[dict], path) -> None:
+def plot(runs: list[dict], path, partitions=PARTITIONS) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for ax, kind in zip(axes, PARTITIONS, strict=True):
+    fig, axes = plt.subplots(1, len(partitions), figsize=(5 * len(partitions) + 0.5, 3.8),
+                             sharey=True, squeeze=False)
+    for ax, kind in zip(axes[0], partitions, strict=True):
         for method, m in METHODS:
             curve = runs[0][f"{kind}/{method}/{m}"]["curve"]
             ax.plot(np.arange(1, len(curve) + 1), curve, label=label(method, m))
@@ -103,8 +109,8 @@ def plot(runs: list[dict], path) -> None:
                      + ("; dotted: Table I" if kind == "noniid" else ""), fontsize=9)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("clustering accuracy (%)")
-    axes[1].legend(fontsize=8)
+    axes[0][0].set_ylabel("clustering accuracy (%)")
+    axes[0][-1].legend(fontsize=8)
     E.save_figure(fig, path)
 
 
@@ -117,21 +123,45 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=None, help="round cap (default 100)")
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--snr-db", type=float, default=-3.0)
+    ap.add_argument("--paper-size", action="store_true",
+                    help="the paper's M 2000, N 10000, K 20, <= 500 rounds, Case 2 only; "
+                         "writes clustering_table1_paper-size.json")
+    ap.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=None,
+                    help="partitions to run (default: both; noniid with --paper-size)")
+    ap.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
     args = ap.parse_args(argv)
-    small = (100, 800, 5, 40) if args.quick else (2000, 2000, 20, 100)
+    small = ((100, 800, 5, 40) if args.quick else (2000, 10000, 20, 500) if args.paper_size
+             else (2000, 2000, 20, 100))
     args.m, args.n, args.k, args.rounds = (v if v is not None else d for v, d in zip(
         (args.m, args.n, args.k, args.rounds), small, strict=True))
+    if args.partitions is None:
+        args.partitions = ("noniid",) if args.paper_size else PARTITIONS
+    args.partitions = tuple(k for k in PARTITIONS if k in args.partitions)
     if args.quick:
         args.clients = min(args.clients, 20)
-    runs = [run_seed(args, s) for s in range(args.seeds)]
-    size = f"M {args.m}, N {args.n}, K {args.k}, <= {args.rounds} rounds"
+    if args.jobs > 1 and args.seeds > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from functools import partial
+
+        with ProcessPoolExecutor(min(args.jobs, args.seeds)) as pool:
+            runs = list(pool.map(partial(run_seed, args), range(args.seeds)))
+    else:
+        runs = [run_seed(args, s) for s in range(args.seeds)]
+    size = (f"{'paper size: ' if (args.m, args.n, args.k) == (2000, 10000, 20) else ''}"
+            f"M {args.m}, N {args.n}, K {args.k}, stop at 1e-8 or {args.rounds} rounds"
+            if args.paper_size else
+            f"M {args.m}, N {args.n}, K {args.k}, <= {args.rounds} rounds")
+    stem = "clustering_table1_paper-size" if args.paper_size else "clustering_table1"
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
               "cpu_seconds": round(time.process_time(), 1)}
     E.write_result(args.out, "clustering_table1", argv, args.quick, {**timing,
         "settings": {"M": args.m, "N": args.n, "K": args.k, "rounds": args.rounds,
-                     "clients": args.clients, "snr_db": args.snr_db, "q1": 10},
-        "comparisons": comparisons(runs, size), "runs": runs})
-    plot(runs, args.out / "clustering_table1.png")
+                     "clients": args.clients, "snr_db": args.snr_db, "q1": 10,
+                     "partitions": list(args.partitions),
+                     "config": {method: cl.ClusterConfig(method=method).model_dump()
+                                for method in ("fedmavg", "fedmgs")}},
+        "comparisons": comparisons(runs, size, args.partitions), "runs": runs}, stem=stem)
+    plot(runs, args.out / f"{stem}.png", args.partitions)
     return 0
 
 

@@ -62,6 +62,15 @@ def test_sncp_schedule():
     assert cl.ClusterConfig(method="fedmgs").sncp_tol == 5e-5
 
 
+def test_default_step_factors_are_the_papers():
+    """Sec. V-A: c = 1/2 lambda_max for H (0.51 in the authors' code), d = 5 lambda_max for
+    FedMAvg's local W steps and 1/2 lambda_max for FedMGS's server (0.501 in their code)."""
+    mavg, mgs = cl.ClusterConfig(method="fedmavg"), cl.ClusterConfig(method="fedmgs")
+    assert mavg.c_factor == mgs.c_factor == 0.51
+    assert (mavg.w_step_factor, mgs.w_step_factor) == (5.0, 0.501)
+    assert cl.ClusterConfig(method="fedmgs", d_factor=2.0).w_step_factor == 2.0
+
+
 def test_accuracy_uses_the_best_matching():
     truth = np.array([0, 0, 0, 1, 1, 2, 2, 2])
     assert cl.accuracy(truth, np.array([2, 2, 2, 0, 0, 1, 1, 1])) == 1.0
