@@ -11,7 +11,7 @@ the ten-minute budget of a benchmark on 2 shared cores. ``--paper-size`` is the 
 setting: M = 2000, N = 10000, K = 20, its stopping rule (relative change of F below 1e-8)
 and round cap (500), Case 2 only unless ``--partitions`` says otherwise; it writes
 ``clustering_table1_paper-size.json`` / ``.png`` beside the default result (``--jobs``
-runs the seeds in parallel processes). Seeds vary the data, the partition and the
+runs the cells in parallel processes). Seeds vary the data, the partition and the
 algorithms' randomness. Reuses :mod:`algorithms.clustering`.
 
     OPENBLAS_NUM_THREADS=1 nice -n 10 fedrec bench clustering_table1
@@ -29,6 +29,7 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import functools  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
@@ -52,26 +53,67 @@ def label(method: str, m: int) -> str:
         f"{'FedMAvg' if method == 'fedmavg' else 'FedMGS'} (m = {m})")
 
 
-def run_seed(args, seed: int) -> dict:
-    """Accuracy (%) and the accuracy curve of every method, partition and m on one seed."""
-    x, labels = cl.synthetic(args.m, args.n, args.k, args.snr_db, derive_rng(seed, 0, SPLIT))
-    out = {"kmeans": 100 * cl.accuracy(labels, cl.kmeans(x, args.k, derive_rng(seed, 2, SPLIT)))}
-    for kind in args.partitions:
-        parts = cl.partition(x, args.clients, kind, derive_rng(seed, 1, SPLIT))
-        xs, ls = [x[:, p] for p in parts], [labels[p] for p in parts]
-        for method, m in METHODS:
-            cfg = cl.ClusterConfig(method=method, k=args.k, per_round=min(m, len(parts)),
-                                   rounds=args.rounds, q1=10)
-            t0 = time.perf_counter()
-            res = cl.run(xs, cfg, seed, ls)
-            key = f"{kind}/{method}/{m}"
-            out[key] = {"accuracy": 100 * res.accuracy, "rounds": len(res.history),
-                        "clients": len(parts), "seconds": time.perf_counter() - t0,
-                        "curve": [100 * r.accuracy for r in res.history]}
-            print(f"seed {seed} {key:18s} accuracy {out[key]['accuracy']:.1f}% "
-                  f"rounds {len(res.history)} ({out[key]['seconds']:.0f} s)", flush=True)
-    print(f"seed {seed} k-means++ accuracy {out['kmeans']:.1f}%", flush=True)
+def _data(args, seed: int, kind: str | None) -> tuple:
+    """(x, labels) of a seed, or with ``kind`` its parts (xs, labels of each part)."""
+    return _make(args.m, args.n, args.k, args.snr_db, args.clients, seed, kind)
+
+
+@functools.lru_cache(maxsize=2)
+def _make(m: int, n: int, k: int, snr_db: float, clients: int, seed: int, kind: str | None
+          ) -> tuple:
+    x, labels = cl.synthetic(m, n, k, snr_db, derive_rng(seed, 0, SPLIT))
+    if kind is None:
+        return x, labels
+    parts = cl.partition(x, clients, kind, derive_rng(seed, 1, SPLIT))
+    return [x[:, p] for p in parts], [labels[p] for p in parts]
+
+
+def run_cell(args, seed: int, kind: str, method: str, m: int) -> dict:
+    """Accuracy (%), rounds and accuracy curve of one method, partition and m on one seed
+    (``kind`` "pooled": k-means++ on the pooled data)."""
+    t0 = time.perf_counter()
+    if method == "kmeans":
+        x, labels = _data(args, seed, None)
+        return {"accuracy": 100 * cl.accuracy(labels, cl.kmeans(x, args.k,
+                                                                derive_rng(seed, 2, SPLIT)))}
+    xs, ls = _data(args, seed, kind)
+    cfg = cl.ClusterConfig(method=method, k=args.k, per_round=min(m, len(xs)),
+                           rounds=args.rounds, q1=10)
+    res = cl.run(xs, cfg, seed, ls)
+    out = {"accuracy": 100 * res.accuracy, "rounds": len(res.history), "clients": len(xs),
+           "seconds": time.perf_counter() - t0,
+           "curve": [100 * r.accuracy for r in res.history]}
+    print(f"seed {seed} {kind}/{method}/{m} accuracy {out['accuracy']:.1f}% "
+          f"rounds {out['rounds']} ({out['seconds']:.0f} s)", flush=True)
     return out
+
+
+def _cell(task: tuple) -> dict:
+    args, *rest = task
+    return run_cell(args, *rest)
+
+
+def run_all(args) -> list[dict]:
+    """Every seed's results ({"kmeans": %, "<kind>/<method>/<m>": cell}), the cells run in
+    ``args.jobs`` parallel processes (one process per cell on a shared machine gets the
+    work done sooner than one per seed)."""
+    cells = [(s, "pooled", "kmeans", 0) for s in range(args.seeds)] + [
+        (s, kind, method, m) for s in range(args.seeds) for kind in args.partitions
+        for method, m in METHODS]
+    if args.jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(args.jobs) as pool:
+            results = list(pool.map(_cell, [(args, *c) for c in cells]))
+    else:
+        results = [run_cell(args, *c) for c in cells]
+    runs: list[dict] = [{} for _ in range(args.seeds)]
+    for (seed, kind, method, m), res in zip(cells, results, strict=True):
+        if method == "kmeans":
+            runs[seed]["kmeans"] = res["accuracy"]
+        else:
+            runs[seed][f"{kind}/{method}/{m}"] = res
+    return runs
 
 
 def comparisons(runs: list[dict], size: str, partitions=PARTITIONS) -> list[dict]:
@@ -128,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                          "writes clustering_table1_paper-size.json")
     ap.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=None,
                     help="partitions to run (default: both; noniid with --paper-size)")
-    ap.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="cells (seed, partition, method, m) run in parallel processes")
     args = ap.parse_args(argv)
     small = ((100, 800, 5, 40) if args.quick else (2000, 10000, 20, 500) if args.paper_size
              else (2000, 2000, 20, 100))
@@ -139,14 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args.partitions = tuple(k for k in PARTITIONS if k in args.partitions)
     if args.quick:
         args.clients = min(args.clients, 20)
-    if args.jobs > 1 and args.seeds > 1:
-        from concurrent.futures import ProcessPoolExecutor
-        from functools import partial
-
-        with ProcessPoolExecutor(min(args.jobs, args.seeds)) as pool:
-            runs = list(pool.map(partial(run_seed, args), range(args.seeds)))
-    else:
-        runs = [run_seed(args, s) for s in range(args.seeds)]
+    runs = run_all(args)
     size = (f"{'paper size: ' if (args.m, args.n, args.k) == (2000, 10000, 20) else ''}"
             f"M {args.m}, N {args.n}, K {args.k}, stop at 1e-8 or {args.rounds} rounds"
             if args.paper_size else
