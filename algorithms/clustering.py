@@ -213,6 +213,19 @@ def objective(w: np.ndarray, hs: Sequence[np.ndarray], xs: Sequence[np.ndarray],
     return total
 
 
+def objective_from_statistics(w: np.ndarray, hh: np.ndarray, xh: np.ndarray, x_sq: float,
+                              hs: Sequence[np.ndarray], rho: float, nu: float, n_total: int
+                              ) -> float:
+    """:func:`objective` from the sums hh = sum H_p H_p^T, xh = sum X_p H_p^T and
+    x_sq = ||X||^2: ||X - W H||^2 = ||X||^2 - 2 <W, X H^T> + <W^T W, H H^T>, without forming
+    the M x N residual (FedMGS's server already holds hh and xh)."""
+    total = (x_sq - 2.0 * float(np.sum(w * xh)) + float(np.sum((w.T @ w) * hh))) / n_total
+    for h in hs:
+        col, sq = h.sum(axis=0), float(np.sum(h * h))
+        total += 0.5 * rho * float(col @ col - sq) + 0.5 * nu * sq
+    return total
+
+
 def sncp_rho(rho: float, previous: float, current: float, tol: float, growth: float) -> float:
     """SNCP schedule [44]: multiply rho by ``growth`` when |dF| / F_prev < ``tol``."""
     if np.isfinite(previous) and abs(current - previous) / abs(previous) < tol:
@@ -346,7 +359,8 @@ def _who(cfg: ClusterConfig, k: int, sizes: np.ndarray, rng: np.random.Generator
 class ClusterSteps:
     """:class:`algorithms.simulate.Steps` of federated ONMF: who runs and who sends (with
     its weight) from the round's sampling stream, the clients' H_p/W steps, the server
-    step; the record evaluates F, applies the SNCP schedule to rho and stops when F
+    step; the record evaluates F (from the statistics H H^T and X H^T,
+    :func:`objective_from_statistics`), applies the SNCP schedule to rho and stops when F
     settles (``stop_tol``)."""
 
     def __init__(self, xs: Sequence[np.ndarray], cfg: ClusterConfig, seed: int,
@@ -354,6 +368,7 @@ class ClusterSteps:
         self.xs, self.cfg, self.seed = xs, cfg, int(seed)
         self.truth = np.concatenate(labels) if labels is not None else None
         self.sizes = np.array([x.shape[1] for x in xs], dtype=float)
+        self.x_sq = float(sum(np.sum(x * x) for x in xs))
         self._senders: dict[int, float] = {}
 
     def start(self) -> RoundState:
@@ -385,8 +400,14 @@ class ClusterSteps:
                ) -> tuple[RoundState, ClusterRound, bool]:
         server, glob, hs = state.server_state, state.global_msg, [lc.h for lc in
                                                                   state.local_states]
-        value = objective(glob.w, hs, self.xs, server.rho, self.cfg.nu0 * server.x_scale,
-                          server.n_total)
+        if self.cfg.method == "fedmgs":  # the server's sums are those of every current H_p
+            hh, xh = server.hh, server.xh
+        else:
+            hh = sum((h @ h.T for h in hs), np.zeros((self.cfg.k, self.cfg.k)))
+            xh = sum((x @ h.T for x, h in zip(self.xs, hs, strict=True)),
+                     np.zeros_like(glob.w))
+        value = objective_from_statistics(glob.w, hh, xh, self.x_sq, hs, server.rho,
+                                          self.cfg.nu0 * server.x_scale, server.n_total)
         previous = server.last_objective
         server, glob = with_objective(server, glob, value, self.cfg)
         acc = accuracy(self.truth, assignments(hs)) if self.truth is not None else float("nan")

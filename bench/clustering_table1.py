@@ -58,7 +58,7 @@ def _data(args, seed: int, kind: str | None) -> tuple:
     return _make(args.m, args.n, args.k, args.snr_db, args.clients, seed, kind)
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=8)
 def _make(m: int, n: int, k: int, snr_db: float, clients: int, seed: int, kind: str | None
           ) -> tuple:
     x, labels = cl.synthetic(m, n, k, snr_db, derive_rng(seed, 0, SPLIT))
@@ -102,6 +102,10 @@ def run_all(args) -> list[dict]:
         for method, m in METHODS]
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
+
+        if args.seeds * (len(args.partitions) + 1) <= 8:  # made once, inherited by fork
+            for s, kind in {(c[0], None if c[2] == "kmeans" else c[1]) for c in cells}:
+                _data(args, s, kind)
 
         with ProcessPoolExecutor(args.jobs) as pool:
             results = list(pool.map(_cell, [(args, *c) for c in cells]))

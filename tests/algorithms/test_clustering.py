@@ -28,6 +28,17 @@ def test_h_gradient_matches_finite_differences_of_the_objective():
         assert grad[i, j] == pytest.approx(fd, rel=1e-6)
 
 
+def test_objective_from_statistics_is_the_objective():
+    x, w, h = _small(3)
+    parts = [(x[:, :4], h[:, :4]), (x[:, 4:], h[:, 4:])]
+    hh = sum(hp @ hp.T for _, hp in parts)
+    xh = sum(xp @ hp.T for xp, hp in parts)
+    got = cl.objective_from_statistics(w, hh, xh, float(np.sum(x * x)),
+                                       [hp for _, hp in parts], 0.3, 0.05, 20)
+    want = cl.objective(w, [hp for _, hp in parts], [xp for xp, _ in parts], 0.3, 0.05, 20)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
 def test_h_steps_are_projected_gradient_steps():
     x, w, h = _small(1)
     rho, nu, n = 0.2, 0.01, 9
