@@ -16,14 +16,19 @@ Steps (fedrec's client/server mould, with its own messages since each client hol
 dense X_p instead of a rating block):
 
 * client, both methods: Q1 projected gradient steps on H_p with W fixed (eqs. 11, 28),
-  step 1 / (c_factor L_H), L_H = (2/N) lambda_max(W^T W) + rho (K - 1) + nu;
+  step 1 / (c_factor L_H), L_H = (2/N) lambda_max(W^T W) + rho (K - 1) + nu (an upper
+  bound of the Lipschitz constant); c_factor = 0.51 as the paper's Sec. V-A
+  "c = 1/2 lambda_max" (the authors' code divides by 0.51 times the largest eigenvalue of
+  the H-Hessian), almost twice the safe 1/L step and still a descent step (< 2/L);
 * FedMAvg (Algorithm 1): uploading clients then take Q2^k gradient steps on W_p from W^k
   (eq. 13, no projection), step 1 / (d_factor (2/N_p) lambda_max(H_p H_p^T)); the server
   averages the uploads and projects onto the box (eq. 9). Partial client communication:
   every client updates H_p each round, m upload;
 * FedMGS (Algorithm 2): sampled clients send the change of H_p H_p^T and X_p H_p^T
   (eq. 31); the server keeps the sums and takes Q2 projected gradient steps on
-  W with grad = (2/N)(W sum H H^T - sum X H^T) (eq. 32), step 1/(d_factor lambda_max).
+  W with grad = (2/N)(W sum H H^T - sum X H^T) (eq. 32), step 1/(d_factor L_W),
+  L_W = (2/N) lambda_max(sum H H^T), d_factor = 0.501 (Sec. V-A "d = 1/2 lambda_max",
+  0.501 in the authors' code).
   Partial participation: unsampled clients are idle. Not privacy-preserving (X_p H_p^T
   of a one-sample client is that sample times h).
 
@@ -75,15 +80,16 @@ class ClusterConfig(AlgorithmConfig):
     growth: float = Field(1.5, gt=1, description="SNCP: rho <- growth * rho")
     tol: float | None = Field(None, gt=0, description="SNCP tolerance (1e-5 / 5e-5 if None)")
     stop_tol: float = Field(1e-8, gt=0, description="stop when the relative change is below")
-    c_factor: float = Field(1.0, gt=0, description="H step 1/(c_factor L_H)")
-    d_factor: float | None = Field(None, gt=0, description="W step 1/(d_factor L_W); 5 / 1")
+    c_factor: float = Field(0.51, gt=0, description="H step 1/(c_factor L_H) (paper: 0.51)")
+    d_factor: float | None = Field(None, gt=0, description="W step 1/(d_factor L_W); 5/0.501")
 
     @property
     def w_step_factor(self) -> float:
-        """d_factor, or the paper's 5 for FedMAvg's local steps and 1 for FedMGS's server."""
+        """d_factor, or the paper's 5 for FedMAvg's local steps and 0.501 for FedMGS's
+        server (Sec. V-A "d = 1/2 lambda_max"; the authors' code uses 0.501)."""
         if self.d_factor is not None:
             return self.d_factor
-        return 5.0 if self.method == "fedmavg" else 1.0
+        return 5.0 if self.method == "fedmavg" else 0.501
 
     @property
     def sncp_tol(self) -> float:
@@ -204,6 +210,19 @@ def objective(w: np.ndarray, hs: Sequence[np.ndarray], xs: Sequence[np.ndarray],
         total += float(np.sum((x - w @ h) ** 2)) / n_total
         col = h.sum(axis=0)
         total += 0.5 * rho * float(col @ col - np.sum(h * h)) + 0.5 * nu * float(np.sum(h * h))
+    return total
+
+
+def objective_from_statistics(w: np.ndarray, hh: np.ndarray, xh: np.ndarray, x_sq: float,
+                              hs: Sequence[np.ndarray], rho: float, nu: float, n_total: int
+                              ) -> float:
+    """:func:`objective` from the sums hh = sum H_p H_p^T, xh = sum X_p H_p^T and
+    x_sq = ||X||^2: ||X - W H||^2 = ||X||^2 - 2 <W, X H^T> + <W^T W, H H^T>, without forming
+    the M x N residual (FedMGS's server already holds hh and xh)."""
+    total = (x_sq - 2.0 * float(np.sum(w * xh)) + float(np.sum((w.T @ w) * hh))) / n_total
+    for h in hs:
+        col, sq = h.sum(axis=0), float(np.sum(h * h))
+        total += 0.5 * rho * float(col @ col - sq) + 0.5 * nu * sq
     return total
 
 
@@ -340,7 +359,8 @@ def _who(cfg: ClusterConfig, k: int, sizes: np.ndarray, rng: np.random.Generator
 class ClusterSteps:
     """:class:`algorithms.simulate.Steps` of federated ONMF: who runs and who sends (with
     its weight) from the round's sampling stream, the clients' H_p/W steps, the server
-    step; the record evaluates F, applies the SNCP schedule to rho and stops when F
+    step; the record evaluates F (from the statistics H H^T and X H^T,
+    :func:`objective_from_statistics`), applies the SNCP schedule to rho and stops when F
     settles (``stop_tol``)."""
 
     def __init__(self, xs: Sequence[np.ndarray], cfg: ClusterConfig, seed: int,
@@ -348,6 +368,7 @@ class ClusterSteps:
         self.xs, self.cfg, self.seed = xs, cfg, int(seed)
         self.truth = np.concatenate(labels) if labels is not None else None
         self.sizes = np.array([x.shape[1] for x in xs], dtype=float)
+        self.x_sq = float(sum(np.sum(x * x) for x in xs))
         self._senders: dict[int, float] = {}
 
     def start(self) -> RoundState:
@@ -379,8 +400,14 @@ class ClusterSteps:
                ) -> tuple[RoundState, ClusterRound, bool]:
         server, glob, hs = state.server_state, state.global_msg, [lc.h for lc in
                                                                   state.local_states]
-        value = objective(glob.w, hs, self.xs, server.rho, self.cfg.nu0 * server.x_scale,
-                          server.n_total)
+        if self.cfg.method == "fedmgs":  # the server's sums are those of every current H_p
+            hh, xh = server.hh, server.xh
+        else:
+            hh = sum((h @ h.T for h in hs), np.zeros((self.cfg.k, self.cfg.k)))
+            xh = sum((x @ h.T for x, h in zip(self.xs, hs, strict=True)),
+                     np.zeros_like(glob.w))
+        value = objective_from_statistics(glob.w, hh, xh, self.x_sq, hs, server.rho,
+                                          self.cfg.nu0 * server.x_scale, server.n_total)
         previous = server.last_objective
         server, glob = with_objective(server, glob, value, self.cfg)
         acc = accuracy(self.truth, assignments(hs)) if self.truth is not None else float("nan")

@@ -756,31 +756,39 @@ class _BatchUpload:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Batch:
-    """The batched path's client states: stacked arrays and each client's last iteration."""
+    """The batched path's client states: stacked arrays, each client's last iteration and,
+    with ``absent='local'``, the V_bar each pair last received (pairs x d)."""
 
     c: _Clients
     last: np.ndarray
+    p_bar: np.ndarray | None = None
 
 
 def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
-                   clip: float | None, act: _Active
+                   clip: float | None, act: _Active, stepping: _Active | None = None,
+                   anchor: np.ndarray | None = None
                    ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
-    """Algorithm 1's client side for the active clients: (broadcast with H advanced,
-    clients, sum of their uploads)."""
+    """Algorithm 1's client side: (broadcast with H advanced, clients, sum of the active
+    clients' uploads). ``stepping`` (default ``act``) are the clients that step and
+    ``anchor`` (pairs x d, default the broadcast V_bar) the V_bar each pair is pulled to."""
     t = g.k + 1
+    anchor = g.v_bar[:, lay.pair_item].T if anchor is None else anchor
     g_u, g_p = _batched_grad(lay, c, cfg)
-    g_p = g_p + cfg.lam * (c.p - g.v_bar[:, lay.pair_item].T)
+    g_p = g_p + cfg.lam * (c.p - anchor)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg)
-    c = _keep_all(act, c, u, p, u_m, p_m)
+    c = _keep_all(act if stepping is None else stepping, c, u, p, u_m, p_m)
     h, (h_m1, h_m2) = _step_h(g, cfg)
     return g.replace(h=h, h_m1=h_m1, h_m2=h_m2), c, _batched_total(lay, c.p, h, clip, act)
 
 
 def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig,
-                    clip: float | None, act: _Active
+                    clip: float | None, act: _Active, stepping: _Active | None = None,
+                    anchor: np.ndarray | None = None
                     ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
-    """Algorithm 2's client side for the active clients (zeta not yet redrawn)."""
+    """Algorithm 2's client side (zeta not yet redrawn): the active clients upload and
+    move to the average; the main update is taken by ``stepping`` (default ``act``).
+    ``anchor`` is unused (RFRecF's main update has no proximal term)."""
     if g.zeta == 1:
         if g.zeta_prev == 1:
             return g, c, None
@@ -795,7 +803,8 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
     g_u, g_p = _batched_grad(lay, c, cfg)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg, lr)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg, lr)
-    return g.replace(steps=t), _keep_all(act, c, u, p, u_m, p_m), None
+    c = _keep_all(act if stepping is None else stepping, c, u, p, u_m, p_m)
+    return g.replace(steps=t), c, None
 
 
 class BatchedSteps:
@@ -804,11 +813,14 @@ class BatchedSteps:
     (an aggregator may add the noise to it), and the server's mean of it."""
 
     def __init__(self, cfg: RFRecConfig, fed: Federation, seed: int, per_round: int,
-                 clip: float | None = None) -> None:
+                 clip: float | None = None, absent: Literal["idle", "local"] = "idle"
+                 ) -> None:
+        if absent not in ("idle", "local"):
+            raise ValueError(f"absent must be 'idle' or 'local', not {absent!r}")
         self.fast = isinstance(cfg, RFRecFConfig)
         self.alg = ALGORITHMS["rfrecf" if self.fast else "rfrec"]
-        self.cfg, self.fed, self.seed, self.per_round, self.clip = (
-            cfg, fed, int(seed), per_round, clip)
+        self.cfg, self.fed, self.seed, self.per_round, self.clip, self.absent = (
+            cfg, fed, int(seed), per_round, clip, absent)
         self.lay = _layout(fed.train, cfg)
 
     def start(self) -> RoundState:
@@ -824,15 +836,26 @@ class BatchedSteps:
 
     def clients(self, k: int, state: RoundState, chosen: np.ndarray
                 ) -> tuple[_Batch, dict[int, _BatchUpload]]:
-        g, c, last = state.global_msg, state.local_states.c, state.local_states.last.copy()
+        g, b = state.global_msg, state.local_states
+        c, last, p_bar = b.c, b.last.copy(), b.p_bar
         act = _active(self.lay, chosen)
         returning = np.zeros(self.fed.n_clients, dtype=bool)
         returning[chosen] = last[chosen] < k - 1
         c = _on_return_all(self.lay, c, self.cfg, returning)
+        stepping = None
+        if self.absent == "local" and act.pairs is not None:
+            # absent clients keep stepping, pulled to the V_bar they last received; only
+            # the active ones upload (a reconnecting client's anchor jumps to the new
+            # V_bar, so momentum_on_return applies on reconnection)
+            now = g.v_bar[:, self.lay.pair_item].T
+            p_bar = now if p_bar is None else np.where(act.pairs[:, None], now, p_bar)
+            stepping = _Active(self.fed.n_clients, None, None)
         last[chosen] = k
         step = _batched_rfrecf if self.fast else _batched_rfrec
-        pending, c, total = step(self.lay, g, c, self.cfg, self.clip, act)
-        return _Batch(c, last), {AGGREGATE: _BatchUpload(pending, total, act.n, chosen)}
+        pending, c, total = step(self.lay, g, c, self.cfg, self.clip, act, stepping,
+                                 None if stepping is None else p_bar)
+        return (_Batch(c, last, p_bar),
+                {AGGREGATE: _BatchUpload(pending, total, act.n, chosen)})
 
     def server(self, k: int, server_state: RFRecGlobal,
                received: Mapping[int, _BatchUpload]) -> tuple[RFRecGlobal, RFRecGlobal]:
@@ -879,7 +902,8 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
                 noise: Callable[[int, int, tuple[int, int]], np.ndarray] | None = None,
                 evaluate_every: int = 1, per_round: int = 0,
                 on_round: Callable[[RoundRecord], None] | None = None,
-                on_global: Callable[[RFRecGlobal], None] | None = None) -> SimulationResult:
+                on_global: Callable[[RFRecGlobal], None] | None = None,
+                absent: Literal["idle", "local"] = "idle") -> SimulationResult:
     """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
 
     The round engine (:func:`algorithms.simulate.drive`) with :class:`BatchedSteps`: same
@@ -890,14 +914,20 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
     the sum). ``per_round`` is the simulator's: 0 (or at least the number of clients)
     means everybody, otherwise that many clients drawn by :func:`select` from the same
     stream. ``on_global`` sees the broadcast of every round (e.g. for a stopping rule on
-    V_bar). Per round O(nnz d + n d) plus the noise draws.
+    V_bar). ``absent`` is what a client left out of an iteration does: ``idle`` (as the
+    generic driver: it neither steps nor uploads), or ``local``, the RFRec paper's
+    Sec. 3.3 reading of a device that lost its connection ("each client can continue
+    local updates even without connection to the server"): it keeps taking its step
+    (RFRec: pulled toward the last V_bar it received; RFRecF: the main updates, without
+    the move to an average it did not receive) and uploads nothing. Per round
+    O(nnz d + n d) plus the noise draws.
     """
     def see(state: RoundState) -> bool:
         if on_global is not None:
             on_global(state.global_msg)
         return False
 
-    steps = BatchedSteps(cfg, fed, seed, per_round, clip)
+    steps = BatchedSteps(cfg, fed, seed, per_round, clip, absent)
     history, last = drive(steps, steps.start(), rounds,
                           aggregator=None if noise is None else noise_aggregator(noise),
                           evaluate_every=evaluate_every, on_round=on_round, on_state=see)

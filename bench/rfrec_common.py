@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,17 +110,18 @@ def federation(data: str, clients: int, seed: int) -> Federation:
 
 def run(method: str, variant: str, data: str, seed: int, *, rounds: int | None = None,
         clients: int | None = None, drop: float = 0.0, evaluate_every: int | None = None,
-        on_global: Callable[[RFRecGlobal], None] | None = None,
+        on_global: Callable[[RFRecGlobal], None] | None = None, absent: str = "idle",
         **override: Any) -> SimulationResult:
     """One seeded run on the batched path; ``drop`` is the fraction of clients absent from
-    each iteration (a fresh uniform draw every iteration)."""
+    each iteration (a fresh uniform draw every iteration), ``absent`` what they do
+    (:func:`algorithms.rfrec.run_batched`)."""
     s = SETTINGS[(method, variant)]
     fed = federation(data, s.clients if clients is None else clients, seed)
     rounds = s.rounds if rounds is None else rounds
     per_round = 0 if drop <= 0 else max(1, int(round((1.0 - drop) * fed.n_clients)))
     return run_batched(config(method, variant, **override), fed, rounds=rounds, seed=seed,
                        evaluate_every=evaluate_every or rounds, per_round=per_round,
-                       on_global=on_global)
+                       on_global=on_global, absent=absent)
 
 
 def describe(method: str, variant: str, data: str, **override: Any) -> str:
@@ -136,10 +135,5 @@ def describe(method: str, variant: str, data: str, **override: Any) -> str:
 def write(out: Path, name: str, stem: str, argv: list[str] | None, quick: bool,
           payload: dict[str, Any]) -> Path:
     """``_experiment.write_result`` to ``<out>/<stem>.json``: a non-default run (``stem`` !=
-    ``name``) is written elsewhere first, so it never replaces the default ``<name>.json``."""
-    if stem == name:
-        return _experiment.write_result(out, name, argv, quick, payload)
-    with tempfile.TemporaryDirectory() as tmp:
-        written = _experiment.write_result(Path(tmp), name, argv, quick, payload)
-        out.mkdir(parents=True, exist_ok=True)
-        return Path(shutil.move(str(written), str(out / f"{stem}.json")))
+    ``name``) never replaces the default ``<name>.json``."""
+    return _experiment.write_result(out, name, argv, quick, payload, stem=stem)

@@ -26,14 +26,16 @@ NEEDS_DATA = True
 NAME = "rfrec_dropped"
 
 
-def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None) -> dict:
+def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None,
+            absent: str = "idle") -> dict:
     """RMSE and MAE of every (method, rate, seed)."""
     out: dict = {}
     for method in ("rfrec", "rfrecf"):
         for rate in rates:
             cell = {"rmse": [], "mae": []}
             for seed in range(seeds):
-                res = C.run(method, "ours", data, seed, rounds=rounds, drop=rate / 100)
+                res = C.run(method, "ours", data, seed, rounds=rounds, drop=rate / 100,
+                            absent=absent)
                 cell["rmse"].append(res.final.test_rmse)
                 cell["mae"].append(res.final.test_mae)
                 print(f"{data} {method} drop {rate}% seed {seed}: RMSE "
@@ -42,7 +44,8 @@ def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None) -
     return out
 
 
-def comparisons(data: str, cells: dict, rates: tuple[int, ...]) -> list[dict]:
+def comparisons(data: str, cells: dict, rates: tuple[int, ...], absent: str = "idle"
+                ) -> list[dict]:
     rows = []
     for method in ("rfrec", "rfrecf"):
         base = cells[f"{method}/0"]
@@ -50,7 +53,8 @@ def comparisons(data: str, cells: dict, rates: tuple[int, ...]) -> list[dict]:
             i = C.DROP_RATES.index(rate)
             for metric, key in (("RMSE", "rmse"), ("MAE", "mae")):
                 paper = C.TABLE3[method][metric]
-                what = f"{C.DATA[data]}, {C.METHOD[method]}, ours, {rate}% dropped"
+                what = (f"{C.DATA[data]}, {C.METHOD[method]}, ours, {rate}% dropped"
+                        + (", absent clients step locally" if absent == "local" else ""))
                 if data == "ml-1m":
                     rows.append(_experiment.comparison(what, metric, paper[i],
                                                        cells[f"{method}/{rate}"][key]))
@@ -88,14 +92,26 @@ def plot(data: str, cells: dict, rates: tuple[int, ...], path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = _experiment.parser(NAME, __doc__)
     ap.add_argument("--data", choices=["ml-100k", "ml-1m"], default="ml-100k")
+    ap.add_argument("--paper-size", action="store_true",
+                    help="the paper's data set, ML-1M (as --data ml-1m)")
+    ap.add_argument("--rates", type=int, nargs="+", choices=C.DROP_RATES, default=None,
+                    help="dropped percentages (default: all of Table 3's; 0 is always run)")
+    ap.add_argument("--absent", choices=["idle", "local"], default="idle",
+                    help="what a dropped client does: idle (neither steps nor uploads) or "
+                         "local (keeps its local updates, uploads nothing; Sec. 3.3)")
     args = ap.parse_args(argv)
+    if args.paper_size:
+        args.data = "ml-1m"
     rates = (0, 50) if args.quick else C.DROP_RATES
-    cells = measure(args.data, rates, args.seeds, 20 if args.quick else None)
-    stem = NAME if args.data == "ml-100k" else f"{NAME}_{args.data}"
+    if args.rates:
+        rates = tuple(r for r in C.DROP_RATES if r == 0 or r in args.rates)
+    cells = measure(args.data, rates, args.seeds, 20 if args.quick else None, args.absent)
+    stem = (NAME if args.data == "ml-100k" else f"{NAME}_{args.data}") + (
+        "_local" if args.absent == "local" else "")
     path = C.write(args.out, NAME, stem, argv, args.quick,
-        {"data": args.data, "rates": rates, "cells": cells,
+        {"data": args.data, "rates": rates, "cells": cells, "absent": args.absent,
          "settings": {m: C.config(m, "ours").model_dump() for m in ("rfrec", "rfrecf")},
-         "comparisons": comparisons(args.data, cells, rates)})
+         "comparisons": comparisons(args.data, cells, rates, args.absent)})
     plot(args.data, cells, rates, args.out / f"{stem}.png")
     print(f"wrote {path}")
     return 0

@@ -28,6 +28,17 @@ def test_h_gradient_matches_finite_differences_of_the_objective():
         assert grad[i, j] == pytest.approx(fd, rel=1e-6)
 
 
+def test_objective_from_statistics_is_the_objective():
+    x, w, h = _small(3)
+    parts = [(x[:, :4], h[:, :4]), (x[:, 4:], h[:, 4:])]
+    hh = sum(hp @ hp.T for _, hp in parts)
+    xh = sum(xp @ hp.T for xp, hp in parts)
+    got = cl.objective_from_statistics(w, hh, xh, float(np.sum(x * x)),
+                                       [hp for _, hp in parts], 0.3, 0.05, 20)
+    want = cl.objective(w, [hp for _, hp in parts], [xp for xp, _ in parts], 0.3, 0.05, 20)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
 def test_h_steps_are_projected_gradient_steps():
     x, w, h = _small(1)
     rho, nu, n = 0.2, 0.01, 9
@@ -60,6 +71,15 @@ def test_sncp_schedule():
     assert cl.sncp_rho(2.0, float("nan"), 100.0, 1e-5, 1.5) == 2.0
     assert cl.ClusterConfig(method="fedmavg").sncp_tol == 1e-5
     assert cl.ClusterConfig(method="fedmgs").sncp_tol == 5e-5
+
+
+def test_default_step_factors_are_the_papers():
+    """Sec. V-A: c = 1/2 lambda_max for H (0.51 in the authors' code), d = 5 lambda_max for
+    FedMAvg's local W steps and 1/2 lambda_max for FedMGS's server (0.501 in their code)."""
+    mavg, mgs = cl.ClusterConfig(method="fedmavg"), cl.ClusterConfig(method="fedmgs")
+    assert mavg.c_factor == mgs.c_factor == 0.51
+    assert (mavg.w_step_factor, mgs.w_step_factor) == (5.0, 0.501)
+    assert cl.ClusterConfig(method="fedmgs", d_factor=2.0).w_step_factor == 2.0
 
 
 def test_accuracy_uses_the_best_matching():

@@ -55,8 +55,9 @@ def test_batched_rfrec_on_the_engine_gives_the_previous_loop_factors(name):
 def test_clustering_on_the_engine_gives_the_previous_loop_and_stops_early():
     x, labels = cl.synthetic(30, 240, 3, 6.0, np.random.default_rng(0), outliers=0.0)
     parts = cl.partition(x, 6, "noniid", np.random.default_rng(1))
+    # the step factors the reference was recorded with (before the paper's 0.51 / 0.501)
     cfg = cl.ClusterConfig(method="fedmgs", k=3, per_round=3, rounds=60, rho0=1e-4,
-                           stop_tol=1e-3)
+                           stop_tol=1e-3, c_factor=1.0, d_factor=1.0)
     res = cl.run([x[:, p] for p in parts], cfg, seed=3, labels=[labels[p] for p in parts])
     assert len(res.history) == REFERENCE["cluster__objective"].shape[0] < 60
     np.testing.assert_allclose([h.objective for h in res.history],

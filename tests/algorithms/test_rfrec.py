@@ -429,6 +429,62 @@ def test_dropped_clients_neither_step_nor_upload_and_server_averages_the_rest():
                     rtol=1e-9, atol=1e-12)
 
 
+def _dense_local_rfrec(fed, cfg, rounds, seed, per_round):
+    """Algorithm 1 where an absent client keeps stepping (Sec. 3.3, "each client can
+    continue local updates even without connection"), pulled to the last V_bar it
+    received, and uploads nothing; on reconnection its never-rated columns are H."""
+    _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
+    us = [s.u for s in locs]
+    vs = [glob.v_bar.copy() for _ in locs]
+    anchors = [glob.v_bar.copy() for _ in locs]
+    v_bar, h = glob.v_bar, glob.h
+    for k in range(1, rounds + 1):
+        chosen = _chosen(seed, k, len(vs), per_round)
+        for i in range(len(vs)):
+            if i in chosen:
+                unrated = np.setdiff1d(np.arange(v_bar.shape[1]), fed.train[i].rated_items)
+                vs[i][:, unrated] = h[:, unrated]
+                anchors[i] = v_bar
+            gu, gv = _dense_grad_f(us[i], vs[i], *_dense(fed.train[i]), cfg)
+            us[i] = us[i] - cfg.alpha * gu
+            vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - anchors[i]))
+        h = h - cfg.alpha * cfg.lam * (h - v_bar)
+        v_bar = sum(vs[i] for i in chosen) / len(chosen)
+    return us, vs, v_bar
+
+
+def test_absent_clients_that_step_locally_pull_to_their_last_v_bar_and_upload_nothing():
+    fed, seed = _federation(), 8
+    cfg = _paper(RFRecConfig, rank=2, alpha=0.01, lam=5.0)
+    us, vs, v_bar = _dense_local_rfrec(fed, cfg, 12, seed, 2)
+    res = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent="local")
+    np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+    assert [r.uploads for r in res.history] == [2] * 12
+    for i, (u, s) in enumerate(zip(us, res.local_states, strict=True)):
+        np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(s.v_rated, vs[i][:, fed.train[i].rated_items],
+                                   rtol=1e-9, atol=1e-12)
+    idle = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2)
+    assert not np.allclose(idle.local_states[0].u, res.local_states[0].u)
+    everybody = [run_batched(cfg, fed, rounds=5, seed=seed, absent=a) for a in ("idle", "local")]
+    np.testing.assert_array_equal(everybody[0].global_msg.v_bar, everybody[1].global_msg.v_bar)
+    with pytest.raises(ValueError, match="absent must be"):
+        run_batched(cfg, fed, rounds=2, seed=seed, absent="sleep")
+
+
+def test_rfrecf_absent_clients_take_the_main_updates_but_not_the_move():
+    fed, seed = _federation(), 4
+    cfg = RFRecFConfig(rating_range=R15, rank=2)
+    res = run_batched(cfg, fed, rounds=20, seed=seed, per_round=3, absent="local")
+    idle = run_batched(cfg, fed, rounds=20, seed=seed, per_round=3)
+    assert [r.uploads for r in res.history] == [r.uploads for r in idle.history]
+    # every client took every main update: U of a client absent throughout differs from
+    # its initial value only through them, so no client is left at its init
+    _, _, locs = initialise(RFRECF, cfg, fed.train, seed)
+    for s, s0 in zip(res.local_states, locs, strict=True):
+        assert not np.allclose(s.u, s0.u)
+
+
 def _adam_state(rng, block, d, n, last):
     g, local = _state(rng, block, d, n)
     g = g.replace(h_m1=np.zeros((d, n)), h_m2=np.zeros((d, n)))
