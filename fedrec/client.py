@@ -214,6 +214,43 @@ class Jobs(Model):
     count: int
 
 
+class TuningTrial(Model):
+    schema_name = "TuningTrial"
+    params: dict[str, Any]
+    rounds: int
+    validation_rmse: float | None
+
+
+class TuningJob(Model):
+    schema_name = "TuningJobPublic"
+    id: int
+    status: Literal["queued", "running", "completed", "failed"]
+    algorithm: str
+    tenant_ids: list[int]
+    rounds: int
+    per_round: int
+    seed: int
+    test_fraction: float
+    trials: int
+    eta: int
+    budget_seconds: float
+    base_config: dict[str, Any]
+    scored: list[TuningTrial]
+    config: dict[str, Any] | None = None
+    changed: dict[str, Any] | None = None
+    validation_rmse: float | None = None
+    default_validation_rmse: float | None = None
+    budget_exhausted: bool | None = None
+    seconds: float | None = None
+    error: str | None = None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in RUNNING
+
+
 class TenantPlan(Model):
     schema_name = "TenantPlan"
     epsilon_spent: Epsilon
@@ -522,6 +559,27 @@ class Client:
             if end is not None and time.monotonic() > end:
                 raise TimeoutError(f"job {job_id} still {job.status} after {timeout:g} s")
             time.sleep(poll)
+
+    # ---- admin: tuning jobs --------------------------------------------------------------
+    def create_tuning_job(self, **body: Any) -> TuningJob:
+        """``POST /admin/tuning-jobs`` (algorithm, tenant_ids, rounds, per_round, seed,
+        config, test_fraction, trials, eta, budget_seconds); once completed, its ``config``
+        goes as it is into :meth:`create_job`."""
+        return self._send(TuningJob, "POST", "/admin/tuning-jobs", body)
+
+    def tuning_job(self, job_id: int) -> TuningJob:
+        return self._get(TuningJob, f"/admin/tuning-jobs/{job_id}")
+
+    def wait_tuning_job(self, job_id: int, *, poll: float = 0.5,
+                        timeout: float | None = None) -> TuningJob:
+        """Poll the tuning job until it ends; TimeoutError after ``timeout`` seconds."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not (job := self.tuning_job(job_id)).finished:
+            if end is not None and time.monotonic() > end:
+                raise TimeoutError(f"tuning job {job_id} still {job.status} after "
+                                   f"{timeout:g} s")
+            time.sleep(poll)
+        return job
 
     # ---- tenant: ratings -----------------------------------------------------------------
     def upload_ratings(self, tenant_id: int, *, rows: Iterable[Mapping[str, Any]] | None

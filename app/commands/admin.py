@@ -96,6 +96,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     _page(lst)
     lst.set_defaults(func=_run(_items_list))
 
+    tuning = res.add_parser("tuning", help="tuning jobs (hyper-parameter search on the "
+                                           "stored training ratings): create, show")
+    acts = tuning.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = acts.add_parser("create", parents=[common],
+                             help="queue a search; every tenant must allow non-private "
+                                  "training")
+    create.add_argument("--algorithm", default="fedmc-admm",
+                        help="fedmc-admm, fedmavg, rfrec or rfrecf (default: fedmc-admm)")
+    create.add_argument("--tenants", type=_ids, default=None,
+                        help="comma-separated tenant ids (default: all)")
+    create.add_argument("--rounds", type=int, default=None,
+                        help="rounds of the last rung (default: the algorithm's)")
+    create.add_argument("--trials", type=int, default=9, help="configs drawn (default: 9)")
+    create.add_argument("--budget-seconds", type=float, default=600.0,
+                        help="start no trial after this long (default: 600)")
+    create.add_argument("--seed", type=int, default=0, help="seed of the split and search")
+    create.add_argument("--wait", action="store_true",
+                        help="wait for the search to end and show its choice")
+    create.set_defaults(func=_run(_tuning_create))
+    show = acts.add_parser("show", parents=[common],
+                           help="status, trials and, once completed, the chosen config")
+    show.add_argument("job_id", type=int)
+    show.set_defaults(func=_run(_tuning_show))
+
     jobs = res.add_parser("jobs", help="training jobs: create, list, show, cancel, resume, "
                                        "report, watch")
     register_jobs(jobs, common)
@@ -533,3 +557,42 @@ def _watch_line(job, eps) -> str:
     if eps is not None:
         parts.append(f"epsilon {_cell(eps) if isinstance(eps, str) else f'{eps:.3g}'}")
     return "  ".join(parts)
+
+
+# -- tuning jobs ---------------------------------------------------------------------------
+
+def _ids(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ids, got {text!r}"
+                                         ) from None
+
+
+def _show_tuning(job) -> None:
+    fields = {k: getattr(job, k) for k in (
+        "id", "status", "algorithm", "tenant_ids", "rounds", "trials", "validation_rmse",
+        "default_validation_rmse", "budget_exhausted", "seconds", "error")}
+    fields["trials_scored"] = len(job.scored)
+    fields["config"] = None if job.config is None else json.dumps(job.config)
+    fields["changed"] = None if job.changed is None else json.dumps(job.changed)
+    print_fields(fields)
+
+
+def _tuning_create(client, args) -> int:
+    body = {"algorithm": args.algorithm, "trials": args.trials, "seed": args.seed,
+            "budget_seconds": args.budget_seconds}
+    if args.tenants is not None:
+        body["tenant_ids"] = args.tenants
+    if args.rounds is not None:
+        body["rounds"] = args.rounds
+    job = client.create_tuning_job(**body)
+    if args.wait:
+        job = client.wait_tuning_job(job.id)
+    emit(args, job, lambda: _show_tuning(job))
+    return 0 if job.status != "failed" else 1
+
+
+def _tuning_show(client, args) -> None:
+    job = client.tuning_job(args.job_id)
+    emit(args, job, lambda: _show_tuning(job))

@@ -122,7 +122,7 @@ def test_every_answer_model_is_the_documented_answer_of_its_routes(openapi):
     nested = {"JobSpend", "TenantPrivacy", "TenantPublic", "TenantAuditPublic",
               "ApiKeyPublic", "ItemPublic", "TenantPlan", "RoundPublic",
               "TenantRoundPublic", "RankingPublic", "RatingPublic", "Recommendation",
-              "RecommendationsPublic"}  # reached through another answer
+              "RecommendationsPublic", "TuningTrial"}  # reached through another answer
     missing = {m.schema_name for m in fc.MODELS} - answered - nested
     assert missing == set()
 
@@ -134,6 +134,7 @@ CALLS = {  # every method that makes one call: its arguments
     "put_items": (([{"key": "a"}],), {}), "items": ((), {}), "create_job": ((), {}),
     "plan_job": ((), {}), "jobs": ((), {}), "job": ((1,), {}), "cancel_job": ((1,), {}),
     "resume_job": ((1,), {}), "job_report": ((1,), {}),
+    "create_tuning_job": ((), {}), "tuning_job": ((1,), {}),
     "upload_ratings": ((1,), {"rows": [{"user": "u", "item": "a", "rating": 1}]}),
     "ratings": ((1,), {}), "count_ratings": ((1,), {}), "forget_user": ((1, "u/1"), {}),
     "recommendations": ((1, "u"), {}), "batch_recommendations": ((1, ["u"]), {}),
@@ -158,7 +159,7 @@ def test_every_method_calls_a_documented_operation_answering_its_model(openapi):
 
     client = Client("http://x", token="t", transport=httpx.MockTransport(record))
     public = {n for n in dir(Client) if not n.startswith("_")} - {
-        "request", "close", "wait_job", "base_url"}
+        "request", "close", "wait_job", "wait_tuning_job", "base_url"}
     assert public == set(CALLS)
     templates = {path: "^" + re.sub(r"\\\{[^}/]+\\\}", "[^/]+", re.escape(path)) + "$"
                  for path in openapi["paths"]}
@@ -322,6 +323,30 @@ def test_the_client_trains_a_job_and_reads_its_report(app):
         assert batch.data == [one] and batch.not_found == ["nobody"]
 
 
+def test_the_client_tunes_then_trains_with_the_chosen_config(app):
+    """A tuning job through the client; its config, as it is, is a training job's config."""
+    with TestClient(app) as http:
+        admin = Client("http://testserver", token=ADMIN_TOKEN, http=http)
+        tid, _ = trained_tenant(admin, seed=3)
+        tuning = admin.create_tuning_job(algorithm="fedmc-admm", tenant_ids=[tid],
+                                         rounds=4, trials=3, seed=2)
+        assert tuning.status in ("queued", "running") and tuning.tenant_ids == [tid]
+        done = admin.wait_tuning_job(tuning.id, poll=0.05, timeout=300)
+        assert done.status == "completed", done.error
+        assert done == admin.tuning_job(tuning.id)
+        best = min(t.validation_rmse for t in done.scored if t.rounds == max(
+            x.rounds for x in done.scored))
+        assert done.validation_rmse == best and done.config is not None
+        job = admin.wait_job(admin.create_job(algorithm="fedmc-admm", tenant_ids=[tid],
+                                              rounds=2, config=done.config,
+                                              dp={"mechanism": "none"}).id,
+                             poll=0.05, timeout=120)
+        assert job.status == "completed" and job.config == done.config
+        with pytest.raises(ApiError) as err:
+            admin.tuning_job(10**9)
+        assert (err.value.status, err.value.code) == (404, "tuning_job_not_found")
+
+
 def test_an_answer_that_is_not_a_problem_still_raises_api_error():
     def handler(request):
         return httpx.Response(502, text="<html>Bad gateway</html>")
@@ -450,6 +475,21 @@ def test_admin_cli_keys_items_and_a_watched_job(live, capsys, tmp_path, monkeypa
     out = capsys.readouterr()
     assert out.out == f"job {job['id']} completed\n"  # no per-round lines: the bar has them
     assert f"RMSE {last.test_rmse:.4f}" in out.err and "3/3" in out.err
+
+
+def test_admin_cli_tunes_and_shows_the_choice(live, capsys):
+    with Client(live, token=ADMIN_TOKEN) as admin:
+        tid, _ = trained_tenant(admin, seed=4)
+    code, out, _ = admin_cli(capsys, "tuning", "create", "--tenants", str(tid), "--rounds",
+                             "3", "--trials", "2", "--wait", "--json", "-")
+    tuning = json.loads(out)
+    assert code == 0 and tuning["status"] == "completed" and tuning["tenant_ids"] == [tid]
+    assert tuning["config"] is not None and len(tuning["scored"]) >= 2
+    code, out, _ = admin_cli(capsys, "tuning", "show", str(tuning["id"]))
+    assert code == 0 and re.search(r"^status\s+completed$", out, re.M)
+    assert re.search(rf"^validation_rmse\s+{tuning['validation_rmse']:g}$", out, re.M)
+    code, _, err = admin_cli(capsys, "tuning", "show", "999999")
+    assert code == 1 and "error 404 tuning_job_not_found" in err
 
 
 # -- the README's examples, as written, against a fresh server ----------------------------
