@@ -8,19 +8,26 @@ import os
 import sys
 
 # One module per sub-command; each exposes register(subparsers) and sets func=run(args)->int.
-COMMANDS = [
-    "app.commands.simulate",
-    "app.commands.tune",
-    "app.commands.serve",
-    "app.commands.migrate",
-    "app.commands.demo",
-    "app.commands.cluster",
-    "app.commands.bench",
-    "app.commands.doctor",
-    "agent.cli",
-    "app.commands.agent_demo",
-    "app.commands.admin",
-]
+# The help line is repeated here so that `fedrec --help` (and a command's own run) imports
+# only what it needs: a command's module is imported when it is the one chosen, or for the
+# full parser (tests/test_cli.py checks that these lines equal the modules' own).
+COMMANDS = {
+    "simulate": ("app.commands.simulate", "simulate a federation in-process on a ratings file"),
+    "tune": ("app.commands.tune",
+             "choose hyper-parameters on a validation carve-out of the training ratings"),
+    "serve": ("app.commands.serve", "run the HTTP API (migrates the database first)"),
+    "migrate": ("app.commands.migrate", "create or upgrade the database schema"),
+    "demo": ("app.commands.demo", "run the whole product end to end on embedded defaults"),
+    "cluster": ("app.commands.cluster", "federated ONMF clustering on synthetic data"),
+    "bench": ("app.commands.bench", "run the papers' experiments (fedrec bench list)"),
+    "doctor": ("app.commands.doctor", "check the database, migrations, broker, workers and beat"),
+    "agent": ("agent.cli", "run a tenant agent: train where the data is"),
+    "agent-demo": ("app.commands.agent_demo",
+                   "a coordinator for tenant agents, with its tenants and job set up"),
+    "admin": ("app.commands.admin", "manage tenants, API keys, items and jobs over the API"),
+    "jobs": ("app.commands.admin", "training jobs (as 'fedrec admin jobs')"),
+}
+ALL = "*"
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -36,7 +43,9 @@ class CommandParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str = ALL) -> argparse.ArgumentParser:
+    """The whole command line (``command`` ALL), or one whose only full sub-command is
+    ``command``: the others are listed by name and help line, their modules not imported."""
     parser = argparse.ArgumentParser(
         prog="fedrec", description="Privacy-focused federated recommender.")
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
@@ -44,9 +53,26 @@ def build_parser() -> argparse.ArgumentParser:
                              "else text); applies to serve and to the commands' own logs")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=CommandParser)
-    for name in COMMANDS:
-        importlib.import_module(name).register(sub)
+    if command in COMMANDS:  # its module first: it may register more than one command
+        importlib.import_module(COMMANDS[command][0]).register(sub)
+    for name, (module, help_line) in COMMANDS.items():
+        if name in sub.choices:
+            continue
+        if command == ALL:
+            importlib.import_module(module).register(sub)
+        else:
+            sub.add_parser(name, help=help_line, add_help=False)
     return parser
+
+
+def chosen_command(argv: list[str]) -> str | None:
+    """The sub-command named in ``argv`` (after the global options), if any."""
+    rest = list(argv)
+    while rest and rest[0].startswith("-"):
+        option = rest.pop(0)
+        if option == "--log-format" and rest:
+            rest.pop(0)
+    return rest[0] if rest else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         from agent.cli import main as agent_main
 
         return agent_main(argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser(chosen_command(argv) or "").parse_args(argv)
     if args.log_format is not None:  # before any command reads the settings
         os.environ["FEDREC_LOG_FORMAT"] = args.log_format
         from app.config import get_settings

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -593,3 +594,28 @@ def test_progress_bars_only_on_a_terminal(capsys, monkeypatch):
     assert out.out == "" and "bench x" in out.err and "run 2" in out.err
     monkeypatch.setenv("FEDREC_NO_PROGRESS", "1")
     assert output.RoundsBar(3).progress is None
+
+
+def test_the_cli_lists_every_command_without_importing_it_and_the_help_lines_agree():
+    """`fedrec --help` imports no command module (start-up in a fraction of a second), and
+    its help lines are the ones the modules themselves register."""
+    import argparse
+
+    from app import cli
+
+    def lines(parser):
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        return {a.dest: a.help for a in sub._choices_actions}
+
+    assert lines(cli.build_parser("")) == lines(cli.build_parser()) == {
+        name: help_line for name, (_, help_line) in cli.COMMANDS.items()}
+    code = ("import sys; from app.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('numpy', 'sqlalchemy', 'algorithms', 'app.db', 'fastapi')"
+            " if m in sys.modules]\nprint('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], check=True).stdout
+    assert out.strip().endswith("HEAVY []")
+    assert cli.chosen_command(["--log-format", "json", "jobs", "list"]) == "jobs"
+    assert cli.chosen_command(["simulate", "--help"]) == "simulate"
+    assert cli.chosen_command(["-h"]) is None

@@ -78,7 +78,7 @@ def test_the_cli_takes_the_format(monkeypatch):
     monkeypatch.delenv("FEDREC_LOG_FORMAT", raising=False)
     seen = []
     parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(cli, "build_parser", lambda command=cli.ALL: parser)
     args = parser.parse_args(["migrate"])
     args.func = lambda _: seen.append(get_settings().log_format) or 0
     monkeypatch.setattr(parser, "parse_args", lambda argv=None: (
