@@ -12,7 +12,9 @@ from algorithms import registry
 from algorithms.data import Federation, build_federation
 from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
-from algorithms.tuning import draws, tune, validation_federation
+from algorithms import tuning
+from algorithms.tuning import (couple_rank_and_lambda, draws, extended_space, rungs_of, tune,
+                               validation_federation)
 from app.cli import main
 
 ALG = registry.get("fedmc-admm")
@@ -60,6 +62,86 @@ def test_chosen_config_beats_or_ties_the_default_and_ignores_the_test_set(fed):
     assert _key(tune(ALG, no_test, rounds=27, per_round=3, seed=0, trials=6)) == _key(res)
 
 
+def test_run_length_is_the_resource_and_the_choice_is_the_best_finalist(fed):
+    """Rungs of 3, 9 and 27 rounds continue each survivor's run; the choice is the
+    (config, rounds) with the lowest validation RMSE among the finalists' evaluations,
+    and re-running that config from scratch for those rounds gives the same number."""
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=2, trials=9, budget_seconds=300)
+    assert res.rungs == [3, 9, 27] and not res.cuts
+    assert [r for r, _ in res.default.history] == [3, 9, 27]  # the default at every rung
+    assert sorted(len(t.history) for t in res.trials) == [1] * 5 + [2] * 2 + [3] * 2
+    assert res.default in res.finalists and len(res.finalists) == 2
+    assert all(t.history[-1][0] == 27 for t in res.finalists)
+    every = [(v, r) for t in res.finalists for r, v in t.history]
+    assert res.rmse == min(v for v, _ in every) and (res.rmse, res.rounds) in every
+    assert (res.rounds, res.rmse) in res.best.history
+    # the survivors of each rung are the best third of the others by validation RMSE
+    first = sorted((t for t in res.trials[1:]), key=lambda t: t.history[0][1])
+    assert {id(t) for t in first[:3]} == {id(t) for t in res.trials[1:] if len(t.history) > 1}
+    again = simulate(ALG, res.config(ALG), validation_federation(fed, 2), rounds=res.rounds,
+                     per_round=3, seed=2, evaluate_every=res.rounds)
+    assert again.final.test_rmse == res.rmse
+    for r, v in res.default.history:  # beats or ties the default at every run length
+        assert res.rmse <= v
+
+
+def test_rank_and_lambda_are_drawn_jointly_and_inner_steps_are_searched(fed):
+    assert extended_space(ALG)["inner_steps"] == ("choice", [10, 20])
+    assert "inner_steps" not in extended_space(registry.get("rfrec"))
+    assert couple_rank_and_lambda([{"rank": 20, "lam": 1.5}, {"rank": 5, "lam": 3.0},
+                                   {"gamma": 0.1}], 10) == \
+        [{"rank": 20, "lam": 3.0}, {"rank": 5, "lam": 1.5}, {"gamma": 0.1}]
+    res = tune(ALG, fed, rounds=3, per_round=3, seed=0, trials=12, budget_seconds=300)
+    lo, hi = ALG.config.search_space["lam"][1:]
+    for t in res.trials[1:]:
+        per_rank_10 = t.params["lam"] * 10 / t.params["rank"]
+        assert lo * 0.99 <= per_rank_10 <= hi * 1.01
+        assert t.params["inner_steps"] in (10, 20)
+    assert {t.params["rank"] for t in res.trials[1:]} == {5, 10, 20}
+
+
+class _Clock:
+    """A fake wall clock: each round a run goes through costs one second."""
+
+    def __init__(self, monkeypatch):
+        self.now = 0.0
+        real = tuning.simulate
+
+        def simulate_(alg, cfg, fed, *, rounds, start=None, **kw):
+            self.now += rounds - (start.round if start is not None else 0)
+            return real(alg, cfg, fed, rounds=rounds, start=start, **kw)
+
+        monkeypatch.setattr(tuning, "simulate", simulate_)
+        monkeypatch.setattr(tuning.time, "perf_counter", lambda: self.now)
+
+
+def test_a_rung_that_does_not_fit_the_budget_is_shortened_and_said(fed, monkeypatch):
+    """Rounds cost 1 s: rung 1 takes 6 x 3 = 18 s, rung 2 3 x 6 = 18 s (36 of 40 s spent),
+    rung 3 would take 2 x 18 = 36 s, so it runs 4 s / 2 configs = 2 more rounds: 11."""
+    _Clock(monkeypatch)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=40)
+    assert res.rungs == [3, 9, 27]
+    assert res.cuts == ["rung 3 shortened from 27 to 11 rounds to fit the budget"]
+    assert [r for r, _ in res.default.history] == [3, 9, 11]
+    assert res.seconds == 40 and res.rounds in (3, 9, 11)
+
+
+def test_a_budget_spent_within_a_rung_stops_it_and_says_what_was_cut(fed, monkeypatch):
+    _Clock(monkeypatch)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=7)
+    assert res.budget_exhausted and res.rounds == 3
+    assert res.cuts == ["rung 1 (3 rounds): 3 of 6 configs not run (budget spent)",
+                        "rungs of 9, 27 rounds not run"]
+    assert [len(t.history) for t in res.trials] == [1, 1, 1, 0, 0, 0]
+    assert res.finalists == res.trials[:3]
+
+
+def test_rungs_of():
+    assert rungs_of(300, 3, 9) == [33, 100, 300]
+    assert rungs_of(27, 3, 10) == [1, 3, 9, 27]
+    assert rungs_of(50, 3, 1) == [50]
+
+
 def test_a_spent_budget_keeps_the_default(fed):
     res = tune(ALG, fed, rounds=9, per_round=3, seed=0, trials=5, budget_seconds=0)
     assert res.budget_exhausted and res.best is res.default
@@ -100,6 +182,48 @@ def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsy
                  "--quiet"]) == 0
     assert json.loads(report.read_text())["config"] == ALG.config(**tuned["config"]).model_dump()
     assert "ranking" in json.loads(report.read_text())
+
+
+def test_cli_config_carries_its_run_length_to_simulate(tmp_path, capsys):
+    """`tune --json` writes the chosen rounds (a rung of --rounds 27 with eta 3) and the
+    run; `simulate --config` with no run flags runs exactly that: the same test RMSE as
+    the chosen config run for those rounds on the same split."""
+    r = generate_ratings(150, 90, 4000, rank=3, noise=0.3, seed=4)
+    data = tmp_path / "r.csv"
+    data.write_text("user,item,rating\n" + "".join(
+        f"{u},{i},{v}\n" for u, i, v in zip(r.users, r.items, r.values, strict=True)))
+    out = tmp_path / "tuned.json"
+    assert main(["tune", "--data", str(data), "--clients", "6", "--per-round", "3",
+                 "--rounds", "27", "--trials", "5", "--time-budget", "300",
+                 "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    tuned = json.loads(out.read_text())
+    assert tuned["rungs"] == [3, 9, 27] and tuned["max_rounds"] == 27
+    assert tuned["rounds"] in tuned["rungs"] and tuned["cuts"] == []
+    assert f"--rounds {tuned['rounds']} " in tuned["command"]
+    finalists = [t for t in tuned["trials"] if t["finalist"]]
+    assert tuned["validation_rmse"] == min(v for t in finalists for _, v in t["history"])
+    assert tuned["cpu_seconds"] > 0 and "s CPU" in printed
+    report = tmp_path / "run.json"
+    assert main(["simulate", "--data", str(data), "--config", str(out), "--json",
+                 str(report), "--quiet"]) == 0
+    ran = json.loads(report.read_text())
+    assert ran["rounds"] == len(ran["rounds_detail"]) == tuned["rounds"]
+    fed = build_federation(r, 6, 0)
+    want = simulate(ALG, ALG.config(**tuned["config"]), fed, rounds=tuned["rounds"],
+                    per_round=3, seed=0, evaluate_every=tuned["rounds"]).final.test_rmse
+    assert ran["final"]["test_rmse"] == pytest.approx(want, abs=1e-12)
+    # a run flag on the command line still wins over the file's
+    assert main(["simulate", "--data", str(data), "--config", str(out), "--rounds", "2",
+                 "--json", str(report), "--quiet"]) == 0
+    assert len(json.loads(report.read_text())["rounds_detail"]) == 2
+
+
+def test_simulate_refuses_a_bad_run_length_in_a_config_file(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"algorithm": "fedmc-admm", "config": {}, "rounds": 0}))
+    assert main(["simulate", "--data", "synthetic", "--config", str(path)]) == 2
+    assert "rounds must be a whole number >= 1, not 0" in capsys.readouterr().err
 
 
 def test_simulate_refuses_a_config_file_of_another_algorithm(tmp_path, capsys):
