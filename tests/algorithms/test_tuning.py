@@ -8,13 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from algorithms import registry
+from algorithms import registry, tuning
 from algorithms.data import Federation, build_federation
 from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
-from algorithms import tuning
-from algorithms.tuning import (couple_rank_and_lambda, draws, extended_space, rungs_of, tune,
-                               validation_federation)
+from algorithms.tuning import (
+    couple_rank_and_lambda,
+    draws,
+    extended_space,
+    rungs_of,
+    tune,
+    validation_federation,
+)
 from app.cli import main
 
 ALG = registry.get("fedmc-admm")
@@ -81,7 +86,7 @@ def test_run_length_is_the_resource_and_the_choice_is_the_best_finalist(fed):
     again = simulate(ALG, res.config(ALG), validation_federation(fed, 2), rounds=res.rounds,
                      per_round=3, seed=2, evaluate_every=res.rounds)
     assert again.final.test_rmse == res.rmse
-    for r, v in res.default.history:  # beats or ties the default at every run length
+    for _, v in res.default.history:  # beats or ties the default at every run length
         assert res.rmse <= v
 
 
@@ -162,11 +167,17 @@ def test_an_algorithm_without_a_search_space_is_refused(fed):
         tune(registry.get("felb"), fed, rounds=2, per_round=2)
 
 
-def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsys):
+def _csv(tmp_path):
+    """The module's small synthetic ratings, and the CSV file holding them."""
     r = generate_ratings(150, 90, 4000, rank=3, noise=0.3, seed=4)
     data = tmp_path / "r.csv"
     data.write_text("user,item,rating\n" + "".join(
         f"{u},{i},{v}\n" for u, i, v in zip(r.users, r.items, r.values, strict=True)))
+    return r, data
+
+
+def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsys):
+    r, data = _csv(tmp_path)
     out = tmp_path / "tuned.json"
     assert main(["tune", "--data", str(data), "--clients", "6", "--per-round", "3",
                  "--rounds", "9", "--trials", "4", "--json", str(out), "--quiet"]) == 0
@@ -188,10 +199,7 @@ def test_cli_config_carries_its_run_length_to_simulate(tmp_path, capsys):
     """`tune --json` writes the chosen rounds (a rung of --rounds 27 with eta 3) and the
     run; `simulate --config` with no run flags runs exactly that: the same test RMSE as
     the chosen config run for those rounds on the same split."""
-    r = generate_ratings(150, 90, 4000, rank=3, noise=0.3, seed=4)
-    data = tmp_path / "r.csv"
-    data.write_text("user,item,rating\n" + "".join(
-        f"{u},{i},{v}\n" for u, i, v in zip(r.users, r.items, r.values, strict=True)))
+    r, data = _csv(tmp_path)
     out = tmp_path / "tuned.json"
     assert main(["tune", "--data", str(data), "--clients", "6", "--per-round", "3",
                  "--rounds", "27", "--trials", "5", "--time-budget", "300",
