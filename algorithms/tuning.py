@@ -10,7 +10,8 @@ hypercube of draws from the algorithm's declared space (``<Config>.search_space`
 each config: field -> ``("log", lo, hi)`` for a log-uniform draw or ``("choice",
 [values])``), widened here by the inner steps per round (:func:`extended_space`) and with
 rank and lambda drawn jointly (:func:`couple_rank_and_lambda`: a larger rank gets a
-proportionally stronger lambda). ``trials`` configs, the recommended default first, run
+proportionally stronger lambda). ``trials`` configs, the recommended default first (then
+the default with 2N inner steps, :func:`run_length_anchors`), run
 for ``rounds / eta^(rungs-1)`` rounds; the best ``1/eta`` (always with the default)
 *continue* their runs to ``eta`` times the rounds, until the last rung reaches ``rounds``,
 the longest run the search may choose. The choice is the config and run length (a rung)
@@ -95,6 +96,17 @@ def extended_space(alg: Algorithm) -> dict[str, tuple]:
         n = int(fields["inner_steps"].default)
         space["inner_steps"] = ("choice", [n, 2 * n])
     return space
+
+
+def run_length_anchors(alg: Algorithm, space: dict[str, tuple], base: dict[str, Any]
+                       ) -> list[dict[str, Any]]:
+    """The default with each other value of the inner steps: the validated setting with
+    more local work per round, always among the trials (draws of the other fields rarely
+    land near the default's)."""
+    if "inner_steps" not in space:
+        return []
+    n = alg.config(**base).inner_steps
+    return [{"inner_steps": v} for v in space["inner_steps"][1] if v != n]
 
 
 def couple_rank_and_lambda(points: list[dict[str, Any]], default_rank: int
@@ -200,8 +212,11 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     val = validation_federation(fed, seed)  # reads fed.train only
     rng = derive_rng(seed, 0, SEARCH)
     default_rank = alg.config(**base).rank if "rank" in alg.config.model_fields else 1
-    pool = [Trial({})] + [Trial(p) for p in
-                          couple_rank_and_lambda(draws(space, trials - 1, rng), default_rank)]
+    anchors = [{}] + run_length_anchors(alg, space, base)
+    anchors = anchors[:trials]
+    pool = [Trial(p) for p in anchors] + [
+        Trial(p) for p in couple_rank_and_lambda(draws(space, trials - len(anchors), rng),
+                                                 default_rank)]
     default = pool[0]
     plan = rungs_of(rounds, eta, len(pool))
     states: dict[int, RoundState | None] = {}

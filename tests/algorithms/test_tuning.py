@@ -98,11 +98,12 @@ def test_rank_and_lambda_are_drawn_jointly_and_inner_steps_are_searched(fed):
         [{"rank": 20, "lam": 3.0}, {"rank": 5, "lam": 1.5}, {"gamma": 0.1}]
     res = tune(ALG, fed, rounds=3, per_round=3, seed=0, trials=12, budget_seconds=300)
     lo, hi = ALG.config.search_space["lam"][1:]
-    for t in res.trials[1:]:
+    assert res.trials[1].params == {"inner_steps": 20}  # the default with 2N inner steps
+    for t in res.trials[2:]:
         per_rank_10 = t.params["lam"] * 10 / t.params["rank"]
         assert lo * 0.99 <= per_rank_10 <= hi * 1.01
         assert t.params["inner_steps"] in (10, 20)
-    assert {t.params["rank"] for t in res.trials[1:]} == {5, 10, 20}
+    assert {t.params["rank"] for t in res.trials[2:]} == {5, 10, 20}
 
 
 class _Clock:
