@@ -196,8 +196,9 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     ``rounds`` is the longest run the search may choose (the last rung). Each rung
     *continues* its configs' runs from the previous rung's state, so the rung of
     ``rounds / eta`` costs ``rounds / eta - rounds / eta^2`` more rounds per config. The
-    choice is the finalist (a config scored at the last rung that ran) with the lowest
-    validation RMSE at any of its rungs, with that rung's rounds as its run length.
+    choice is the finalist (a config that entered the last rung that started, and was
+    scored at some rung) with the lowest validation RMSE at any of its rungs, with that
+    rung's rounds as its run length.
 
     ``budget_seconds`` (wall) is planned for: before a rung, its cost is estimated from
     each config's measured seconds per round, and a rung that would not fit is shortened
@@ -222,12 +223,17 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     states: dict[int, RoundState | None] = {}
     cuts: list[str] = []
     exhausted = False
-    alive = pool
+    alive = entering = pool
     for level, planned in enumerate(plan):
         target = planned
         last = level == len(plan) - 1
         keep = len(alive) if last else max(1, math.ceil((len(alive) - 1) / eta))
         left = budget_seconds - (time.perf_counter() - t0)
+        if level > 0 and left <= 0:
+            exhausted, entering = True, alive
+            cuts.append(f"rungs of {', '.join(map(str, plan[level:]))} rounds not run "
+                        "(budget spent)")
+            break
         if level > 0:  # the rung's cost from each config's measured seconds per round
             rate = sum(t.seconds / max(t.rounds, 1) for t in alive)
             from_round = max(t.rounds for t in alive)
@@ -262,7 +268,7 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
                     states[id(t)] = None
             if on_trial is not None:
                 on_trial(trial)
-        alive = scored
+        entering, alive = alive, scored
         if last:
             break
         if exhausted or target < planned:  # no time left for a longer rung
@@ -272,7 +278,9 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
         # the best 1/eta of the others go on, and the default with them
         alive = [default] + sorted((t for t in alive if t is not default),
                                    key=lambda t: t.rmse)[:keep]
-    finalists = alive
+    # the configs no comparison eliminated: those that entered the last rung that started
+    # (one the budget cut short keeps its unrun configs at their previous rung)
+    finalists = [t for t in entering if t.history] if exhausted else alive
     best = min(finalists, key=lambda t: t.best[1])  # ties: the earliest, the default first
     states.clear()
     return TuneResult(best, default, pool, time.perf_counter() - t0, exhausted, base,

@@ -142,6 +142,32 @@ def test_a_budget_spent_within_a_rung_stops_it_and_says_what_was_cut(fed, monkey
     assert res.finalists == res.trials[:3]
 
 
+def test_a_rung_cut_short_keeps_its_unrun_configs_at_their_last_rung(fed, monkeypatch):
+    """Rounds cost 1 s, budget 18.5 s: rung 1 takes 18 s, rung 2 (3 configs) is shortened
+    to one more round (4), the default runs it (19 s) and the budget is spent: the two
+    unrun survivors stay finalists at their 3-round evaluations."""
+    _Clock(monkeypatch)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=18.5)
+    assert res.cuts == ["rung 2 shortened from 9 to 4 rounds to fit the budget",
+                        "rung 2 (4 rounds): 2 of 3 configs not run (budget spent)",
+                        "rungs of 27 rounds not run"]
+    assert res.default.history[-1][0] == 4 and len(res.finalists) == 3
+    others = [t for t in res.finalists if t is not res.default]
+    assert all([r for r, _ in t.history] == [3] for t in others)
+    survivors = sorted(res.trials[1:], key=lambda t: t.history[0][1])[:2]
+    assert {id(t) for t in others} == {id(t) for t in survivors}
+    assert res.rmse == min(v for t in res.finalists for _, v in t.history)
+
+
+def test_a_budget_spent_before_a_rung_runs_none_of_it(fed, monkeypatch):
+    _Clock(monkeypatch)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=18)
+    assert res.cuts == ["rungs of 9, 27 rounds not run (budget spent)"]
+    assert all(len(t.history) == 1 for t in res.trials)
+    assert len(res.finalists) == 3 and res.default in res.finalists
+    assert res.rounds == 3 and res.rmse == min(t.rmse for t in res.finalists)
+
+
 def test_rungs_of():
     assert rungs_of(300, 3, 9) == [33, 100, 300]
     assert rungs_of(27, 3, 10) == [1, 3, 9, 27]
