@@ -130,6 +130,24 @@ def rungs_of(rounds: int, eta: int, n: int) -> list[int]:
     return sorted({max(1, round(rounds / eta ** (levels - 1 - i))) for i in range(levels)})
 
 
+def plan_rounds(plan: list[int], n: int, eta: int) -> int:
+    """Rounds successive halving runs in all for ``n`` configs on the rungs ``plan``: each
+    rung continues ``1 + ceil((survivors - 1) / eta)`` configs (the default and the best
+    of the others) from the previous rung's rounds."""
+    total, prev, alive = 0, 0, n
+    for level, r in enumerate(plan):
+        if level > 0:
+            alive = 1 + math.ceil((alive - 1) / eta)
+        total += alive * (r - prev)
+        prev = r
+    return total
+
+
+#: a drawn config's cost per round against the default's, assumed before it is measured
+#: (ranks 5/10/20 and N or 2N inner steps average about twice the default's work)
+DRAW_COST = 2.0
+
+
 @dataclasses.dataclass
 class Trial:
     params: dict[str, Any]  #: the fields changed from the base config ({} = the default)
@@ -171,8 +189,10 @@ class TuneResult:
 
 
 def _advance(alg: Algorithm, cfg: Any, val: Federation, start: RoundState | None,
-             rounds: int, per_round: int, seed: int) -> tuple[float, RoundState | None]:
-    """Run (or continue) to ``rounds`` rounds; the validation RMSE there and the state.
+             rounds: int, per_round: int, seed: int, timing: list[float] | None = None
+             ) -> tuple[float, RoundState | None]:
+    """Run (or continue) to ``rounds`` rounds; the validation RMSE there and the state
+    (``timing``, if given, receives each round's seconds of client and server work).
 
     Rounds draw their randomness from (seed, round, client), so a run continued from
     round r is the run of ``rounds`` rounds from scratch, number for number."""
@@ -181,6 +201,8 @@ def _advance(alg: Algorithm, cfg: Any, val: Federation, start: RoundState | None
                        evaluate_every=rounds, start=start)
     except (FloatingPointError, ValueError, np.linalg.LinAlgError):
         return float("inf"), None
+    if timing is not None:
+        timing.extend(rec.seconds for rec in res.history)
     rmse = res.final.test_rmse
     if not math.isfinite(rmse):
         return float("inf"), None
@@ -200,10 +222,13 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     scored at some rung) with the lowest validation RMSE at any of its rungs, with that
     rung's rounds as its run length.
 
-    ``budget_seconds`` (wall) is planned for: before a rung, its cost is estimated from
-    each config's measured seconds per round, and a rung that would not fit is shortened
-    to the rounds that do (at least one more); no run starts after the budget is spent.
-    Every cut is described in ``TuneResult.cuts``.
+    ``budget_seconds`` (wall) is planned for: the default's first rung measures a round's
+    cost (its median round), and drawn configs are dropped (the last first; they stay in
+    ``trials``, never run) until the whole plan is estimated to fit, a drawn config
+    costing :data:`DRAW_COST` times the default's; before each later rung its cost is estimated
+    from each config's measured seconds per round, and a rung that would not fit is
+    shortened to the rounds that do (at least one more); no run starts after the budget
+    is spent. Every cut is described in ``TuneResult.cuts``.
     """
     if trials < 1 or eta < 2 or rounds < 1:
         raise ValueError("trials must be >= 1, eta >= 2 and rounds >= 1")
@@ -218,10 +243,37 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     pool = [Trial(p) for p in anchors] + [
         Trial(p) for p in couple_rank_and_lambda(draws(space, trials - len(anchors), rng),
                                                  default_rank)]
-    default = pool[0]
+    default, everyone = pool[0], list(pool)
     plan = rungs_of(rounds, eta, len(pool))
     states: dict[int, RoundState | None] = {}
     cuts: list[str] = []
+    # probe: the default's first rung measures a round's cost; configs are dropped (the
+    # last drawn first) until the whole plan is estimated to fit the budget
+    t1, timing = time.perf_counter(), []
+    default.rmse, states[id(default)] = _advance(alg, alg.config(**base), val, None, plan[0],
+                                                 per_round, seed, timing)
+    default.seconds = time.perf_counter() - t1
+    default.rounds = plan[0]
+    default.history.append((plan[0], default.rmse))
+    if on_trial is not None:
+        on_trial(default)
+    # the median round: the first rounds may include compiling the kernels
+    per_round_s = float(np.median(timing)) if timing else default.seconds / plan[0]
+    left = budget_seconds - (time.perf_counter() - t0)
+
+    def estimate(n: int, rungs: list[int]) -> float:
+        work = plan_rounds(rungs, n, eta) - rungs[0]  # the default's first rung is done
+        return per_round_s * work * (DRAW_COST if n > 1 else 1.0)
+
+    n_planned = len(pool)
+    while len(pool) > len(anchors) and estimate(len(pool), plan) > left:
+        pool.pop()
+        plan = rungs_of(rounds, eta, len(pool))
+    if len(pool) < n_planned:
+        cuts.append(f"{n_planned - len(pool)} of {n_planned} configs dropped before the "
+                    f"search to fit the budget ({per_round_s:.3g} s per round)")
+    if default.rounds != plan[0]:  # fewer configs: a longer first rung, continued
+        default.rounds = 0
     exhausted = False
     alive = entering = pool
     for level, planned in enumerate(plan):
@@ -252,6 +304,9 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
                             f" of {len(alive)} configs not run (budget spent)")
                 break
             key = id(trial)
+            if trial.rounds == target:  # the probe: already at this rung
+                scored.append(trial)
+                continue
             t1 = time.perf_counter()
             trial.rmse, state = _advance(alg, alg.config(**{**base, **trial.params}), val,
                                          states.get(key), target, per_round, seed)
@@ -283,6 +338,6 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     finalists = [t for t in entering if t.history] if exhausted else alive
     best = min(finalists, key=lambda t: t.best[1])  # ties: the earliest, the default first
     states.clear()
-    return TuneResult(best, default, pool, time.perf_counter() - t0, exhausted, base,
+    return TuneResult(best, default, everyone, time.perf_counter() - t0, exhausted, base,
                       rounds=best.best[0], finalists=finalists, cuts=cuts,
                       cpu_seconds=time.process_time() - c0, rungs=plan)

@@ -107,61 +107,86 @@ def test_rank_and_lambda_are_drawn_jointly_and_inner_steps_are_searched(fed):
 
 
 class _Clock:
-    """A fake wall clock: each round a run goes through costs one second."""
+    """A fake wall clock: a round costs one second, ``spike`` seconds once the clock has
+    passed ``after`` (a load spike the plan could not foresee)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, spike: float = 1.0, after: float = float("inf")):
         self.now = 0.0
         real = tuning.simulate
 
         def simulate_(alg, cfg, fed, *, rounds, start=None, **kw):
-            self.now += rounds - (start.round if start is not None else 0)
-            return real(alg, cfg, fed, rounds=rounds, start=start, **kw)
+            cost = 1.0 if self.now < after else spike
+            self.now += cost * (rounds - (start.round if start is not None else 0))
+            res = real(alg, cfg, fed, rounds=rounds, start=start, **kw)
+            for rec in res.history:
+                rec.seconds = cost
+            return res
 
         monkeypatch.setattr(tuning, "simulate", simulate_)
         monkeypatch.setattr(tuning.time, "perf_counter", lambda: self.now)
 
 
-def test_a_rung_that_does_not_fit_the_budget_is_shortened_and_said(fed, monkeypatch):
-    """Rounds cost 1 s: rung 1 takes 6 x 3 = 18 s, rung 2 3 x 6 = 18 s (36 of 40 s spent),
-    rung 3 would take 2 x 18 = 36 s, so it runs 4 s / 2 configs = 2 more rounds: 11."""
+def test_plan_rounds():
+    # 6 configs x 3, 3 continue 6 more, 2 continue 18 more
+    assert tuning.plan_rounds([3, 9, 27], 6, 3) == 18 + 18 + 36
+    assert tuning.plan_rounds([9, 27], 2, 3) == 18 + 36
+
+
+def test_configs_are_dropped_and_a_rung_shortened_to_fit_the_budget(fed, monkeypatch):
+    """Budget 40 s, rounds of 1 s. The default's 3-round probe leaves 37 s; the full plan
+    would need (72 - 3) x 2 s (a draw counted twice the default's cost), and so would
+    every pool down to the two anchors (default, default with 20 inner steps), on rungs
+    of 9 and 27: 18 s, then 2 configs x 1 s x 18 rounds = 36 s > the 22 s left, so the
+    last rung is shortened to 9 + 22 // 2 = 20 rounds and ends the search at 40 s."""
     _Clock(monkeypatch)
     res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=40)
-    assert res.rungs == [3, 9, 27]
-    assert res.cuts == ["rung 3 shortened from 27 to 11 rounds to fit the budget"]
-    assert [r for r, _ in res.default.history] == [3, 9, 11]
-    assert res.seconds == 40 and res.rounds in (3, 9, 11)
+    assert res.cuts == ["4 of 6 configs dropped before the search to fit the budget "
+                        "(1 s per round)",
+                        "rung 2 shortened from 27 to 20 rounds to fit the budget"]
+    assert res.rungs == [9, 27] and len(res.trials) == 6
+    assert [r for r, _ in res.default.history] == [3, 9, 20]
+    assert [len(t.history) for t in res.trials] == [3, 2, 0, 0, 0, 0]
+    assert res.trials[1].params == {"inner_steps": 20}
+    assert res.seconds == 40 and res.finalists == res.trials[:2]
+    assert res.rmse == min(v for t in res.finalists for _, v in t.history)
 
 
 def test_a_budget_spent_within_a_rung_stops_it_and_says_what_was_cut(fed, monkeypatch):
+    """The probe (3 s) fits a 7 s budget, nothing else does: the two anchors remain, the
+    default continues to the 9-round rung (9 s) and the other is never run."""
     _Clock(monkeypatch)
     res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=7)
-    assert res.budget_exhausted and res.rounds == 3
-    assert res.cuts == ["rung 1 (3 rounds): 3 of 6 configs not run (budget spent)",
-                        "rungs of 9, 27 rounds not run"]
-    assert [len(t.history) for t in res.trials] == [1, 1, 1, 0, 0, 0]
-    assert res.finalists == res.trials[:3]
+    assert res.budget_exhausted and res.best is res.default
+    assert res.cuts == ["4 of 6 configs dropped before the search to fit the budget "
+                        "(1 s per round)",
+                        "rung 1 (9 rounds): 1 of 2 configs not run (budget spent)",
+                        "rungs of 27 rounds not run"]
+    assert [len(t.history) for t in res.trials] == [2, 0, 0, 0, 0, 0]
+    assert res.finalists == [res.default]
 
 
 def test_a_rung_cut_short_keeps_its_unrun_configs_at_their_last_rung(fed, monkeypatch):
-    """Rounds cost 1 s, budget 18.5 s: rung 1 takes 18 s, rung 2 (3 configs) is shortened
-    to one more round (4), the default runs it (19 s) and the budget is spent: the two
-    unrun survivors stay finalists at their 3-round evaluations."""
-    _Clock(monkeypatch)
-    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=18.5)
-    assert res.cuts == ["rung 2 shortened from 9 to 4 rounds to fit the budget",
-                        "rung 2 (4 rounds): 2 of 3 configs not run (budget spent)",
+    """Budget 141 s: the plan is estimated at 3 + (72 - 3) x 2 s, so nothing is dropped;
+    rung 1 takes 18 s, then a load spike makes rounds cost 11 s: rung 2 runs the default
+    (66 s) and one survivor (66 s), and the budget is spent before the other survivor,
+    which stays a finalist at its 3-round evaluation."""
+    _Clock(monkeypatch, spike=11.0, after=18.0)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=141)
+    assert res.cuts == ["rung 2 (9 rounds): 1 of 3 configs not run (budget spent)",
                         "rungs of 27 rounds not run"]
-    assert res.default.history[-1][0] == 4 and len(res.finalists) == 3
-    others = [t for t in res.finalists if t is not res.default]
-    assert all([r for r, _ in t.history] == [3] for t in others)
+    assert [r for r, _ in res.default.history] == [3, 9] and len(res.finalists) == 3
     survivors = sorted(res.trials[1:], key=lambda t: t.history[0][1])[:2]
-    assert {id(t) for t in others} == {id(t) for t in survivors}
+    assert {id(t) for t in res.finalists[1:]} == {id(t) for t in survivors}
+    assert sorted(len(t.history) for t in survivors) == [1, 2]
     assert res.rmse == min(v for t in res.finalists for _, v in t.history)
 
 
 def test_a_budget_spent_before_a_rung_runs_none_of_it(fed, monkeypatch):
-    _Clock(monkeypatch)
-    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=18)
+    """A spike from the start of rung 1's draws (10 s a round): rung 1 ends at 3 + 5 x 30 = 153 s,
+    past the 141 s budget, so no later rung starts and the choice is among the default
+    and the two best draws at 3 rounds."""
+    _Clock(monkeypatch, spike=10.0, after=3.0)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=141)
     assert res.cuts == ["rungs of 9, 27 rounds not run (budget spent)"]
     assert all(len(t.history) == 1 for t in res.trials)
     assert len(res.finalists) == 3 and res.default in res.finalists
@@ -177,7 +202,11 @@ def test_rungs_of():
 def test_a_spent_budget_keeps_the_default(fed):
     res = tune(ALG, fed, rounds=9, per_round=3, seed=0, trials=5, budget_seconds=0)
     assert res.budget_exhausted and res.best is res.default
-    assert [t.rounds for t in res.trials] == [1, 0, 0, 0, 0]
+    assert [len(t.history) for t in res.trials] == [2, 0, 0, 0, 0]
+    assert res.cuts[0].startswith("3 of 5 configs dropped before the search to fit the "
+                                  "budget (")
+    assert res.cuts[1:] == ["rung 1 (3 rounds): 1 of 2 configs not run (budget spent)",
+                            "rungs of 9 rounds not run"]
 
 
 def test_draws_cover_every_range():
