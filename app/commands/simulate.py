@@ -285,6 +285,20 @@ def _config(alg, args: argparse.Namespace):
         raise ValueError(f"{flag_of(field)}: {msg}" if field else msg) from None
 
 
+def config_run(path: Path) -> dict[str, int]:
+    """The run a ``fedrec tune --json`` file was chosen with (its top-level ``clients``,
+    ``per_round``, ``rounds``), for the flags not given; {} for a bare object of fields."""
+    obj = json.loads(Path(path).read_text())  # config_file has vetted it
+    if "config" not in obj:
+        return {}
+    run = {k: obj[k] for k in _RUN_FLAGS if k in obj}
+    for k, v in run.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if k == "per_round" else 1):
+            raise ValueError(f"--config {path}: {k} must be a whole number >= "
+                             f"{0 if k == 'per_round' else 1}, not {v!r}")
+    return run
+
+
 def config_file(path: Path, algorithm: str) -> dict[str, Any]:
     """Config fields from a JSON file: ``{"algorithm", "config": {...}}`` (what ``fedrec
     tune --json`` writes) or a bare object of fields."""
@@ -343,9 +357,12 @@ def _run(args: argparse.Namespace, write_json) -> int:
     alg = registry.get(args.algorithm)
     cfg = _config(alg, args)
     unit = privacy_unit(args)
-    run_cfg = {k: getattr(args, k) if getattr(args, k) is not None else alg.run_defaults[k]
-               for k in _RUN_FLAGS}
-    if args.rounds is None and "sweeps" in type(cfg).model_fields:
+    from_file = config_run(args.config) if getattr(args, "config", None) else {}
+    run_cfg = {k: getattr(args, k) if getattr(args, k) is not None
+               else from_file.get(k, alg.run_defaults[k]) for k in _RUN_FLAGS}
+    if args.rounds is None and "rounds" in from_file:
+        pass  # the run length the file was chosen with (fedrec tune)
+    elif args.rounds is None and "sweeps" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.sweeps + 1  # the sweeps, then every user re-solved on V
     elif args.rounds is None and "releases" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.releases + 1  # the same for the user-level gradient methods

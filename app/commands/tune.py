@@ -3,16 +3,20 @@
 The data are split exactly as ``fedrec simulate`` splits them (same --seed,
 --test-fraction, --clients and --partition), and the search reads the *training* ratings
 only: 10% of each tenant's training ratings are carved out for validation, and the test
-ratings are never used (:mod:`algorithms.tuning`). The best config is printed as a
+ratings are never used (:mod:`algorithms.tuning`). The search varies the run
+length too (successive halving with rounds as the resource: the longest runs are the last
+rungs) and fits --time-budget. The best config and its run length are printed as a
 ready-to-paste ``fedrec simulate`` command line and written with --json as
-``{"algorithm", "config", ...}``: ``fedrec simulate --config FILE`` and a job body's
-``config`` take it as it is.
+``{"algorithm", "config", "rounds", "clients", "per_round", ...}``: ``fedrec simulate
+--config FILE`` runs it (its rounds, clients and tenants per round too, unless given on
+the command line) and a job body's ``config`` takes the ``config`` object as it is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -25,6 +29,8 @@ from app.commands.evaluation import add_partition_argument
 from app.commands.output import json_output
 from app.commands.simulate import _load, flag_of, format_value
 
+#: default trials and wall budget of ``fedrec tune`` (fit ML-1M in 10 minutes with room)
+TRIALS, BUDGET = 18, 540.0
 TUNABLE = [n for n in registry.names() if getattr(registry.get(n).config, "search_space", None)]
 
 
@@ -42,15 +48,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-round", type=int, default=None, metavar="K",
                    help="tenants per round, 0: all (default: the algorithm's)")
     p.add_argument("--rounds", type=int, default=None, metavar="T",
-                   help="rounds of the last rung of the search, and of the printed run "
-                        "(default: the algorithm's recommended run)")
-    p.add_argument("--trials", type=int, default=9, metavar="N",
-                   help="configs drawn, the default included (default: 9)")
+                   help="the longest run the search may choose: the last rung's rounds "
+                        "(default: eta x the algorithm's recommended rounds, or RFRec's "
+                        "iterations); the chosen run length is one of the rungs")
+    p.add_argument("--trials", type=int, default=TRIALS, metavar="N",
+                   help=f"configs drawn, the default included (default: {TRIALS})")
     p.add_argument("--eta", type=int, default=3,
                    help="successive halving: keep 1/eta per rung, eta x the rounds "
                         "(default: 3)")
-    p.add_argument("--budget-seconds", type=float, default=600.0, metavar="S",
-                   help="stop starting new trials after S seconds (default: 600)")
+    p.add_argument("--time-budget", "--budget-seconds", dest="budget_seconds", type=float,
+                   default=BUDGET, metavar="S",
+                   help="wall seconds the search plans for: a rung that would not fit is "
+                        "shortened, no run starts after S; the output says what was cut "
+                        f"(default: {BUDGET:g})")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the split, carve-out, search and runs (default: 0)")
     p.add_argument("--test-fraction", type=float, default=0.2,
@@ -64,10 +74,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_rounds(alg, args: argparse.Namespace) -> dict[str, int]:
+    """clients, per_round and the longest run (rounds) of the search."""
     d = dict(alg.run_defaults)
     cfg = alg.config()
     if "iterations" in type(cfg).model_fields:
-        d["rounds"] = cfg.iterations
+        d["rounds"] = cfg.iterations  # RFRec's schedule is set by K: the run is K rounds
+    else:
+        d["rounds"] = args.eta * d["rounds"]
     for k in ("clients", "per_round", "rounds"):
         if getattr(args, k) is not None:
             d[k] = getattr(args, k)
@@ -122,25 +135,37 @@ def _run(args: argparse.Namespace, write_json) -> int:
             print(f"  {t.rounds:>5} rounds  validation RMSE {t.rmse:.4f}  "
                   f"{t.params or '(default)'}", flush=True)
 
-    print(f"tuning {alg.name} on {data}: {args.trials} trials, budget "
-          f"{args.budget_seconds:g} s, validation = 10% of each tenant's training ratings")
+    print(f"tuning {alg.name} on {data}: {args.trials} trials, runs of up to "
+          f"{run_cfg['rounds']} rounds, budget {args.budget_seconds:g} s, validation = 10% "
+          "of each tenant's training ratings")
     res = tune(alg, fed, rounds=run_cfg["rounds"], per_round=per_round, seed=args.seed,
                trials=args.trials, eta=args.eta, budget_seconds=args.budget_seconds,
                on_trial=show)
     cfg = res.config(alg)
-    cmd = command_line(args, alg, run_cfg, res.best.params)
-    note = " (time budget reached)" if res.budget_exhausted else ""
-    print(f"best: validation RMSE {res.best.rmse:.4f} at {res.best.rounds} rounds against "
-          f"the default's {res.default.rmse:.4f}{note}; {res.seconds:.1f} s")
+    chosen_run = {**run_cfg, "rounds": res.rounds}
+    cmd = command_line(args, alg, chosen_run, res.best.params)
+    default_at = dict(res.default.history)
+    print(f"best: validation RMSE {res.rmse:.4f} at {res.rounds} rounds; the default's "
+          + ", ".join(f"{v:.4f} at {r}" for r, v in res.default.history)
+          + f" rounds; {res.seconds:.1f} s wall, {res.cpu_seconds:.1f} s CPU")
+    if res.cuts:
+        print("cut to fit the time budget: " + "; ".join(res.cuts))
     print(cmd)
     out = {"algorithm": alg.name, "config": cfg.model_dump(mode="json"),
            "changed": res.best.params, "command": cmd, "data": data, "seed": args.seed,
-           "test_fraction": args.test_fraction, "partition": args.partition, **run_cfg,
-           "validation_rmse": res.best.rmse, "default_validation_rmse": res.default.rmse,
-           "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
-           "trials": [{"params": t.params, "history": t.history} for t in res.trials]}
+           "test_fraction": args.test_fraction, "partition": args.partition, **chosen_run,
+           "max_rounds": run_cfg["rounds"], "rungs": res.rungs,
+           "validation_rmse": res.rmse,
+           "default_validation_rmse": default_at.get(res.rounds, res.default.best[1]),
+           "default_history": res.default.history,
+           "budget_seconds": args.budget_seconds, "budget_exhausted": res.budget_exhausted,
+           "cuts": res.cuts, "seconds": res.seconds, "cpu_seconds": res.cpu_seconds,
+           "load_average": list(os.getloadavg()),
+           "trials": [{"params": t.params, "history": t.history,
+                       "finalist": t in res.finalists} for t in res.trials]}
     if args.json:
         write_json(_finite(out))
     else:
-        print(json.dumps({"algorithm": alg.name, "config": out["config"]}), file=sys.stdout)
+        print(json.dumps({"algorithm": alg.name, "rounds": res.rounds,
+                          "config": out["config"]}), file=sys.stdout)
     return 0

@@ -8,11 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from algorithms import registry
+from algorithms import registry, tuning
 from algorithms.data import Federation, build_federation
 from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
-from algorithms.tuning import draws, tune, validation_federation
+from algorithms.tuning import (
+    couple_rank_and_lambda,
+    draws,
+    extended_space,
+    rungs_of,
+    tune,
+    validation_federation,
+)
 from app.cli import main
 
 ALG = registry.get("fedmc-admm")
@@ -60,10 +67,146 @@ def test_chosen_config_beats_or_ties_the_default_and_ignores_the_test_set(fed):
     assert _key(tune(ALG, no_test, rounds=27, per_round=3, seed=0, trials=6)) == _key(res)
 
 
+def test_run_length_is_the_resource_and_the_choice_is_the_best_finalist(fed):
+    """Rungs of 3, 9 and 27 rounds continue each survivor's run; the choice is the
+    (config, rounds) with the lowest validation RMSE among the finalists' evaluations,
+    and re-running that config from scratch for those rounds gives the same number."""
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=2, trials=9, budget_seconds=300)
+    assert res.rungs == [3, 9, 27] and not res.cuts
+    assert [r for r, _ in res.default.history] == [3, 9, 27]  # the default at every rung
+    assert sorted(len(t.history) for t in res.trials) == [1] * 5 + [2] * 2 + [3] * 2
+    assert res.default in res.finalists and len(res.finalists) == 2
+    assert all(t.history[-1][0] == 27 for t in res.finalists)
+    every = [(v, r) for t in res.finalists for r, v in t.history]
+    assert res.rmse == min(v for v, _ in every) and (res.rmse, res.rounds) in every
+    assert (res.rounds, res.rmse) in res.best.history
+    # the survivors of each rung are the best third of the others by validation RMSE
+    first = sorted((t for t in res.trials[1:]), key=lambda t: t.history[0][1])
+    assert {id(t) for t in first[:3]} == {id(t) for t in res.trials[1:] if len(t.history) > 1}
+    again = simulate(ALG, res.config(ALG), validation_federation(fed, 2), rounds=res.rounds,
+                     per_round=3, seed=2, evaluate_every=res.rounds)
+    assert again.final.test_rmse == res.rmse
+    for _, v in res.default.history:  # beats or ties the default at every run length
+        assert res.rmse <= v
+
+
+def test_rank_and_lambda_are_drawn_jointly_and_inner_steps_are_searched(fed):
+    assert extended_space(ALG)["inner_steps"] == ("choice", [10, 20])
+    assert "inner_steps" not in extended_space(registry.get("rfrec"))
+    assert couple_rank_and_lambda([{"rank": 20, "lam": 1.5}, {"rank": 5, "lam": 3.0},
+                                   {"gamma": 0.1}], 10) == \
+        [{"rank": 20, "lam": 3.0}, {"rank": 5, "lam": 1.5}, {"gamma": 0.1}]
+    res = tune(ALG, fed, rounds=3, per_round=3, seed=0, trials=12, budget_seconds=300)
+    lo, hi = ALG.config.search_space["lam"][1:]
+    assert res.trials[1].params == {"inner_steps": 20}  # the default with 2N inner steps
+    for t in res.trials[2:]:
+        per_rank_10 = t.params["lam"] * 10 / t.params["rank"]
+        assert lo * 0.99 <= per_rank_10 <= hi * 1.01
+        assert t.params["inner_steps"] in (10, 20)
+    assert {t.params["rank"] for t in res.trials[2:]} == {5, 10, 20}
+
+
+class _Clock:
+    """A fake wall clock: a round costs one second, ``spike`` seconds once the clock has
+    passed ``after`` (a load spike the plan could not foresee)."""
+
+    def __init__(self, monkeypatch, spike: float = 1.0, after: float = float("inf")):
+        self.now = 0.0
+        real = tuning.simulate
+
+        def simulate_(alg, cfg, fed, *, rounds, start=None, **kw):
+            cost = 1.0 if self.now < after else spike
+            self.now += cost * (rounds - (start.round if start is not None else 0))
+            res = real(alg, cfg, fed, rounds=rounds, start=start, **kw)
+            for rec in res.history:
+                rec.seconds = cost
+            return res
+
+        monkeypatch.setattr(tuning, "simulate", simulate_)
+        monkeypatch.setattr(tuning.time, "perf_counter", lambda: self.now)
+
+
+def test_plan_rounds():
+    # 6 configs x 3, 3 continue 6 more, 2 continue 18 more
+    assert tuning.plan_rounds([3, 9, 27], 6, 3) == 18 + 18 + 36
+    assert tuning.plan_rounds([9, 27], 2, 3) == 18 + 36
+
+
+def test_configs_are_dropped_and_a_rung_shortened_to_fit_the_budget(fed, monkeypatch):
+    """Budget 40 s, rounds of 1 s. The default's 3-round probe leaves 37 s; the full plan
+    would need (72 - 3) x 2 s (a draw counted twice the default's cost), and so would
+    every pool down to the two anchors (default, default with 20 inner steps), on rungs
+    of 9 and 27: 18 s, then 2 configs x 1 s x 18 rounds = 36 s > the 22 s left, so the
+    last rung is shortened to 9 + 22 // 2 = 20 rounds and ends the search at 40 s."""
+    _Clock(monkeypatch)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=40)
+    assert res.cuts == ["4 of 6 configs dropped before the search to fit the budget "
+                        "(1 s per round)",
+                        "rung 2 shortened from 27 to 20 rounds to fit the budget"]
+    assert res.rungs == [9, 27] and len(res.trials) == 6
+    assert [r for r, _ in res.default.history] == [3, 9, 20]
+    assert [len(t.history) for t in res.trials] == [3, 2, 0, 0, 0, 0]
+    assert res.trials[1].params == {"inner_steps": 20}
+    assert res.seconds == 40 and res.finalists == res.trials[:2]
+    assert res.rmse == min(v for t in res.finalists for _, v in t.history)
+
+
+def test_a_budget_spent_within_a_rung_stops_it_and_says_what_was_cut(fed, monkeypatch):
+    """The probe (3 s) fits a 7 s budget, nothing else does: the two anchors remain, the
+    default continues to the 9-round rung (9 s) and the other is never run."""
+    _Clock(monkeypatch)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=7)
+    assert res.budget_exhausted and res.best is res.default
+    assert res.cuts == ["4 of 6 configs dropped before the search to fit the budget "
+                        "(1 s per round)",
+                        "rung 1 (9 rounds): 1 of 2 configs not run (budget spent)",
+                        "rungs of 27 rounds not run"]
+    assert [len(t.history) for t in res.trials] == [2, 0, 0, 0, 0, 0]
+    assert res.finalists == [res.default]
+
+
+def test_a_rung_cut_short_keeps_its_unrun_configs_at_their_last_rung(fed, monkeypatch):
+    """Budget 141 s: the plan is estimated at 3 + (72 - 3) x 2 s, so nothing is dropped;
+    rung 1 takes 18 s, then a load spike makes rounds cost 11 s: rung 2 runs the default
+    (66 s) and one survivor (66 s), and the budget is spent before the other survivor,
+    which stays a finalist at its 3-round evaluation."""
+    _Clock(monkeypatch, spike=11.0, after=18.0)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=141)
+    assert res.cuts == ["rung 2 (9 rounds): 1 of 3 configs not run (budget spent)",
+                        "rungs of 27 rounds not run"]
+    assert [r for r, _ in res.default.history] == [3, 9] and len(res.finalists) == 3
+    survivors = sorted(res.trials[1:], key=lambda t: t.history[0][1])[:2]
+    assert {id(t) for t in res.finalists[1:]} == {id(t) for t in survivors}
+    assert sorted(len(t.history) for t in survivors) == [1, 2]
+    assert res.rmse == min(v for t in res.finalists for _, v in t.history)
+
+
+def test_a_budget_spent_before_a_rung_runs_none_of_it(fed, monkeypatch):
+    """A spike from the start of rung 1's draws (10 s a round): rung 1 ends at 3 + 5 x 30 = 153 s,
+    past the 141 s budget, so no later rung starts and the choice is among the default
+    and the two best draws at 3 rounds."""
+    _Clock(monkeypatch, spike=10.0, after=3.0)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=141)
+    assert res.cuts == ["rungs of 9, 27 rounds not run (budget spent)"]
+    assert all(len(t.history) == 1 for t in res.trials)
+    assert len(res.finalists) == 3 and res.default in res.finalists
+    assert res.rounds == 3 and res.rmse == min(t.rmse for t in res.finalists)
+
+
+def test_rungs_of():
+    assert rungs_of(300, 3, 9) == [33, 100, 300]
+    assert rungs_of(27, 3, 10) == [1, 3, 9, 27]
+    assert rungs_of(50, 3, 1) == [50]
+
+
 def test_a_spent_budget_keeps_the_default(fed):
     res = tune(ALG, fed, rounds=9, per_round=3, seed=0, trials=5, budget_seconds=0)
     assert res.budget_exhausted and res.best is res.default
-    assert [t.rounds for t in res.trials] == [1, 0, 0, 0, 0]
+    assert [len(t.history) for t in res.trials] == [2, 0, 0, 0, 0]
+    assert res.cuts[0].startswith("3 of 5 configs dropped before the search to fit the "
+                                  "budget (")
+    assert res.cuts[1:] == ["rung 1 (3 rounds): 1 of 2 configs not run (budget spent)",
+                            "rungs of 9 rounds not run"]
 
 
 def test_draws_cover_every_range():
@@ -80,11 +223,17 @@ def test_an_algorithm_without_a_search_space_is_refused(fed):
         tune(registry.get("felb"), fed, rounds=2, per_round=2)
 
 
-def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsys):
+def _csv(tmp_path):
+    """The module's small synthetic ratings, and the CSV file holding them."""
     r = generate_ratings(150, 90, 4000, rank=3, noise=0.3, seed=4)
     data = tmp_path / "r.csv"
     data.write_text("user,item,rating\n" + "".join(
         f"{u},{i},{v}\n" for u, i, v in zip(r.users, r.items, r.values, strict=True)))
+    return r, data
+
+
+def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsys):
+    r, data = _csv(tmp_path)
     out = tmp_path / "tuned.json"
     assert main(["tune", "--data", str(data), "--clients", "6", "--per-round", "3",
                  "--rounds", "9", "--trials", "4", "--json", str(out), "--quiet"]) == 0
@@ -100,6 +249,45 @@ def test_cli_prints_a_command_and_writes_a_config_simulate_takes(tmp_path, capsy
                  "--quiet"]) == 0
     assert json.loads(report.read_text())["config"] == ALG.config(**tuned["config"]).model_dump()
     assert "ranking" in json.loads(report.read_text())
+
+
+def test_cli_config_carries_its_run_length_to_simulate(tmp_path, capsys):
+    """`tune --json` writes the chosen rounds (a rung of --rounds 27 with eta 3) and the
+    run; `simulate --config` with no run flags runs exactly that: the same test RMSE as
+    the chosen config run for those rounds on the same split."""
+    r, data = _csv(tmp_path)
+    out = tmp_path / "tuned.json"
+    assert main(["tune", "--data", str(data), "--clients", "6", "--per-round", "3",
+                 "--rounds", "27", "--trials", "5", "--time-budget", "300",
+                 "--json", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    tuned = json.loads(out.read_text())
+    assert tuned["rungs"] == [3, 9, 27] and tuned["max_rounds"] == 27
+    assert tuned["rounds"] in tuned["rungs"] and tuned["cuts"] == []
+    assert f"--rounds {tuned['rounds']} " in tuned["command"]
+    finalists = [t for t in tuned["trials"] if t["finalist"]]
+    assert tuned["validation_rmse"] == min(v for t in finalists for _, v in t["history"])
+    assert tuned["cpu_seconds"] > 0 and "s CPU" in printed
+    report = tmp_path / "run.json"
+    assert main(["simulate", "--data", str(data), "--config", str(out), "--json",
+                 str(report), "--quiet"]) == 0
+    ran = json.loads(report.read_text())
+    assert ran["rounds"] == len(ran["rounds_detail"]) == tuned["rounds"]
+    fed = build_federation(r, 6, 0)
+    want = simulate(ALG, ALG.config(**tuned["config"]), fed, rounds=tuned["rounds"],
+                    per_round=3, seed=0, evaluate_every=tuned["rounds"]).final.test_rmse
+    assert ran["final"]["test_rmse"] == pytest.approx(want, abs=1e-12)
+    # a run flag on the command line still wins over the file's
+    assert main(["simulate", "--data", str(data), "--config", str(out), "--rounds", "2",
+                 "--json", str(report), "--quiet"]) == 0
+    assert len(json.loads(report.read_text())["rounds_detail"]) == 2
+
+
+def test_simulate_refuses_a_bad_run_length_in_a_config_file(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"algorithm": "fedmc-admm", "config": {}, "rounds": 0}))
+    assert main(["simulate", "--data", "synthetic", "--config", str(path)]) == 2
+    assert "rounds must be a whole number >= 1, not 0" in capsys.readouterr().err
 
 
 def test_simulate_refuses_a_config_file_of_another_algorithm(tmp_path, capsys):
