@@ -111,16 +111,22 @@ def run_length_anchors(alg: Algorithm, space: dict[str, tuple], base: dict[str, 
 
 def couple_rank_and_lambda(points: list[dict[str, Any]], default_rank: int
                            ) -> list[dict[str, Any]]:
-    """Rank and lambda drawn jointly: a drawn ``lam`` is the weight *at the default rank*,
-    and a point of rank r gets ``lam * r / default_rank`` (more factors need a stronger
-    penalty to not overfit; floats to 3 significant digits)."""
+    """Rank and the user-side ridge drawn jointly: a drawn ``lam`` (or ``lam_rating``, the
+    per-rating weight) is the weight *at the default rank*, and a point of rank r gets
+    ``lam * r / default_rank`` (more factors need a stronger penalty to not overfit; floats
+    to 3 significant digits)."""
     out = []
     for p in points:
         q = dict(p)
-        if "rank" in q and "lam" in q:
-            q["lam"] = float(f"{q['lam'] * q['rank'] / default_rank:.3g}")
+        for key in RIDGES:
+            if "rank" in q and key in q:
+                q[key] = float(f"{q[key] * q['rank'] / default_rank:.3g}")
         out.append(q)
     return out
+
+
+#: the user-side ridge weights that :func:`couple_rank_and_lambda` scales with the rank
+RIDGES = ("lam", "lam_rating")
 
 
 def rungs_of(rounds: int, eta: int, n: int) -> list[int]:

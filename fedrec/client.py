@@ -238,6 +238,7 @@ class TuningJob(Model):
     scored: list[TuningTrial]
     config: dict[str, Any] | None = None
     changed: dict[str, Any] | None = None
+    chosen_rounds: int | None = None
     validation_rmse: float | None = None
     default_validation_rmse: float | None = None
     budget_exhausted: bool | None = None

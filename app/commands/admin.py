@@ -571,7 +571,8 @@ def _ids(text: str) -> list[int]:
 
 def _show_tuning(job) -> None:
     fields = {k: getattr(job, k) for k in (
-        "id", "status", "algorithm", "tenant_ids", "rounds", "trials", "validation_rmse",
+        "id", "status", "algorithm", "tenant_ids", "rounds", "trials", "chosen_rounds",
+        "validation_rmse",
         "default_validation_rmse", "budget_exhausted", "seconds", "error")}
     fields["trials_scored"] = len(job.scored)
     fields["config"] = None if job.config is None else json.dumps(job.config)

@@ -30,7 +30,7 @@ def _public(job: TuningJob) -> TuningJobPublic:
     result = job.result or {}
     return TuningJobPublic(**fields, scored=job.scored or [],
                            **{k: result.get(k) for k in (
-                               "config", "changed", "validation_rmse",
+                               "config", "changed", "chosen_rounds", "validation_rmse",
                                "default_validation_rmse", "budget_exhausted", "seconds")})
 
 

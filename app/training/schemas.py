@@ -275,8 +275,12 @@ class TuningJobPublic(BaseModel):
         None, description="Once completed: the chosen config, as a training job's config.")
     changed: dict[str, Any] | None = Field(None, description="The fields the search changed "
                                                              "from the default.")
-    validation_rmse: float | None = None
-    default_validation_rmse: float | None = None
+    chosen_rounds: int | None = Field(None, description="Once completed: the run length "
+                                                        "chosen, as a training job's rounds.")
+    validation_rmse: float | None = Field(None, description="The choice's validation RMSE "
+                                                            "at chosen_rounds.")
+    default_validation_rmse: float | None = Field(None, description="The default config's "
+                                                                    "at chosen_rounds.")
     budget_exhausted: bool | None = None
     seconds: float | None = None
     error: str | None = None

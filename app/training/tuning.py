@@ -143,8 +143,10 @@ def run_tuning(sessions, tuning_id: int) -> None:
             job = s.get(TuningJob, tuning_id, populate_existing=True)
             job.result = {
                 "config": res.config(alg).model_dump(mode="json"),
-                "changed": res.best.params, "validation_rmse": _finite(res.best.rmse),
-                "default_validation_rmse": _finite(res.default.rmse),
+                "changed": res.best.params, "chosen_rounds": res.rounds,
+                "validation_rmse": _finite(res.rmse),
+                "default_validation_rmse": _finite(dict(res.default.history).get(
+                    res.rounds, res.default.best[1])),
                 "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
                 "trials": [{**_trial(t), "history": [[r, _finite(v)] for r, v in t.history]}
                            for t in res.trials]}
