@@ -1,8 +1,9 @@
 """Scale-out through the real service: a MovieLens-10M-shaped set uploaded through the API
 into PostgreSQL, then the same training job with 1 and with 2 Celery worker processes.
 
-    python -m bench.scale_out                      # 10M ratings, 70k users, 10k items
-    python -m bench.scale_out --ratings 200000 --users 2000 --items 500 --tenants 10
+    fedrec bench scale_out                         # 10M ratings, 70k users, 10k items
+    fedrec bench scale_out --quick                 # 60k ratings, 8 tenants (the tests')
+    fedrec bench scale_out --ratings 200000 --users 2000 --items 500 --tenants 10
 
 What runs: a fresh PostgreSQL database, ``fedrec serve --workers 2`` (the API), Redis as
 the broker (a private queue), ``celery worker --pool=solo`` processes on that queue. The
@@ -13,16 +14,16 @@ Then one FedMC-ADMM job (its defaults, no noise: the tenants opted in) runs ``--
 rounds with ``--per-round`` tenants a round, once with one worker process and once with
 two; a round's client steps are separate Celery tasks, so two workers share them.
 
-Printed and written to ``bench/results/scale_out.json``: upload seconds and rows/s, each
-run's round seconds (from the job report), the 2-worker speed-up, the test RMSE of both
-runs (identical: the model does not depend on which worker ran which step), peak RSS of
+Printed and written to ``<--out>/scale_out.json`` (default ``bench/results``): upload
+seconds and rows/s, each run's round seconds (from the job report), the 2-worker
+speed-up, the test RMSE of both runs (identical: the model does not depend on which
+worker ran which step), peak RSS of
 the API processes, the worker processes, this process and PostgreSQL's backends, CPU
 seconds of the workers, and the ratings table's size on disk.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -38,14 +39,14 @@ import httpx
 import numpy as np
 import psycopg
 
-from bench._server import ADMIN_DSN, ROOT, fresh_database, serve, stop
+from bench import _experiment as E
+from bench._server import ADMIN_DSN, fresh_database, serve, stop
 from bench.mixed_load import start_worker
 from bench.upload_ratings import cpu_seconds
 
 EXPERIMENT = ("Scale-out: an ML-10M-shaped set uploaded through the API, one job with 1 and "
               "2 Celery workers")
 REDIS_URL = os.environ.get("FEDREC_BENCH_REDIS", "redis://127.0.0.1:6379/13")
-RESULTS = ROOT / "bench" / "results" / "scale_out.json"
 
 
 def rss_bytes(pid: int) -> int:
@@ -148,19 +149,21 @@ def run_job(api: httpx.Client, args, queue_env: dict, tmp: Path, n_workers: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="fedrec bench scale_out", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = E.parser("scale_out", __doc__, seeds=1)
     p.add_argument("--ratings", type=int, default=10_000_000)
     p.add_argument("--users", type=int, default=70_000)
     p.add_argument("--items", type=int, default=10_000)
     p.add_argument("--tenants", type=int, default=100)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--per-round", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the data and the job (one run: --seeds is not used)")
     p.add_argument("--port", type=int, default=8741)
     p.add_argument("--timeout", type=float, default=3600, help="seconds a job may take")
-    p.add_argument("--json", type=Path, default=RESULTS, help="where to write the results")
     args = p.parse_args(argv)
+    if args.quick:
+        args.ratings, args.users, args.items, args.tenants = 60_000, 1_200, 400, 8
+        args.rounds, args.per_round = 3, 4
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"scale_out_{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
     result: dict = {"shape": {"ratings": args.ratings, "users": args.users,
@@ -240,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                                         / two["median_round_seconds"], 2)
     result["same_model"] = one["test_rmse"] == two["test_rmse"]
     result["load_average_at_end"] = os.getloadavg()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    E.write_result(args.out, "scale_out", argv, args.quick, result)
     print(json.dumps(result, indent=2))
     return 0 if result["same_model"] else 1
 
