@@ -92,12 +92,14 @@ class FedMAvgConfig(AlgorithmConfig):
     q1: int = Field(10, ge=1, description="Q1: gradient steps on U_i per round")
     q2: int = Field(1, ge=1, description="Q2: gradient steps on W_i per round (constant)")
     q_hat: int | None = Field(None, ge=0, description="diminishing Q2^k = floor(q_hat/k)+1")
-    lam: float = Field(0.1, ge=0, description="lambda: ridge weight on U_i")
-    gamma: float = Field(0.1, ge=0, description="gamma: ridge weight on V (on W_i locally)")
+    lam: float = Field(0.085, ge=0, description="lambda: ridge weight on U_i")
+    gamma: float = Field(0.085, ge=0, description="gamma: ridge weight on V (on W_i locally)")
     reg: Literal["plain", "per_rating"] = Field(
         "per_rating", description="ridge form: plain, or weighted by rating counts")
-    c_factor: float = Field(1.0, gt=0, description="U step 1/c, c = c_factor*lmax(VV^T)+lam")
-    d_factor: float = Field(0.5, gt=0, description="W step 1/d_i, d_i = d_factor*lmax(U^TU)")
+    c_factor: float = Field(
+        1.0, gt=0, description="U step 1/c_t, c_t = c_factor*lmax(V V^T)+lam_t")
+    d_factor: float = Field(
+        0.5, gt=0, description="W step 1/d_j, d_j = d_factor*lmax(U^T U)+gam_j")
     scale_by_p: bool = Field(False, description="divide the W data gradient by p (Sec. 5.2)")
     participation: Literal["pcc", "pcp"] = Field(
         "pcc", description="pcc: all update, m upload; pcp: only the sampled run")
