@@ -83,6 +83,7 @@ from algorithms._rng import sample_clients
 from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
+from algorithms.centralised import gram_sums
 
 
 class FedMAvgConfig(AlgorithmConfig):
@@ -234,7 +235,6 @@ def row_curvature(other: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows:
                   ) -> np.ndarray:
     """lambda_max(sum_{t: rows[t] = a} o_t o_t^T) for every row a, o_t = other[:, cols[t]]:
     the curvature of row a's own squared-error term (0 for a row without ratings)."""
-    from algorithms.centralised import gram_sums
     if not np.all(np.isfinite(other)):
         lambda_max(other)  # raises the divergence error
     gram = gram_sums(rows, np.ascontiguousarray(other[:, cols].T), n_rows)
