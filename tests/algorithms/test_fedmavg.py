@@ -130,7 +130,7 @@ def test_client_step_is_q1_u_steps_then_q2_w_steps_from_v():
 
 
 def test_server_averages_uploads_and_pcc_has_exactly_m_uploaders():
-    cfg = fm.FedMAvgConfig(rank=2, participation="pcc", uploads_per_round=2)
+    cfg = fm.FedMAvgConfig(rank=2, participation="pcc", uploads_per_round=2, aggregate="mean")
     fed = _federation(5)
     server, glob, locs = initialise(fm.ALGORITHM, cfg, fed.train, 0)
     glob, server, new_locs, selected, uploads = run_round(fm.ALGORITHM, cfg, 1, 0, 2, glob,
@@ -158,6 +158,71 @@ def test_pcp_runs_only_the_sampled_clients():
     assert len(selected) == 2 and sorted(uploads) == sorted(int(i) for i in selected)
     untouched = [i for i in range(5) if i not in uploads]
     assert all(messages_equal(locs[i], new_locs[i]) for i in untouched)
+
+
+def test_row_curvature_is_lambda_max_of_each_rows_own_gram():
+    block = _block(4, m=5, n=7)
+    _, mask = _dense(block)
+    v = np.random.default_rng(5).normal(size=(3, 7))
+    got = fm.row_curvature(v, block.rows, block.cols, block.n_users)
+    for t in range(5):
+        rated = v[:, mask[t] > 0]
+        assert got[t] == pytest.approx(np.linalg.eigvalsh(rated @ rated.T).max(), rel=1e-10)
+
+
+def test_local_curvature_steps_with_bias_columns_match_dense_steps():
+    block = _block(6)
+    m, mask = _dense(block)
+    rng = np.random.default_rng(7)
+    u = np.hstack([rng.normal(size=(4, 2)), rng.normal(size=(4, 1)), np.ones((4, 1))])
+    v = np.vstack([rng.normal(size=(2, 6)), np.ones((1, 6)), rng.normal(size=(1, 6))])
+    cfg = fm.FedMAvgConfig(rank=2)
+    u_free, v_free = fm.bias_masks(cfg)
+    lam_rows, gamma_cols = np.full(4, 0.3), np.full(6, 0.2)
+    # dense: row t's step bound is lambda_max over the items it rated of the rows of V
+    # paired with U's free columns (b_u pairs with the ones row of V)
+    vf = v * u_free[:, None]
+    c = np.array([np.linalg.eigvalsh((vf * mask[t]) @ (vf * mask[t]).T).max()
+                  for t in range(4)]) + lam_rows
+    exp_u = u - u_free * ((mask * (u @ v + 0.5 - m)) @ v.T + lam_rows[:, None] * u) / c[:, None]
+    got_u = fm.u_steps(u, v, block, 1, lam_rows, 1.0, 0.5, u_free, local=True)
+    np.testing.assert_allclose(got_u, exp_u, rtol=1e-10)
+    assert np.all(got_u[:, -1] == 1.0)  # the ones paired with the item biases stay put
+    uf = got_u * v_free[None, :]
+    d = 0.5 * np.array([np.linalg.eigvalsh((uf.T * mask[:, j]) @ (uf.T * mask[:, j]).T).max()
+                        for j in range(6)]) + gamma_cols
+    exp_w = v - v_free[:, None] * (got_u.T @ (mask * (got_u @ v + 0.5 - m))
+                                   + v * gamma_cols) / d[None, :]
+    got_w = fm.w_steps(got_u, v, block, 1, gamma_cols, 0.5, 1.0, 0.5, v_free, local=True)
+    np.testing.assert_allclose(got_w, exp_w, rtol=1e-10)
+    assert np.all(got_w[2] == 1.0)  # the ones paired with the user biases stay put
+
+
+def test_default_predictions_are_mean_plus_biases_plus_factors():
+    fed = _federation(3)
+    cfg = fm.FedMAvgConfig(rank=2)
+    res = simulate(fm.ALGORITHM, cfg, fed, rounds=3, per_round=3, seed=0, evaluate_every=3)
+    glob, local = res.global_msg, res.local_states[0]
+    assert glob.v.shape == (4, fed.train[0].n_items) and np.all(glob.v[2] == 1.0)
+    u, b_u = local.u[:, :2], local.u[:, 2]
+    v, b_i = glob.v[:2], glob.v[3]
+    assert np.any(b_u != 0) and np.any(b_i != 0)
+    a, b = fm.factors(glob, local)
+    np.testing.assert_allclose(a @ b, local.mean + u @ v + b_u[:, None] + b_i[None, :],
+                               rtol=1e-12)
+
+
+def test_rater_average_takes_each_item_from_the_tenants_that_moved_it():
+    v = np.arange(6.0).reshape(2, 3)
+    w1, w2 = v.copy(), v.copy()
+    w1[:, 0] += 1.0            # item 0 moved by tenant 1 only
+    w1[:, 1] += 2.0
+    w2[:, 1] += 4.0            # item 1 by both; item 2 by nobody
+    got = fm.average_raters([w1, w2], v)
+    np.testing.assert_allclose(got[:, 0], v[:, 0] + 1.0)
+    np.testing.assert_allclose(got[:, 1], v[:, 1] + 3.0)
+    np.testing.assert_allclose(got[:, 2], v[:, 2])
+    np.testing.assert_allclose(fm.average([w1, w2])[:, 0], v[:, 0] + 0.5)  # eq. 9's mean
 
 
 def test_fedmavg_fits_a_low_rank_federation():
