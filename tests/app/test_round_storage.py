@@ -4,6 +4,8 @@ blobs a worker holds never fetched again (their digests are read instead)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import sqlalchemy as sa
 
@@ -185,3 +187,37 @@ def test_migration_0010_converts_a_running_job_both_ways(env, tmp_path):
     _round(app, job_id, 3)  # and the job carries on
     with app.state.sessions() as s:
         assert s.get(TrainingJob, job_id).current_round == 3
+
+
+def test_migration_0012_gives_stored_jobs_the_fields_of_their_earlier_behaviour(env):
+    """A FedMC-ADMM and a FedMAvg job stored before the new config fields get the values
+    that keep their old behaviour; a config that has the fields keeps its own values."""
+    app, client = env
+    old_mc = _job(app, client, n=2)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        tids = s.get(TrainingJob, old_mc).tenant_ids
+        old_avg, has = (create_job(s, JobSpec(name, tids, 3, 2, 5, {}, {"mechanism": "none"})
+                                   ).id for name in ("fedmavg", "fedmc-admm"))
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0011")  # drops the fields (the earlier code refuses unknown ones)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        for job_id, config in ((old_mc, CONFIG), (has, {**CONFIG, "lam_rating": 0.3,
+                                                         "gamma_rating": 0.2})):
+            conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
+                         {"c": json.dumps(config), "j": job_id})
+        avg_before = json.loads(conn.execute(sa.text(
+            "SELECT config FROM training_jobs WHERE id = :j"), {"j": old_avg}).scalar())
+    engine.dispose()
+    assert "bias" not in avg_before
+    migrate(url)
+    with app.state.sessions() as s:
+        mc, avg = s.get(TrainingJob, old_mc).config, s.get(TrainingJob, old_avg).config
+        assert mc == {**CONFIG, "lam_rating": 0.0, "gamma_rating": 0.0}
+        assert avg == {**avg_before, "bias": False, "aggregate": "mean",
+                       "curvature": "global"}
+        assert s.get(TrainingJob, has).config == {**CONFIG, "lam_rating": 0.3,
+                                                   "gamma_rating": 0.2}
+    cfg = registry.get("fedmavg").config(**avg)  # what a resumed job now loads
+    assert not cfg.bias and cfg.curvature == "global" and cfg.aggregate == "mean"
