@@ -51,6 +51,19 @@ def _refused(exc: agents.AgentRefused) -> HTTPException:
     return ApiError(exc.status, code, exc.detail)
 
 
+def _accept(request: Request, job_id: int, round_: int, step, *args) -> dict[str, Any]:
+    """``step(session, *args)`` (an agents.accept_*/decline) in one session, its refusal
+    as a problem; when it completes the round, the round's aggregate is sent."""
+    with _session(request) as s:
+        try:
+            out = step(s, *args)
+        except agents.AgentRefused as exc:
+            raise _refused(exc) from None
+    if out.pop("complete"):
+        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
+    return out
+
+
 def _close_if_due(request: Request, job) -> None:
     """Past its deadline the open round's aggregate is sent (at most every 2 s per round
     and process: the task itself is idempotent)."""
@@ -142,19 +155,8 @@ async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, reque
     data = await request.body()
     if len(data) > MAX_UPLOAD_BYTES:
         raise HTTPException(413, f"upload is {len(data)} bytes; at most {MAX_UPLOAD_BYTES}")
-
-    def stage() -> dict[str, Any]:
-        with _session(request) as s:
-            try:
-                return agents.accept_upload(s, job_id, tenant.id, round_, data,
-                                            fedrec_charge)
-            except agents.AgentRefused as exc:
-                raise _refused(exc) from None
-
-    out = await run_in_threadpool(stage)
-    if out.pop("complete"):
-        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
-    return out
+    return await run_in_threadpool(_accept, request, job_id, round_, agents.accept_upload,
+                                   job_id, tenant.id, round_, data, fedrec_charge)
 
 
 @router.post(JOBS + "/{job_id}/rounds/{round_}/decline",
@@ -164,15 +166,8 @@ def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: 
     """This tenant will not transmit in round ``round_`` (its own ledger refused); the
     round does not wait for it and the job lists it in ``stopped_tenants``. The body's
     ``reason`` is optional."""
-    with _session(request) as s:
-        try:
-            out = agents.decline(s, job_id, tenant.id, round_,
-                                 body.reason if body else DECLINED)
-        except agents.AgentRefused as exc:
-            raise _refused(exc) from None
-    if out.pop("complete"):
-        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
-    return out
+    return _accept(request, job_id, round_, agents.decline, job_id, tenant.id, round_,
+                   body.reason if body else DECLINED)
 
 
 @router.get(JOBS + "/{job_id}/rounds/{round_}/secagg", responses=errors(409))
@@ -217,16 +212,5 @@ async def post_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, phas
         wire, reported = body["message"], body.get("charge")
     except (ValueError, TypeError, KeyError, AttributeError):
         wire, reported = agents.MALFORMED, None  # refused once the job and round are known
-
-    def stage() -> dict[str, Any]:
-        with _session(request) as s:
-            try:
-                return agents.accept_secagg(s, job_id, tenant.id, round_, phase, wire,
-                                            reported)
-            except agents.AgentRefused as exc:
-                raise _refused(exc) from None
-
-    out = await run_in_threadpool(stage)
-    if out.pop("complete"):
-        dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
-    return out
+    return await run_in_threadpool(_accept, request, job_id, round_, agents.accept_secagg,
+                                   job_id, tenant.id, round_, phase, wire, reported)
