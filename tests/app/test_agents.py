@@ -528,10 +528,7 @@ def test_secure_aggregation_between_agents_matches_the_simulation(fed, tmp_path)
                                            "agents": [t for t, _ in agent_tenants]})
     assert res.status_code == 202, res.text
     job_id = res.json()["id"]
-    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
-              for t, (_, key) in enumerate(agent_tenants)]
-    for a in agents:
-        a.secure.wait = 0.0
+    agents = _secure_agents(client, agent_tenants, rows, tmp_path)
     drive(agents, job_id)
     assert wait_job(client, job_id)["status"] == "completed"
     glob, _, job = states(app, job_id)
@@ -623,6 +620,23 @@ def _secagg_job(client, agent_tenants, **extra):
     return res.json()["id"]
 
 
+
+def _secure_agents(client, agent_tenants, rows, tmp_path, budget=None):
+    """One agent per tenant (directory a<t>), secure aggregation without long-polls."""
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}",
+                         budget=budget or Budget(100.0, 1e-6))
+              for t, (_, key) in enumerate(agent_tenants)]
+    for a in agents:
+        a.secure.wait = 0.0
+    return agents
+
+
+def _shares_sent(agent, job_id: int, round_: int) -> bool:
+    """The agent has recorded sending its shares of round ``round_``."""
+    path = agent.state.job_dir(job_id) / f"secagg-{round_}.json"
+    return path.exists() and "shares" in json.loads(path.read_text())["sent"]
+
+
 def _post_phase(client, tenant, job_id, round_, phase, body):
     tid, key = tenant
     return client.post(f"/v1/tenants/{tid}/agent/jobs/{job_id}/rounds/{round_}/secagg/{phase}",
@@ -690,22 +704,16 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
     # started, need more than 0.5 s (1.5 s here) on a loaded machine to send theirs
     job_id = _secagg_job(client, agent_tenants, rounds=1, round_seconds=6.0,
                          privacy={"dropout_tolerance": 0.4})
-    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
-              for t, (_, key) in enumerate(agent_tenants)]
+    agents = _secure_agents(client, agent_tenants, rows, tmp_path)
     for a in agents:
-        a.secure.wait = 0.0
         a.setup(job_id)
     gone = agents[2]
-
-    def shares_sent():
-        path = gone.state.job_dir(job_id) / "secagg-1.json"
-        return path.exists() and "shares" in json.loads(path.read_text())["sent"]
 
     end = time.monotonic() + 30
     live = list(agents)
     while live:
         assert time.monotonic() < end, "agents did not finish"
-        if gone in live and shares_sent():
+        if gone in live and _shares_sent(gone, job_id, 1):
             live.remove(gone)
         live = [a for a in live if a.step(job_id, wait=0.05)]
     assert wait_job(client, job_id)["status"] == "completed"
@@ -746,21 +754,15 @@ def test_an_agent_restarted_mid_protocol_resends_the_same_messages(fed, tmp_path
     app, client, _, agent_tenants, rows = fed
     job_id = _secagg_job(client, agent_tenants)
     budget = Budget(100.0, 1e-6)
-    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=budget)
-              for t, (_, key) in enumerate(agent_tenants)]
+    agents = _secure_agents(client, agent_tenants, rows, tmp_path, budget)
     for a in agents:
-        a.secure.wait = 0.0
         a.setup(job_id)
     first = agents[0]
-
-    def in_round_2():
-        path = first.state.job_dir(job_id) / "secagg-2.json"
-        return path.exists() and "shares" in json.loads(path.read_text())["sent"]
 
     end, restarted, live = time.monotonic() + 60, False, list(agents)
     while live:
         assert time.monotonic() < end, "agents did not finish"
-        if not restarted and in_round_2():
+        if not restarted and _shares_sent(first, job_id, 2):
             sent = json.loads(first.state.read(job_id, "secagg-2.json"))["sent"]
             fresh = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0",
                                budget=budget)  # the same directory: a restarted agent
@@ -802,8 +804,7 @@ def test_a_masked_input_with_a_charge_not_the_jobs_is_refused(fed, tmp_path):
 
     app, client, _, agent_tenants, rows = fed
     job_id = _secagg_job(client, agent_tenants, rounds=1)
-    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", budget=Budget(100.0, 1e-6))
-              for t, (_, key) in enumerate(agent_tenants)]
+    agents = _secure_agents(client, agent_tenants, rows, tmp_path)
     seen = []
     coord = agents[0].coord
     real_post = coord.secagg_post
@@ -817,8 +818,6 @@ def test_a_masked_input_with_a_charge_not_the_jobs_is_refused(fed, tmp_path):
         return real_post(job, round_, phase, message, charge)
 
     coord.secagg_post = post
-    for a in agents:
-        a.secure.wait = 0.0
     drive(agents, job_id)
     assert wait_job(client, job_id)["status"] == "completed"
     (status, detail, before), = seen
