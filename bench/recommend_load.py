@@ -170,10 +170,10 @@ def run(args: argparse.Namespace, url: str) -> None:
             floor_base = f"http://127.0.0.1:{args.floor_port}"
             script = Path(tmp) / "rotate.lua"
             _wrk_script(script, tid, chosen, key)
-            probe = httpx.get(f"{base}/tenants/{tid}/users/{chosen[0]}/recommendations",
+            probe = httpx.get(f"{base}/v1/tenants/{tid}/users/{chosen[0]}/recommendations",
                               headers={"Authorization": f"Bearer {key}"}).json()
             assert probe["source"] == "model" and len(probe["data"]) == 10, probe
-            same = httpx.get(f"{floor_base}/tenants/{tid}/users/{chosen[0]}/recommendations"
+            same = httpx.get(f"{floor_base}/v1/tenants/{tid}/users/{chosen[0]}/recommendations"
                              ).json()
             assert [d["item"] for d in same["data"]] == [d["item"] for d in probe["data"]], (
                 "the floor must compute the same top-10 as fedrec")
