@@ -282,23 +282,47 @@ def bump_ratings_version(session: Session, tenant_id: int) -> None:
                     .values(ratings_version=Tenant.ratings_version + 1))
 
 
+LOAD_CHUNK = 65_536
+"""Ratings fetched per batch when a tenant's block is read: the rows arrive as Python
+tuples, so only a batch of them is ever alive, never the whole tenant's."""
+
+
 def load_block(session: Session, tenant_id: int) -> tuple[RatingBlock, np.ndarray]:
     """The tenant's ratings as a :class:`RatingBlock` and the user key of each row.
 
-    Rows are the tenant's users in key order; columns index the whole catalogue in item-id
-    order, so blocks of different tenants share the item axis.
+    Rows are the tenant's users (those with ratings) in key order; columns index the whole
+    catalogue in item-id order, so blocks of different tenants share the item axis. Read
+    in batches of :data:`LOAD_CHUNK` rows into numpy columns, so memory is the block's
+    arrays and not a Python object per rating.
     """
     catalogue = np.fromiter(session.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
-    rows = session.execute(sa.select(User.key, Rating.item_id, Rating.value).join(
-        User, User.id == Rating.user_id).where(User.tenant_id == tenant_id)).all()
-    if not rows:
+    query = (sa.select(Rating.user_id, Rating.item_id, Rating.value)
+             .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant_id)
+             .execution_options(yield_per=LOAD_CHUNK))
+    parts = [np.array(part, dtype=np.float64).reshape(-1, 3)
+             for part in session.execute(query).partitions()]
+    columns = np.concatenate(parts) if parts else np.zeros((0, 3))
+    del parts
+    named = dict(session.execute(sa.select(User.id, User.key).where(
+        User.tenant_id == tenant_id)).all())
+    user_ids = columns[:, 0].astype(np.int64)
+    present = np.unique(user_ids)
+    gone = [u for u in present.tolist() if u not in named]
+    if gone:  # forgotten between the two reads (no snapshot isolation): deletion wins
+        kept = ~np.isin(user_ids, gone)
+        columns, user_ids = columns[kept], user_ids[kept]
+        present = np.setdiff1d(present, gone)
+    if not len(present):
         empty = np.zeros(0, dtype=np.int64)
         return RatingBlock(empty, empty, empty, 0, len(catalogue)), np.array([], dtype=str)
-    users, items, vals = zip(*rows, strict=True)
-    user_keys, local = np.unique(np.array(users, dtype=str), return_inverse=True)
-    cols = np.searchsorted(catalogue, np.array(items, dtype=np.int64))
-    block = RatingBlock(local, cols, np.array(vals), len(user_keys), len(catalogue))
-    return block, user_keys
+    keys = np.array([named[u] for u in present.tolist()], dtype=str)
+    order = np.argsort(keys, kind="stable")  # keys are unique: the order np.unique gives
+    local_of = np.empty(len(present), dtype=np.int64)
+    local_of[order] = np.arange(len(present))
+    rows = local_of[np.searchsorted(present, user_ids)]
+    cols = np.searchsorted(catalogue, columns[:, 1].astype(np.int64))
+    block = RatingBlock(rows, cols, columns[:, 2], len(present), len(catalogue))
+    return block, keys[order]
 
 
 def save_stats(session: Session, tenant_id: int, stats: BlockStats) -> RatingStats:

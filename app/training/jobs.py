@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock, registry
 from algorithms.base import Algorithm
-from algorithms.data import federation_from_tenants
+from algorithms.data import tenant_split
 from algorithms.simulate import (
     client_round,
     initialise_client,
@@ -23,7 +23,7 @@ from algorithms.simulate import (
 )
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
-from app.models import Item, Tenant
+from app.models import Item, Rating, Tenant, User
 from app.training import states
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
@@ -150,20 +150,38 @@ def _public_scale(alg: Algorithm, cfg: Any, request: dict[str, Any],
     return alg.config(**{**request, "scale_min": scale[0], "scale_max": scale[1]})
 
 
+def _catalogue(s: Session) -> np.ndarray:
+    return np.fromiter(s.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
+
+
+def _tenant_block(s: Session, tenant: Tenant) -> tuple[RatingBlock, np.ndarray]:
+    """One tenant's ratings, sorted by (user, item) so the split is reproducible."""
+    block, user_keys = store.load_block(s, tenant.id)
+    if block.nnz == 0:
+        raise JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no ratings to train on")
+    order = np.lexsort((block.cols, block.rows))
+    return RatingBlock(block.rows[order], block.cols[order], block.vals[order],
+                       block.n_users, block.n_items), user_keys
+
+
 def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
                                                                  list[np.ndarray], np.ndarray]:
-    """Every tenant's ratings, sorted by (user, item) so the split is reproducible."""
-    blocks, keys = [], []
+    """Every tenant's ratings (:func:`_tenant_block`) and the catalogue's item ids."""
+    read = [_tenant_block(s, t) for t in tenants]
+    return [b for b, _ in read], [k for _, k in read], _catalogue(s)
+
+
+def _rated(s: Session, tenants: list[Tenant]) -> dict[int, int]:
+    """How many users with ratings each tenant has (one query; absent: none). Refuses
+    (422) the first tenant without ratings, as reading its block would."""
+    users = dict(s.execute(
+        sa.select(User.tenant_id, sa.func.count(sa.distinct(Rating.user_id)))
+        .join(User, User.id == Rating.user_id)
+        .where(User.tenant_id.in_([t.id for t in tenants])).group_by(User.tenant_id)).all())
     for t in tenants:
-        block, user_keys = store.load_block(s, t.id)
-        if block.nnz == 0:
+        if not users.get(t.id):
             raise JobRefused(422, f"tenant {t.id} ({t.name}) has no ratings to train on")
-        order = np.lexsort((block.cols, block.rows))
-        blocks.append(RatingBlock(block.rows[order], block.cols[order], block.vals[order],
-                                  block.n_users, block.n_items))
-        keys.append(user_keys)
-    item_ids = np.fromiter(s.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
-    return blocks, keys, item_ids
+    return users
 
 
 def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = None,
@@ -172,9 +190,12 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     (``dry_run``: stop after the checks and return the :class:`JobPlan`, writing nothing).
 
     The ratings of all tenants are read in one REPEATABLE READ transaction on PostgreSQL,
-    so the job trains on one consistent snapshot while uploads continue. ``idempotency``
-    is the (Idempotency-Key, request hash) stored with the job; a concurrent creation with
-    the same key fails the commit (IntegrityError) and creates nothing.
+    so the job trains on one consistent snapshot while uploads continue. They are read,
+    split and stored one tenant at a time (each tenant's rows are flushed before the next
+    is read), so the memory this takes is about one tenant's block, not the federation's.
+    ``idempotency`` is the (Idempotency-Key, request hash) stored with the job; a
+    concurrent creation with the same key fails the commit (IntegrityError) and creates
+    nothing.
     """
     alg, cfg, dp = _validated(spec)
     if s.get_bind().dialect.name == "postgresql":
@@ -187,35 +208,36 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
     agents = set(spec.agents)
     hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
-    some, user_keys_h, item_ids = _snapshot_blocks(s, [tenants[i] for i in hosted])
+    users = _rated(s, [tenants[i] for i in hosted])
+    item_ids = _catalogue(s)
     if not len(item_ids):
         raise JobRefused(422, "the item catalogue is empty: add items before training")
-    # an agent's ratings stay with it: an empty placeholder keeps the client indices
-    blocks = [agent_placeholder(len(item_ids))] * len(tenants)
-    user_keys: list = [np.array([], dtype=str)] * len(tenants)
-    for i, b, k in zip(hosted, some, user_keys_h, strict=True):
-        blocks[i], user_keys[i] = b, k
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
-    fed = federation_from_tenants(blocks, user_keys, item_ids, spec.seed, spec.test_fraction,
-                                  scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
-    locals_ = [initialise_client(alg, cfg, fed.train[i], glob, spec.seed, i)
-               if i in hosted else None for i in range(len(tenants))]
+
+    def split(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray]:
+        block, keys = _tenant_block(s, tenants[i])
+        train, test = tenant_split(block, i, spec.seed, spec.test_fraction, scale)
+        return train, test, keys
+
     per_round = spec.per_round or len(tenants)
+    first = None
     if hosted:
-        first = hosted[0]
-        size, upload = _dry_run(alg, cfg, spec.seed, server, glob, locals_[first],
-                                fed.train[first], fed.test[first],
-                                (tenants[first].rating_min, tenants[first].rating_max), first)
+        i = hosted[0]
+        train, test, keys = split(i)
+        first = (train, test, keys, initialise_client(alg, cfg, train, glob, spec.seed, i))
+        size, upload = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
+                                (tenants[i].rating_min, tenants[i].rating_max), i)
     else:  # nobody's ratings here: the config is tried on a public stand-in block
         stand_in = _stand_in(len(item_ids), scale)
         size, upload = _dry_run(alg, cfg, spec.seed, server, glob,
                                 initialise_client(alg, cfg, stand_in, glob, spec.seed, 0),
                                 stand_in, stand_in, scale, 0)
     if isinstance(dp, dict):
-        settings, projected = _check_user_level(s, alg, cfg, spec, dp,
-                                                [fed.train[i] for i in hosted], glob,
+        # agents' users are not counted here (their number is theirs to keep)
+        n_users = sum(users[tenants[i].id] for i in hosted)
+        settings, projected = _check_user_level(s, alg, cfg, spec, dp, n_users, glob,
                                                 per_round, len(tenants))
     else:
         projected = _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
@@ -240,15 +262,27 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     s.add(job)
     s.flush()
     states.new_server(s, job, server)
+    placeholder = agent_placeholder(len(item_ids))  # an agent's ratings stay with it
     for i, t in enumerate(tenants):
-        train, test = fed.train[i].to_bytes(), fed.test[i].to_bytes()
-        kept = locals_[i] is not None  # an agent's state stays on its machine
+        if t.id in agents:  # and so does its state
+            train, test = tenant_split(placeholder, i, spec.seed, spec.test_fraction, scale)
+            keys, local = np.array([], dtype=str), None
+        elif first is not None and i == hosted[0]:
+            (train, test, keys, local), first = first, None
+        else:
+            train, test, keys = split(i)
+            local = initialise_client(alg, cfg, train, glob, spec.seed, i)
+        train_bytes, test_bytes = train.to_bytes(), test.to_bytes()
         s.add(JobClient(job_id=job.id, client_index=i, tenant_id=t.id,
-                        user_keys=[str(k) for k in user_keys[i]],
-                        train_block=train, test_block=test, train_digest=states.digest(train),
-                        test_digest=states.digest(test), state_round=0 if kept else None,
-                        state_digest=states.stage_local(s, job.id, i, 0, locals_[i])
-                        if kept else None, transmissions=0))
+                        user_keys=[str(k) for k in keys],
+                        train_block=train_bytes, test_block=test_bytes,
+                        train_digest=states.digest(train_bytes),
+                        test_digest=states.digest(test_bytes),
+                        state_round=None if local is None else 0,
+                        state_digest=None if local is None
+                        else states.stage_local(s, job.id, i, 0, local),
+                        transmissions=0))
+        s.flush()  # written: the session keeps no strong reference to the bytes
     s.commit()
     return job
 
@@ -326,7 +360,7 @@ def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: Ra
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
-                      request: dict[str, Any], train: list[RatingBlock], glob, per_round: int,
+                      request: dict[str, Any], n_users: int, glob, per_round: int,
                       n_clients: int) -> tuple[dict[str, Any], dict[str, Spend]]:
     """Plan a user-level job: solve its noise for the target over the releases each user
     takes part in, and refuse it (409) unless every tenant can afford that schedule.
@@ -338,10 +372,8 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
     bounds = registry.user_bounds(alg.name, cfg)
     plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, n_clients, glob)
     releases = min(max(plan.values()), registry.user_releases(cfg, spec.rounds))
-    # agents' users are not counted here (their number is theirs to keep)
-    n_users = max(1, sum(block.n_users for block in train))
     try:
-        planned = user_level.plan(request, bounds, n_users, max(releases, 1))
+        planned = user_level.plan(request, bounds, max(1, n_users), max(releases, 1))
         events = list(planned.schedule())
     except ValidationError as exc:
         first = exc.errors()[0]

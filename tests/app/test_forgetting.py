@@ -63,14 +63,15 @@ def _delete_during_job_creation(monkeypatch, other_client, path, auth) -> list:
     """Make the next job creation read its ratings, then let another API process forget
     the user before the job's rows are committed (the race of the issue)."""
     answers = []
-    original = jobs._snapshot_blocks
+    original = jobs._tenant_block
 
-    def racing(s, tenants):
-        out = original(s, tenants)
-        answers.append(other_client.delete(path, headers=auth))
+    def racing(s, tenant):
+        out = original(s, tenant)
+        if not answers:  # once the first tenant's ratings are read
+            answers.append(other_client.delete(path, headers=auth))
         return out
 
-    monkeypatch.setattr(jobs, "_snapshot_blocks", racing)
+    monkeypatch.setattr(jobs, "_tenant_block", racing)
     return answers
 
 

@@ -1,0 +1,138 @@
+"""Memory and time of creating a training job: the API process's share of a large job.
+
+    python -m bench.job_memory                       # 2M ratings, 20k users, 20 tenants
+    python -m bench.job_memory --baseline ../other   # also another checkout's code, same data
+
+A fresh PostgreSQL database (127.0.0.1:5432) is filled with a synthetic set
+(``algorithms.synthetic.generate_tenant_ratings``) through the service's own upload path
+(``app.store.upsert_ratings``, the binary COPY of a CSV upload), one tenant at a time.
+Then a new Python process (the code under test, or ``--baseline``'s) opens the database
+and calls ``app.training.jobs.create_job`` for one FedMC-ADMM job over every tenant, as
+``POST /v1/admin/jobs`` does. It reports the process's resident memory just before the
+call, its peak (VmHWM) after it, and the call's wall and CPU seconds. Runs alternate
+between the codes (``--repeats``); the job rows written are the same for both (checked:
+equal digests of every stored block).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import json, os, resource, sys, time
+from app.db import engine_for
+from sqlalchemy.orm import Session
+import sqlalchemy as sa
+
+def status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+
+url, tenant_ids = sys.argv[1], json.loads(sys.argv[2])
+from app.training.jobs import JobSpec, create_job
+from app.training.models import JobClient
+import numpy, algorithms.fedmc_admm  # imported before the baseline reading
+engine = engine_for(url)
+with Session(engine) as s:
+    s.execute(sa.text("select 1"))
+    s.rollback()
+    before = status("VmRSS")
+    spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
+                   seed=0, config={}, dp={"mechanism": "none"})
+    t0, c0 = time.perf_counter(), time.process_time()
+    job = create_job(s, spec)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    peak = status("VmHWM")
+    digests = [d for (d,) in s.execute(sa.select(JobClient.train_digest).where(
+        JobClient.job_id == job.id).order_by(JobClient.client_index))]
+print(json.dumps({"rss_before": before, "peak": peak, "wall": wall, "cpu": cpu,
+                  "job": job.id, "digests": digests}))
+"""
+
+
+def fill(url: str, args: argparse.Namespace) -> list[int]:
+    """Tenants with the synthetic set's ratings, written by the upload's own store code."""
+    import numpy as np
+    from sqlalchemy.orm import Session
+
+    from algorithms.synthetic import generate_tenant_ratings
+    from app import store
+    from app.db import engine_for
+    from app.models import Tenant
+    from app.ingest import Batch
+
+    data = generate_tenant_ratings(args.users, args.items, args.ratings, args.tenants, seed=0)
+    ids = []
+    with Session(engine_for(url)) as s:
+        store.upsert_items(s, [(f"i{j}", None) for j in range(args.items)])
+        s.commit()
+        item_ids = store.item_ids(s, [f"i{j}" for j in range(args.items)])
+        for t, block in enumerate(data.blocks):
+            tenant = Tenant(name=f"t{t}", rating_min=1.0, rating_max=5.0, privacy_budget=1e9,
+                            allow_non_private=True)
+            s.add(tenant)
+            s.flush()
+            users = np.char.add(f"t{t}u", block.rows.astype(str))
+            items = np.char.add("i", block.cols.astype(str))
+            batch = Batch(users.tolist(), items.tolist(), block.vals.tolist(),
+                          [None] * block.nnz, list(range(1, block.nnz + 1)))
+            store.upsert_ratings(s, tenant.id, batch, item_ids)
+            s.commit()
+            ids.append(tenant.id)
+    return ids
+
+
+def child(code: Path, url: str, tenant_ids: list[int]) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids)],
+                         cwd=code, env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ratings", type=int, default=2_000_000)
+    p.add_argument("--users", type=int, default=20_000)
+    p.add_argument("--items", type=int, default=5_000)
+    p.add_argument("--tenants", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--baseline", type=Path, help="another checkout to compare, same data")
+    args = p.parse_args(argv)
+
+    from bench._server import fresh_database
+
+    codes = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+    with fresh_database("fedrec_jobmem") as url:
+        t0 = time.perf_counter()
+        tenant_ids = fill(url, args)
+        print(f"filled {args.ratings:,} ratings, {args.tenants} tenants in "
+              f"{time.perf_counter() - t0:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        runs: dict[str, list[dict]] = {name: [] for name, _ in codes}
+        for n in range(args.repeats):
+            for name, code in (codes if n % 2 == 0 else codes[::-1]):
+                r = child(code, url, tenant_ids)
+                r["load"] = os.getloadavg()[0]
+                runs[name].append(r)
+                print(f"{name:8s} create_job: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, "
+                      f"RSS before {r['rss_before'] / 2**20:.0f} MiB, peak "
+                      f"{r['peak'] / 2**20:.0f} MiB (+{(r['peak'] - r['rss_before']) / 2**20:.0f}"
+                      f" MiB), load {r['load']:.1f}", flush=True)
+        if args.baseline:
+            assert runs["this"][0]["digests"] == runs["baseline"][0]["digests"], (
+                "the two codes stored different blocks")
+            print("stored blocks: identical digests in both codes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
