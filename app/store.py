@@ -10,6 +10,7 @@ at all.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -299,7 +300,10 @@ def load_block(session: Session, tenant_id: int) -> tuple[RatingBlock, np.ndarra
     query = (sa.select(Rating.user_id, Rating.item_id, Rating.value)
              .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant_id)
              .execution_options(yield_per=LOAD_CHUNK))
-    parts = [np.array(part, dtype=np.float64).reshape(-1, 3)
+    # a Row is no tuple to numpy (np.array of a list of them takes the slow per-object
+    # path, 25x slower): its values are chained into one flat float array instead
+    parts = [np.fromiter(itertools.chain.from_iterable(part), dtype=np.float64,
+                         count=3 * len(part)).reshape(-1, 3)
              for part in session.execute(query).partitions()]
     columns = np.concatenate(parts) if parts else np.zeros((0, 3))
     del parts
