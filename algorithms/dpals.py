@@ -56,6 +56,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
+from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
@@ -262,7 +263,18 @@ def _outer_flat(x: np.ndarray) -> np.ndarray:
 
 
 def solve_users(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarray:
-    """Every user's exact ridge solution ``[u_u, b_u]`` (m x r+1) against V, batched.
+    """Every user's exact ridge solution ``[u_u, b_u]`` (m x r+1) against V: the fused
+    ``nogil`` kernel (:mod:`algorithms._user_kernels`) when numba is installed, else
+    :func:`solve_users_numpy` (the same numbers to ~1e-13)."""
+    if UK.HAVE_NUMBA:
+        return UK.solve_users(block.rows, block.cols, block.vals, v, block.n_users, cfg.rank,
+                              cfg.user_bias, cfg.mu, cfg.bias_coordinate, cfg.lam_u,
+                              cfg.lam_u_count)
+    return solve_users_numpy(v, block, cfg)
+
+
+def solve_users_numpy(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarray:
+    """:func:`solve_users` in numpy and scipy, batched.
 
     Gram matrices are one sparse product ``S @ outer(Y)`` (S the 0/1 pattern, Y the item
     designs), then one batched ``np.linalg.solve``; no Python loop over users or ratings.
@@ -310,7 +322,20 @@ def rating_weights(rows: np.ndarray, cols: np.ndarray, n_users: int, counts: np.
 
 def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig,
               counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings."""
+    """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings; the fused
+    ``nogil`` kernel when numba is installed, else :func:`item_sums_numpy`."""
+    if UK.HAVE_NUMBA:
+        return UK.item_sums(block.rows[keep], block.cols[keep], block.vals[keep], u,
+                            np.zeros(block.n_items) if counts is None else counts,
+                            block.n_users, block.n_items, cfg.rank, cfg.user_bias, cfg.mu,
+                            cfg.bias_coordinate, cfg.user_factor_clip, cfg.r_clip,
+                            cfg.max_ratings_per_user, cfg.rare_item_power, cfg.max_weight)
+    return item_sums_numpy(u, keep, block, cfg, counts)
+
+
+def item_sums_numpy(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig,
+                    counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`item_sums` in numpy and scipy."""
     x = user_vectors(u, cfg)
     rows, cols = block.rows[keep], block.cols[keep]
     s = np.clip(block.vals[keep] - cfg.mu - (u[rows, cfg.rank] if cfg.user_bias else 0.0),
