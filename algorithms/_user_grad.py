@@ -50,6 +50,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
+from algorithms._pool import sum_arrays
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import LocalState, cap_per_user, solve_users, user_vectors
@@ -223,8 +224,8 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
 def summed(uploads: Mapping[int, Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
     """(G, H, sigma_G, sigma_H) of the uploads' sum (noise stds add in quadrature)."""
     ups = [uploads[i] for i in sorted(uploads)]
-    g = np.sum([u.G for u in ups], axis=0)
-    h = np.sum([u.H for u in ups], axis=0)
+    g = sum_arrays([u.G for u in ups])  # np.sum(..., axis=0)'s numbers, on every core
+    h = sum_arrays([u.H for u in ups])
     sg = float(np.sqrt(sum(u.grad_noise ** 2 for u in ups)))
     sh = float(np.sqrt(sum(u.curv_noise ** 2 for u in ups)))
     return g, h, sg, sh

@@ -58,6 +58,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
+from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
@@ -424,8 +425,8 @@ def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSCon
         return state, GlobalModel(V=state.V.copy(), sweep=state.sweep,
                                   counts=state.counts.copy())
     ups = [uploads[i] for i in sorted(uploads)]
-    a = np.sum([u.A for u in ups], axis=0)
-    b = np.sum([u.b for u in ups], axis=0)
+    a = sum_arrays([u.A for u in ups])  # np.sum(..., axis=0)'s numbers, on every core
+    b = sum_arrays([u.b for u in ups])
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
     v, counts = solve_items(a, b, sigma, cfg), count_estimate(a, cfg)
     return (ServerState(V=v, sweep=state.sweep + 1, counts=counts),
