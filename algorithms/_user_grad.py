@@ -187,7 +187,7 @@ def clipped_sums(u: np.ndarray, v: np.ndarray, keep: np.ndarray, block: RatingBl
     the fused ``nogil`` kernel when numba is installed, else :func:`clipped_sums_numpy`
     (the same numbers to ~1e-13)."""
     if UK.HAVE_NUMBA:
-        return UK.clipped_sums(block.rows[keep], block.cols[keep], block.vals[keep], u, v,
+        return UK.clipped_sums(block.rows, block.cols, block.vals, keep, u, v,
                                block.n_users, block.n_items, cfg.rank, cfg.user_bias, cfg.mu,
                                cfg.bias_coordinate, cfg.residual_clip, cfg.curvature_weight,
                                cfg.user_factor_clip, cfg.clip_norm)

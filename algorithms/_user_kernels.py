@@ -32,9 +32,9 @@ def _x_row(x, u, t, r, clip, c):
     x[r] = c
 
 
-def _solve_users_loops(rows, cols, vals, vt, n_users, r, user_bias, mu, c, lam_u,
+def _solve_users_loops(rows, cols, vals, v, n_users, r, user_bias, mu, c, lam_u,
                        lam_u_count):
-    """Every user's ridge solution [u_u, b_u] against V (vt = V^T, n x r+1): per rating
+    """Every user's ridge solution [u_u, b_u] against V (r+1 x n): per rating
     y_j = [v_j, 1] (the 1 only with a user bias) and target r_uj - mu - c beta_j."""
     q = r + 1 if user_bias else r
     gram = np.zeros((n_users, q, q))
@@ -44,10 +44,10 @@ def _solve_users_loops(rows, cols, vals, vt, n_users, r, user_bias, mu, c, lam_u
     for k in range(rows.shape[0]):
         t, j = rows[k], cols[k]
         for a in range(r):
-            y[a] = vt[j, a]
+            y[a] = v[a, j]
         if user_bias:
             y[r] = 1.0
-        target = vals[k] - mu - c * vt[j, r]
+        target = vals[k] - mu - c * v[r, j]
         for a in range(q):
             rhs[t, a] += target * y[a]
             for b in range(q):
@@ -64,35 +64,38 @@ def _solve_users_loops(rows, cols, vals, vt, n_users, r, user_bias, mu, c, lam_u
     return out
 
 
-def _by_user(rows, n_users):
-    """(start, order): the entries of user t are ``order[start[t]:start[t + 1]]``, in their
-    original order (a stable counting sort)."""
+def _by_user(rows, keep, n_users):
+    """(start, order): the kept entries of user t are ``order[start[t]:start[t + 1]]``
+    (indices into the block's entries), in the order of ``keep`` (a stable counting
+    sort)."""
     start = np.zeros(n_users + 1, dtype=np.int64)
-    for k in range(rows.shape[0]):
-        start[rows[k] + 1] += 1
+    for p in range(keep.shape[0]):
+        start[rows[keep[p]] + 1] += 1
     for t in range(n_users):
         start[t + 1] += start[t]
     fill = start[:-1].copy()
-    order = np.empty(rows.shape[0], dtype=np.int64)
-    for k in range(rows.shape[0]):
+    order = np.empty(keep.shape[0], dtype=np.int64)
+    for p in range(keep.shape[0]):
+        k = keep[p]
         order[fill[rows[k]]] = k
         fill[rows[k]] += 1
     return start, order
 
 
-def _clipped_sums_loops(rows, cols, vals, u, vt, n_users, n_items, r, user_bias, mu, c,
+def _clipped_sums_loops(rows, cols, vals, keep, u, v, n_users, n_items, r, user_bias, mu, c,
                         residual_clip, kappa, factor_clip, clip):
     """(G (r+1 x n), H (n)): per item, the sums of the users' terms, each user's whole term
     (entries of a repeated (user, item) pair summed first) scaled to L2 norm <= ``clip``.
-    Rating (t, j): g = clip(pred - r, +-residual_clip) x_t, h = kappa ||x_t||^2."""
+    Kept rating (t, j) (``keep``: indices into the block's entries): g = clip(pred - r,
+    +-residual_clip) x_t, h = kappa ||x_t||^2."""
     d = r + 1
     g_out = np.zeros((d, n_items))
     h_out = np.zeros(n_items)
-    start, order = _by_user(rows, n_users)
+    start, order = _by_user(rows, keep, n_users)
     slot = np.full(n_items, -1, dtype=np.int64)  # item -> its merged entry of this user
-    items = np.empty(rows.shape[0], dtype=np.int64)
-    mg = np.zeros((rows.shape[0], d))
-    mh = np.zeros(rows.shape[0])
+    items = np.empty(keep.shape[0], dtype=np.int64)
+    mg = np.zeros((keep.shape[0], d))
+    mh = np.zeros(keep.shape[0])
     x = np.empty(d)
     for t in range(n_users):
         lo, hi = start[t], start[t + 1]
@@ -107,9 +110,9 @@ def _clipped_sums_loops(rows, cols, vals, u, vt, n_users, n_items, r, user_bias,
         for p in range(lo, hi):
             k = order[p]
             j = cols[k]
-            pred = c * vt[j, r] + ub + mu
+            pred = c * v[r, j] + ub + mu
             for a in range(r):
-                pred += u[t, a] * vt[j, a]
+                pred += u[t, a] * v[a, j]
             e = min(max(pred - vals[k], -residual_clip), residual_clip)
             s = slot[j]
             if s < 0:
@@ -141,21 +144,22 @@ def _clipped_sums_loops(rows, cols, vals, u, vt, n_users, n_items, r, user_bias,
     return g_out, h_out
 
 
-def _item_sums_loops(rows, cols, vals, u, counts, n_users, n_items, r, user_bias, mu, c,
+def _item_sums_loops(rows, cols, vals, keep, u, counts, n_users, n_items, r, user_bias, mu, c,
                      factor_clip, r_clip, k_budget, rare_power, max_weight):
     """DPALS's (A (n x d x d), b (n x d)): per item, sum_u w x_u x_u^T and sum_u w s x_u over
-    the given ratings, with s = clip(r - mu - b_u, +-r_clip) and the weights of
+    the kept ratings (``keep``: indices into the block's entries), with
+    s = clip(r - mu - b_u, +-r_clip) and the weights of
     :func:`algorithms.dpals.rating_weights` (base count_j^-eta or 1, scaled per user to the
     budget k, capped at ``max_weight``)."""
     d = r + 1
-    nnz = rows.shape[0]
+    nnz = keep.shape[0]
     base = np.ones(nnz)
     if rare_power > 0:
-        for k in range(nnz):
-            base[k] = max(counts[cols[k]], 1.0) ** -rare_power
+        for p in range(nnz):
+            base[p] = max(counts[cols[keep[p]]], 1.0) ** -rare_power
     spent = np.zeros(n_users)
-    for k in range(nnz):
-        spent[rows[k]] += base[k] * base[k]
+    for p in range(nnz):
+        spent[rows[keep[p]]] += base[p] * base[p]
     a_out = np.zeros((n_items, d, d))
     b_out = np.zeros((n_items, d))
     xs = np.empty((n_users, d))
@@ -164,9 +168,10 @@ def _item_sums_loops(rows, cols, vals, u, counts, n_users, n_items, r, user_bias
         _x_row(x, u, t, r, factor_clip, c)
         for a in range(d):
             xs[t, a] = x[a]
-    for k in range(nnz):
+    for p in range(nnz):
+        k = keep[p]
         t, j = rows[k], cols[k]
-        w = min(base[k] * np.sqrt(k_budget / max(spent[t], 1e-300)), max_weight)
+        w = min(base[p] * np.sqrt(k_budget / max(spent[t], 1e-300)), max_weight)
         s = vals[k] - mu - (u[t, r] if user_bias else 0.0)
         s = min(max(s, -r_clip), r_clip)
         for a in range(d):
@@ -192,31 +197,32 @@ def solve_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, v: np.ndar
                 lam_u_count: float) -> np.ndarray:
     """:func:`algorithms.dpals.solve_users`'s result (m x r+1), fused (one pass over the
     ratings, then one q x q solve per user)."""
-    return _solve_users_jit(rows, cols, vals, np.ascontiguousarray(v.T), int(n_users),
+    return _solve_users_jit(rows, cols, vals, np.ascontiguousarray(v), int(n_users),
                             int(rank), bool(user_bias), float(mu), float(c), float(lam_u),
                             float(lam_u_count))
 
 
-def clipped_sums(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, u: np.ndarray,
-                 v: np.ndarray, n_users: int, n_items: int, rank: int, user_bias: bool,
-                 mu: float, c: float, residual_clip: float | None, kappa: float,
+def clipped_sums(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, keep: np.ndarray,
+                 u: np.ndarray, v: np.ndarray, n_users: int, n_items: int, rank: int,
+                 user_bias: bool, mu: float, c: float, residual_clip: float | None, kappa: float,
                  factor_clip: float, clip: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`algorithms._user_grad.clipped_sums`'s (G, H), fused: one pass per user builds
     its term, its norm and its clipped contribution to the item sums."""
-    return _clipped_sums_jit(rows, cols, vals, np.ascontiguousarray(u),
-                             np.ascontiguousarray(v.T), int(n_users), int(n_items),
-                             int(rank), bool(user_bias), float(mu), float(c),
+    return _clipped_sums_jit(rows, cols, vals, np.asarray(keep, dtype=np.int64),
+                             np.ascontiguousarray(u), np.ascontiguousarray(v), int(n_users),
+                             int(n_items), int(rank), bool(user_bias), float(mu), float(c),
                              np.inf if residual_clip is None else float(residual_clip),
                              float(kappa), float(factor_clip), float(clip))
 
 
-def item_sums(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, u: np.ndarray,
-              counts: np.ndarray, n_users: int, n_items: int, rank: int, user_bias: bool,
-              mu: float, c: float, factor_clip: float, r_clip: float, k_budget: int,
-              rare_power: float, max_weight: float) -> tuple[np.ndarray, np.ndarray]:
+def item_sums(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, keep: np.ndarray,
+              u: np.ndarray, counts: np.ndarray, n_users: int, n_items: int, rank: int,
+              user_bias: bool, mu: float, c: float, factor_clip: float, r_clip: float,
+              k_budget: int, rare_power: float, max_weight: float) -> tuple[np.ndarray, np.ndarray]:
     """:func:`algorithms.dpals.item_sums`'s (A, b), fused: one pass over the ratings."""
     power = float(rare_power) if rare_power > 0 and np.any(counts > 0) else 0.0
-    return _item_sums_jit(rows, cols, vals, np.ascontiguousarray(u),
+    return _item_sums_jit(rows, cols, vals, np.asarray(keep, dtype=np.int64),
+                          np.ascontiguousarray(u),
                           np.ascontiguousarray(counts, dtype=np.float64), int(n_users),
                           int(n_items), int(rank), bool(user_bias), float(mu), float(c),
                           float(factor_clip), float(r_clip), float(k_budget), power,

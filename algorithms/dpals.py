@@ -58,7 +58,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
-from algorithms._pool import sum_arrays
+from algorithms._pool import map_tasks, sum_arrays, width
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
@@ -326,7 +326,7 @@ def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSCon
     """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings; the fused
     ``nogil`` kernel when numba is installed, else :func:`item_sums_numpy`."""
     if UK.HAVE_NUMBA:
-        return UK.item_sums(block.rows[keep], block.cols[keep], block.vals[keep], u,
+        return UK.item_sums(block.rows, block.cols, block.vals, keep, u,
                             np.zeros(block.n_items) if counts is None else counts,
                             block.n_users, block.n_items, cfg.rank, cfg.user_bias, cfg.mu,
                             cfg.bias_coordinate, cfg.user_factor_clip, cfg.r_clip,
@@ -399,23 +399,39 @@ def count_estimate(a: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
     return np.maximum(tr * per_trace, 0.0)
 
 
-def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float) -> np.ndarray:
+def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float,
+                 avg: np.ndarray | None = None) -> np.ndarray:
     """``(1 - alpha) A_j + alpha count_j S`` with ``S = sum_j A_j / sum_j count_j`` the
     average ``x x^T`` over all ratings: a prior shared by the items, whose noise averages
-    out over the items, for the per-item Gram matrices drowned in noise."""
-    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300)
+    out over the items, for the per-item Gram matrices drowned in noise. ``avg``: S when
+    ``a`` and ``counts`` are a slice of the items (:func:`solve_items`)."""
+    if avg is None:
+        avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300)
     return (1.0 - alpha) * a + alpha * counts[:, None, None] * avg
 
 
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
                 ) -> np.ndarray:
-    """V (d x n) from the summed (possibly noisy) A and b."""
+    """V (d x n) from the summed (possibly noisy) A and b. Items are solved independently
+    (shrinkage, PSD projection, a d x d solve each), so slices of them run on the pool's
+    threads (:mod:`algorithms._pool`), each item computed as in one batch."""
     counts = count_estimate(a, cfg)
-    if cfg.gram_shrink > 0:
-        a = shrink_grams(a, counts, cfg.gram_shrink)
-    lam = item_ridge(gram_noise, cfg, counts)
-    g = psd_project(a) + np.asarray(lam)[..., None, None] * np.eye(cfg.d)
-    return np.linalg.solve(g, b[..., None])[..., 0].T
+    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300) if cfg.gram_shrink > 0 else None
+    lam = np.broadcast_to(np.asarray(item_ridge(gram_noise, cfg, counts), dtype=float),
+                          counts.shape)
+
+    def part(sl: slice) -> np.ndarray:
+        a_part = a[sl]
+        if avg is not None:
+            a_part = shrink_grams(a_part, counts[sl], cfg.gram_shrink, avg)
+        g = psd_project(a_part) + lam[sl, None, None] * np.eye(cfg.d)
+        return np.linalg.solve(g, b[sl][..., None])[..., 0]
+
+    n = a.shape[0]
+    bounds = np.linspace(0, n, max(1, min(width(), n // 512 + 1)) + 1).astype(int)
+    parts = map_tasks(part, [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:],
+                                                              strict=True)])
+    return np.concatenate(parts, axis=0).T
 
 
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSConfig,
