@@ -127,3 +127,69 @@ def test_dp_algorithms_on_two_threads_give_the_serial_numbers_and_charges(mod, p
         assert len(priv.ledger.rounds(0)) == 2  # two releases charged to tenant 0
     _assert_same_states(*runs)
     assert ledgers[0] == ledgers[1]
+
+
+@pytest.mark.parametrize("shape,count", [((5, 3706), 100), ((600, 5, 5), 30), ((7,), 3),
+                                         ((), 4)])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_sum_arrays_gives_np_sum_to_the_bit(shape, count, workers):
+    rng = np.random.default_rng(len(shape) + count)
+    arrays = [rng.normal(size=shape) * 10.0 ** rng.uniform(-8, 8) for _ in range(count)]
+    got = _pool.sum_arrays(arrays, workers=workers)
+    assert got.shape == shape
+    np.testing.assert_array_equal(got, np.sum(arrays, axis=0))
+    assert not any(np.shares_memory(got, a) for a in arrays)
+
+
+def test_copy_parts_fill_an_equal_array_in_any_order():
+    a = np.random.default_rng(1).normal(size=(100, 600, 11))  # over COPY_CHUNK_BYTES
+    out, fill = _pool.copy_parts(a, 8)
+    assert len(fill) == 8
+    for task in reversed(fill):
+        task()
+    np.testing.assert_array_equal(out, a)
+    out, fill = _pool.copy_parts(a[:2, :3], 8)  # small: one piece
+    assert len(fill) == 1
+
+
+def test_fedmc_admm_server_step_is_its_two_parts_and_leaves_its_input_alone():
+    """What the engine runs (server_prepare's tasks beside the clients, then server_apply)
+    is the service's server_step, and neither changes the state it was given."""
+    fed = _federation()
+    cfg = F.FedMCADMMConfig(rank=3)
+    res = simulate(F.ALGORITHM, cfg, fed, rounds=2, per_round=5, seed=2, workers=1)
+    state = res.server_state
+    before = state.C.copy(), state.S.copy()
+    glob = res.global_msg
+    ups = {}
+    for i in (1, 4, 7):
+        ups[i] = F.client_step(glob, res.local_states[i], fed.train[i], cfg, None)[1]
+    direct = F.server_step(state, ups, cfg, np.random.default_rng(0))
+    fresh, fill = F.server_prepare(state, cfg)
+    assert not np.shares_memory(fresh.C, state.C)
+    _pool.run_all(fill, workers=2)
+    split = F.server_apply(fresh, ups, cfg, np.random.default_rng(0))
+    for a, b in zip(direct, split, strict=True):
+        for name, value in vars(a).items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(value, getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(state.C, before[0])
+    np.testing.assert_array_equal(state.S, before[1])
+    assert not np.array_equal(direct[0].C[4], before[0][4])  # the uploaders' rows changed
+    np.testing.assert_array_equal(direct[0].C[0], before[0][0])  # the others' did not
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dpals_item_solve_in_slices_gives_one_batch_numbers(workers):
+    rng = np.random.default_rng(3)
+    n, cfg = 1500, dpals.DPALSConfig()
+    x = rng.normal(size=(n, 30, cfg.d))
+    a = np.einsum("nki,nkj->nij", x, x) + rng.normal(size=(n, cfg.d, cfg.d))
+    b = rng.normal(size=(n, cfg.d))
+    counts = dpals.count_estimate(a, cfg)
+    shrunk = dpals.shrink_grams(a, counts, cfg.gram_shrink)
+    lam = dpals.item_ridge(0.5, cfg, counts)
+    g = dpals.psd_project(shrunk) + lam[:, None, None] * np.eye(cfg.d)
+    expected = np.linalg.solve(g, b[..., None])[..., 0].T
+    with _pool.using(workers):
+        np.testing.assert_array_equal(dpals.solve_items(a, b, 0.5, cfg), expected)
