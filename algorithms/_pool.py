@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -82,9 +83,11 @@ def map_tasks(fn: Callable[[Any], Any], items: Sequence[Any], workers: int | Non
     """``[fn(item) for item in items]``, on up to ``workers`` threads (None: :func:`width`).
 
     One worker, one item, or a call from inside a pool thread runs in the calling thread,
-    in order. Otherwise items are submitted in decreasing ``weights`` (their expected work)
-    and taken by whichever thread is free; results come back in the order of ``items``. The
-    first exception raised by ``fn`` (in the order of ``items``) is re-raised.
+    in order. Otherwise each of ``workers`` pool threads takes the next item in decreasing
+    ``weights`` (their expected work; stable) until none is left: one hand-off per thread
+    per call, not per item, and whichever thread is free takes the next item, so items of
+    different sizes balance. Results come back in the order of ``items``. Every item is
+    run; the first exception raised by ``fn`` (in the order of ``items``) is re-raised.
     """
     workers = width() if workers is None else int(workers)
     if workers < 1:
@@ -92,11 +95,28 @@ def map_tasks(fn: Callable[[Any], Any], items: Sequence[Any], workers: int | Non
     workers = min(workers, len(items))
     if workers <= 1 or in_pool():
         return [fn(item) for item in items]
-    order = range(len(items)) if weights is None else sorted(
+    order = list(range(len(items))) if weights is None else sorted(
         range(len(items)), key=lambda t: -weights[t])
+    results: list[Any] = [None] * len(items)
+    errors: dict[int, BaseException] = {}
+    taken = itertools.count()  # next() on it is atomic: each position is taken once
+
+    def drain() -> None:
+        for position in taken:
+            if position >= len(order):
+                return
+            t = order[position]
+            try:
+                results[t] = _marked(fn, items[t])
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+                errors[t] = exc
+
     pool = _executor(workers)
-    futures = {t: pool.submit(_marked, fn, items[t]) for t in order}
-    return [futures[t].result() for t in range(len(items))]
+    for future in [pool.submit(drain) for _ in range(workers)]:
+        future.result()
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 COPY_CHUNK_BYTES = 1 << 22
