@@ -32,6 +32,34 @@ def _x_row(x, u, t, r, clip, c):
     x[r] = c
 
 
+def _solve_into(out, a, b, n):
+    """x with a[:n, :n] x = b[:n] into ``out`` by Gaussian elimination with partial
+    pivoting (LAPACK's gesv, as numpy's solve; the system is small and in cache, so this
+    avoids a library call per user). ``a`` and ``b`` are overwritten. Raises on a
+    singular matrix, as numpy does."""
+    for k in range(n):
+        p = k
+        for i in range(k + 1, n):
+            if abs(a[i, k]) > abs(a[p, k]):
+                p = i
+        if a[p, k] == 0.0:
+            raise np.linalg.LinAlgError("Singular matrix")
+        if p != k:
+            for j in range(n):
+                a[k, j], a[p, j] = a[p, j], a[k, j]
+            b[k], b[p] = b[p], b[k]
+        for i in range(k + 1, n):
+            f = a[i, k] / a[k, k]
+            for j in range(k + 1, n):
+                a[i, j] -= f * a[k, j]
+            b[i] -= f * b[k]
+    for k in range(n - 1, -1, -1):
+        x = b[k]
+        for j in range(k + 1, n):
+            x -= a[k, j] * out[j]
+        out[k] = x / a[k, k]
+
+
 def _solve_users_loops(rows, cols, vals, v, n_users, r, user_bias, mu, c, lam_u,
                        lam_u_count):
     """Every user's ridge solution [u_u, b_u] against V (r+1 x n): per rating
@@ -58,9 +86,7 @@ def _solve_users_loops(rows, cols, vals, v, n_users, r, user_bias, mu, c, lam_u,
         lam = lam_u + lam_u_count * count[t]
         for a in range(q):
             gram[t, a, a] += lam
-        sol = np.linalg.solve(gram[t], rhs[t])
-        for a in range(q):
-            out[t, a] = sol[a]
+        _solve_into(out[t], gram[t], rhs[t], q)
     return out
 
 
@@ -185,6 +211,7 @@ def _item_sums_loops(rows, cols, vals, keep, u, counts, n_users, n_items, r, use
 if HAVE_NUMBA:
     _inline = numba.njit(inline="always")
     _x_row = _inline(_x_row)
+    _solve_into = _inline(_solve_into)
     _by_user = _inline(_by_user)
     _kernel = numba.njit(cache=True, nogil=True)
     _solve_users_jit = _kernel(_solve_users_loops)
