@@ -413,25 +413,46 @@ def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float,
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
                 ) -> np.ndarray:
     """V (d x n) from the summed (possibly noisy) A and b. Items are solved independently
-    (shrinkage, PSD projection, a d x d solve each), so slices of them run on the pool's
-    threads (:mod:`algorithms._pool`), each item computed as in one batch."""
+    (shrinkage, PSD projection, a d x d solve each): in slices of items on the pool's
+    threads (:mod:`algorithms._pool`), by the fused ``nogil`` kernel when numba is
+    installed (:func:`algorithms._user_kernels.solve_items_into`), else by
+    :func:`solve_items_numpy` (each item as in one batch)."""
     counts = count_estimate(a, cfg)
     avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300) if cfg.gram_shrink > 0 else None
     lam = np.broadcast_to(np.asarray(item_ridge(gram_noise, cfg, counts), dtype=float),
                           counts.shape)
-
-    def part(sl: slice) -> np.ndarray:
-        a_part = a[sl]
-        if avg is not None:
-            a_part = shrink_grams(a_part, counts[sl], cfg.gram_shrink, avg)
-        g = psd_project(a_part) + lam[sl, None, None] * np.eye(cfg.d)
-        return np.linalg.solve(g, b[sl][..., None])[..., 0]
-
     n = a.shape[0]
+    out = np.empty((n, cfg.d))
+
+    def part(sl: slice) -> None:
+        if UK.HAVE_NUMBA:
+            UK.solve_items_into(out, sl.start, sl.stop, a, b, counts, avg, cfg.gram_shrink,
+                                lam)
+        else:
+            out[sl] = _solve_items_numpy(a[sl], b[sl], counts[sl], avg, lam[sl], cfg)
+
     bounds = np.linspace(0, n, max(1, min(width(), n // 512 + 1)) + 1).astype(int)
-    parts = map_tasks(part, [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:],
-                                                              strict=True)])
-    return np.concatenate(parts, axis=0).T
+    map_tasks(part, [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
+    return out.T
+
+
+def _solve_items_numpy(a: np.ndarray, b: np.ndarray, counts: np.ndarray,
+                       avg: np.ndarray | None, lam: np.ndarray, cfg: DPALSConfig
+                       ) -> np.ndarray:
+    if avg is not None:
+        a = shrink_grams(a, counts, cfg.gram_shrink, avg)
+    g = psd_project(a) + lam[:, None, None] * np.eye(cfg.d)
+    return np.linalg.solve(g, b[..., None])[..., 0]
+
+
+def solve_items_numpy(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
+                      ) -> np.ndarray:
+    """:func:`solve_items` in numpy, in one batch."""
+    counts = count_estimate(a, cfg)
+    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300) if cfg.gram_shrink > 0 else None
+    lam = np.broadcast_to(np.asarray(item_ridge(gram_noise, cfg, counts), dtype=float),
+                          counts.shape)
+    return _solve_items_numpy(a, b, counts, avg, lam, cfg).T
 
 
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSConfig,

@@ -179,17 +179,26 @@ def test_fedmc_admm_server_step_is_its_two_parts_and_leaves_its_input_alone():
     np.testing.assert_array_equal(direct[0].C[0], before[0][0])  # the others' did not
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_dpals_item_solve_in_slices_gives_one_batch_numbers(workers):
+def test_dpals_item_solve_in_slices_gives_the_same_numbers_on_one_or_two_threads():
+    """Each item is solved on its own: slices on two threads give one thread's numbers to
+    the bit, and both agree with numpy's batched eigh and solve (an independent
+    computation: LAPACK) to 1e-12."""
     rng = np.random.default_rng(3)
     n, cfg = 1500, dpals.DPALSConfig()
     x = rng.normal(size=(n, 30, cfg.d))
     a = np.einsum("nki,nkj->nij", x, x) + rng.normal(size=(n, cfg.d, cfg.d))
+    a[:20] = rng.normal(size=(20, cfg.d, cfg.d))  # indefinite: the projection acts
     b = rng.normal(size=(n, cfg.d))
     counts = dpals.count_estimate(a, cfg)
     shrunk = dpals.shrink_grams(a, counts, cfg.gram_shrink)
     lam = dpals.item_ridge(0.5, cfg, counts)
     g = dpals.psd_project(shrunk) + lam[:, None, None] * np.eye(cfg.d)
     expected = np.linalg.solve(g, b[..., None])[..., 0].T
-    with _pool.using(workers):
-        np.testing.assert_array_equal(dpals.solve_items(a, b, 0.5, cfg), expected)
+    got = []
+    for workers in (1, 2):
+        with _pool.using(workers):
+            got.append(dpals.solve_items(a, b, 0.5, cfg))
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_allclose(got[0], expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dpals.solve_items_numpy(a, b, 0.5, cfg), expected, rtol=0,
+                               atol=1e-14)
