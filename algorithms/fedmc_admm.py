@@ -71,7 +71,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _mf_kernels as K
 from algorithms._messages import Message
-from algorithms._pool import copy_parts, run_all, width
+from algorithms._pool import copy_parts, map_tasks, run_all, width
 from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
@@ -363,16 +363,28 @@ def server_prepare(state: ServerState, cfg: FedMCADMMConfig, parts: int = PREPAR
 def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
                  rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
     """The rest of :func:`server_step` on ``fresh`` (from :func:`server_prepare`, filled),
-    which it modifies: replace the uploaders' contributions and solve eq. (16)."""
+    which it modifies: replace the uploaders' contributions and solve eq. (16). Every item
+    is updated on its own, so slices of the items run on the pool's threads (the same
+    numbers)."""
     c, s = fresh.C, fresh.S
-    for i in sorted(uploads):
-        new = cfg.beta * uploads[i].W.T + uploads[i].Y.T
-        s += new
-        s -= c[i]
-        c[i] = new
+    order = sorted(uploads)
     p = c.shape[0]
+    v = np.empty_like(s)
+
+    def part(sl: slice) -> None:
+        s_part = s[sl]
+        for i in order:
+            new = cfg.beta * uploads[i].W.T[sl] + uploads[i].Y.T[sl]
+            s_part += new
+            s_part -= c[i, sl]
+            c[i, sl] = new
+        v[sl] = aggregate(s_part, p, cfg)
+
+    n = s.shape[0]
+    bounds = np.linspace(0, n, max(1, min(width(), n // 256 + 1)) + 1).astype(int)
+    map_tasks(part, [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
     # V is returned as the transpose of an item-major array: clients read it item-major
-    return ServerState(C=c, S=s), GlobalModel(V=aggregate(s, p, cfg).T, n_clients=p)
+    return ServerState(C=c, S=s), GlobalModel(V=v.T, n_clients=p)
 
 
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,

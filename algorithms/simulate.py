@@ -23,7 +23,13 @@ import numpy as np
 
 from algorithms import _pool
 from algorithms._messages import Message
-from algorithms._rng import SAMPLING, SERVER, client_init_rng, client_rng, derive_rng
+from algorithms._rng import (
+    SAMPLING,
+    SERVER,
+    client_init_rng,
+    deferred_client_rng,
+    derive_rng,
+)
 from algorithms.base import Algorithm, predict
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
@@ -128,7 +134,7 @@ def client_round(alg: Algorithm, cfg: Any, round_: int, seed: int, client: int,
                  privatizer: Privatizer | None = None) -> tuple[Message, Message | None]:
     """Client ``client``'s step in round ``round_``: new local state and what it sends."""
     local_state, up = alg.client_step(global_msg, local_state, block, cfg,
-                                      client_rng(seed, round_, client))
+                                      deferred_client_rng(seed, round_, client))
     if up is not None and privatizer is not None:
         up = privatizer(up, client, round_)
     return local_state, up

@@ -202,3 +202,18 @@ def test_dpals_item_solve_in_slices_gives_the_same_numbers_on_one_or_two_threads
     np.testing.assert_allclose(got[0], expected, rtol=0, atol=1e-12)
     np.testing.assert_allclose(dpals.solve_items_numpy(a, b, 0.5, cfg), expected, rtol=0,
                                atol=1e-14)
+
+
+def test_a_deferred_client_stream_draws_what_the_stream_draws_and_only_derives_on_use():
+    from algorithms._rng import Deferred, client_rng, deferred_client_rng
+
+    calls = []
+    lazy = Deferred(lambda: calls.append(1) or client_rng(3, 4, 5))
+    assert calls == []
+    np.testing.assert_array_equal(lazy.random(5), client_rng(3, 4, 5).random(5))
+    lazy.normal(size=2)
+    assert calls == [1]
+    np.testing.assert_array_equal(deferred_client_rng(3, 4, 5).integers(0, 9, 6),
+                                  client_rng(3, 4, 5).integers(0, 9, 6))
+    with pytest.raises(ValueError, match="non-negative"):
+        deferred_client_rng(3, -1, 5)
