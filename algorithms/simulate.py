@@ -328,10 +328,10 @@ class PerClient:
         """The server step; the second part only (``server_apply``) when :meth:`clients`
         prepared the first for this very state."""
         prepared, self._prepared = self._prepared, None
-        if prepared is not None and prepared[0] is server_state:
-            return self.alg.server_apply(prepared[1], received, self.cfg,
-                                         derive_rng(self.seed, k, SERVER))
         with _pool.using(self.workers):  # e.g. FedMC-ADMM's server state copied on them
+            if prepared is not None and prepared[0] is server_state:
+                return self.alg.server_apply(prepared[1], received, self.cfg,
+                                             derive_rng(self.seed, k, SERVER))
             return server_round(self.alg, self.cfg, k, self.seed, server_state, received)
 
     def record(self, state: RoundState, due: bool

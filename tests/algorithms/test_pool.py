@@ -217,3 +217,21 @@ def test_a_deferred_client_stream_draws_what_the_stream_draws_and_only_derives_o
                                   client_rng(3, 4, 5).integers(0, 9, 6))
     with pytest.raises(ValueError, match="non-negative"):
         deferred_client_rng(3, -1, 5)
+
+
+@pytest.mark.parametrize("workers,expected", [(1, 1), (2, 2)])
+def test_the_engine_keeps_the_server_step_on_its_workers(workers, expected, monkeypatch):
+    """``workers=1`` is the serial baseline: no part of the round, the server step's
+    slices included, may use the pool's threads."""
+    seen: set[int] = set()
+    real = _pool._marked
+
+    def marked(fn, item):
+        seen.add(threading.get_ident())
+        return real(fn, item)
+
+    monkeypatch.setattr(_pool, "_marked", marked)
+    fed = build_federation(generate_ratings(240, 1200, 3000, rank=3, seed=4), 12, 0)
+    simulate(F.ALGORITHM, F.FedMCADMMConfig(rank=3), fed, rounds=2, per_round=5, seed=2,
+             workers=workers)
+    assert len(seen) == (0 if expected == 1 else 2)
