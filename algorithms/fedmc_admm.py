@@ -345,7 +345,7 @@ def aggregate(s: np.ndarray, p: int, cfg: FedMCADMMConfig) -> np.ndarray:
     return s / (p * cfg.beta + cfg.gamma)
 
 
-PREPARE_PARTS = 8
+PREPARE_PARTS = 16
 """Slices of C the round engine copies alongside the client steps (:func:`server_prepare`):
 small enough to fill the gaps the tenants of different sizes leave on the threads."""
 
