@@ -22,6 +22,10 @@ An algorithm is a validated config class plus pure functions over frozen message
 ``objective(global_msg, local_state, block, cfg) -> float``
     This tenant's share of the training objective (for progress reports).
 
+Optionally ``server_prepare`` / ``server_apply``: the server step split in an
+upload-independent part and the rest, so that the round engine can run the first beside
+the client steps (see the fields of :class:`Algorithm`).
+
 States are :class:`Message` subclasses too, so the service persists them as bytes.
 No function mutates its arguments, and every random draw comes from the ``rng`` passed in.
 """
