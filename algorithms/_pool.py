@@ -16,6 +16,8 @@ Inside a pool thread the kernels must not start numba's own threads as well
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -81,9 +83,11 @@ def map_tasks(fn: Callable[[Any], Any], items: Sequence[Any], workers: int | Non
     """``[fn(item) for item in items]``, on up to ``workers`` threads (None: :func:`width`).
 
     One worker, one item, or a call from inside a pool thread runs in the calling thread,
-    in order. Otherwise items are submitted in decreasing ``weights`` (their expected work)
-    and taken by whichever thread is free; results come back in the order of ``items``. The
-    first exception raised by ``fn`` (in the order of ``items``) is re-raised.
+    in order. Otherwise each of ``workers`` pool threads takes the next item in decreasing
+    ``weights`` (their expected work; stable) until none is left: one hand-off per thread
+    per call, not per item, and whichever thread is free takes the next item, so items of
+    different sizes balance. Results come back in the order of ``items``. Every item is
+    run; the first exception raised by ``fn`` (in the order of ``items``) is re-raised.
     """
     workers = width() if workers is None else int(workers)
     if workers < 1:
@@ -91,15 +95,58 @@ def map_tasks(fn: Callable[[Any], Any], items: Sequence[Any], workers: int | Non
     workers = min(workers, len(items))
     if workers <= 1 or in_pool():
         return [fn(item) for item in items]
-    order = range(len(items)) if weights is None else sorted(
+    order = list(range(len(items))) if weights is None else sorted(
         range(len(items)), key=lambda t: -weights[t])
+    results: list[Any] = [None] * len(items)
+    errors: dict[int, BaseException] = {}
+    taken = itertools.count()  # next() on it is atomic: each position is taken once
+
+    def drain() -> None:
+        for position in taken:
+            if position >= len(order):
+                return
+            t = order[position]
+            try:
+                results[t] = _marked(fn, items[t])
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+                errors[t] = exc
+
     pool = _executor(workers)
-    futures = {t: pool.submit(_marked, fn, items[t]) for t in order}
-    return [futures[t].result() for t in range(len(items))]
+    for future in [pool.submit(drain) for _ in range(workers)]:
+        future.result()
+    if errors:
+        raise errors[min(errors)]
+    return results
 
 
 COPY_CHUNK_BYTES = 1 << 22
-"""Arrays smaller than this are copied in the calling thread."""
+"""Arrays smaller than this are copied in one piece."""
+
+
+def copy_parts(a: np.ndarray, parts: int) -> tuple[np.ndarray, list[Callable[[], None]]]:
+    """A fresh C-contiguous array of ``a``'s shape and the tasks that fill it with ``a``:
+    ``parts`` slices of its leading axis (one piece for a small array), each a
+    zero-argument callable, independent of the others (any order, any thread; numpy
+    releases the GIL while it copies)."""
+    out = np.empty(a.shape, dtype=a.dtype)
+    if a.nbytes < COPY_CHUNK_BYTES or a.ndim == 0 or a.shape[0] < 2:
+        parts = 1
+    bounds = np.linspace(0, a.shape[0] if a.ndim else 1,
+                         max(1, min(parts, a.shape[0] if a.ndim else 1)) + 1).astype(int)
+    if len(bounds) == 2:
+        return out, [functools.partial(np.copyto, out, a)]
+    return out, [functools.partial(np.copyto, out[lo:hi], a[lo:hi])
+                 for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+
+
+def run_all(tasks: Sequence[Callable[[], Any]], workers: int | None = None,
+            weights: Sequence[float] | None = None) -> list[Any]:
+    """Every zero-argument task, on up to ``workers`` threads (:func:`map_tasks`)."""
+    return map_tasks(_call, tasks, workers, weights)
+
+
+def _call(task: Callable[[], Any]) -> Any:
+    return task()
 
 
 def copy(a: np.ndarray, workers: int | None = None) -> np.ndarray:
@@ -111,15 +158,31 @@ def copy(a: np.ndarray, workers: int | None = None) -> np.ndarray:
     and writes) costs more than the arithmetic of a server step; numpy releases the GIL
     while it copies, so the threads fill their parts at once.
     """
-    out = np.empty(a.shape, dtype=a.dtype)
-    if a.nbytes < COPY_CHUNK_BYTES or a.ndim == 0 or a.shape[0] < 2:
-        out[...] = a
-        return out
     workers = width() if workers is None else workers
-    bounds = np.linspace(0, a.shape[0], max(1, min(workers, a.shape[0])) + 1).astype(int)
+    out, fill = copy_parts(a, workers)
+    run_all(fill, workers)
+    return out
+
+
+def sum_arrays(arrays: Sequence[np.ndarray], workers: int | None = None) -> np.ndarray:
+    """``arrays[0] + arrays[1] + ...``, added in that order: the same numbers as
+    ``np.sum(arrays, axis=0)`` without stacking them into one new array first. Large sums
+    are split into slices of the flat index range, one per thread (up to ``workers``,
+    None: :func:`width`), each element still summed in the same order."""
+    if not arrays:
+        raise ValueError("nothing to sum")
+    flats = [np.ravel(a) for a in arrays]
+    out = np.array(arrays[0], dtype=np.result_type(*arrays), order="C", copy=True)
+    flat = out.reshape(-1)
+    workers = width() if workers is None else workers
+    parts = 1 if out.nbytes * len(arrays) < COPY_CHUNK_BYTES else max(1, workers)
+    bounds = np.linspace(0, flat.size, min(parts, max(flat.size, 1)) + 1).astype(int)
 
     def part(t: int) -> None:
-        np.copyto(out[bounds[t]:bounds[t + 1]], a[bounds[t]:bounds[t + 1]])
+        lo, hi = bounds[t], bounds[t + 1]
+        view = flat[lo:hi]
+        for a in flats[1:]:
+            np.add(view, a[lo:hi], out=view)
 
     map_tasks(part, range(len(bounds) - 1), workers)
     return out

@@ -48,7 +48,9 @@ from collections.abc import Mapping
 import numpy as np
 from pydantic import Field, model_validator
 
+from algorithms import _user_kernels as UK
 from algorithms._messages import Message
+from algorithms._pool import sum_arrays
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import LocalState, cap_per_user, solve_users, user_vectors
@@ -181,7 +183,21 @@ def user_terms(u: np.ndarray, v: np.ndarray, keep: np.ndarray, block: RatingBloc
 
 def clipped_sums(u: np.ndarray, v: np.ndarray, keep: np.ndarray, block: RatingBlock,
                  cfg: UserGradConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(G (d x n), H (n)): per item, the sums of the users' clipped terms over ``keep``."""
+    """(G (d x n), H (n)): per item, the sums of the users' clipped terms over ``keep``:
+    the fused ``nogil`` kernel when numba is installed, else :func:`clipped_sums_numpy`
+    (the same numbers to ~1e-13)."""
+    if UK.HAVE_NUMBA:
+        return UK.clipped_sums(block.rows, block.cols, block.vals, keep, u, v,
+                               block.n_users, block.n_items, cfg.rank, cfg.user_bias, cfg.mu,
+                               cfg.bias_coordinate, cfg.residual_clip, cfg.curvature_weight,
+                               cfg.user_factor_clip, cfg.clip_norm)
+    return clipped_sums_numpy(u, v, keep, block, cfg)
+
+
+def clipped_sums_numpy(u: np.ndarray, v: np.ndarray, keep: np.ndarray, block: RatingBlock,
+                       cfg: UserGradConfig) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`clipped_sums` in numpy (:func:`user_terms`, then
+    :func:`algorithms.user_bounds.clipped_item_sums`)."""
     rows, cols, g, h = user_terms(u, v, keep, block, cfg)
     (gs, hs), _ = clipped_item_sums(rows, cols, [g, h], block.n_users, block.n_items,
                                     cfg.clip_norm)
@@ -208,8 +224,8 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
 def summed(uploads: Mapping[int, Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
     """(G, H, sigma_G, sigma_H) of the uploads' sum (noise stds add in quadrature)."""
     ups = [uploads[i] for i in sorted(uploads)]
-    g = np.sum([u.G for u in ups], axis=0)
-    h = np.sum([u.H for u in ups], axis=0)
+    g = sum_arrays([u.G for u in ups])  # np.sum(..., axis=0)'s numbers, on every core
+    h = sum_arrays([u.H for u in ups])
     sg = float(np.sqrt(sum(u.grad_noise ** 2 for u in ups)))
     sh = float(np.sqrt(sum(u.curv_noise ** 2 for u in ups)))
     return g, h, sg, sh

@@ -22,6 +22,10 @@ An algorithm is a validated config class plus pure functions over frozen message
 ``objective(global_msg, local_state, block, cfg) -> float``
     This tenant's share of the training objective (for progress reports).
 
+Optionally ``server_prepare`` / ``server_apply``: the server step split in an
+upload-independent part and the rest, so that the round engine can run the first beside
+the client steps (see the fields of :class:`Algorithm`).
+
 States are :class:`Message` subclasses too, so the service persists them as bytes.
 No function mutates its arguments, and every random draw comes from the ``rng`` passed in.
 """
@@ -99,6 +103,17 @@ class Algorithm:
     #: prediction is ``offset + spread * sigmoid(A @ B)`` of ``factors`` (ranking by
     #: ``A @ B`` is then the same ranking); None: the prediction is ``A @ B`` itself
     serving_link: Callable[[Message, Message], tuple[float, float] | None] | None = None
+    #: the server step in two parts, so that the round engine can run the first alongside
+    #: the client steps: ``server_prepare(server_state, cfg) -> (fresh, tasks)`` does what
+    #: does not depend on the uploads (e.g. FedMC-ADMM's fresh copy of its per-tenant
+    #: contributions); ``fresh`` is complete once every zero-argument callable in ``tasks``
+    #: has run (in any order, on any thread). ``server_apply(fresh, uploads, cfg, rng)``
+    #: finishes the step on it and may modify ``fresh`` (nothing else). ``server_step``
+    #: must be exactly their composition. None (both): the engine calls ``server_step``.
+    server_prepare: Callable[[Message, Any], tuple[Message, list[Callable[[], Any]]]] | None \
+        = None
+    server_apply: Callable[[Message, Mapping[int, Message], Any, np.random.Generator],
+                           tuple[Message, Message]] | None = None
 
 
 def predict(alg: Algorithm, global_msg: Message, local_state: Message,

@@ -56,7 +56,9 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
+from algorithms import _user_kernels as UK
 from algorithms._messages import Message
+from algorithms._pool import map_tasks, sum_arrays, width
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
@@ -262,7 +264,18 @@ def _outer_flat(x: np.ndarray) -> np.ndarray:
 
 
 def solve_users(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarray:
-    """Every user's exact ridge solution ``[u_u, b_u]`` (m x r+1) against V, batched.
+    """Every user's exact ridge solution ``[u_u, b_u]`` (m x r+1) against V: the fused
+    ``nogil`` kernel (:mod:`algorithms._user_kernels`) when numba is installed, else
+    :func:`solve_users_numpy` (the same numbers to ~1e-13)."""
+    if UK.HAVE_NUMBA:
+        return UK.solve_users(block.rows, block.cols, block.vals, v, block.n_users, cfg.rank,
+                              cfg.user_bias, cfg.mu, cfg.bias_coordinate, cfg.lam_u,
+                              cfg.lam_u_count)
+    return solve_users_numpy(v, block, cfg)
+
+
+def solve_users_numpy(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarray:
+    """:func:`solve_users` in numpy and scipy, batched.
 
     Gram matrices are one sparse product ``S @ outer(Y)`` (S the 0/1 pattern, Y the item
     designs), then one batched ``np.linalg.solve``; no Python loop over users or ratings.
@@ -310,7 +323,20 @@ def rating_weights(rows: np.ndarray, cols: np.ndarray, n_users: int, counts: np.
 
 def item_sums(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig,
               counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings."""
+    """(A, b): per item, the weighted sums of x x^T and s x over the kept ratings; the fused
+    ``nogil`` kernel when numba is installed, else :func:`item_sums_numpy`."""
+    if UK.HAVE_NUMBA:
+        return UK.item_sums(block.rows, block.cols, block.vals, keep, u,
+                            np.zeros(block.n_items) if counts is None else counts,
+                            block.n_users, block.n_items, cfg.rank, cfg.user_bias, cfg.mu,
+                            cfg.bias_coordinate, cfg.user_factor_clip, cfg.r_clip,
+                            cfg.max_ratings_per_user, cfg.rare_item_power, cfg.max_weight)
+    return item_sums_numpy(u, keep, block, cfg, counts)
+
+
+def item_sums_numpy(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DPALSConfig,
+                    counts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`item_sums` in numpy and scipy."""
     x = user_vectors(u, cfg)
     rows, cols = block.rows[keep], block.cols[keep]
     s = np.clip(block.vals[keep] - cfg.mu - (u[rows, cfg.rank] if cfg.user_bias else 0.0),
@@ -373,23 +399,60 @@ def count_estimate(a: np.ndarray, cfg: DPALSConfig) -> np.ndarray:
     return np.maximum(tr * per_trace, 0.0)
 
 
-def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float) -> np.ndarray:
+def shrink_grams(a: np.ndarray, counts: np.ndarray, alpha: float,
+                 avg: np.ndarray | None = None) -> np.ndarray:
     """``(1 - alpha) A_j + alpha count_j S`` with ``S = sum_j A_j / sum_j count_j`` the
     average ``x x^T`` over all ratings: a prior shared by the items, whose noise averages
-    out over the items, for the per-item Gram matrices drowned in noise."""
-    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300)
+    out over the items, for the per-item Gram matrices drowned in noise. ``avg``: S when
+    ``a`` and ``counts`` are a slice of the items (:func:`solve_items`)."""
+    if avg is None:
+        avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300)
     return (1.0 - alpha) * a + alpha * counts[:, None, None] * avg
 
 
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
                 ) -> np.ndarray:
-    """V (d x n) from the summed (possibly noisy) A and b."""
+    """V (d x n) from the summed (possibly noisy) A and b. Items are solved independently
+    (shrinkage, PSD projection, a d x d solve each): in slices of items on the pool's
+    threads (:mod:`algorithms._pool`), by the fused ``nogil`` kernel when numba is
+    installed (:func:`algorithms._user_kernels.solve_items_into`), else by
+    :func:`solve_items_numpy` (each item as in one batch)."""
     counts = count_estimate(a, cfg)
-    if cfg.gram_shrink > 0:
-        a = shrink_grams(a, counts, cfg.gram_shrink)
-    lam = item_ridge(gram_noise, cfg, counts)
-    g = psd_project(a) + np.asarray(lam)[..., None, None] * np.eye(cfg.d)
-    return np.linalg.solve(g, b[..., None])[..., 0].T
+    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300) if cfg.gram_shrink > 0 else None
+    lam = np.broadcast_to(np.asarray(item_ridge(gram_noise, cfg, counts), dtype=float),
+                          counts.shape)
+    n = a.shape[0]
+    out = np.empty((n, cfg.d))
+
+    def part(sl: slice) -> None:
+        if UK.HAVE_NUMBA:
+            UK.solve_items_into(out, sl.start, sl.stop, a, b, counts, avg, cfg.gram_shrink,
+                                lam)
+        else:
+            out[sl] = _solve_items_numpy(a[sl], b[sl], counts[sl], avg, lam[sl], cfg)
+
+    bounds = np.linspace(0, n, max(1, min(width(), n // 512 + 1)) + 1).astype(int)
+    map_tasks(part, [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
+    return out.T
+
+
+def _solve_items_numpy(a: np.ndarray, b: np.ndarray, counts: np.ndarray,
+                       avg: np.ndarray | None, lam: np.ndarray, cfg: DPALSConfig
+                       ) -> np.ndarray:
+    if avg is not None:
+        a = shrink_grams(a, counts, cfg.gram_shrink, avg)
+    g = psd_project(a) + lam[:, None, None] * np.eye(cfg.d)
+    return np.linalg.solve(g, b[..., None])[..., 0]
+
+
+def solve_items_numpy(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfig
+                      ) -> np.ndarray:
+    """:func:`solve_items` in numpy, in one batch."""
+    counts = count_estimate(a, cfg)
+    avg = a.sum(axis=0) / max(float(counts.sum()), 1e-300) if cfg.gram_shrink > 0 else None
+    lam = np.broadcast_to(np.asarray(item_ridge(gram_noise, cfg, counts), dtype=float),
+                          counts.shape)
+    return _solve_items_numpy(a, b, counts, avg, lam, cfg).T
 
 
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSConfig,
@@ -399,8 +462,8 @@ def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSCon
         return state, GlobalModel(V=state.V.copy(), sweep=state.sweep,
                                   counts=state.counts.copy())
     ups = [uploads[i] for i in sorted(uploads)]
-    a = np.sum([u.A for u in ups], axis=0)
-    b = np.sum([u.b for u in ups], axis=0)
+    a = sum_arrays([u.A for u in ups])  # np.sum(..., axis=0)'s numbers, on every core
+    b = sum_arrays([u.b for u in ups])
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
     v, counts = solve_items(a, b, sigma, cfg), count_estimate(a, cfg)
     return (ServerState(V=v, sweep=state.sweep + 1, counts=counts),

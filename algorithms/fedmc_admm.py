@@ -71,7 +71,7 @@ from pydantic import Field, model_validator
 
 from algorithms import _mf_kernels as K
 from algorithms._messages import Message
-from algorithms._pool import copy
+from algorithms._pool import copy_parts, map_tasks, run_all, width
 from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
@@ -345,18 +345,55 @@ def aggregate(s: np.ndarray, p: int, cfg: FedMCADMMConfig) -> np.ndarray:
     return s / (p * cfg.beta + cfg.gamma)
 
 
+PREPARE_PARTS = 16
+"""Slices of C the round engine copies alongside the client steps (:func:`server_prepare`):
+small enough to fill the gaps the tenants of different sizes leave on the threads."""
+
+
+def server_prepare(state: ServerState, cfg: FedMCADMMConfig, parts: int = PREPARE_PARTS
+                   ) -> tuple[ServerState, list]:
+    """The part of :func:`server_step` that does not depend on the uploads: a fresh copy of
+    C and S (the 31 MiB of C on MovieLens 1M; filling new memory costs more than the step's
+    arithmetic), returned unfilled with the tasks that fill C (:func:`_pool.copy_parts`).
+    The round engine runs them on its threads alongside the client steps."""
+    c, fill = copy_parts(state.C, parts)
+    return ServerState(C=c, S=state.S.copy()), fill
+
+
+def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
+                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
+    """The rest of :func:`server_step` on ``fresh`` (from :func:`server_prepare`, filled),
+    which it modifies: replace the uploaders' contributions and solve eq. (16). Every item
+    is updated on its own, so slices of the items run on the pool's threads (the same
+    numbers)."""
+    c, s = fresh.C, fresh.S
+    order = sorted(uploads)
+    p = c.shape[0]
+    v = np.empty_like(s)
+
+    def part(sl: slice) -> None:
+        s_part = s[sl]
+        for i in order:
+            new = cfg.beta * uploads[i].W.T[sl] + uploads[i].Y.T[sl]
+            s_part += new
+            s_part -= c[i, sl]
+            c[i, sl] = new
+        v[sl] = aggregate(s_part, p, cfg)
+
+    n = s.shape[0]
+    bounds = np.linspace(0, n, max(1, min(width(), n // 256 + 1)) + 1).astype(int)
+    map_tasks(part, [slice(lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)])
+    # V is returned as the transpose of an item-major array: clients read it item-major
+    return ServerState(C=c, S=s), GlobalModel(V=v.T, n_clients=p)
+
+
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
-    """Replace the uploaders' contributions (others keep theirs) and solve eq. (16)."""
-    c, s = copy(state.C), state.S.copy()  # the 31 MiB of C filled on every core
-    for i in sorted(uploads):
-        new = cfg.beta * uploads[i].W.T + uploads[i].Y.T
-        s += new
-        s -= c[i]
-        c[i] = new
-    p = c.shape[0]
-    # V is returned as the transpose of an item-major array: clients read it item-major
-    return ServerState(C=c, S=s), GlobalModel(V=aggregate(s, p, cfg).T, n_clients=p)
+    """Replace the uploaders' contributions (others keep theirs) and solve eq. (16):
+    :func:`server_prepare` (C filled on every core), then :func:`server_apply`."""
+    fresh, fill = server_prepare(state, cfg, width())
+    run_all(fill)
+    return server_apply(fresh, uploads, cfg, rng)
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:
@@ -400,6 +437,7 @@ ALGORITHM = Algorithm(
     name="fedmc-admm", config=FedMCADMMConfig, init_server=init_server,
     init_client=init_client, client_step=client_step, server_step=server_step,
     factors=factors, objective=objective,
+    server_prepare=server_prepare, server_apply=server_apply,
     # every tenant every round: the weighted-lambda defaults converge in about 60 rounds so
     # (BENCHMARKS.md, "Defaults on any rating scale"); 10 a round needed several hundred
     run_defaults={"clients": 100, "per_round": 100, "rounds": 100})

@@ -12,6 +12,7 @@ service job and a seeded simulation give the same numbers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,13 @@ import numpy as np
 
 from algorithms import _pool
 from algorithms._messages import Message
-from algorithms._rng import SAMPLING, SERVER, client_init_rng, client_rng, derive_rng
+from algorithms._rng import (
+    SAMPLING,
+    SERVER,
+    client_init_rng,
+    deferred_client_rng,
+    derive_rng,
+)
 from algorithms.base import Algorithm, predict
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
@@ -127,7 +134,7 @@ def client_round(alg: Algorithm, cfg: Any, round_: int, seed: int, client: int,
                  privatizer: Privatizer | None = None) -> tuple[Message, Message | None]:
     """Client ``client``'s step in round ``round_``: new local state and what it sends."""
     local_state, up = alg.client_step(global_msg, local_state, block, cfg,
-                                      client_rng(seed, round_, client))
+                                      deferred_client_rng(seed, round_, client))
     if up is not None and privatizer is not None:
         up = privatizer(up, client, round_)
     return local_state, up
@@ -278,6 +285,7 @@ class PerClient:
         self.alg, self.cfg, self.seed, self.per_round = alg, cfg, int(seed), per_round
         self.train, self.test, self.scale, self.privatizer = train, test, scale, privatizer
         self.workers = workers
+        self._prepared: tuple[Message, Message] | None = None
 
     def select(self, k: int, state: RoundState) -> np.ndarray:
         return select_clients(self.alg, state.global_msg, len(self.train), self.per_round,
@@ -286,7 +294,9 @@ class PerClient:
     def clients(self, k: int, state: RoundState, selected: np.ndarray
                 ) -> tuple[list[Message], dict[int, Message]]:
         """The selected clients' steps, on ``workers`` threads (each computed as serially),
-        then each upload through the privatizer in the order of ``selected``."""
+        then each upload through the privatizer in the order of ``selected``. An algorithm
+        with a two-part server step (``server_prepare``) has its first part's tasks run on
+        the same threads, after the client steps (largest first): they fill the gaps."""
         locals_ = list(state.local_states)
         ids = [int(c) for c in selected]
 
@@ -294,8 +304,16 @@ class PerClient:
             return client_round(self.alg, self.cfg, k, self.seed, i, state.global_msg,
                                 locals_[i], self.train[i])
 
+        tasks: list[Callable[[], Any]] = [functools.partial(run, i) for i in ids]
+        weights = [float(self.train[i].nnz) for i in ids]
+        self._prepared = None
+        if self.alg.server_prepare is not None and self.alg.server_apply is not None:
+            fresh, fill = self.alg.server_prepare(state.server_state, self.cfg)
+            self._prepared = (state.server_state, fresh)
+            tasks += fill
+            weights += [0.0] * len(fill)  # a stable sort keeps them last, in their order
         with _pool.using(self.workers):
-            stepped = _pool.map_tasks(run, ids, weights=[self.train[i].nnz for i in ids])
+            stepped = _pool.run_all(tasks, weights=weights)[:len(ids)]
         uploads: dict[int, Message] = {}
         for i, (local, up) in zip(ids, stepped, strict=True):
             locals_[i] = local
@@ -307,7 +325,13 @@ class PerClient:
 
     def server(self, k: int, server_state: Message, received: Mapping[int, Message]
                ) -> tuple[Message, Message]:
+        """The server step; the second part only (``server_apply``) when :meth:`clients`
+        prepared the first for this very state."""
+        prepared, self._prepared = self._prepared, None
         with _pool.using(self.workers):  # e.g. FedMC-ADMM's server state copied on them
+            if prepared is not None and prepared[0] is server_state:
+                return self.alg.server_apply(prepared[1], received, self.cfg,
+                                             derive_rng(self.seed, k, SERVER))
             return server_round(self.alg, self.cfg, k, self.seed, server_state, received)
 
     def record(self, state: RoundState, due: bool

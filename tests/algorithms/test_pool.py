@@ -127,3 +127,111 @@ def test_dp_algorithms_on_two_threads_give_the_serial_numbers_and_charges(mod, p
         assert len(priv.ledger.rounds(0)) == 2  # two releases charged to tenant 0
     _assert_same_states(*runs)
     assert ledgers[0] == ledgers[1]
+
+
+@pytest.mark.parametrize("shape,count", [((5, 3706), 100), ((600, 5, 5), 30), ((7,), 3),
+                                         ((), 4)])
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_sum_arrays_gives_np_sum_to_the_bit(shape, count, workers):
+    rng = np.random.default_rng(len(shape) + count)
+    arrays = [rng.normal(size=shape) * 10.0 ** rng.uniform(-8, 8) for _ in range(count)]
+    got = _pool.sum_arrays(arrays, workers=workers)
+    assert got.shape == shape
+    np.testing.assert_array_equal(got, np.sum(arrays, axis=0))
+    assert not any(np.shares_memory(got, a) for a in arrays)
+
+
+def test_copy_parts_fill_an_equal_array_in_any_order():
+    a = np.random.default_rng(1).normal(size=(100, 600, 11))  # over COPY_CHUNK_BYTES
+    out, fill = _pool.copy_parts(a, 8)
+    assert len(fill) == 8
+    for task in reversed(fill):
+        task()
+    np.testing.assert_array_equal(out, a)
+    out, fill = _pool.copy_parts(a[:2, :3], 8)  # small: one piece
+    assert len(fill) == 1
+
+
+def test_fedmc_admm_server_step_is_its_two_parts_and_leaves_its_input_alone():
+    """What the engine runs (server_prepare's tasks beside the clients, then server_apply)
+    is the service's server_step, and neither changes the state it was given."""
+    fed = _federation()
+    cfg = F.FedMCADMMConfig(rank=3)
+    res = simulate(F.ALGORITHM, cfg, fed, rounds=2, per_round=5, seed=2, workers=1)
+    state = res.server_state
+    before = state.C.copy(), state.S.copy()
+    glob = res.global_msg
+    ups = {}
+    for i in (1, 4, 7):
+        ups[i] = F.client_step(glob, res.local_states[i], fed.train[i], cfg, None)[1]
+    direct = F.server_step(state, ups, cfg, np.random.default_rng(0))
+    fresh, fill = F.server_prepare(state, cfg)
+    assert not np.shares_memory(fresh.C, state.C)
+    _pool.run_all(fill, workers=2)
+    split = F.server_apply(fresh, ups, cfg, np.random.default_rng(0))
+    for a, b in zip(direct, split, strict=True):
+        for name, value in vars(a).items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(value, getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(state.C, before[0])
+    np.testing.assert_array_equal(state.S, before[1])
+    assert not np.array_equal(direct[0].C[4], before[0][4])  # the uploaders' rows changed
+    np.testing.assert_array_equal(direct[0].C[0], before[0][0])  # the others' did not
+
+
+def test_dpals_item_solve_in_slices_gives_the_same_numbers_on_one_or_two_threads():
+    """Each item is solved on its own: slices on two threads give one thread's numbers to
+    the bit, and both agree with numpy's batched eigh and solve (an independent
+    computation: LAPACK) to 1e-12."""
+    rng = np.random.default_rng(3)
+    n, cfg = 1500, dpals.DPALSConfig()
+    x = rng.normal(size=(n, 30, cfg.d))
+    a = np.einsum("nki,nkj->nij", x, x) + rng.normal(size=(n, cfg.d, cfg.d))
+    a[:20] = rng.normal(size=(20, cfg.d, cfg.d))  # indefinite: the projection acts
+    b = rng.normal(size=(n, cfg.d))
+    counts = dpals.count_estimate(a, cfg)
+    shrunk = dpals.shrink_grams(a, counts, cfg.gram_shrink)
+    lam = dpals.item_ridge(0.5, cfg, counts)
+    g = dpals.psd_project(shrunk) + lam[:, None, None] * np.eye(cfg.d)
+    expected = np.linalg.solve(g, b[..., None])[..., 0].T
+    got = []
+    for workers in (1, 2):
+        with _pool.using(workers):
+            got.append(dpals.solve_items(a, b, 0.5, cfg))
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_allclose(got[0], expected, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(dpals.solve_items_numpy(a, b, 0.5, cfg), expected, rtol=0,
+                               atol=1e-14)
+
+
+def test_a_deferred_client_stream_draws_what_the_stream_draws_and_only_derives_on_use():
+    from algorithms._rng import Deferred, client_rng, deferred_client_rng
+
+    calls = []
+    lazy = Deferred(lambda: calls.append(1) or client_rng(3, 4, 5))
+    assert calls == []
+    np.testing.assert_array_equal(lazy.random(5), client_rng(3, 4, 5).random(5))
+    lazy.normal(size=2)
+    assert calls == [1]
+    np.testing.assert_array_equal(deferred_client_rng(3, 4, 5).integers(0, 9, 6),
+                                  client_rng(3, 4, 5).integers(0, 9, 6))
+    with pytest.raises(ValueError, match="non-negative"):
+        deferred_client_rng(3, -1, 5)
+
+
+@pytest.mark.parametrize("workers,expected", [(1, 1), (2, 2)])
+def test_the_engine_keeps_the_server_step_on_its_workers(workers, expected, monkeypatch):
+    """``workers=1`` is the serial baseline: no part of the round, the server step's
+    slices included, may use the pool's threads."""
+    seen: set[int] = set()
+    real = _pool._marked
+
+    def marked(fn, item):
+        seen.add(threading.get_ident())
+        return real(fn, item)
+
+    monkeypatch.setattr(_pool, "_marked", marked)
+    fed = build_federation(generate_ratings(240, 1200, 3000, rank=3, seed=4), 12, 0)
+    simulate(F.ALGORITHM, F.FedMCADMMConfig(rank=3), fed, rounds=2, per_round=5, seed=2,
+             workers=workers)
+    assert len(seen) == (0 if expected == 1 else 2)
