@@ -23,9 +23,10 @@ tenants of about 3,250 users. As in Table 1, each method factorises the whole da
 from component bit masks (:func:`algorithms.binary_metrics.boolean_quality`) since the
 users x items product has 10^10 entries. The result goes to ``felb_table1_paper.json``
 (``--shape``, ``--fraction``, ``--proximity`` and ``--start`` add a suffix: diagnostic
-variants). Felb and Felb-MU start from V_hat^0 uniform on [0, 1/sqrt(n)] (the default
-``start='scaled'`` of :class:`algorithms.felb.FelbConfig`, a deviation from Algorithm 1's
-[0, 1]); ``--start uniform`` runs the paper's start.
+variants). With ``--paper-size`` Felb and Felb-MU start from V_hat^0 uniform on
+[0, 1/sqrt(n)] (``start='scaled'`` of :class:`algorithms.felb.FelbConfig`, a deviation
+from Algorithm 1's [0, 1], which learns nothing at 59,047 items); ``--start uniform`` runs
+the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``.
 """
 
 from __future__ import annotations
@@ -212,9 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --paper-size: Felb's proximity weight gamma (default "
                          f"{felb.FelbConfig().proximity:g}; the paper gives no value)")
     ap.add_argument("--start", choices=["scaled", "uniform"], default=None,
-                    help="Felb's start V_hat^0 (default the config's, "
-                         f"'{felb.FelbConfig().start}': uniform on [0, 1/sqrt(n)]; "
-                         "'uniform': the paper's [0, 1]; result file suffix _<start>)")
+                    help="Felb's start V_hat^0: 'uniform' on [0, 1] (the paper's; default "
+                         "on ML-1M) or 'scaled' on [0, 1/sqrt(n)] (default with "
+                         "--paper-size); another than the default adds _<start> to the "
+                         "result file")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --paper-size: train the methods in this many processes")
     ap.set_defaults(seeds=None)
@@ -225,8 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data or ("ml-100k" if args.quick else "ml-1m")
     rounds = args.rounds or (5 if args.quick else 20)
     iters = args.baseline_iters or (30 if args.quick else 200)
-    runs = [run_seed(data, s, rounds, iters, args.clients, args.start) for s in range(seeds)]
-    what = data + ("" if args.start is None else f", {args.start} start")
+    start = args.start or "uniform"
+    runs = [run_seed(data, s, rounds, iters, args.clients, start) for s in range(seeds)]
+    suffix = "" if start == "uniform" else f"_{start}"
+    what = data + ("" if start == "uniform" else f", {start} start")
     comparisons = _comparisons(what, list(PAPER), runs, PAPER, NOTE,
                                "Table 3 gives RMSD on MovieLens 25M only")
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
@@ -234,11 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     E.write_result(args.out, "felb_table1", argv, args.quick, {**timing,
         "settings": {"data": data, "clients": args.clients, "rank": 20, "local_steps": 10,
                      "rounds": rounds, "baseline_iters": iters, "threshold": 3.5,
-                     "start": args.start or felb.FelbConfig().start},
-        "comparisons": comparisons, "runs": runs},
-        stem="felb_table1" + ("" if args.start is None else f"_{args.start}"))
-    plot(runs, args.out / ("felb_table1" + ("" if args.start is None else f"_{args.start}")
-                           + ".png"))
+                     "start": start},
+        "comparisons": comparisons, "runs": runs}, stem="felb_table1" + suffix)
+    plot(runs, args.out / f"felb_table1{suffix}.png")
     return 0
 
 
@@ -260,24 +262,25 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     rounds = args.rounds or (2 if args.quick else 20)
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
+    start = args.start or "scaled"
     runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape,
-                           args.proximity, args.jobs, args.start) for s in range(seeds)]
+                           args.proximity, args.jobs, start) for s in range(seeds)]
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
     variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
                + ("" if fraction == 1 else f"_x{fraction:g}")
                + ("" if args.proximity is None else f"_gamma{args.proximity:g}")
-               + ("" if args.start is None else f"_{args.start}"))
+               + ("" if start == "scaled" else f"_{start}"))
     what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
                                                        else "")
             + ("" if args.proximity is None else f", gamma {args.proximity:g}")
-            + ("" if args.start is None else f", {args.start} start"))
+            + ("" if start == "scaled" else f", {start} start"))
     paper_shape = args.shape == "ml-25m" and fraction == 1  # else a diagnostic: no figure
     note = {m: (PAPER_NOTE[m] if paper_shape else SHAPE_NOTE if args.shape == "ml-1m"
                 else f"diagnostic: {fraction:g} of the users, ratings and tenants")
             + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
                f"{felb.FelbConfig().proximity:g}")
-            + ("" if args.start is None else f"; start {args.start}") for m in methods}
+            + ("" if start == "scaled" else f"; start {start}") for m in methods}
     comparisons = _comparisons(what, methods, runs, PAPER if paper_shape else None, note,
                                "Table 3's MovieLens RMSD is on another scale")
     E.write_result(args.out, "felb_table1", argv, args.quick, {
@@ -287,7 +290,7 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
                      "proximity": (felb.FelbConfig().proximity if args.proximity is None
                                    else args.proximity), "threshold": 3.5,
-                     "start": args.start or felb.FelbConfig().start},
+                     "start": start},
         "comparisons": comparisons, "runs": runs},
         stem="felb_table1_paper" + variant)
     return 0

@@ -255,7 +255,8 @@ def test_scaled_start_is_the_uniform_start_shrunk_by_root_n():
     for n in (500, 20_000):
         _, uni = felb.init_server(n, 3, FelbConfig(rank=k, start="uniform"),
                                   np.random.default_rng(3))
-        _, sca = felb.init_server(n, 3, FelbConfig(rank=k), np.random.default_rng(3))
+        _, sca = felb.init_server(n, 3, FelbConfig(rank=k, start="scaled"),
+                                  np.random.default_rng(3))
         np.testing.assert_allclose(sca.v_hat, uni.v_hat / np.sqrt(n), rtol=1e-15)
         assert uni.v_hat.min() >= 0 and uni.v_hat.max() <= 1 and uni.v_hat.max() > 0.99
         norm = np.linalg.norm(sca.v_hat @ sca.v_hat.T, 2)
@@ -264,11 +265,13 @@ def test_scaled_start_is_the_uniform_start_shrunk_by_root_n():
             n * (k / 4 + 1 / 12), rel=0.05)
 
 
-def test_paper_preset_keeps_algorithm_1s_uniform_start():
-    assert FelbConfig().start == "scaled" and registry.get("felb-mu").config().start == "scaled"
-    assert FelbConfig.paper_settings().start == "uniform"
-    assert registry.get("felb-mu").config.paper_settings().step == "mu"
-    assert FelbConfig.paper_settings(start="scaled").start == "scaled"
+def test_default_and_paper_preset_keep_algorithm_1s_uniform_start():
+    for name in ("felb", "felb-mu"):
+        cls = registry.get(name).config
+        assert cls().start == cls.paper_settings().start == "uniform"
+    _, glob = felb.init_server(50, 2, FelbConfig(rank=3), np.random.default_rng(0))
+    np.testing.assert_array_equal(
+        glob.v_hat, np.random.default_rng(0).uniform(0.0, 1.0, size=(3, 50)))
 
 
 def _wide_tiles_federation(seed: int, cols: int = 4000) -> Federation:
