@@ -22,6 +22,20 @@ with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambd
 V_i), the exact minimiser of eq. 10. Steps: Felb 1/L with L = ||V V^T||_2 resp.
 ||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
 the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
+
+Start. Algorithm 1, line 1 draws U_i and V_hat uniformly on [0, 1] (``start='uniform'``,
+the default). Then ||V_hat V_hat^T||_2 is about n k / 4 for n items: 3e5 at MovieLens 25M's
+59,047 items. The first U steps shrink U_i to about 0.01 (B(U_i) empty); Felb-MU's V step
+size, and with it the proximity weight xi gamma of eq. 8 (about 400), grows as 1/|U_i|^2,
+so V_i stays pinned to a V_hat that never leaves its random start, while Felb's Lipschitz
+steps spend the rounds removing the start's mean: F1 0.001 / 0.005 at the paper's size.
+``start='scaled'`` (a deviation from the paper, opt-in) draws V_hat^0 uniformly on
+[0, 1/sqrt(n)], a function of the public catalogue size only (no data):
+||V_hat^0 V_hat^0^T||_2 is then about k/4 + 1/12 whatever n. U_i^0 stays uniform on
+[0, 1]; every update rule is the paper's. At the paper's size (5 of its 50 tenants, 20
+rounds) it gives F1 0.119 (Felb) and 0.088 (Felb-MU) instead of 0.013 / 0.000. It is not
+the default because on ML-1M (3,706 items, ~121 users per tenant) it loses to the uniform
+start; BENCHMARKS.md ("Felb Table 1 at the paper's size") has both measurements.
 """
 
 from __future__ import annotations
@@ -60,6 +74,9 @@ class FelbConfig(AlgorithmConfig):
     """T, local steps between synchronisations (the paper uses 1, 10 or 50)."""
     step: Literal["lipschitz", "mu"] = "lipschitz"
     """'lipschitz' (Felb) or 'mu' (Felb-MU, Lee-Seung multiplicative step sizes)."""
+    start: Literal["uniform", "scaled"] = "uniform"
+    """V_hat^0: 'uniform' on [0, 1] (Algorithm 1, line 1) or 'scaled' uniform on
+    [0, 1/sqrt(n)] for n items (a deviation for large catalogues, see the module docstring)."""
 
 
 class FelbMUConfig(FelbConfig):
@@ -231,8 +248,10 @@ def boolean_product(u: np.ndarray, v: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------- the contract
 
 def init_server(n_items: int, n_clients: int, cfg: FelbConfig, rng: np.random.Generator):
-    """V_hat^0 uniform on [0, 1] (Algorithm 1, line 1)."""
-    v_hat = rng.uniform(0.0, 1.0, size=(cfg.rank, n_items))
+    """V_hat^0 uniform on [0, 1] (Algorithm 1, line 1; ``start='uniform'``) or on
+    [0, 1/sqrt(n_items)] (``start='scaled'``, a deviation, see the module docstring)."""
+    high = 1.0 if cfg.start == "uniform" else 1.0 / math.sqrt(n_items)
+    v_hat = rng.uniform(0.0, high, size=(cfg.rank, n_items))
     return FelbServer(v_hat, 0), FelbGlobal(v_hat, 0)
 
 

@@ -45,7 +45,9 @@ def _row(method, alg, result, fed, seconds, rounds, cfg) -> dict:
 
 def _run_felb(method: str, fed, args) -> dict:
     alg = felb.ALGORITHMS[method]
-    cfg = alg.config(rank=args.rank, local_steps=args.local_steps, proximity=args.proximity)
+    start = getattr(args, "start", None)
+    cfg = alg.config(rank=args.rank, local_steps=args.local_steps, proximity=args.proximity,
+                     **({} if start is None else {"start": start}))
     result = simulate(alg, cfg, fed, rounds=args.rounds, per_round=fed.n_clients,
                       seed=args.seed, evaluate_every=args.rounds)
     seconds = sum(h.seconds for h in result.history)

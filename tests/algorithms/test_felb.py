@@ -245,6 +245,69 @@ def test_recovers_planted_tiles(name, seed):
     assert rmsd == pytest.approx(np.sqrt((rec != a).mean()))
 
 
+# ------------------------------------------------------------- the start (a deviation)
+
+def test_scaled_start_is_the_uniform_start_shrunk_by_root_n():
+    """start='scaled' draws V_hat^0 on [0, 1/sqrt(n)] from the same stream as the paper's
+    [0, 1]; ||V_hat^0 V_hat^0^T||_2 is then about k/4 + 1/12 whatever n (the uniform start's
+    grows as n k / 4)."""
+    k = 8
+    for n in (500, 20_000):
+        _, uni = felb.init_server(n, 3, FelbConfig(rank=k, start="uniform"),
+                                  np.random.default_rng(3))
+        _, sca = felb.init_server(n, 3, FelbConfig(rank=k, start="scaled"),
+                                  np.random.default_rng(3))
+        np.testing.assert_allclose(sca.v_hat, uni.v_hat / np.sqrt(n), rtol=1e-15)
+        assert uni.v_hat.min() >= 0 and uni.v_hat.max() <= 1 and uni.v_hat.max() > 0.99
+        norm = np.linalg.norm(sca.v_hat @ sca.v_hat.T, 2)
+        assert norm == pytest.approx(k / 4 + 1 / 12, rel=0.05)
+        assert np.linalg.norm(uni.v_hat @ uni.v_hat.T, 2) == pytest.approx(
+            n * (k / 4 + 1 / 12), rel=0.05)
+
+
+def test_default_and_paper_preset_keep_algorithm_1s_uniform_start():
+    for name in ("felb", "felb-mu"):
+        cls = registry.get(name).config
+        assert cls().start == cls.paper_settings().start == "uniform"
+    _, glob = felb.init_server(50, 2, FelbConfig(rank=3), np.random.default_rng(0))
+    np.testing.assert_array_equal(
+        glob.v_hat, np.random.default_rng(0).uniform(0.0, 1.0, size=(3, 50)))
+
+
+def _wide_tiles_federation(seed: int, cols: int = 4000) -> Federation:
+    """Three dense 50 x 40 tiles plus 0.2% noise in a 150 x ``cols`` matrix (density about
+    1%, as sparse as binarised MovieLens), rows shuffled over 3 tenants."""
+    rng = np.random.default_rng(seed)
+    a = np.zeros((150, cols), dtype=bool)
+    for r0, c0 in ((0, 0), (50, 30), (100, 60)):
+        a[r0:r0 + 50, c0:c0 + 40] = rng.random((50, 40)) < 0.9
+    a |= rng.random(a.shape) < 0.002
+    a = a[rng.permutation(150)]
+    train, test, uids = [], [], []
+    for rows in np.array_split(np.arange(150), 3):
+        r, c = np.nonzero(a[rows])
+        train.append(RatingBlock(r, c, np.ones(r.size), rows.size, cols))
+        test.append(RatingBlock(r[:0], c[:0], np.ones(0), rows.size, cols))
+        uids.append(rows)
+    return Federation(train, test, uids, np.arange(cols), (0.0, 1.0))
+
+
+@pytest.mark.parametrize("name", ["felb", "felb-mu"])
+def test_scaled_start_finds_tiles_among_many_items_where_the_uniform_start_does_not(name):
+    """With 4,000 items the paper's uniform start has ||V V^T|| about 4,000: the first U
+    steps shrink U_i below 1/2 and nothing is found in 20 rounds (F1 0); the scaled start
+    recovers the tiles."""
+    alg = registry.get(name)
+    f1 = {}
+    for start in ("uniform", "scaled"):
+        fed = _wide_tiles_federation(0)
+        res = simulate(alg, alg.config(rank=4, start=start), fed, rounds=20, per_round=3,
+                       seed=0, evaluate_every=0)
+        f1[start], _ = boolean_quality(
+            [boolean_factors(res.global_msg, s) for s in res.local_states], fed.train)
+    assert f1["uniform"] < 0.05 and f1["scaled"] > 0.7, f1
+
+
 def test_registry_names_map_to_the_two_step_rules():
     assert registry.get("felb").config().step == "lipschitz"
     assert registry.get("felb-mu").config().step == "mu"

@@ -138,6 +138,10 @@ def test_job_validation_errors_name_the_field(env):
     assert r.status_code == 404 and r.json()["detail"] == "unknown tenant id(s): 99"
     r = submit_job(client, algorithm="fedmgs")
     assert r.status_code == 422 and "not privacy-preserving" in r.json()["detail"]
+    for name in ("felb", "felb-mu"):  # never stored, so a new Felb config field needs no
+        r = submit_job(client, algorithm=name)  # migration of stored job configs
+        assert r.status_code == 422 and r.json()["detail"] == (
+            f"algorithm {name} is for binary data; the service trains rating models")
 
 
 def _trained(client, app):
