@@ -19,10 +19,9 @@ import json
 import logging
 import os
 import re
-import time
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 FORMATS = ("text", "json")
 CONTEXT_FIELDS = ("request_id", "tenant_id", "job_id", "task_id")
@@ -125,34 +124,21 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-class RequestContext:
-    """ASGI middleware: a request id (``X-Request-ID`` in, or a new one; always echoed in
-    the response) bound to the request's log context, and one access line per request."""
+def request_id_of(scope: Scope) -> str:
+    """The request's ``X-Request-ID`` when it is well-formed (the last one sent), else a
+    new id."""
+    given = b""
+    for name, value in scope.get("headers") or ():
+        if name == b"x-request-id":
+            given = value
+    text = given.decode("latin-1")
+    return text if REQUEST_ID.match(text) else new_request_id()
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if REQUEST_ID.match(given) else new_request_id()
-        token = new_context(request_id=request_id)
-        started, status = time.perf_counter(), [500]
+def log_access(method: str, path: str, status: int, seconds: float) -> None:
+    """The access line of one request (``path`` is the route's template when it matched)."""
+    access_log.info("%s %s %s %.1fms", method, path, status, seconds * 1000)
 
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message["headers"] = [*message.get("headers", []),
-                                      (b"x-request-id", request_id.encode())]
-            await send(message)
 
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path_format", None) or getattr(route, "path", None)
-            access_log.info("%s %s %s %.1fms", scope["method"], template or scope["path"],
-                            status[0], (time.perf_counter() - started) * 1000)
-            _context.reset(token)
+def end_context(token: contextvars.Token) -> None:
+    _context.reset(token)
