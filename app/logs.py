@@ -17,6 +17,7 @@ import datetime as dt
 import itertools
 import json
 import logging
+import logging.config
 import os
 import re
 from typing import Any
@@ -86,24 +87,34 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
+REROUTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "celery.task",
+            "celery.worker", "celery.beat", "celery.app.trace", "opacus")
+"""Loggers that come with handlers of their own: emptied, so they log through the root's."""
+
+
+def logging_config(fmt: str = "text", level: int = logging.INFO,
+                   access_log: bool = True) -> dict[str, Any]:
+    """:func:`configure_logging`'s set-up as a :func:`logging.config.dictConfig` document.
+    ``fedrec serve`` hands it to uvicorn (``log_config``), which applies it in every
+    worker process it starts (a worker is a new interpreter: the serving process's own
+    set-up does not reach it); ``access_log=False`` silences the ``fedrec.access`` lines."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    loggers: dict[str, dict] = {name: {"handlers": [], "propagate": True} for name in REROUTED}
+    if not access_log:
+        loggers["fedrec.access"] = {"level": "WARNING"}
+    return {"version": 1, "disable_existing_loggers": False,
+            "filters": {"context": {"()": ContextFilter}},
+            "formatters": {"fedrec": {"()": JsonFormatter if fmt == "json" else TextFormatter}},
+            "handlers": {"fedrec": {"class": "logging.StreamHandler", "formatter": "fedrec",
+                                    "filters": ["context"]}},
+            "root": {"handlers": ["fedrec"], "level": level}, "loggers": loggers}
+
+
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     """Route every logger (fedrec, uvicorn, celery, opacus...) through one handler on the
     root logger in ``fmt``; idempotent."""
-    if fmt not in FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(ContextFilter())
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "celery.task",
-                 "celery.worker", "celery.beat", "celery.app.trace", "opacus"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.propagate = True
+    logging.config.dictConfig(logging_config(fmt, level))
 
 
 _ID_PREFIX = os.urandom(8).hex()

@@ -6,9 +6,9 @@ from typing import Annotated
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Query, Request, Response, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from fastapi.security.utils import get_authorization_scheme_param
-from fastapi.concurrency import run_in_threadpool
 
 from app.deps import (
     OwnTenantDep,
