@@ -185,19 +185,26 @@ async def serving_tenant(request: Request, tenant_id: PathId,
                          creds: Annotated[Credentials, Depends(tenant_bearer)]) -> Tenant:
     """:func:`own_tenant` for the serving hot path: on the event loop when the key is
     cached, one threadpool call with its own session when it is not."""
-    if creds is None:
+    return await key_tenant(request, tenant_id, None if creds is None else creds.credentials)
+
+
+async def key_tenant(request: Request, tenant_id: int, presented: str | None) -> Tenant:
+    """The body of :func:`serving_tenant`, given the bearer credentials (None when the
+    request has none): also called by the recommendation route's fast path
+    (``app.routes.recommendations.ServingRoute``), which reads the header itself."""
+    if presented is None:
         raise _unauthorized("api_key_required", "API key required")
+    state = request.app.state
 
     def verify() -> Tenant:
-        with request.app.state.sessions() as session:
-            return _verified_tenant(request, session, creds.credentials, force=True)
+        with state.sessions() as session:
+            return _verified_tenant(request, session, presented, force=True)
 
-    digest = hash_key(creds.credentials)
-    tenant, recheck = request.app.state.key_cache.lookup(digest, time.monotonic())
-    request.app.state.metrics.cache.labels("api_keys", "miss" if tenant is None
-                                           else "hit").inc()
+    digest = hash_key(presented)
+    tenant, recheck = state.key_cache.lookup(digest, time.monotonic())
+    state.metrics.cache_lookup("api_keys", tenant is not None)
     if tenant is None:  # requests with the same key wait for one verification
-        tenant = await request.app.state.coalesced.run(("key", digest), verify)
+        tenant = await state.coalesced.run(("key", digest), verify)
     elif recheck:  # due for re-verification: done in the background, this request proceeds
         in_background(request, verify)
     bind(tenant_id=tenant.id)

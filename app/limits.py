@@ -1,4 +1,5 @@
-"""The request-body size bound of every route (FEDREC_MAX_UPLOAD_BYTES), as ASGI middleware.
+"""The request-body size bound of every route (FEDREC_MAX_UPLOAD_BYTES), applied by the
+request layer (:class:`app.edge.RequestEdge`).
 
 A declared ``Content-Length`` over the bound is refused before anything is read; a chunked
 body is counted while it streams and refused as soon as it passes the bound. Either way the
@@ -14,7 +15,8 @@ from collections.abc import Iterator
 
 from fastapi import status
 from starlette.requests import Request
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope
 
 from app.problems import ApiError, problem
 
@@ -65,31 +67,28 @@ class UploadSlots:
                     del self._active[tenant_id]
 
 
-class BodyLimit:
-    """Refuse request bodies over ``app.state.settings.max_upload_bytes`` with 413."""
+def refusal_of_declared(scope: Scope, limit: int) -> Response | None:
+    """The 413 answer of a request whose declared ``Content-Length`` is over ``limit``
+    (refused before anything is read), else None."""
+    declared = declared_length(scope)
+    if declared is None or declared <= limit:
+        return None
+    return problem(Request(scope), status.HTTP_413_CONTENT_TOO_LARGE, "body_too_large",
+                   TOO_LARGE.format(limit))
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit = scope["app"].state.settings.max_upload_bytes
-        declared, seen = declared_length(scope), 0
-        if declared is not None and declared > limit:
-            response = problem(Request(scope), status.HTTP_413_CONTENT_TOO_LARGE,
-                               "body_too_large", TOO_LARGE.format(limit))
-            await response(scope, receive, send)
-            return
+def counted(receive: Receive, limit: int) -> Receive:
+    """``receive`` raising :func:`too_large` as soon as the body read passes ``limit``
+    bytes (a chunked body has no declared length)."""
+    seen = 0
 
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise too_large(limit)
-            return message
+    async def receive_counted() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            seen += len(message.get("body", b""))
+            if seen > limit:
+                raise too_large(limit)
+        return message
 
-        await self.app(scope, counted, send)
+    return receive_counted

@@ -17,12 +17,12 @@ import datetime as dt
 import itertools
 import json
 import logging
+import logging.config
 import os
 import re
-import time
 from typing import Any
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 FORMATS = ("text", "json")
 CONTEXT_FIELDS = ("request_id", "tenant_id", "job_id", "task_id")
@@ -87,24 +87,34 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
+REROUTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "celery.task",
+            "celery.worker", "celery.beat", "celery.app.trace", "opacus")
+"""Loggers that come with handlers of their own: emptied, so they log through the root's."""
+
+
+def logging_config(fmt: str = "text", level: int = logging.INFO,
+                   access_log: bool = True) -> dict[str, Any]:
+    """:func:`configure_logging`'s set-up as a :func:`logging.config.dictConfig` document.
+    ``fedrec serve`` hands it to uvicorn (``log_config``), which applies it in every
+    worker process it starts (a worker is a new interpreter: the serving process's own
+    set-up does not reach it); ``access_log=False`` silences the ``fedrec.access`` lines."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    loggers: dict[str, dict] = {name: {"handlers": [], "propagate": True} for name in REROUTED}
+    if not access_log:
+        loggers["fedrec.access"] = {"level": "WARNING"}
+    return {"version": 1, "disable_existing_loggers": False,
+            "filters": {"context": {"()": ContextFilter}},
+            "formatters": {"fedrec": {"()": JsonFormatter if fmt == "json" else TextFormatter}},
+            "handlers": {"fedrec": {"class": "logging.StreamHandler", "formatter": "fedrec",
+                                    "filters": ["context"]}},
+            "root": {"handlers": ["fedrec"], "level": level}, "loggers": loggers}
+
+
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
     """Route every logger (fedrec, uvicorn, celery, opacus...) through one handler on the
     root logger in ``fmt``; idempotent."""
-    if fmt not in FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
-    handler.addFilter(ContextFilter())
-    root = logging.getLogger()
-    for old in list(root.handlers):
-        root.removeHandler(old)
-    root.addHandler(handler)
-    root.setLevel(level)
-    for name in ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "celery.task",
-                 "celery.worker", "celery.beat", "celery.app.trace", "opacus"):
-        logger = logging.getLogger(name)
-        logger.handlers.clear()
-        logger.propagate = True
+    logging.config.dictConfig(logging_config(fmt, level))
 
 
 _ID_PREFIX = os.urandom(8).hex()
@@ -125,34 +135,21 @@ def new_request_id() -> str:
     return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-class RequestContext:
-    """ASGI middleware: a request id (``X-Request-ID`` in, or a new one; always echoed in
-    the response) bound to the request's log context, and one access line per request."""
+def request_id_of(scope: Scope) -> str:
+    """The request's ``X-Request-ID`` when it is well-formed (the last one sent), else a
+    new id."""
+    given = b""
+    for name, value in scope.get("headers") or ():
+        if name == b"x-request-id":
+            given = value
+    text = given.decode("latin-1")
+    return text if REQUEST_ID.match(text) else new_request_id()
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or ()).get(b"x-request-id", b"").decode("latin-1")
-        request_id = given if REQUEST_ID.match(given) else new_request_id()
-        token = new_context(request_id=request_id)
-        started, status = time.perf_counter(), [500]
+def log_access(method: str, path: str, status: int, seconds: float) -> None:
+    """The access line of one request (``path`` is the route's template when it matched)."""
+    access_log.info("%s %s %s %.1fms", method, path, status, seconds * 1000)
 
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-                message["headers"] = [*message.get("headers", []),
-                                      (b"x-request-id", request_id.encode())]
-            await send(message)
 
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path_format", None) or getattr(route, "path", None)
-            access_log.info("%s %s %s %.1fms", scope["method"], template or scope["path"],
-                            status[0], (time.perf_counter() - started) * 1000)
-            _context.reset(token)
+def end_context(token: contextvars.Token) -> None:
+    _context.reset(token)

@@ -16,9 +16,10 @@ from app.config import Settings, get_settings, resolve_admin_token
 from app.dashboard import install_dashboard
 from app.db import DATABASE_DOWN, make_engine, session_factory
 from app.deps import document_limits
-from app.limits import BodyLimit, UploadSlots
-from app.logs import RequestContext, configure_logging
-from app.metrics import Metrics, RequestMetrics
+from app.edge import RequestEdge
+from app.limits import UploadSlots
+from app.logs import configure_logging
+from app.metrics import Metrics
 from app.routes import (
     agents,
     health,
@@ -99,9 +100,9 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
     install_dashboard(app)  # /docs, /redoc and the /dashboard pages
-    app.add_middleware(BodyLimit)  # FEDREC_MAX_UPLOAD_BYTES on every route (413)
-    app.add_middleware(RequestMetrics)  # times every answer, 413s included
-    app.add_middleware(RequestContext)  # outermost: X-Request-ID and the access log line
+    # X-Request-ID, FEDREC_MAX_UPLOAD_BYTES on every route (413), the request metrics
+    # and the access line, as one layer (app.edge)
+    app.add_middleware(RequestEdge)
     app.state.metrics = Metrics(app.state.sessions)
     return app
 

@@ -24,7 +24,7 @@ import time
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 log = logging.getLogger("fedrec")
 ROUND_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -92,38 +92,35 @@ class Metrics:
         self.cache = Counter("fedrec_serving_cache_total", "Serving cache lookups",
                              ["cache", "result"], registry=self.registry)
         self.registry.register(DatabaseCollector(sessions))
+        # the labelled children by label values: ``labels()`` validates and locks on every
+        # call, and the serving route looks up three per request
+        self._timers: dict[tuple[str, str, str], object] = {}
+        self._lookups: dict[tuple[str, bool], object] = {}
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One answered request into ``fedrec_http_request_duration_seconds``."""
+        key = (method, route, str(status))
+        timer = self._timers.get(key)
+        if timer is None:
+            timer = self._timers.setdefault(key, self.requests.labels(*key))
+        timer.observe(seconds)
+
+    def cache_lookup(self, cache: str, hit: bool) -> None:
+        """One lookup of a serving cache into ``fedrec_serving_cache_total``."""
+        counter = self._lookups.get((cache, hit))
+        if counter is None:
+            counter = self._lookups.setdefault(
+                (cache, hit), self.cache.labels(cache, "hit" if hit else "miss"))
+        counter.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
+UNMATCHED = "unmatched"
+
+
 def route_template(scope: Scope) -> str:
     """The matched route's path template, or ``unmatched`` (a 404 of the router)."""
     route = scope.get("route")
-    return getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched"
-
-
-class RequestMetrics:
-    """ASGI middleware timing every HTTP request into ``app.state.metrics``."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started, status = time.perf_counter(), [500]
-
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            metrics = getattr(scope["app"].state, "metrics", None)
-            if metrics is not None:
-                metrics.requests.labels(scope["method"], route_template(scope),
-                                        str(status[0])).observe(time.perf_counter() - started)
+    return getattr(route, "path_format", None) or getattr(route, "path", None) or UNMATCHED

@@ -76,7 +76,8 @@ def worker_pids(server: subprocess.Popen) -> list[str]:
 
 
 def parse_wrk(out: str) -> dict[str, float]:
-    """Requests/s, p50 and p99 (ms), non-2xx/3xx count and socket errors of wrk --latency."""
+    """Requests/s, requests, p50 and p99 (ms), non-2xx/3xx count and socket errors of
+    wrk --latency."""
     def ms(label: str) -> float:
         m = re.search(rf"{label}\s+([\d.]+)(us|ms|s)\b", out)
         value, unit = float(m.group(1)), m.group(2)
@@ -85,6 +86,7 @@ def parse_wrk(out: str) -> dict[str, float]:
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket = re.search(r"Socket errors: (.*)", out)
     return {"rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+            "requests": int(re.search(r"(\d+) requests in", out).group(1)),
             "p50_ms": ms("50%"), "p99_ms": ms("99%"),
             "non_2xx": int(errors.group(1)) if errors else 0,
             "socket_errors": socket.group(1) if socket else "none"}

@@ -17,7 +17,9 @@ In the same run it measures the framework floor: ``bench._floor_app``, a bare Fa
 same factors and rated items held in memory, with no database and no authentication, under
 the same wrk command. ``--rounds`` alternates fedrec and the floor that many times (fedrec
 first in odd rounds, the floor first in even ones) and prints the ratios of each round
-(throughput fedrec / floor, p99 fedrec / floor) and their medians.
+(throughput fedrec / floor, p99 fedrec / floor, and the CPU time the server's two worker
+processes spent per request, fedrec / floor) and their medians. The CPU ratio is the least
+sensitive to other jobs on the machine: it counts only the servers' own work.
 """
 
 from __future__ import annotations
@@ -111,6 +113,15 @@ def _serve_floor(data: Path, port: int, log: Path) -> subprocess.Popen:
     raise RuntimeError("the floor app did not start: " + log.read_text()[-2000:])
 
 
+def _cpu_seconds(pids: list[str]) -> float:
+    """User plus system CPU seconds the processes have used (``/proc/<pid>/stat``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def _wrk_script(path: Path, tenant_id: int, users: list[str], key: str) -> None:
     urls = ", ".join(f'"/v1/tenants/{tenant_id}/users/{u}/recommendations?k=10"' for u in users)
     path.write_text(f"""
@@ -194,21 +205,27 @@ def run(args: argparse.Namespace, url: str) -> None:
                              str(args.duration), "-f", "raw", "-o", str(args.profile)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     load = os.getloadavg()[0]
+                    workers = worker_pids(server if name == "fedrec" else floor)
+                    cpu = _cpu_seconds(workers)
                     out = subprocess.run([*wrk, f"-d{args.duration}s", where],
                                          capture_output=True, text=True, check=True).stdout
+                    cpu = _cpu_seconds(workers) - cpu
                     if spy is not None:
                         spy.wait(60)
                     fig = {**parse_wrk(out), "load": load}
+                    fig["cpu_us"] = cpu / max(fig["requests"], 1) * 1e6
                     results[name].append(fig)
                     if n == 0 and name == "fedrec":
                         print(out)
                     print(f"round {n + 1} {name}: rps={fig['rps']:.0f} p50={fig['p50_ms']:.2f}ms "
                           f"p99={fig['p99_ms']:.2f}ms non2xx={fig['non_2xx']} "
-                          f"socket_errors={fig['socket_errors']} (load average {load:.1f})",
+                          f"socket_errors={fig['socket_errors']} "
+                          f"cpu={fig['cpu_us']:.0f}us/request (load average {load:.1f})",
                           flush=True)
                 ours, bare = results["fedrec"][-1], results["floor"][-1]
                 print(f"round {n + 1} ratio: throughput {ours['rps'] / bare['rps']:.1%} of the "
-                      f"floor, p99 {ours['p99_ms'] / bare['p99_ms']:.2f}x the floor's",
+                      f"floor, p99 {ours['p99_ms'] / bare['p99_ms']:.2f}x the floor's, worker "
+                      f"CPU per request {ours['cpu_us'] / bare['cpu_us']:.2f}x the floor's",
                       flush=True)
         fig = results["fedrec"][0]
         print(f"RESULT rps={fig['rps']:.0f} p50={fig['p50_ms']:.2f}ms "
@@ -221,6 +238,10 @@ def run(args: argparse.Namespace, url: str) -> None:
         print(f"FLOOR median over {args.rounds} round(s): throughput "
               f"{statistics.median(rps):.1%} of the floor (target >= 90%), p99 "
               f"{statistics.median(p99):.2f}x the floor's (target <= 1.3x)")
+        cpu = [o["cpu_us"] / f["cpu_us"] for o, f in zip(results["fedrec"], results["floor"],
+                                                        strict=True)]
+        print(f"FLOOR median over {args.rounds} round(s): worker CPU per request "
+              f"{statistics.median(cpu):.2f}x the floor's")
         pooled = (sum(o["rps"] for o in results["fedrec"])
                   / sum(f["rps"] for f in results["floor"]))
         print(f"FLOOR pooled over {args.rounds} round(s): fedrec served {pooled:.1%} of the "

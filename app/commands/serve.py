@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import logging
+import logging.config
 
 from app.config import get_settings, resolve_admin_token
 from app.db import migrate
-from app.logs import configure_logging
+from app.logs import logging_config
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,17 +30,16 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     settings = get_settings()
-    configure_logging(settings.log_format)
-    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)  # fedrec.access has it all
-    if args.no_access_log:
-        logging.getLogger("fedrec.access").setLevel(logging.WARNING)
+    # the log set-up of this process and, through uvicorn (log_config), of every worker
+    # process it starts: fedrec logs one access line per request itself (with its request
+    # id), so uvicorn's own access log is off
+    log_config = logging_config(settings.log_format, access_log=not args.no_access_log)
+    logging.config.dictConfig(log_config)
     if args.workers > 1 and resolve_admin_token(settings)[1]:
         raise ValueError("--workers > 1 needs FEDREC_ADMIN_TOKEN (each worker would "
                          "generate its own development token)")
     if not args.no_migrate:
         migrate(settings.database_url)
-    # fedrec logs one access line per request itself (with its request id); uvicorn keeps
-    # the logging configured here (log_config=None)
     uvicorn.run("app.main:create_served_app", factory=True, host=args.host, port=args.port,
-                workers=args.workers, access_log=False, log_config=None)
+                workers=args.workers, access_log=False, log_config=log_config)
     return 0

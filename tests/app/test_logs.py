@@ -113,3 +113,37 @@ def test_worker_and_beat_log_in_the_configured_format(monkeypatch):
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
         get_settings.cache_clear()
+
+
+@pytest.mark.parametrize("access_log", [True, False])
+def test_every_worker_of_fedrec_serve_logs_its_requests(tmp_path, access_log):
+    """``fedrec serve --workers 2`` starts each worker as a new interpreter: the log set-up
+    must reach them (it once did not, and the workers dropped every INFO line, access lines
+    included, in the text format); ``--no-access-log`` must reach them too."""
+    import os
+    import secrets
+
+    import httpx
+
+    from bench._server import serve, stop
+    from tests.integration.conftest import free_port
+
+    port, log = free_port(), tmp_path / "serve.log"
+    env = {**{k: v for k, v in os.environ.items()
+              if k not in ("REDIS_URL", "FEDREC_BROKER_URL", "DATABASE_URL")},
+           "FEDREC_DATABASE_URL": f"sqlite:///{tmp_path}/db.sqlite", "FEDREC_BROKER_URL": "",
+           "FEDREC_ADMIN_TOKEN": secrets.token_urlsafe(32), "FEDREC_LOG_FORMAT": "text"}
+    server = serve(env, port, log, access_log)
+    try:
+        ids = [f"probe-{i}" for i in range(8)]
+        for request_id in ids:  # new connections: the kernel spreads them over the workers
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+                assert client.get("/health", headers={"X-Request-ID": request_id}
+                                  ).status_code == 200
+    finally:
+        stop(server)
+    text = log.read_text()
+    assert text.count("INFO uvicorn.error: Started server process") == 2, text
+    logged = [i for i in ids if "INFO fedrec.access: GET /health 200 " in text
+              and f"[request_id={i}]" in text]
+    assert logged == (ids if access_log else []), text
