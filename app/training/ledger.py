@@ -15,11 +15,21 @@ from privacy.accountant import Event, compose
 from privacy.ledger import Budget, Ledger, rebudget
 
 
-def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None) -> Ledger:
+def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None,
+                lock: bool = False) -> Ledger:
     """Budgets of the tenants and every charge made to them: across all jobs (what budgets
-    are checked against), or only those of ``job_id``."""
+    are checked against), or only those of ``job_id``.
+
+    ``lock``: the tenants' rows are locked first (in id order, until the transaction ends),
+    so no other transaction charges them between this read and the caller's charge; the
+    charges are read by a second statement, after the lock is held, so they include every
+    charge committed before it was granted."""
     ids = list(tenant_ids)
-    tenants = s.scalars(sa.select(Tenant).where(Tenant.id.in_(ids))).all()
+    query = sa.select(Tenant).where(Tenant.id.in_(ids))
+    if lock:
+        query = (query.order_by(Tenant.id).with_for_update()
+                 .execution_options(populate_existing=True))
+    tenants = s.scalars(query).all()
     state = Ledger.open({t.id: Budget(t.privacy_budget, t.privacy_delta, t.allow_non_private)
                          for t in tenants}).to_dict()
     query = (sa.select(LedgerEntry.tenant_id, LedgerEntry.round, LedgerEntry.event)
