@@ -169,19 +169,26 @@ def _client_of(s: Session, job_id: int, round_: int, client: int
     """What a client step reads first, in one statement: the job if round ``round_`` is
     the next one to run (else None, a stale task), the client's row, whether its result
     for the round is staged already, and the version of its tenant's newest tombstone."""
-    staged = sa.exists().where(RoundUpload.job_id == job_id, RoundUpload.round == round_,
-                               RoundUpload.client_index == client)
-    row = s.execute(sa.select(TrainingJob, JobClient, staged.label("staged"),
-                              newest_tombstone(JobClient.tenant_id))
-                    .join(JobClient, sa.and_(JobClient.job_id == TrainingJob.id,
-                                             JobClient.client_index == client))
-                    .where(TrainingJob.id == job_id)).one_or_none()
+    row = s.execute(_CLIENT_OF, {"job_id": job_id, "round": round_, "client": client}
+                    ).one_or_none()
     if row is None:
         return None
     job, jc, done, tombstone = row
     if job.status not in ("queued", "running") or job.current_round != round_ - 1:
         return None
     return job, jc, bool(done), tombstone
+
+
+_CLIENT_OF = (
+    sa.select(TrainingJob, JobClient,
+              sa.exists().where(RoundUpload.job_id == sa.bindparam("job_id"),
+                                RoundUpload.round == sa.bindparam("round"),
+                                RoundUpload.client_index == sa.bindparam("client")
+                                ).label("staged"),
+              newest_tombstone(JobClient.tenant_id))
+    .join(JobClient, sa.and_(JobClient.job_id == TrainingJob.id,
+                             JobClient.client_index == sa.bindparam("client")))
+    .where(TrainingJob.id == sa.bindparam("job_id")))
 
 
 def _selected(job: TrainingJob, alg: Algorithm, round_: int) -> list[int]:
@@ -291,12 +298,13 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             if upload is not None:
                 upload, event, refused = _privatise(s, job, alg, cfg, jc.tenant_id, client,
                                                      round_, upload)
-            states.stage_local(s, job_id, client, round_, local)
-            states.stage_upload(s, job_id, client, round_, local, upload, refused)
-            if event is not None:  # charged in the same transaction that stores the upload
-                s.add(LedgerEntry(tenant_id=jc.tenant_id, job_id=job_id, round=round_,
-                                  event={"event": event, "dp": job.dp}))
             try:
+                states.stage_local(s, job_id, client, round_, local)
+                states.stage_upload(s, job_id, client, round_, local, upload, refused)
+                if event is not None:  # charged in the transaction that stores the upload
+                    s.execute(_INSERT_CHARGE, {"tenant_id": jc.tenant_id, "job_id": job_id,
+                                               "round": round_,
+                                               "event": {"event": event, "dp": job.dp}})
                 s.commit()
                 computed = time.perf_counter() - started
             except IntegrityError:  # a duplicate delivery of this task got there first
@@ -309,9 +317,15 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
 
 def round_complete(s: Session, job: TrainingJob, alg: Algorithm, round_: int) -> bool:
     """Every tenant selected in the round has staged its result (hosted or agent)."""
-    staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
-        RoundUpload.job_id == job.id, RoundUpload.round == round_))
+    staged = s.scalar(_STAGED_COUNT, {"job_id": job.id, "round": round_})
     return staged >= len(_selected(job, alg, round_))
+
+
+#: the statements every client step runs, built once (building one costs more than
+#: executing it): the charge of an upload, and the count of a round's staged results
+_INSERT_CHARGE = sa.insert(LedgerEntry.__table__)
+_STAGED_COUNT = sa.select(sa.func.count()).select_from(RoundUpload).where(
+    RoundUpload.job_id == sa.bindparam("job_id"), RoundUpload.round == sa.bindparam("round"))
 
 
 def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Message,

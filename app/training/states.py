@@ -103,14 +103,20 @@ def _cached_local(key: tuple[int, int, str]) -> Message | None:
 
 
 def stage_local(s: Session, job_id: int, client: int, round_: int, state: Message) -> str:
-    """Add version ``round_`` of the client's local state (the caller commits); returns
-    its digest."""
+    """Insert version ``round_`` of the client's local state (the caller commits); returns
+    its tag."""
     blob = state.to_bytes()
     d = new_tag()
-    s.add(JobLocalState(job_id=job_id, client_index=client, round=round_, state=blob,
-                        digest=d))
+    s.execute(_INSERT_LOCAL, {"job_id": job_id, "client_index": client, "round": round_,
+                              "state": blob, "digest": d})
     _remember_local((job_id, client, d), state)
     return d
+
+
+#: the row inserts of a client step, as Core statements (the ORM's unit of work costs more
+#: per row than the statement itself)
+_INSERT_LOCAL = sa.insert(JobLocalState.__table__)
+_INSERT_UPLOAD = sa.insert(RoundUpload.__table__)
 
 
 def load_locals(s: Session, job_id: int, clients: Iterable) -> dict[int, Message]:
@@ -202,9 +208,9 @@ def rewrite_versions(s: Session, jc, change) -> None:
 # -------------------------------------------------------------------------------- uploads
 
 def stage_upload(s: Session, job_id: int, client: int, round_: int, local: Message,
-                 upload: Message | None, refused: str | None) -> RoundUpload:
-    """Add the client's upload of the round (None: nothing sent), staged beside its local
-    state version ``round_`` (the caller commits).
+                 upload: Message | None, refused: str | None) -> None:
+    """Insert the client's upload of the round (None: nothing sent), staged beside its
+    local state version ``round_`` (the caller commits).
 
     An array of the upload that *is* an array of that local state (the same object: an
     upload sent as computed, with no noise added, e.g. FedMC-ADMM's W_i and Y_i) is stored
@@ -219,10 +225,9 @@ def stage_upload(s: Session, job_id: int, client: int, round_: int, local: Messa
                 if name not in local.user_rows}
         refs = {name: kept[id(a)] for name, a in upload.arrays().items() if id(a) in kept}
         blob = upload.replace(**{n: getattr(upload, n)[:0] for n in refs}).to_bytes()
-    row = RoundUpload(job_id=job_id, round=round_, client_index=client, refused=refused,
-                      upload=blob, from_state=refs or None)
-    s.add(row)
-    return row
+    s.execute(_INSERT_UPLOAD, {"job_id": job_id, "round": round_, "client_index": client,
+                               "refused": refused, "upload": blob,
+                               "from_state": refs or None})
 
 
 def load_uploads(s: Session, job_id: int, round_: int, rows: Iterable[RoundUpload]
