@@ -122,7 +122,8 @@ def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) ->
         s.execute(sa.text("UPDATE forgotten_users SET version = version WHERE 0"))
     forgotten = forgotten_since(s, job)
     for jc in clients:
-        scrub_client(s, jc, forgotten.get(jc.tenant_id, set()))
+        if jc.tenant_id in forgotten:  # the others have nothing to scrub
+            scrub_client(s, jc, forgotten[jc.tenant_id])
 
 
 def scrub_client(s: Session, jc: JobClient, forgotten: set[str]) -> list[int]:
