@@ -18,6 +18,12 @@ whose overhead must not grow with the 990 tenants that sit the round out.
 main branch before this storage), federation by federation, interleaved with this one, and
 prints both: a before/after in one run.
 
+Each federation also prints a floor: the bytes a round must make durable (the sampled
+tenants' new local states, their server parts, the shared server state and the global
+message, at the sizes the job stored) written and the superseded versions deleted through
+plain psycopg, one transaction per tenant as the client steps do: the PostgreSQL CPU no
+storage of these states in these tables can go below.
+
 The machine is shared, so wall time is noisy: the CPU columns (this process plus the
 PostgreSQL backends serving the database, read from /proc, minus the simulator's CPU) give
 the overhead independent of other load. Needs FEDREC_DATA_DIR (MovieLens 1M) and a
@@ -197,6 +203,59 @@ def _storage(url: str, job_id: int) -> dict[str, int]:
     return out
 
 
+def _pid_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _write_floor(url: str, job_id: int, per_round: int, rounds: int) -> dict[str, float]:
+    """The floor under the service's PostgreSQL CPU: the bytes a round must make durable
+    written with plain psycopg (no ORM, no other statement), as the round writes them: one
+    transaction per sampled tenant inserting a new local state version of the job's
+    stored size, then one transaction rewriting that many server parts, the shared server
+    state and the global message and deleting the superseded versions. Medians over
+    ``rounds`` repetitions: PostgreSQL CPU and this process's CPU, ms per round."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg", "postgresql")) as conn:
+        local, part = (int(conn.execute(q, (job_id,)).fetchone()[0] or 0) for q in (
+            "SELECT avg(octet_length(state)) FROM job_local_states WHERE job_id = %s",
+            "SELECT avg(octet_length(part)) FROM job_server_parts WHERE job_id = %s"))
+        shared, glob = conn.execute("SELECT octet_length(server_state), "
+                                    "octet_length(global_msg) FROM training_jobs "
+                                    "WHERE id = %s", (job_id,)).fetchone()
+        conn.execute("CREATE TABLE floor_local (c int, r int, b bytea, PRIMARY KEY (c, r))")
+        conn.execute("CREATE TABLE floor_part (c int PRIMARY KEY, b bytea)")
+        for t in ("floor_local", "floor_part"):
+            conn.execute(f"ALTER TABLE {t} ALTER COLUMN b SET STORAGE EXTERNAL")
+        noise = os.urandom(max(local, part, shared or 0, glob or 0) + 1)
+        conn.execute("INSERT INTO floor_part SELECT g, %s FROM generate_series(-2, %s) g",
+                     (noise[:part], per_round - 1))
+        conn.execute("INSERT INTO floor_local SELECT g, 0, %s FROM generate_series(0, %s) g",
+                     (noise[:local], per_round - 1))
+        conn.commit()
+        pid = conn.info.backend_pid
+        pg, py = [], []
+        for k in range(1, rounds + 1):
+            p0, c0 = _pid_cpu(pid), time.process_time()
+            for c in range(per_round):
+                conn.execute("INSERT INTO floor_local VALUES (%s, %s, %s)",
+                             (c, k, noise[k:k + local]))
+                conn.commit()
+            for c in range(per_round):
+                conn.execute("UPDATE floor_part SET b = %s WHERE c = %s", (noise[k:k + part], c))
+            conn.execute("UPDATE floor_part SET b = %s WHERE c = -1", (noise[:shared or 0],))
+            conn.execute("UPDATE floor_part SET b = %s WHERE c = -2", (noise[:glob or 0],))
+            conn.execute("DELETE FROM floor_local WHERE r < %s", (k,))
+            conn.commit()
+            pg.append(_pid_cpu(pid) - p0)
+            py.append(time.process_time() - c0)
+    return {"floor_pg_cpu_ms": 1e3 * statistics.median(pg),
+            "floor_client_cpu_ms": 1e3 * statistics.median(py),
+            "local_bytes": local, "part_bytes": part}
+
+
 def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: int,
         admin: str) -> dict:
     from app.db import engine_for, session_factory
@@ -211,6 +270,7 @@ def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: in
                                              float(ratings.values.max())))
         c_wall, c_cpu = _compute(fed, rounds, per_round)
         sizes = _storage(url, job_id)
+        floor = _write_floor(url, job_id, per_round, max(3, rounds))
     finally:
         _drop(admin, name)
     mid = slice(1, rounds - 1)
@@ -224,7 +284,7 @@ def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: in
            "pg_cpu_ms": 1e3 * med(pg[mid]),
            "overhead_cpu_ms": 1e3 * med([a + p - c for a, p, c in zip(
                cpu[mid], pg[mid], c_cpu[mid], strict=True)]),
-           "storage_bytes": sizes, "load": os.getloadavg()[0]}
+           "storage_bytes": sizes, **floor, "load": os.getloadavg()[0]}
     return row
 
 
@@ -267,6 +327,13 @@ def main(argv: list[str] | None = None) -> None:
     for r in rows:
         print(f"{r['federation']}{r.get('code', '')}: bytes in the job's tables after it "
               f"(dead rows included) {r['storage_bytes']}")
+    for r in rows:
+        if "floor_pg_cpu_ms" in r:
+            print(f"{r['federation']}{r.get('code', '')}: floor, the round's durable bytes "
+                  f"alone ({r['per_round']} local states of {r['local_bytes']:,} B, as many "
+                  f"server parts of {r['part_bytes']:,} B, shared state and global message) "
+                  f"through plain psycopg: PostgreSQL CPU {r['floor_pg_cpu_ms']:.1f} ms + "
+                  f"client CPU {r['floor_client_cpu_ms']:.1f} ms per round")
 
 
 def _baseline(checkout: str, label: str, rounds: int, admin: str) -> dict:

@@ -94,6 +94,19 @@ def forgotten_since(s: Session, job: TrainingJob,
     return out
 
 
+def newest_tombstone(tenant_id: sa.ColumnElement) -> sa.ScalarSelect:
+    """The version of the newest tombstone of the tenant ``tenant_id`` names (NULL: none),
+    as a column of a larger query (a client step reads it with the job)."""
+    return (sa.select(sa.func.max(ForgottenUser.version))
+            .where(ForgottenUser.tenant_id == tenant_id).scalar_subquery())
+
+
+def newer_tombstone(job: TrainingJob, tenant_id: int, newest: int | None) -> bool:
+    """Whether a tombstone of version ``newest`` (:func:`newest_tombstone`) postdates the
+    job's snapshot of the tenant's ratings (then :func:`forgotten_since` names the keys)."""
+    return newest is not None and newest > _version(job.ratings_version, tenant_id)
+
+
 def without_forgotten(block: RatingBlock, user_keys: list[str],
                       forgotten: set[str]) -> RatingBlock:
     """``block`` without the rows of the ``forgotten`` keys (the block itself if none)."""
@@ -109,7 +122,8 @@ def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) ->
         s.execute(sa.text("UPDATE forgotten_users SET version = version WHERE 0"))
     forgotten = forgotten_since(s, job)
     for jc in clients:
-        scrub_client(s, jc, forgotten.get(jc.tenant_id, set()))
+        if jc.tenant_id in forgotten:  # the others have nothing to scrub
+            scrub_client(s, jc, forgotten[jc.tenant_id])
 
 
 def scrub_client(s: Session, jc: JobClient, forgotten: set[str]) -> list[int]:

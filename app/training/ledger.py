@@ -15,18 +15,23 @@ from privacy.accountant import Event, compose
 from privacy.ledger import Budget, Ledger, rebudget
 
 
-def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None) -> Ledger:
+def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None,
+                lock: bool = False) -> Ledger:
     """Budgets of the tenants and every charge made to them: across all jobs (what budgets
-    are checked against), or only those of ``job_id``."""
+    are checked against), or only those of ``job_id``.
+
+    ``lock``: the tenants' rows are locked first (in id order, until the transaction ends),
+    so no other transaction charges them between this read and the caller's charge; the
+    charges are read by a second statement, after the lock is held, so they include every
+    charge committed before it was granted."""
     ids = list(tenant_ids)
-    tenants = s.scalars(sa.select(Tenant).where(Tenant.id.in_(ids))).all()
-    state = Ledger.open({t.id: Budget(t.privacy_budget, t.privacy_delta, t.allow_non_private)
-                         for t in tenants}).to_dict()
-    query = (sa.select(LedgerEntry.tenant_id, LedgerEntry.round, LedgerEntry.event)
-             .where(LedgerEntry.tenant_id.in_(ids)).order_by(LedgerEntry.id))
-    if job_id is not None:
-        query = query.where(LedgerEntry.job_id == job_id)
-    rows = s.execute(query).all()
+    tenants = s.execute(_LOCKED_BUDGETS if lock else _BUDGETS, {"ids": ids}).all()
+    state = Ledger.open({t: Budget(eps, delta, non_private)
+                         for t, eps, delta, non_private in tenants}).to_dict()
+    if job_id is None:
+        rows = s.execute(_CHARGES, {"ids": ids}).all()
+    else:
+        rows = s.execute(_CHARGES.where(LedgerEntry.job_id == job_id), {"ids": ids}).all()
     events: dict[str, list[Event]] = {str(t): [] for t in ids}
     for tenant_id, round_, event in rows:
         events[str(tenant_id)].append(Event.from_list(event["event"]))
@@ -34,6 +39,15 @@ def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None
     for key, evs in events.items():
         state["tenants"][key]["history"] = [e.as_list() for e in compose(evs)]
     return Ledger.from_dict(state)
+
+
+_BUDGETS = sa.select(Tenant.id, Tenant.privacy_budget, Tenant.privacy_delta,
+                     Tenant.allow_non_private).where(
+    Tenant.id.in_(sa.bindparam("ids", expanding=True)))
+_LOCKED_BUDGETS = _BUDGETS.order_by(Tenant.id).with_for_update()
+_CHARGES = (sa.select(LedgerEntry.tenant_id, LedgerEntry.round, LedgerEntry.event)
+            .where(LedgerEntry.tenant_id.in_(sa.bindparam("ids", expanding=True)))
+            .order_by(LedgerEntry.id))
 
 
 def change_budget(s: Session, tenant: Tenant, epsilon_max: float) -> Budget:

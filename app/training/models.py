@@ -147,6 +147,10 @@ class RoundUpload(Base):
     client_index: Mapped[int] = mapped_column(primary_key=True)
     upload: Mapped[bytes | None] = mapped_column(sa.LargeBinary)
     """The privatised upload; None when nothing was sent (or the budget refused it)."""
+    from_state: Mapped[dict[str, str] | None] = mapped_column(sa.JSON(none_as_null=True))
+    """Upload field -> field of the client's local state version of this round that holds
+    its array (migration 0013): stored once, there, and empty in ``upload``
+    (:func:`app.training.states.stage_upload`); None: every array is in ``upload``."""
     refused: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 

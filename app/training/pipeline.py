@@ -45,7 +45,13 @@ from app import queue
 from app.db import DATABASE_DOWN
 from app.models import Tenant, utcnow
 from app.training import states
-from app.training.forget import forgotten_since, scrub_job_clients, without_forgotten
+from app.training.forget import (
+    forgotten_since,
+    newer_tombstone,
+    newest_tombstone,
+    scrub_job_clients,
+    without_forgotten,
+)
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
 from privacy import release as privacy_release
@@ -158,6 +164,33 @@ def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
     return job if job.current_round == round_ - 1 else None
 
 
+def _client_of(s: Session, job_id: int, round_: int, client: int
+               ) -> tuple[TrainingJob, JobClient, bool, int | None] | None:
+    """What a client step reads first, in one statement: the job if round ``round_`` is
+    the next one to run (else None, a stale task), the client's row, whether its result
+    for the round is staged already, and the version of its tenant's newest tombstone."""
+    row = s.execute(_CLIENT_OF, {"job_id": job_id, "round": round_, "client": client}
+                    ).one_or_none()
+    if row is None:
+        return None
+    job, jc, done, tombstone = row
+    if job.status not in ("queued", "running") or job.current_round != round_ - 1:
+        return None
+    return job, jc, bool(done), tombstone
+
+
+_CLIENT_OF = (
+    sa.select(TrainingJob, JobClient,
+              sa.exists().where(RoundUpload.job_id == sa.bindparam("job_id"),
+                                RoundUpload.round == sa.bindparam("round"),
+                                RoundUpload.client_index == sa.bindparam("client")
+                                ).label("staged"),
+              newest_tombstone(JobClient.tenant_id))
+    .join(JobClient, sa.and_(JobClient.job_id == TrainingJob.id,
+                             JobClient.client_index == sa.bindparam("client")))
+    .where(TrainingJob.id == sa.bindparam("job_id")))
+
+
 def _selected(job: TrainingJob, alg: Algorithm, round_: int) -> list[int]:
     glob = states.load_global(job)
     return [int(i) for i in select_clients(alg, glob, len(job.tenant_ids), job.per_round,
@@ -198,19 +231,14 @@ def _privatise(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id
                ) -> tuple[Message | None, list | None, str | None]:
     """(upload as sent, ledger event, refusal reason) for one upload of a tenant:
     :func:`privacy.release.release_upload` on the tenant's ledger, whatever the unit. The
-    tenant row is locked so two jobs cannot both spend the last of its budget."""
-    _lock_tenants(s, [tenant_id])
+    tenant row is locked (:func:`load_ledger`) so two jobs cannot both spend the last of
+    its budget."""
+    ledger = load_ledger(s, [tenant_id], lock=True)
     index = _job_releases(s, job.id, tenant_id) if user_level.is_user_level(job.dp) else 0
     sent, event, refused = privacy_release.release_upload(
-        job.dp, job.algorithm, cfg, upload, tenant_id, load_ledger(s, [tenant_id]),
+        job.dp, job.algorithm, cfg, upload, tenant_id, ledger,
         client_noise_rng(job.seed, round_, client), round_, index, alg.privacy_preserving)
     return sent, None if event is None else event.as_list(), refused
-
-
-def _lock_tenants(s: Session, tenant_ids: list[int]) -> None:
-    """Lock the tenants' rows (in id order) so no two jobs spend the same budget."""
-    s.execute(sa.select(Tenant.id).where(Tenant.id.in_(sorted(tenant_ids)))
-              .order_by(Tenant.id).with_for_update())
 
 
 def _job_releases(s: Session, job_id: int, tenant_id: int | None = None) -> int:
@@ -232,10 +260,10 @@ def _release_central(s: Session, job: TrainingJob, cfg: Any, round_: int,
     if not uploads or not privacy_release.central(job.dp):
         return uploads, {}
     tenant_of = {i: job.tenant_ids[i] for i in uploads}
-    _lock_tenants(s, list(tenant_of.values()))
+    ledger = load_ledger(s, tenant_of.values(), lock=True)
     received, charged, refused = privacy_release.release_round(
         job.dp, job.algorithm, cfg, {tenant_of[i]: up for i, up in uploads.items()},
-        load_ledger(s, tenant_of.values()), _job_releases(s, job.id),
+        ledger, _job_releases(s, job.id),
         derive_rng(job.seed, round_, NOISE), round_)
     for tenant_id, event in charged.items():  # committed with the round that uses the sum
         s.add(LedgerEntry(tenant_id=tenant_id, job_id=job.id, round=round_,
@@ -251,14 +279,17 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
     compute (a stale or duplicate delivery, an agent's client)."""
     computed = None
     with sessions() as s:
-        job = _active_job(s, job_id, round_)
-        if job is None or client in agent_clients(job):
+        found = _client_of(s, job_id, round_, client)
+        if found is None:
+            return None
+        job, jc, staged, tombstone = found
+        if client in agent_clients(job):
             return None
         alg, cfg = algorithm_of(job)
-        if s.get(RoundUpload, (job_id, round_, client)) is None:
+        if not staged:
             started = time.perf_counter()
-            jc = s.get(JobClient, (job_id, client))
-            gone = forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
+            gone = (forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
+                    if newer_tombstone(job, jc.tenant_id, tombstone) else set())
             train = without_forgotten(_block(jc, "train"), jc.user_keys, gone)
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, states.load_global(job),
@@ -267,14 +298,13 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             if upload is not None:
                 upload, event, refused = _privatise(s, job, alg, cfg, jc.tenant_id, client,
                                                      round_, upload)
-            states.stage_local(s, job_id, client, round_, local)
-            s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
-                              refused=refused,
-                              upload=None if upload is None else upload.to_bytes()))
-            if event is not None:  # charged in the same transaction that stores the upload
-                s.add(LedgerEntry(tenant_id=jc.tenant_id, job_id=job_id, round=round_,
-                                  event={"event": event, "dp": job.dp}))
             try:
+                states.stage_local(s, job_id, client, round_, local)
+                states.stage_upload(s, job_id, client, round_, local, upload, refused)
+                if event is not None:  # charged in the transaction that stores the upload
+                    s.execute(_INSERT_CHARGE, {"tenant_id": jc.tenant_id, "job_id": job_id,
+                                               "round": round_,
+                                               "event": {"event": event, "dp": job.dp}})
                 s.commit()
                 computed = time.perf_counter() - started
             except IntegrityError:  # a duplicate delivery of this task got there first
@@ -287,9 +317,15 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
 
 def round_complete(s: Session, job: TrainingJob, alg: Algorithm, round_: int) -> bool:
     """Every tenant selected in the round has staged its result (hosted or agent)."""
-    staged = s.scalar(sa.select(sa.func.count()).select_from(RoundUpload).where(
-        RoundUpload.job_id == job.id, RoundUpload.round == round_))
+    staged = s.scalar(_STAGED_COUNT, {"job_id": job.id, "round": round_})
     return staged >= len(_selected(job, alg, round_))
+
+
+#: the statements every client step runs, built once (building one costs more than
+#: executing it): the charge of an upload, and the count of a round's staged results
+_INSERT_CHARGE = sa.insert(LedgerEntry.__table__)
+_STAGED_COUNT = sa.select(sa.func.count()).select_from(RoundUpload).where(
+    RoundUpload.job_id == sa.bindparam("job_id"), RoundUpload.round == sa.bindparam("round"))
 
 
 def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Message,
@@ -358,8 +394,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                             and time.time() >= deadline):
             return None  # not complete yet: a later client step sends aggregate again
         # past the deadline, agents that sent nothing sit the round out (state unchanged)
-        uploads = {i: Message.from_bytes(staged[i].upload) for i in selected
-                   if i in staged and staged[i].upload is not None}
+        uploads = states.load_uploads(s, job_id, round_,
+                                      [staged[i] for i in selected if i in staged])
         if user_level.is_user_level(job.dp) and job.dp.get("secure_aggregation"):
             from app.training import secure  # the server step gets the unmasked sum only
 

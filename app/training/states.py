@@ -9,13 +9,19 @@
   wrote it); the client step stages a new version, the aggregate step commits it by
   moving ``JobClient.state_round`` and deletes the version it superseded. No state is
   copied from a staging table into another.
-* Every part, version and block carries a blake2b digest of its bytes. A worker keeps
-  decoded copies in memory keyed by those digests and asks the database only for the
-  digests (a few bytes per tenant); a blob is fetched only when its digest is not in
+* An upload's arrays that are arrays of the new local state (a noise-free FedMC-ADMM
+  upload is the new W_i and Y_i) are stored once, in that version: the staged upload
+  names them (``RoundUpload.from_state``) and the aggregate step takes them from there
+  (:func:`stage_upload`, :func:`load_uploads`).
+* Every part, version and block carries a tag: a blake2b digest of a block's bytes, and
+  for the states a round writes 128 random bits drawn at each write (hashing them cost
+  more than a millisecond per tenant). Either way a tag names exactly one byte string. A
+  worker keeps decoded copies in memory keyed by those tags and asks the database only
+  for the tags (a few bytes per tenant); a blob is fetched only when its tag is not in
   memory (a fresh worker, another worker's round, a forgotten user's scrub).
 
-The caches are content-addressed (a digest names exactly one byte string) and their
-arrays are never modified in place, so a copy is valid whatever committed or rolled back.
+The caches are keyed by tag and their arrays are never modified in place, so a copy is
+valid whatever committed or rolled back.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import collections
 import hashlib
 import io
 import os
+import secrets
 import threading
 from collections.abc import Iterable
 
@@ -32,7 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from algorithms import Message
-from app.training.models import JobLocalState, JobServerPart
+from app.training.models import JobLocalState, JobServerPart, RoundUpload
 
 _LOCK = threading.Lock()
 #: decoded local states by (job id, client index, digest), least recently used first
@@ -50,8 +57,15 @@ def cache_limit() -> int:
 
 
 def digest(data: bytes) -> str:
-    """The digest stored beside a blob: blake2b, 128 bits, hex."""
+    """The digest stored beside a rating block: blake2b, 128 bits, hex."""
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def new_tag() -> str:
+    """The tag stored beside a state written by a round: 128 random bits, hex, drawn anew
+    at every write, so a tag names exactly one byte string as a digest would, without
+    hashing the ~10 MB a FedMC-ADMM round on MovieLens 1M writes."""
+    return secrets.token_hex(16)
 
 
 def clear_caches() -> None:
@@ -89,27 +103,41 @@ def _cached_local(key: tuple[int, int, str]) -> Message | None:
 
 
 def stage_local(s: Session, job_id: int, client: int, round_: int, state: Message) -> str:
-    """Add version ``round_`` of the client's local state (the caller commits); returns
-    its digest."""
+    """Insert version ``round_`` of the client's local state (the caller commits); returns
+    its tag."""
     blob = state.to_bytes()
-    d = digest(blob)
-    s.add(JobLocalState(job_id=job_id, client_index=client, round=round_, state=blob,
-                        digest=d))
+    d = new_tag()
+    s.execute(_INSERT_LOCAL, {"job_id": job_id, "client_index": client, "round": round_,
+                              "state": blob, "digest": d})
     _remember_local((job_id, client, d), state)
     return d
+
+
+#: the row inserts of a client step, as Core statements (the ORM's unit of work costs more
+#: per row than the statement itself)
+_INSERT_LOCAL = sa.insert(JobLocalState.__table__)
+_INSERT_UPLOAD = sa.insert(RoundUpload.__table__)
 
 
 def load_locals(s: Session, job_id: int, clients: Iterable) -> dict[int, Message]:
     """The committed local states of ``clients`` (JobClient rows), decoded: from memory
     when their stored digest is there, else fetched (and remembered)."""
+    return _load_versions(s, job_id, {jc.client_index: (jc.state_round, jc.state_digest)
+                                      for jc in clients})
+
+
+def _load_versions(s: Session, job_id: int, versions: dict[int, tuple[int, str | None]]
+                   ) -> dict[int, Message]:
+    """client index -> its local state version (round, digest), decoded: from memory when
+    the digest is there, else fetched (and remembered)."""
     out: dict[int, Message] = {}
     fetch = []
-    for jc in clients:
-        msg = _cached_local((job_id, jc.client_index, jc.state_digest))
+    for client, (round_, d) in versions.items():
+        msg = _cached_local((job_id, client, d)) if d is not None else None
         if msg is None:
-            fetch.append((jc.client_index, jc.state_round))
+            fetch.append((client, round_))
         else:
-            out[jc.client_index] = msg
+            out[client] = msg
     for chunk in range(0, len(fetch), 256):
         rows = s.execute(sa.select(JobLocalState.client_index, JobLocalState.digest,
                                    JobLocalState.state)
@@ -123,7 +151,7 @@ def load_locals(s: Session, job_id: int, clients: Iterable) -> dict[int, Message
     missing = {c for c, _ in fetch} - set(out)
     if missing:
         raise LookupError(f"job {job_id}: no stored local state of client(s) "
-                          f"{sorted(missing)} at the committed round")
+                          f"{sorted(missing)} at the round asked for")
     return out
 
 
@@ -172,9 +200,60 @@ def rewrite_versions(s: Session, jc, change) -> None:
     for row in s.scalars(sa.select(JobLocalState).where(
             JobLocalState.job_id == jc.job_id, JobLocalState.client_index == jc.client_index)):
         blob = change(Message.from_bytes(row.state)).to_bytes()
-        row.state, row.digest = blob, digest(blob)
+        row.state, row.digest = blob, new_tag()
         if row.round == jc.state_round:
             jc.state_digest = row.digest
+
+
+# -------------------------------------------------------------------------------- uploads
+
+def stage_upload(s: Session, job_id: int, client: int, round_: int, local: Message,
+                 upload: Message | None, refused: str | None) -> None:
+    """Insert the client's upload of the round (None: nothing sent), staged beside its
+    local state version ``round_`` (the caller commits).
+
+    An array of the upload that *is* an array of that local state (the same object: an
+    upload sent as computed, with no noise added, e.g. FedMC-ADMM's W_i and Y_i) is stored
+    once, in the local state: the upload's bytes hold it empty and ``from_state`` names the
+    local field it is. A noisy upload's arrays are new objects and are stored in full, and
+    so are fields the local state keeps per user (a forgotten user's scrub rewrites those).
+    """
+    refs: dict[str, str] = {}
+    blob = None
+    if upload is not None:
+        kept = {id(a): name for name, a in local.arrays().items()
+                if name not in local.user_rows}
+        refs = {name: kept[id(a)] for name, a in upload.arrays().items() if id(a) in kept}
+        blob = upload.replace(**{n: getattr(upload, n)[:0] for n in refs}).to_bytes()
+    s.execute(_INSERT_UPLOAD, {"job_id": job_id, "round": round_, "client_index": client,
+                               "refused": refused, "upload": blob,
+                               "from_state": refs or None})
+
+
+def load_uploads(s: Session, job_id: int, round_: int, rows: Iterable[RoundUpload]
+                 ) -> dict[int, Message]:
+    """The uploads of ``rows`` (a round's :class:`RoundUpload` rows; those that sent
+    nothing left out), decoded, with the fields stored in the client's staged local state
+    (``from_state``) taken from that version: from memory when its digest is there."""
+    rows = [r for r in rows if r.upload is not None]
+    refer = [r for r in rows if r.from_state]
+    staged: dict[int, Message] = {}
+    if refer:
+        digests = dict(s.execute(sa.select(JobLocalState.client_index, JobLocalState.digest)
+                                 .where(JobLocalState.job_id == job_id,
+                                        JobLocalState.round == round_,
+                                        JobLocalState.client_index.in_(
+                                            [r.client_index for r in refer]))).all())
+        staged = _load_versions(s, job_id, {r.client_index: (round_, digests.get(
+            r.client_index)) for r in refer})
+    out: dict[int, Message] = {}
+    for r in rows:
+        msg = Message.from_bytes(r.upload)
+        if r.from_state:
+            local = staged[r.client_index]
+            msg = msg.replace(**{n: getattr(local, m) for n, m in r.from_state.items()})
+        out[r.client_index] = msg
+    return out
 
 
 # -------------------------------------------------------------------------- global message
@@ -191,16 +270,16 @@ def load_global(job) -> Message:
         msg = _GLOBAL.get(d) if d else None
     if msg is not None:
         return msg
-    blob = job.global_msg
-    msg = Message.from_bytes(blob)
-    _remember_global(d or digest(blob), msg)
+    msg = Message.from_bytes(job.global_msg)
+    if d:
+        _remember_global(d, msg)
     return msg
 
 
 def store_global(job, msg: Message) -> None:
     """Set the job's global message and its digest (the caller commits)."""
     blob = msg.to_bytes()
-    job.global_msg, job.global_digest = blob, digest(blob)
+    job.global_msg, job.global_digest = blob, new_tag()
     _remember_global(job.global_digest, msg)
 
 
@@ -260,7 +339,7 @@ def new_server(s: Session, job, state: Message) -> None:
     rows = []
     for i in range(n):
         blob = _part(state, i)
-        rows.append({"job_id": job.id, "client_index": i, "part": blob, "digest": digest(blob)})
+        rows.append({"job_id": job.id, "client_index": i, "part": blob, "digest": new_tag()})
     if rows:
         s.execute(sa.insert(JobServerPart), rows)
 
@@ -333,7 +412,7 @@ def save_server(s: Session, job, old: Message, new: Message) -> int:
     rows = []
     for i in changed:
         blob = _part(new, i)
-        rows.append({"job_id": job.id, "client_index": i, "part": blob, "digest": digest(blob)})
+        rows.append({"job_id": job.id, "client_index": i, "part": blob, "digest": new_tag()})
     if rows:
         s.execute(sa.update(JobServerPart), rows)
     with _LOCK:

@@ -14,7 +14,14 @@ from algorithms.simulate import simulate
 from app.db import downgrade, migrate
 from app.training import pipeline, states
 from app.training.jobs import JobSpec, create_job
-from app.training.models import JobClient, JobLocalState, JobRound, JobServerPart, TrainingJob
+from app.training.models import (
+    JobClient,
+    JobLocalState,
+    JobRound,
+    JobServerPart,
+    RoundUpload,
+    TrainingJob,
+)
 from tests.training_helpers import CONFIG, federation_of, make_tenants
 
 BLOBS = ("job_local_states.state", "job_server_parts.part", "job_clients.train_block",
@@ -221,3 +228,112 @@ def test_migration_0012_gives_stored_jobs_the_fields_of_their_earlier_behaviour(
                                                    "gamma_rating": 0.2}
     cfg = registry.get("fedmavg").config(**avg)  # what a resumed job now loads
     assert not cfg.bias and cfg.curvature == "global" and cfg.aggregate == "mean"
+
+
+def _client_steps(app, job_id: int, round_: int) -> list[int]:
+    """Run round ``round_``'s start and client steps, not its aggregate; the clients."""
+    dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    pipeline.TASKS[pipeline.TASK_START](app.state.sessions, dispatch, job_id, round_)
+    clients = [args for task, args in dispatch._queue if task == pipeline.TASK_CLIENT]
+    dispatch._queue.clear()
+    for args in clients:
+        pipeline.TASKS[pipeline.TASK_CLIENT](app.state.sessions, dispatch, *args)
+    return [args[2] for args in clients]
+
+
+def _aggregate(app, job_id: int, round_: int) -> None:
+    dispatch = pipeline.InlineDispatcher(app.state.sessions)
+    pipeline.TASKS[pipeline.TASK_AGGREGATE](app.state.sessions, dispatch, job_id, round_)
+
+
+def test_a_noise_free_upload_is_stored_once_in_the_staged_local_state(env):
+    app, client = env
+    job_id = _job(app, client, n=3, rounds=2, per_round=3)
+    fed, job = federation_of(app, job_id)
+    alg = registry.get("fedmc-admm")
+    cfg = alg.config(**CONFIG)
+    with app.state.sessions() as s:
+        glob0 = Message.from_bytes(s.get(TrainingJob, job_id).global_msg)
+        before = {c: Message.from_bytes(b) for c, b in enumerate(states.committed_states(
+            s, job_id))}
+    sampled = _client_steps(app, job_id, 1)
+    assert sorted(sampled) == [0, 1, 2]
+    with app.state.sessions() as s:
+        rows = s.scalars(sa.select(RoundUpload).where(RoundUpload.job_id == job_id)).all()
+        for row in rows:
+            assert row.from_state == {"W": "W", "Y": "Y"}
+            held = Message.from_bytes(row.upload)
+            assert held.W.size == 0 and held.Y.size == 0  # the arrays are not repeated
+            staged = Message.from_bytes(s.scalar(sa.select(JobLocalState.state).where(
+                JobLocalState.job_id == job_id, JobLocalState.client_index == row.client_index,
+                JobLocalState.round == 1)))
+            assert staged.W.shape == glob0.V.shape
+        states.clear_caches()  # a fresh worker: resolved from the stored versions
+        uploads = states.load_uploads(s, job_id, 1, rows)
+    for c in sampled:  # what the tenant computed, recomputed from its round-0 state
+        _, upload = alg.client_step(glob0, before[c], fed.train[c], cfg, None)
+        assert uploads[c].W.tobytes() == upload.W.tobytes()
+        assert uploads[c].Y.tobytes() == upload.Y.tobytes()
+    states.clear_caches()
+    _aggregate(app, job_id, 1)
+    sim = simulate(alg, cfg, fed, rounds=1, per_round=3, seed=5)
+    with app.state.sessions() as s:
+        assert states.load_server(s, s.get(TrainingJob, job_id)).to_bytes() == \
+            sim.server_state.to_bytes()
+        assert not s.scalars(sa.select(RoundUpload)).all()
+
+
+def test_a_noisy_upload_is_stored_in_full(env):
+    app, client = env
+    make_tenants(client, n=2)
+    with app.state.sessions() as s:
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
+        job_id = create_job(s, JobSpec("fedmc-admm", tids, 2, 2, 5, CONFIG,
+                                       {"mechanism": "gaussian", "noise_multiplier": 2.0,
+                                        "clip": 1.0})).id
+    _client_steps(app, job_id, 1)
+    with app.state.sessions() as s:
+        rows = s.scalars(sa.select(RoundUpload).where(RoundUpload.job_id == job_id)).all()
+        assert len(rows) == 2
+        for row in rows:
+            staged = Message.from_bytes(s.scalar(sa.select(JobLocalState.state).where(
+                JobLocalState.job_id == job_id, JobLocalState.client_index == row.client_index,
+                JobLocalState.round == 1)))
+            sent = Message.from_bytes(row.upload)
+            assert row.from_state is None
+            assert sent.W.shape == staged.W.shape
+            assert sent.W.tobytes() != staged.W.tobytes()  # the noise is in the upload only
+
+
+def test_migration_0013_gives_a_staged_upload_its_arrays_back_and_the_round_completes(env):
+    app, client = env
+    job_id = _job(app, client, n=3, rounds=2, per_round=2)
+    fed, _ = federation_of(app, job_id)
+    sampled = _client_steps(app, job_id, 1)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        staged = {c: Message.from_bytes(s.scalar(sa.select(JobLocalState.state).where(
+            JobLocalState.job_id == job_id, JobLocalState.client_index == c,
+            JobLocalState.round == 1))) for c in sampled}
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0012")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        old = dict(conn.execute(sa.text("SELECT client_index, upload FROM round_uploads "
+                                        "WHERE job_id = :j"), {"j": job_id}).all())
+        columns = [c["name"] for c in sa.inspect(conn).get_columns("round_uploads")]
+    engine.dispose()
+    assert "from_state" not in columns and sorted(old) == sorted(sampled)
+    for c, blob in old.items():  # what the code before this migration reads
+        up = Message.from_bytes(bytes(blob))
+        assert up.W.tobytes() == staged[c].W.tobytes() and up.Y.tobytes() == staged[c].Y.tobytes()
+    migrate(url)
+    states.clear_caches()
+    _aggregate(app, job_id, 1)  # the round in flight completes from the full uploads
+    alg = registry.get("fedmc-admm")
+    sim = simulate(alg, alg.config(**CONFIG), fed, rounds=1, per_round=2, seed=5)
+    with app.state.sessions() as s:
+        assert s.get(TrainingJob, job_id).current_round == 1
+        assert states.load_server(s, s.get(TrainingJob, job_id)).to_bytes() == \
+            sim.server_state.to_bytes()
+        assert states.committed_states(s, job_id) == [m.to_bytes() for m in sim.local_states]
