@@ -784,18 +784,20 @@ def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
 
 def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig,
                     clip: float | None, act: _Active, stepping: _Active | None = None,
-                    anchor: np.ndarray | None = None
+                    anchor: np.ndarray | None = None, moving: _Active | None = None
                     ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
-    """Algorithm 2's client side (zeta not yet redrawn): the active clients upload and
-    move to the average; the main update is taken by ``stepping`` (default ``act``).
-    ``anchor`` is unused (RFRecF's main update has no proximal term)."""
+    """Algorithm 2's client side (zeta not yet redrawn): the active clients upload; the
+    move to the average is taken by ``moving`` (default ``act``: the clients that received
+    V_bar), the main update by ``stepping`` (default ``act``). ``anchor`` is unused
+    (RFRecF's main update has no proximal term)."""
     if g.zeta == 1:
         if g.zeta_prev == 1:
             return g, c, None
         return g, c, _batched_total(lay, c.p, g.h, clip, act)
     if g.zeta_prev == 1:
         rate = move_rate(cfg)
-        p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p, act.pairs)
+        p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p,
+                  (act if moving is None else moving).pairs)
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
         if cfg.schedule == "paper":
             return g, c, None
@@ -807,16 +809,20 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
     return g.replace(steps=t), c, None
 
 
+#: what a client left out of an iteration does (:func:`run_batched`)
+Absent = Literal["idle", "local", "lost"]
+ABSENT: tuple[str, ...] = ("idle", "local", "lost")
+
+
 class BatchedSteps:
     """:class:`algorithms.simulate.Steps` of the batched path: every active client's step
     at once on the lazy representation, the upload being the sum of their (clipped) V_(i)
     (an aggregator may add the noise to it), and the server's mean of it."""
 
     def __init__(self, cfg: RFRecConfig, fed: Federation, seed: int, per_round: int,
-                 clip: float | None = None, absent: Literal["idle", "local"] = "idle"
-                 ) -> None:
-        if absent not in ("idle", "local"):
-            raise ValueError(f"absent must be 'idle' or 'local', not {absent!r}")
+                 clip: float | None = None, absent: Absent = "idle") -> None:
+        if absent not in ABSENT:
+            raise ValueError(f"absent must be one of {', '.join(ABSENT)}, not {absent!r}")
         self.fast = isinstance(cfg, RFRecFConfig)
         self.alg = ALGORITHMS["rfrecf" if self.fast else "rfrec"]
         self.cfg, self.fed, self.seed, self.per_round, self.clip, self.absent = (
@@ -841,19 +847,29 @@ class BatchedSteps:
         act = _active(self.lay, chosen)
         returning = np.zeros(self.fed.n_clients, dtype=bool)
         returning[chosen] = last[chosen] < k - 1
-        c = _on_return_all(self.lay, c, self.cfg, returning)
-        stepping = None
-        if self.absent == "local" and act.pairs is not None:
+        stepping = moving = None
+        if self.absent == "lost" and act.pairs is not None:
+            # every client received the broadcast and steps from it; only the chosen
+            # clients' uploads reach the server (nobody missed a step: no return)
+            stepping = moving = _Active(self.fed.n_clients, None, None)
+            returning[:] = False
+            last[:] = k
+        elif self.absent == "local" and act.pairs is not None:
             # absent clients keep stepping, pulled to the V_bar they last received; only
             # the active ones upload (a reconnecting client's anchor jumps to the new
             # V_bar, so momentum_on_return applies on reconnection)
             now = g.v_bar[:, self.lay.pair_item].T
             p_bar = now if p_bar is None else np.where(act.pairs[:, None], now, p_bar)
             stepping = _Active(self.fed.n_clients, None, None)
+        c = _on_return_all(self.lay, c, self.cfg, returning)
         last[chosen] = k
-        step = _batched_rfrecf if self.fast else _batched_rfrec
-        pending, c, total = step(self.lay, g, c, self.cfg, self.clip, act, stepping,
-                                 None if stepping is None else p_bar)
+        if self.fast:
+            pending, c, total = _batched_rfrecf(self.lay, g, c, self.cfg, self.clip, act,
+                                                stepping, None, moving)
+        else:
+            anchor = p_bar if self.absent == "local" else None
+            pending, c, total = _batched_rfrec(self.lay, g, c, self.cfg, self.clip, act,
+                                               stepping, anchor)
         return (_Batch(c, last, p_bar),
                 {AGGREGATE: _BatchUpload(pending, total, act.n, chosen)})
 
@@ -903,7 +919,7 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
                 evaluate_every: int = 1, per_round: int = 0,
                 on_round: Callable[[RoundRecord], None] | None = None,
                 on_global: Callable[[RFRecGlobal], None] | None = None,
-                absent: Literal["idle", "local"] = "idle") -> SimulationResult:
+                absent: Absent = "idle") -> SimulationResult:
     """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
 
     The round engine (:func:`algorithms.simulate.drive`) with :class:`BatchedSteps`: same
@@ -915,11 +931,15 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
     means everybody, otherwise that many clients drawn by :func:`select` from the same
     stream. ``on_global`` sees the broadcast of every round (e.g. for a stopping rule on
     V_bar). ``absent`` is what a client left out of an iteration does: ``idle`` (as the
-    generic driver: it neither steps nor uploads), or ``local``, the RFRec paper's
+    generic driver: it neither steps nor uploads); ``local``, the RFRec paper's
     Sec. 3.3 reading of a device that lost its connection ("each client can continue
     local updates even without connection to the server"): it keeps taking its step
     (RFRec: pulled toward the last V_bar it received; RFRecF: the main updates, without
-    the move to an average it did not receive) and uploads nothing. Per round
+    the move to an average it did not receive) and uploads nothing; or ``lost``: it
+    received the broadcast and steps like everybody (RFRecF: the move to the average
+    too), but its upload does not reach the server, which averages the uploads it got.
+    ``lost`` isolates the server side of Sec. 3.3 (the mean of n_t uploads standing for
+    the mean of all n), since no client works from a stale V_bar. Per round
     O(nnz d + n d) plus the noise draws.
     """
     def see(state: RoundState) -> bool:

@@ -5,25 +5,33 @@ the result as a participation rate (Sec. 3.3: the server averages the uploads of
 devices that took part). Here a fresh uniform sample of (1 - rate) of the clients takes
 part in every iteration (``per_round`` of the simulator, :func:`algorithms.rfrec.select`);
 absent clients neither step nor upload, and on return adopt the broadcast never-rated
-columns (see algorithms/rfrec.py). Each seed uses the same split, partition and init for
+columns (see algorithms/rfrec.py). ``--absent local`` keeps them stepping from the last
+V_bar they received (Sec. 3.3: "each client can continue local updates even without
+connection"), ``--absent lost`` from the current broadcast, only their upload being lost
+(what is left is the server side: the mean of n_t uploads for the mean of all n). Each seed uses the same split, partition and init for
 every rate, so the RMSE increase over 0% is paired.
 
 Default: ML-100k, the ``ours`` settings (bench/rfrec_common.py), 3 seeds; the paper's table
 is on ML-1M, so the comparison is on the RMSE / MAE *increase* over 0% dropped, not on the
-absolute values. ``--data ml-1m`` (over 10 minutes here, not the default) also compares the
-absolute figures and writes ``rfrec_dropped_ml-1m.json``.
+absolute values. ``--paper-size`` (``--data ml-1m``, the paper's data set; over 10 minutes
+here, not the default) also compares the absolute figures and writes
+``rfrec_dropped_ml-1m.json`` (``rfrec_dropped_ml-1m_<absent>.json`` with ``--absent``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from algorithms.rfrec import ABSENT
 from bench import _experiment
 from bench import rfrec_common as C
 
 EXPERIMENT = "RFRec/RFRecF RMSE with 0-90% dropped clients vs the paper's Table 3"
 NEEDS_DATA = True
 NAME = "rfrec_dropped"
+#: how the results table names what the dropped clients did
+ABSENT_NOTE = {"idle": "", "local": ", absent clients step locally",
+               "lost": ", absent clients step, uploads lost"}
 
 
 def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None,
@@ -54,7 +62,7 @@ def comparisons(data: str, cells: dict, rates: tuple[int, ...], absent: str = "i
             for metric, key in (("RMSE", "rmse"), ("MAE", "mae")):
                 paper = C.TABLE3[method][metric]
                 what = (f"{C.DATA[data]}, {C.METHOD[method]}, ours, {rate}% dropped"
-                        + (", absent clients step locally" if absent == "local" else ""))
+                        + ABSENT_NOTE[absent])
                 if data == "ml-1m":
                     rows.append(_experiment.comparison(what, metric, paper[i],
                                                        cells[f"{method}/{rate}"][key]))
@@ -96,9 +104,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="the paper's data set, ML-1M (as --data ml-1m)")
     ap.add_argument("--rates", type=int, nargs="+", choices=C.DROP_RATES, default=None,
                     help="dropped percentages (default: all of Table 3's; 0 is always run)")
-    ap.add_argument("--absent", choices=["idle", "local"], default="idle",
-                    help="what a dropped client does: idle (neither steps nor uploads) or "
-                         "local (keeps its local updates, uploads nothing; Sec. 3.3)")
+    ap.add_argument("--absent", choices=ABSENT, default="idle",
+                    help="what a dropped client does: idle (neither steps nor uploads), "
+                         "local (keeps its local updates from the last V_bar it received, "
+                         "uploads nothing; Sec. 3.3) or lost (steps from the broadcast "
+                         "like everybody, its upload is lost)")
     args = ap.parse_args(argv)
     if args.paper_size:
         args.data = "ml-1m"
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = tuple(r for r in C.DROP_RATES if r == 0 or r in args.rates)
     cells = measure(args.data, rates, args.seeds, 20 if args.quick else None, args.absent)
     stem = (NAME if args.data == "ml-100k" else f"{NAME}_{args.data}") + (
-        "_local" if args.absent == "local" else "")
+        "" if args.absent == "idle" else f"_{args.absent}")
     path = C.write(args.out, NAME, stem, argv, args.quick,
         {"data": args.data, "rates": rates, "cells": cells, "absent": args.absent,
          "settings": {m: C.config(m, "ours").model_dump() for m in ("rfrec", "rfrecf")},

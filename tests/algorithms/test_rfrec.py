@@ -20,8 +20,10 @@ from algorithms.rfrec import (
     RFRecGlobal,
     RFRecLocal,
     dense_v,
+    move_rate,
     paper_dp,
     predict_ratings,
+    relax,
     run_batched,
 )
 from algorithms.simulate import initialise, run_round, simulate
@@ -470,6 +472,70 @@ def test_absent_clients_that_step_locally_pull_to_their_last_v_bar_and_upload_no
     np.testing.assert_array_equal(everybody[0].global_msg.v_bar, everybody[1].global_msg.v_bar)
     with pytest.raises(ValueError, match="absent must be"):
         run_batched(cfg, fed, rounds=2, seed=seed, absent="sleep")
+
+
+def _dense_lost_rfrec(fed, cfg, rounds, seed, per_round):
+    """Algorithm 1 where every client steps from the broadcast V_bar but only the chosen
+    clients' uploads arrive: V_bar is the mean of their dense V_(i)."""
+    _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
+    us = [s.u for s in locs]
+    vs = [glob.v_bar.copy() for _ in locs]
+    v_bar = glob.v_bar
+    for k in range(1, rounds + 1):
+        chosen = _chosen(seed, k, len(vs), per_round)
+        for i in range(len(vs)):
+            gu, gv = _dense_grad_f(us[i], vs[i], *_dense(fed.train[i]), cfg)
+            us[i] = us[i] - cfg.alpha * gu
+            vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - v_bar))
+        v_bar = sum(vs[i] for i in chosen) / len(chosen)
+    return us, vs, v_bar
+
+
+def test_absent_clients_whose_uploads_are_lost_step_from_the_broadcast():
+    fed, seed = _federation(), 8
+    cfg = _paper(RFRecConfig, rank=2, alpha=0.01, lam=5.0)
+    us, vs, v_bar = _dense_lost_rfrec(fed, cfg, 12, seed, 2)
+    res = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent="lost")
+    np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+    assert [r.uploads for r in res.history] == [2] * 12
+    for i, (u, s) in enumerate(zip(us, res.local_states, strict=True)):
+        np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(dense_v(res.global_msg.h, s.v_rated,
+                                           fed.train[i].rated_items), vs[i],
+                                   rtol=1e-9, atol=1e-12)
+        assert s.last == 12
+    local = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent="local")
+    assert not np.allclose(local.global_msg.v_bar, res.global_msg.v_bar)
+
+
+def test_rfrecf_clients_whose_uploads_are_lost_also_move_to_the_average():
+    """Algorithm 2's schedule: an iteration after an aggregation only moves to the average
+    (line 12); with absent='lost' every client takes it, with 'local' only the chosen."""
+    fed, seed, per_round = _federation(), 4, 3
+    cfg = RFRecFConfig(rating_range=R15, rank=2, schedule="paper", p=0.5, lam=5.0)
+    rate = move_rate(cfg)
+    assert 0.0 < rate < 1.0
+    k = next(k for k in range(1, 40)
+             if (g := run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
+                                  absent="lost").global_msg).zeta == 0 and g.zeta_prev == 1)
+    chosen = set(_chosen(seed, k + 1, len(fed.train), per_round))
+    moved = {}
+    for absent in ("lost", "local"):
+        before = run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
+                             absent=absent)
+        after = run_batched(cfg, fed, rounds=k + 1, seed=seed, per_round=per_round,
+                            absent=absent)
+        v_bar = before.global_msg.v_bar
+        moved[absent] = set()
+        for i, (s0, s1, b) in enumerate(zip(before.local_states, after.local_states,
+                                            fed.train, strict=True)):
+            expected = relax(s0.v_rated, v_bar[:, b.rated_items], rate)
+            if np.allclose(s1.v_rated, expected, rtol=1e-12, atol=1e-15):
+                moved[absent].add(i)
+            else:
+                np.testing.assert_array_equal(s1.v_rated, s0.v_rated)
+    assert moved["lost"] == set(range(len(fed.train)))
+    assert moved["local"] == chosen != moved["lost"]
 
 
 def test_rfrecf_absent_clients_take_the_main_updates_but_not_the_move():
