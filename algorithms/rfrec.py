@@ -158,10 +158,13 @@ class RFRecConfig(AlgorithmConfig):
     """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
-    momentum_on_return: Literal["restart", "keep"] = "restart"
+    momentum_on_return: Literal["restart", "keep", "decay"] = "restart"
     """With ``optimizer='adam'`` and dropped clients: ``restart`` zeroes the first moments
     of a client that missed an iteration before its next step; ``keep`` resumes them as it
-    left them. No effect when every client takes part in every iteration."""
+    left them; ``decay`` ages them by the iterations it missed (first moments times
+    beta1^missed, second times beta2^missed: the moments Adam would hold had the client
+    seen a zero gradient meanwhile). No effect when every client takes part in every
+    iteration."""
     #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`), around the defaults
     search_space: ClassVar[dict[str, tuple]] = {
         "lam": ("log", 5.0, 80.0), "lam_u": ("log", 0.05, 3.0), "alpha": ("log", 0.03, 0.3)}
@@ -208,7 +211,7 @@ class RFRecFConfig(RFRecConfig):
     """K, the recommended number of rounds (paper 100)."""
     p: float = Field(0.8, gt=0, lt=1)
     """Probability of zeta = 1 (an aggregation iteration; paper 0.5, the notebook 0.8)."""
-    momentum_on_return: Literal["restart", "keep"] = "keep"
+    momentum_on_return: Literal["restart", "keep", "decay"] = "keep"
     """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
     the restart measurably hurts it with dropped clients (module docstring)."""
     search_space: ClassVar[dict[str, tuple]] = {
@@ -534,11 +537,25 @@ def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
 
 
 def _on_return(local: RFRecLocal, k: int, cfg: RFRecConfig) -> RFRecLocal:
-    """The state a client steps from at iteration k + 1: with ``momentum_on_return='restart'``
-    and Adam, first moments zeroed when it missed an iteration since its last (``last`` < k)."""
-    if cfg.optimizer != "adam" or cfg.momentum_on_return != "restart" or local.last >= k:
+    """The state a client steps from at iteration k + 1: with Adam, when it missed an
+    iteration since its last (``last`` < k), first moments zeroed
+    (``momentum_on_return='restart'``) or both aged by the k - last iterations it missed
+    (``'decay'``)."""
+    if cfg.optimizer != "adam" or cfg.momentum_on_return == "keep" or local.last >= k:
         return local
-    return local.replace(u_m1=np.zeros_like(local.u_m1), v_m1=np.zeros_like(local.v_m1))
+    f1, f2 = _return_factors(cfg, k - local.last)
+    return local.replace(u_m1=f1 * local.u_m1, v_m1=f1 * local.v_m1, u_m2=f2 * local.u_m2,
+                         v_m2=f2 * local.v_m2)
+
+
+def _return_factors(cfg: RFRecConfig, missed: np.ndarray | int
+                    ) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """Factors of the (first, second) moments of a client that missed ``missed`` (> 0)
+    iterations, under ``momentum_on_return`` 'restart' or 'decay'."""
+    if cfg.momentum_on_return == "restart":
+        return 0.0, 1.0
+    b1, b2 = cfg.adam_betas
+    return np.power(b1, missed), np.power(b2, missed)
 
 
 def _zero_moments(cfg: RFRecConfig, shape: tuple[int, ...]) -> Moments:
@@ -682,16 +699,20 @@ def _keep(new: np.ndarray | None, old: np.ndarray | None, mask: np.ndarray | Non
     return np.where(mask[:, None], new, old)
 
 
-def _on_return_all(lay: _Layout, c: _Clients, cfg: RFRecConfig, returning: np.ndarray
+def _on_return_all(lay: _Layout, c: _Clients, cfg: RFRecConfig, missed: np.ndarray
                    ) -> _Clients:
-    """:func:`_on_return` for every client at once; ``returning`` marks the clients that
-    take part now after missing an iteration."""
-    if cfg.optimizer != "adam" or cfg.momentum_on_return != "restart" or not returning.any():
+    """:func:`_on_return` for every client at once; ``missed`` is, per client, how many
+    iterations it missed before taking part now (0 for the others)."""
+    if cfg.optimizer != "adam" or cfg.momentum_on_return == "keep" or not missed.any():
         return c
-    users = np.repeat(returning, np.diff(lay.user_start))[:, None]
-    pairs = np.repeat(returning, np.diff(lay.pair_start))[:, None]
-    return _Clients(c.u, c.p, (np.where(users, 0.0, c.u_m[0]), c.u_m[1]),
-                    (np.where(pairs, 0.0, c.p_m[0]), c.p_m[1]))
+    f1, f2 = _return_factors(cfg, missed)
+    back = missed > 0
+    f1, f2 = np.where(back, f1, 1.0), np.where(back, f2, 1.0)
+    by_user, by_pair = np.diff(lay.user_start), np.diff(lay.pair_start)
+    u1, u2 = np.repeat(f1, by_user)[:, None], np.repeat(f2, by_user)[:, None]
+    p1, p2 = np.repeat(f1, by_pair)[:, None], np.repeat(f2, by_pair)[:, None]
+    return _Clients(c.u, c.p, (u1 * c.u_m[0], u2 * c.u_m[1]),
+                    (p1 * c.p_m[0], p2 * c.p_m[1]))
 
 
 def _keep_all(lay_act: _Active, c: _Clients, u: np.ndarray, p: np.ndarray, u_m: Moments,
@@ -845,14 +866,14 @@ class BatchedSteps:
         g, b = state.global_msg, state.local_states
         c, last, p_bar = b.c, b.last.copy(), b.p_bar
         act = _active(self.lay, chosen)
-        returning = np.zeros(self.fed.n_clients, dtype=bool)
-        returning[chosen] = last[chosen] < k - 1
+        missed = np.zeros(self.fed.n_clients, dtype=np.int64)
+        missed[chosen] = np.maximum(k - 1 - last[chosen], 0)  # iterations missed
         stepping = moving = None
         if self.absent == "lost" and act.pairs is not None:
             # every client received the broadcast and steps from it; only the chosen
             # clients' uploads reach the server (nobody missed a step: no return)
             stepping = moving = _Active(self.fed.n_clients, None, None)
-            returning[:] = False
+            missed[:] = 0
             last[:] = k
         elif self.absent == "local" and act.pairs is not None:
             # absent clients keep stepping, pulled to the V_bar they last received; only
@@ -861,7 +882,7 @@ class BatchedSteps:
             now = g.v_bar[:, self.lay.pair_item].T
             p_bar = now if p_bar is None else np.where(act.pairs[:, None], now, p_bar)
             stepping = _Active(self.fed.n_clients, None, None)
-        c = _on_return_all(self.lay, c, self.cfg, returning)
+        c = _on_return_all(self.lay, c, self.cfg, missed)
         last[chosen] = k
         if self.fast:
             pending, c, total = _batched_rfrecf(self.lay, g, c, self.cfg, self.clip, act,

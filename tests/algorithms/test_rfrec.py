@@ -575,6 +575,16 @@ def test_a_client_that_missed_an_iteration_restarts_its_first_moments_only_if_as
         for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
             np.testing.assert_array_equal(getattr(back, name), getattr(same, name))
         assert not np.allclose(back.u, other.u)
+    # 'decay' ages both moments by the two iterations missed (last = 1, g.k = 3)
+    cfg = _paper(cls, rank=2, optimizer="adam", momentum_on_return="decay")
+    b1, b2 = cfg.adam_betas
+    aged = local.replace(u_m1=b1**2 * local.u_m1, v_m1=b1**2 * local.v_m1,
+                         u_m2=b2**2 * local.u_m2, v_m2=b2**2 * local.v_m2, last=g.k)
+    back, _ = alg.client_step(g, local, block, cfg, None)
+    want, _ = alg.client_step(g, aged, block, cfg, None)
+    for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
+        np.testing.assert_allclose(getattr(back, name), getattr(want, name), rtol=1e-14)
+    assert not np.allclose(back.u, stale.u) and not np.allclose(back.u, fresh.u)
     # the first moment after a restart is (1 - beta1) times the gradient, as in Adam's step 1
     cfg = _paper(RFRecConfig, rank=2, optimizer="adam")
     back, _ = RFREC.client_step(g, local, block, cfg, None)
@@ -583,7 +593,7 @@ def test_a_client_that_missed_an_iteration_restarts_its_first_moments_only_if_as
     np.testing.assert_allclose(back.u_m1, 0.1 * g_u, rtol=1e-12)
 
 
-@pytest.mark.parametrize("policy", ["restart", "keep"])
+@pytest.mark.parametrize("policy", ["restart", "keep", "decay"])
 def test_batched_path_restarts_moments_of_returning_clients_like_the_generic_driver(policy):
     fed, seed = _federation(), 4
     cfg = _paper(RFRecConfig, rank=2, alpha=0.05, lam=5.0, optimizer="adam",
@@ -594,7 +604,7 @@ def test_batched_path_restarts_moments_of_returning_clients_like_the_generic_dri
                                rtol=1e-9, atol=1e-12)
     for a, b in zip(generic.local_states, batched.local_states, strict=True):
         assert a.last == b.last > 0
-        for name in ("u", "v_rated", "u_m1", "v_m1"):
+        for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
             np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-9,
                                        atol=1e-12)
     every = run_batched(cfg, fed, rounds=15, seed=seed)  # nobody misses: policy irrelevant
