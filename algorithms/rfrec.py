@@ -773,16 +773,60 @@ class _BatchUpload:
     total: np.ndarray | None
     n: int
     clients: np.ndarray
+    v_bar: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Batch:
     """The batched path's client states: stacked arrays, each client's last iteration and,
-    with ``absent='local'``, the V_bar each pair last received (pairs x d)."""
+    with ``absent='local'``, the V_bar each pair last received (pairs x d); with
+    ``aggregate='latest'``, the server's store of every client's latest upload."""
 
     c: _Clients
     last: np.ndarray
     p_bar: np.ndarray | None = None
+    store: _Latest | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Latest:
+    """The latest dense V_(i) the server received from every client, kept lazily: client i
+    uploaded at iteration ``t[i]`` the never-rated columns H_t (``h_of[t]``) and, on its
+    rated columns (pairs), H_t plus ``resid``; ``free`` is sum_i H_(t[i]), so the sum of the
+    latest uploads is ``free`` plus the residuals summed into their items."""
+
+    t: np.ndarray
+    h_of: dict[int, np.ndarray]
+    free: np.ndarray
+    resid: np.ndarray
+
+    @classmethod
+    def start(cls, h0: np.ndarray, n_clients: int, n_pairs: int) -> _Latest:
+        """Before the first iteration every V_(i) is V_bar^0 = H^0."""
+        return cls(np.zeros(n_clients, dtype=np.int64), {0: h0}, n_clients * h0,
+                   np.zeros((n_pairs, h0.shape[0])))
+
+    def update(self, lay: _Layout, k: int, h: np.ndarray, p: np.ndarray, chosen: np.ndarray,
+               pairs: np.ndarray | None) -> _Latest:
+        """The store after the ``chosen`` clients uploaded (never-rated columns ``h``,
+        rated columns the rows ``p`` of their ``pairs`` mask, None: everybody)."""
+        old = np.bincount(self.t[chosen], minlength=k + 1)
+        free = self.free + chosen.shape[0] * h
+        for t in np.flatnonzero(old):
+            free = free - old[t] * self.h_of[t]
+        resid = p - h[:, lay.pair_item].T
+        if pairs is not None:
+            resid = np.where(pairs[:, None], resid, self.resid)
+        t_new = self.t.copy()
+        t_new[chosen] = k
+        live = set(np.unique(t_new).tolist())
+        h_of = {t: v for t, v in self.h_of.items() if t in live}
+        h_of[k] = h
+        return _Latest(t_new, h_of, free, resid)
+
+    def total(self, lay: _Layout) -> np.ndarray:
+        """Sum over all clients of their latest dense upload."""
+        return self.free + (lay.by_item @ self.resid).T
 
 
 def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
@@ -833,6 +877,9 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
 #: what a client left out of an iteration does (:func:`run_batched`)
 Absent = Literal["idle", "local", "lost"]
 ABSENT: tuple[str, ...] = ("idle", "local", "lost")
+#: what the server averages (:func:`run_batched`)
+Aggregate = Literal["received", "latest"]
+AGGREGATES: tuple[str, ...] = ("received", "latest")
 
 
 class BatchedSteps:
@@ -841,21 +888,31 @@ class BatchedSteps:
     (an aggregator may add the noise to it), and the server's mean of it."""
 
     def __init__(self, cfg: RFRecConfig, fed: Federation, seed: int, per_round: int,
-                 clip: float | None = None, absent: Absent = "idle") -> None:
+                 clip: float | None = None, absent: Absent = "idle",
+                 aggregate: Aggregate = "received") -> None:
         if absent not in ABSENT:
             raise ValueError(f"absent must be one of {', '.join(ABSENT)}, not {absent!r}")
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}, "
+                             f"not {aggregate!r}")
+        if aggregate == "latest" and clip is not None:
+            raise ValueError("aggregate='latest' keeps clean uploads: no clip or noise")
         self.fast = isinstance(cfg, RFRecFConfig)
         self.alg = ALGORITHMS["rfrecf" if self.fast else "rfrec"]
         self.cfg, self.fed, self.seed, self.per_round, self.clip, self.absent = (
             cfg, fed, int(seed), per_round, clip, absent)
+        self.aggregate = aggregate
         self.lay = _layout(fed.train, cfg)
 
     def start(self) -> RoundState:
         """Round 0, from the same :func:`algorithms.simulate.initialise` as the generic
         driver."""
         _, g, locals_ = initialise(self.alg, self.cfg, self.fed.train, self.seed)
-        return RoundState(0, g, g, _Batch(_stack(locals_),
-                                          np.zeros(self.fed.n_clients, dtype=np.int64)))
+        c = _stack(locals_)
+        store = (_Latest.start(g.h, self.fed.n_clients, c.p.shape[0])
+                 if self.aggregate == "latest" else None)
+        return RoundState(0, g, g, _Batch(c, np.zeros(self.fed.n_clients, dtype=np.int64),
+                                          store=store))
 
     def select(self, k: int, state: RoundState) -> np.ndarray:
         return select_clients(self.alg, state.global_msg, self.fed.n_clients, self.per_round,
@@ -891,13 +948,18 @@ class BatchedSteps:
             anchor = p_bar if self.absent == "local" else None
             pending, c, total = _batched_rfrec(self.lay, g, c, self.cfg, self.clip, act,
                                                stepping, anchor)
-        return (_Batch(c, last, p_bar),
-                {AGGREGATE: _BatchUpload(pending, total, act.n, chosen)})
+        store, v_bar = b.store, None
+        if store is not None and total is not None:
+            store = store.update(self.lay, k, pending.h, c.p, chosen, act.pairs)
+            v_bar = store.total(self.lay) / self.fed.n_clients
+        return (_Batch(c, last, p_bar, store),
+                {AGGREGATE: _BatchUpload(pending, total, act.n, chosen, v_bar)})
 
     def server(self, k: int, server_state: RFRecGlobal,
                received: Mapping[int, _BatchUpload]) -> tuple[RFRecGlobal, RFRecGlobal]:
         up = received[AGGREGATE]
-        g = up.pending if up.total is None else up.pending.replace(v_bar=up.total / up.n)
+        g = up.pending if up.total is None else up.pending.replace(
+            v_bar=up.total / up.n if up.v_bar is None else up.v_bar)
         g = g.replace(k=g.k + 1, zeta=_coin(self.cfg, derive_rng(self.seed, k, SERVER))
                       if self.fast else 0, zeta_prev=g.zeta)
         return g, g
@@ -940,7 +1002,8 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
                 evaluate_every: int = 1, per_round: int = 0,
                 on_round: Callable[[RoundRecord], None] | None = None,
                 on_global: Callable[[RFRecGlobal], None] | None = None,
-                absent: Absent = "idle") -> SimulationResult:
+                absent: Absent = "idle", aggregate: Aggregate = "received"
+                ) -> SimulationResult:
     """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
 
     The round engine (:func:`algorithms.simulate.drive`) with :class:`BatchedSteps`: same
@@ -960,7 +1023,12 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
     received the broadcast and steps like everybody (RFRecF: the move to the average
     too), but its upload does not reach the server, which averages the uploads it got.
     ``lost`` isolates the server side of Sec. 3.3 (the mean of n_t uploads standing for
-    the mean of all n), since no client works from a stale V_bar. Per round
+    the mean of all n), since no client works from a stale V_bar. ``aggregate`` is what
+    the server averages when it receives uploads: ``received`` (Sec. 3.3: the mean of the
+    n_t uploads of this iteration) or ``latest``: the mean over all n clients of the latest
+    upload it holds from each (an absent client's stale one), as MIFA does (Gu et al.,
+    "Fast Federated Learning in the Presence of Arbitrary Device Unavailability", NeurIPS
+    2021); not the paper's, and only without ``clip`` and ``noise``. Per round
     O(nnz d + n d) plus the noise draws.
     """
     def see(state: RoundState) -> bool:
@@ -968,7 +1036,9 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
             on_global(state.global_msg)
         return False
 
-    steps = BatchedSteps(cfg, fed, seed, per_round, clip, absent)
+    if aggregate == "latest" and noise is not None:
+        raise ValueError("aggregate='latest' keeps clean uploads: no clip or noise")
+    steps = BatchedSteps(cfg, fed, seed, per_round, clip, absent, aggregate)
     history, last = drive(steps, steps.start(), rounds,
                           aggregator=None if noise is None else noise_aggregator(noise),
                           evaluate_every=evaluate_every, on_round=on_round, on_state=see)

@@ -9,14 +9,15 @@ columns (see algorithms/rfrec.py). ``--absent local`` keeps them stepping from t
 V_bar they received (Sec. 3.3: "each client can continue local updates even without
 connection"), ``--absent lost`` from the current broadcast, only their upload being lost
 (what is left is the server side: the mean of n_t uploads for the mean of all n);
-``--momentum-on-return`` overrides what Adam's moments do on a return. Each seed uses the
+``--momentum-on-return`` overrides what Adam's moments do on a return, ``--aggregate
+latest`` makes the server average every client's latest upload (not the paper's). Each seed uses the
 same split, partition and init for every rate, so the RMSE increase over 0% is paired.
 
 Default: ML-100k, the ``ours`` settings (bench/rfrec_common.py), 3 seeds; the paper's table
 is on ML-1M, so the comparison is on the RMSE / MAE *increase* over 0% dropped, not on the
 absolute values. ``--paper-size`` (``--data ml-1m``, the paper's data set; over 10 minutes
 here, not the default) also compares the absolute figures and writes
-``rfrec_dropped_ml-1m.json`` (with ``--absent``, ``--momentum-on-return`` or ``--methods``
+``rfrec_dropped_ml-1m.json`` (with ``--absent``, ``--momentum-on-return``, ``--aggregate`` or ``--methods``
 their values are appended to the file name).
 """
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from algorithms.rfrec import ABSENT
+from algorithms.rfrec import ABSENT, AGGREGATES
 from bench import _experiment
 from bench import rfrec_common as C
 
@@ -39,7 +40,7 @@ ABSENT_NOTE = {"idle": "", "local": ", absent clients step locally",
 
 def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None,
             absent: str = "idle", methods: tuple[str, ...] = METHODS,
-            momentum: str | None = None) -> dict:
+            momentum: str | None = None, aggregate: str = "received") -> dict:
     """RMSE and MAE of every (method, rate, seed); ``momentum`` overrides the methods'
     ``momentum_on_return``."""
     out: dict = {}
@@ -49,7 +50,7 @@ def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None,
             cell = {"rmse": [], "mae": []}
             for seed in range(seeds):
                 res = C.run(method, "ours", data, seed, rounds=rounds, drop=rate / 100,
-                            absent=absent, **extra)
+                            absent=absent, aggregate=aggregate, **extra)
                 cell["rmse"].append(res.final.test_rmse)
                 cell["mae"].append(res.final.test_mae)
                 print(f"{data} {method} drop {rate}% seed {seed}: RMSE "
@@ -59,8 +60,8 @@ def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None,
 
 
 def comparisons(data: str, cells: dict, rates: tuple[int, ...], absent: str = "idle",
-                methods: tuple[str, ...] = METHODS, momentum: str | None = None
-                ) -> list[dict]:
+                methods: tuple[str, ...] = METHODS, momentum: str | None = None,
+                aggregate: str = "received") -> list[dict]:
     rows = []
     for method in methods:
         base = cells[f"{method}/0"]
@@ -70,7 +71,9 @@ def comparisons(data: str, cells: dict, rates: tuple[int, ...], absent: str = "i
                 paper = C.TABLE3[method][metric]
                 what = (f"{C.DATA[data]}, {C.METHOD[method]}, ours, {rate}% dropped"
                         + ABSENT_NOTE[absent]
-                        + ("" if momentum is None else f", Adam moments {momentum} on return"))
+                        + ("" if momentum is None else f", Adam moments {momentum} on return")
+                        + ("" if aggregate == "received" else
+                           ", server averages every client's latest upload"))
                 if data == "ml-1m":
                     rows.append(_experiment.comparison(what, metric, paper[i],
                                                        cells[f"{method}/{rate}"][key]))
@@ -124,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--momentum-on-return", choices=["restart", "keep", "decay"],
                     default=None, help="override the methods' momentum_on_return (default: "
                                        "each method's own, RFRec restart, RFRecF keep)")
+    ap.add_argument("--aggregate", choices=AGGREGATES, default="received",
+                    help="what the server averages: received (the uploads of the iteration, "
+                         "Sec. 3.3) or latest (every client's latest upload, stale for the "
+                         "absent; MIFA, not the paper's)")
     args = ap.parse_args(argv)
     methods = tuple(m for m in METHODS if m in args.methods)
     if args.paper_size:
@@ -133,17 +140,20 @@ def main(argv: list[str] | None = None) -> int:
         rates = tuple(r for r in C.DROP_RATES if r == 0 or r in args.rates)
     mom = args.momentum_on_return
     cells = measure(args.data, rates, args.seeds, 20 if args.quick else None, args.absent,
-                    methods, mom)
+                    methods, mom, args.aggregate)
     stem = (NAME if args.data == "ml-100k" else f"{NAME}_{args.data}") + (
         "" if args.absent == "idle" else f"_{args.absent}") + (
         "" if mom is None else f"_{mom}") + (
+        "" if args.aggregate == "received" else f"_{args.aggregate}") + (
         "" if methods == METHODS else f"_{'_'.join(methods)}")
     path = C.write(args.out, NAME, stem, argv, args.quick,
         {"data": args.data, "rates": rates, "cells": cells, "absent": args.absent,
          "settings": {m: C.config(m, "ours", **({} if mom is None else
                                                 {"momentum_on_return": mom})).model_dump()
                       for m in methods},
-         "comparisons": comparisons(args.data, cells, rates, args.absent, methods, mom)})
+         "aggregate": args.aggregate,
+         "comparisons": comparisons(args.data, cells, rates, args.absent, methods, mom,
+                                    args.aggregate)})
     plot(args.data, cells, rates, args.out / f"{stem}.png", methods)
     print(f"wrote {path}")
     return 0

@@ -389,13 +389,15 @@ def _chosen(seed, k, n_clients, per_round):
     return sorted(int(i) for i in rng.choice(n_clients, size=per_round, replace=False))
 
 
-def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round):
+def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round, latest=False):
     """Algorithm 1 with only the chosen clients stepping and uploading (Sec. 3.3): V_bar is
-    the mean of their dense V_(i); an absent client keeps U_i and V_(i), and on return its
-    never-rated columns are the common track H (h <- h - alpha lambda (h - V_bar))."""
+    the mean of their dense V_(i) (``latest``: of every client's latest upload); an absent
+    client keeps U_i and V_(i), and on return its never-rated columns are the common track
+    H (h <- h - alpha lambda (h - V_bar))."""
     _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
     us = [s.u for s in locs]
     vs = [glob.v_bar.copy() for _ in locs]
+    ups = [glob.v_bar.copy() for _ in locs]
     v_bar, h = glob.v_bar, glob.h
     chosen_log = []
     for k in range(1, rounds + 1):
@@ -408,7 +410,9 @@ def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round):
             us[i] = us[i] - cfg.alpha * gu
             vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - v_bar))
         h = h - cfg.alpha * cfg.lam * (h - v_bar)
-        v_bar = sum(vs[i] for i in chosen) / len(chosen)
+        for i in chosen:
+            ups[i] = vs[i].copy()
+        v_bar = (sum(ups) / len(ups) if latest else sum(vs[i] for i in chosen) / len(chosen))
     return us, vs, v_bar, chosen_log
 
 
@@ -474,12 +478,14 @@ def test_absent_clients_that_step_locally_pull_to_their_last_v_bar_and_upload_no
         run_batched(cfg, fed, rounds=2, seed=seed, absent="sleep")
 
 
-def _dense_lost_rfrec(fed, cfg, rounds, seed, per_round):
+def _dense_lost_rfrec(fed, cfg, rounds, seed, per_round, latest=False):
     """Algorithm 1 where every client steps from the broadcast V_bar but only the chosen
-    clients' uploads arrive: V_bar is the mean of their dense V_(i)."""
+    clients' uploads arrive: V_bar is the mean of their dense V_(i) (``latest``: of every
+    client's latest upload)."""
     _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
     us = [s.u for s in locs]
     vs = [glob.v_bar.copy() for _ in locs]
+    ups = [glob.v_bar.copy() for _ in locs]
     v_bar = glob.v_bar
     for k in range(1, rounds + 1):
         chosen = _chosen(seed, k, len(vs), per_round)
@@ -487,8 +493,37 @@ def _dense_lost_rfrec(fed, cfg, rounds, seed, per_round):
             gu, gv = _dense_grad_f(us[i], vs[i], *_dense(fed.train[i]), cfg)
             us[i] = us[i] - cfg.alpha * gu
             vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - v_bar))
-        v_bar = sum(vs[i] for i in chosen) / len(chosen)
+        for i in chosen:
+            ups[i] = vs[i].copy()
+        v_bar = (sum(ups) / len(ups) if latest else sum(vs[i] for i in chosen) / len(chosen))
     return us, vs, v_bar
+
+
+@pytest.mark.parametrize("absent", ["idle", "lost"])
+def test_server_averaging_every_clients_latest_upload(absent):
+    """aggregate='latest' (MIFA): V_bar is the mean over all clients of the last upload the
+    server received from each, the initial V_bar^0 for one that never uploaded."""
+    fed, seed = _federation(), 8
+    cfg = _paper(RFRecConfig, rank=2, alpha=0.01, lam=5.0)
+    dense = _dense_lost_rfrec if absent == "lost" else _dense_sampled_rfrec
+    us, _, v_bar, *_ = dense(fed, cfg, 12, seed, 2, latest=True)
+    res = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent=absent,
+                      aggregate="latest")
+    np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+    assert [r.uploads for r in res.history] == [2] * 12
+    for u, s in zip(us, res.local_states, strict=True):
+        np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+    received = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent=absent)
+    assert not np.allclose(received.global_msg.v_bar, res.global_msg.v_bar)
+    # with everybody uploading, the latest uploads are this iteration's: the same run
+    every = [run_batched(cfg, fed, rounds=5, seed=seed, aggregate=a)
+             for a in ("received", "latest")]
+    np.testing.assert_allclose(every[1].global_msg.v_bar, every[0].global_msg.v_bar,
+                               rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="aggregate must be"):
+        run_batched(cfg, fed, rounds=2, seed=seed, aggregate="all")
+    with pytest.raises(ValueError, match="no clip or noise"):
+        run_batched(cfg, fed, rounds=2, seed=seed, aggregate="latest", clip=0.5)
 
 
 def test_absent_clients_whose_uploads_are_lost_step_from_the_broadcast():
