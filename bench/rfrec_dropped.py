@@ -17,8 +17,8 @@ Default: ML-100k, the ``ours`` settings (bench/rfrec_common.py), 3 seeds; the pa
 is on ML-1M, so the comparison is on the RMSE / MAE *increase* over 0% dropped, not on the
 absolute values. ``--paper-size`` (``--data ml-1m``, the paper's data set; over 10 minutes
 here, not the default) also compares the absolute figures and writes
-``rfrec_dropped_ml-1m.json`` (with ``--absent``, ``--momentum-on-return``, ``--aggregate`` or ``--methods``
-their values are appended to the file name).
+``rfrec_dropped_ml-1m.json`` (with ``--absent``, ``--momentum-on-return``, ``--aggregate``
+or ``--methods`` their values are appended to the file name).
 """
 
 from __future__ import annotations
