@@ -158,10 +158,13 @@ class RFRecConfig(AlgorithmConfig):
     """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
-    momentum_on_return: Literal["restart", "keep"] = "restart"
+    momentum_on_return: Literal["restart", "keep", "decay"] = "restart"
     """With ``optimizer='adam'`` and dropped clients: ``restart`` zeroes the first moments
     of a client that missed an iteration before its next step; ``keep`` resumes them as it
-    left them. No effect when every client takes part in every iteration."""
+    left them; ``decay`` ages them by the iterations it missed (first moments times
+    beta1^missed, second times beta2^missed: the moments Adam would hold had the client
+    seen a zero gradient meanwhile). No effect when every client takes part in every
+    iteration."""
     #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`), around the defaults
     search_space: ClassVar[dict[str, tuple]] = {
         "lam": ("log", 5.0, 80.0), "lam_u": ("log", 0.05, 3.0), "alpha": ("log", 0.03, 0.3)}
@@ -208,7 +211,7 @@ class RFRecFConfig(RFRecConfig):
     """K, the recommended number of rounds (paper 100)."""
     p: float = Field(0.8, gt=0, lt=1)
     """Probability of zeta = 1 (an aggregation iteration; paper 0.5, the notebook 0.8)."""
-    momentum_on_return: Literal["restart", "keep"] = "keep"
+    momentum_on_return: Literal["restart", "keep", "decay"] = "keep"
     """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
     the restart measurably hurts it with dropped clients (module docstring)."""
     search_space: ClassVar[dict[str, tuple]] = {
@@ -534,11 +537,25 @@ def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
 
 
 def _on_return(local: RFRecLocal, k: int, cfg: RFRecConfig) -> RFRecLocal:
-    """The state a client steps from at iteration k + 1: with ``momentum_on_return='restart'``
-    and Adam, first moments zeroed when it missed an iteration since its last (``last`` < k)."""
-    if cfg.optimizer != "adam" or cfg.momentum_on_return != "restart" or local.last >= k:
+    """The state a client steps from at iteration k + 1: with Adam, when it missed an
+    iteration since its last (``last`` < k), first moments zeroed
+    (``momentum_on_return='restart'``) or both aged by the k - last iterations it missed
+    (``'decay'``)."""
+    if cfg.optimizer != "adam" or cfg.momentum_on_return == "keep" or local.last >= k:
         return local
-    return local.replace(u_m1=np.zeros_like(local.u_m1), v_m1=np.zeros_like(local.v_m1))
+    f1, f2 = _return_factors(cfg, k - local.last)
+    return local.replace(u_m1=f1 * local.u_m1, v_m1=f1 * local.v_m1, u_m2=f2 * local.u_m2,
+                         v_m2=f2 * local.v_m2)
+
+
+def _return_factors(cfg: RFRecConfig, missed: np.ndarray | int
+                    ) -> tuple[np.ndarray | float, np.ndarray | float]:
+    """Factors of the (first, second) moments of a client that missed ``missed`` (> 0)
+    iterations, under ``momentum_on_return`` 'restart' or 'decay'."""
+    if cfg.momentum_on_return == "restart":
+        return 0.0, 1.0
+    b1, b2 = cfg.adam_betas
+    return np.power(b1, missed), np.power(b2, missed)
 
 
 def _zero_moments(cfg: RFRecConfig, shape: tuple[int, ...]) -> Moments:
@@ -682,16 +699,20 @@ def _keep(new: np.ndarray | None, old: np.ndarray | None, mask: np.ndarray | Non
     return np.where(mask[:, None], new, old)
 
 
-def _on_return_all(lay: _Layout, c: _Clients, cfg: RFRecConfig, returning: np.ndarray
+def _on_return_all(lay: _Layout, c: _Clients, cfg: RFRecConfig, missed: np.ndarray
                    ) -> _Clients:
-    """:func:`_on_return` for every client at once; ``returning`` marks the clients that
-    take part now after missing an iteration."""
-    if cfg.optimizer != "adam" or cfg.momentum_on_return != "restart" or not returning.any():
+    """:func:`_on_return` for every client at once; ``missed`` is, per client, how many
+    iterations it missed before taking part now (0 for the others)."""
+    if cfg.optimizer != "adam" or cfg.momentum_on_return == "keep" or not missed.any():
         return c
-    users = np.repeat(returning, np.diff(lay.user_start))[:, None]
-    pairs = np.repeat(returning, np.diff(lay.pair_start))[:, None]
-    return _Clients(c.u, c.p, (np.where(users, 0.0, c.u_m[0]), c.u_m[1]),
-                    (np.where(pairs, 0.0, c.p_m[0]), c.p_m[1]))
+    f1, f2 = _return_factors(cfg, missed)
+    back = missed > 0
+    f1, f2 = np.where(back, f1, 1.0), np.where(back, f2, 1.0)
+    by_user, by_pair = np.diff(lay.user_start), np.diff(lay.pair_start)
+    u1, u2 = np.repeat(f1, by_user)[:, None], np.repeat(f2, by_user)[:, None]
+    p1, p2 = np.repeat(f1, by_pair)[:, None], np.repeat(f2, by_pair)[:, None]
+    return _Clients(c.u, c.p, (u1 * c.u_m[0], u2 * c.u_m[1]),
+                    (p1 * c.p_m[0], p2 * c.p_m[1]))
 
 
 def _keep_all(lay_act: _Active, c: _Clients, u: np.ndarray, p: np.ndarray, u_m: Moments,
@@ -752,16 +773,60 @@ class _BatchUpload:
     total: np.ndarray | None
     n: int
     clients: np.ndarray
+    v_bar: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Batch:
     """The batched path's client states: stacked arrays, each client's last iteration and,
-    with ``absent='local'``, the V_bar each pair last received (pairs x d)."""
+    with ``absent='local'``, the V_bar each pair last received (pairs x d); with
+    ``aggregate='latest'``, the server's store of every client's latest upload."""
 
     c: _Clients
     last: np.ndarray
     p_bar: np.ndarray | None = None
+    store: _Latest | None = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Latest:
+    """The latest dense V_(i) the server received from every client, kept lazily: client i
+    uploaded at iteration ``t[i]`` the never-rated columns H_t (``h_of[t]``) and, on its
+    rated columns (pairs), H_t plus ``resid``; ``free`` is sum_i H_(t[i]), so the sum of the
+    latest uploads is ``free`` plus the residuals summed into their items."""
+
+    t: np.ndarray
+    h_of: dict[int, np.ndarray]
+    free: np.ndarray
+    resid: np.ndarray
+
+    @classmethod
+    def start(cls, h0: np.ndarray, n_clients: int, n_pairs: int) -> _Latest:
+        """Before the first iteration every V_(i) is V_bar^0 = H^0."""
+        return cls(np.zeros(n_clients, dtype=np.int64), {0: h0}, n_clients * h0,
+                   np.zeros((n_pairs, h0.shape[0])))
+
+    def update(self, lay: _Layout, k: int, h: np.ndarray, p: np.ndarray, chosen: np.ndarray,
+               pairs: np.ndarray | None) -> _Latest:
+        """The store after the ``chosen`` clients uploaded (never-rated columns ``h``,
+        rated columns the rows ``p`` of their ``pairs`` mask, None: everybody)."""
+        old = np.bincount(self.t[chosen], minlength=k + 1)
+        free = self.free + chosen.shape[0] * h
+        for t in np.flatnonzero(old):
+            free = free - old[t] * self.h_of[t]
+        resid = p - h[:, lay.pair_item].T
+        if pairs is not None:
+            resid = np.where(pairs[:, None], resid, self.resid)
+        t_new = self.t.copy()
+        t_new[chosen] = k
+        live = set(np.unique(t_new).tolist())
+        h_of = {t: v for t, v in self.h_of.items() if t in live}
+        h_of[k] = h
+        return _Latest(t_new, h_of, free, resid)
+
+    def total(self, lay: _Layout) -> np.ndarray:
+        """Sum over all clients of their latest dense upload."""
+        return self.free + (lay.by_item @ self.resid).T
 
 
 def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
@@ -784,18 +849,20 @@ def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
 
 def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig,
                     clip: float | None, act: _Active, stepping: _Active | None = None,
-                    anchor: np.ndarray | None = None
+                    anchor: np.ndarray | None = None, moving: _Active | None = None
                     ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
-    """Algorithm 2's client side (zeta not yet redrawn): the active clients upload and
-    move to the average; the main update is taken by ``stepping`` (default ``act``).
-    ``anchor`` is unused (RFRecF's main update has no proximal term)."""
+    """Algorithm 2's client side (zeta not yet redrawn): the active clients upload; the
+    move to the average is taken by ``moving`` (default ``act``: the clients that received
+    V_bar), the main update by ``stepping`` (default ``act``). ``anchor`` is unused
+    (RFRecF's main update has no proximal term)."""
     if g.zeta == 1:
         if g.zeta_prev == 1:
             return g, c, None
         return g, c, _batched_total(lay, c.p, g.h, clip, act)
     if g.zeta_prev == 1:
         rate = move_rate(cfg)
-        p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p, act.pairs)
+        p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p,
+                  (act if moving is None else moving).pairs)
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
         if cfg.schedule == "paper":
             return g, c, None
@@ -807,28 +874,45 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
     return g.replace(steps=t), c, None
 
 
+#: what a client left out of an iteration does (:func:`run_batched`)
+Absent = Literal["idle", "local", "lost"]
+ABSENT: tuple[str, ...] = ("idle", "local", "lost")
+#: what the server averages (:func:`run_batched`)
+Aggregate = Literal["received", "latest"]
+AGGREGATES: tuple[str, ...] = ("received", "latest")
+
+
 class BatchedSteps:
     """:class:`algorithms.simulate.Steps` of the batched path: every active client's step
     at once on the lazy representation, the upload being the sum of their (clipped) V_(i)
     (an aggregator may add the noise to it), and the server's mean of it."""
 
     def __init__(self, cfg: RFRecConfig, fed: Federation, seed: int, per_round: int,
-                 clip: float | None = None, absent: Literal["idle", "local"] = "idle"
-                 ) -> None:
-        if absent not in ("idle", "local"):
-            raise ValueError(f"absent must be 'idle' or 'local', not {absent!r}")
+                 clip: float | None = None, absent: Absent = "idle",
+                 aggregate: Aggregate = "received") -> None:
+        if absent not in ABSENT:
+            raise ValueError(f"absent must be one of {', '.join(ABSENT)}, not {absent!r}")
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}, "
+                             f"not {aggregate!r}")
+        if aggregate == "latest" and clip is not None:
+            raise ValueError("aggregate='latest' keeps clean uploads: no clip or noise")
         self.fast = isinstance(cfg, RFRecFConfig)
         self.alg = ALGORITHMS["rfrecf" if self.fast else "rfrec"]
         self.cfg, self.fed, self.seed, self.per_round, self.clip, self.absent = (
             cfg, fed, int(seed), per_round, clip, absent)
+        self.aggregate = aggregate
         self.lay = _layout(fed.train, cfg)
 
     def start(self) -> RoundState:
         """Round 0, from the same :func:`algorithms.simulate.initialise` as the generic
         driver."""
         _, g, locals_ = initialise(self.alg, self.cfg, self.fed.train, self.seed)
-        return RoundState(0, g, g, _Batch(_stack(locals_),
-                                          np.zeros(self.fed.n_clients, dtype=np.int64)))
+        c = _stack(locals_)
+        store = (_Latest.start(g.h, self.fed.n_clients, c.p.shape[0])
+                 if self.aggregate == "latest" else None)
+        return RoundState(0, g, g, _Batch(c, np.zeros(self.fed.n_clients, dtype=np.int64),
+                                          store=store))
 
     def select(self, k: int, state: RoundState) -> np.ndarray:
         return select_clients(self.alg, state.global_msg, self.fed.n_clients, self.per_round,
@@ -839,28 +923,43 @@ class BatchedSteps:
         g, b = state.global_msg, state.local_states
         c, last, p_bar = b.c, b.last.copy(), b.p_bar
         act = _active(self.lay, chosen)
-        returning = np.zeros(self.fed.n_clients, dtype=bool)
-        returning[chosen] = last[chosen] < k - 1
-        c = _on_return_all(self.lay, c, self.cfg, returning)
-        stepping = None
-        if self.absent == "local" and act.pairs is not None:
+        missed = np.zeros(self.fed.n_clients, dtype=np.int64)
+        missed[chosen] = np.maximum(k - 1 - last[chosen], 0)  # iterations missed
+        stepping = moving = None
+        if self.absent == "lost" and act.pairs is not None:
+            # every client received the broadcast and steps from it; only the chosen
+            # clients' uploads reach the server (nobody missed a step: no return)
+            stepping = moving = _Active(self.fed.n_clients, None, None)
+            missed[:] = 0
+            last[:] = k
+        elif self.absent == "local" and act.pairs is not None:
             # absent clients keep stepping, pulled to the V_bar they last received; only
             # the active ones upload (a reconnecting client's anchor jumps to the new
             # V_bar, so momentum_on_return applies on reconnection)
             now = g.v_bar[:, self.lay.pair_item].T
             p_bar = now if p_bar is None else np.where(act.pairs[:, None], now, p_bar)
             stepping = _Active(self.fed.n_clients, None, None)
+        c = _on_return_all(self.lay, c, self.cfg, missed)
         last[chosen] = k
-        step = _batched_rfrecf if self.fast else _batched_rfrec
-        pending, c, total = step(self.lay, g, c, self.cfg, self.clip, act, stepping,
-                                 None if stepping is None else p_bar)
-        return (_Batch(c, last, p_bar),
-                {AGGREGATE: _BatchUpload(pending, total, act.n, chosen)})
+        if self.fast:
+            pending, c, total = _batched_rfrecf(self.lay, g, c, self.cfg, self.clip, act,
+                                                stepping, None, moving)
+        else:
+            anchor = p_bar if self.absent == "local" else None
+            pending, c, total = _batched_rfrec(self.lay, g, c, self.cfg, self.clip, act,
+                                               stepping, anchor)
+        store, v_bar = b.store, None
+        if store is not None and total is not None:
+            store = store.update(self.lay, k, pending.h, c.p, chosen, act.pairs)
+            v_bar = store.total(self.lay) / self.fed.n_clients
+        return (_Batch(c, last, p_bar, store),
+                {AGGREGATE: _BatchUpload(pending, total, act.n, chosen, v_bar)})
 
     def server(self, k: int, server_state: RFRecGlobal,
                received: Mapping[int, _BatchUpload]) -> tuple[RFRecGlobal, RFRecGlobal]:
         up = received[AGGREGATE]
-        g = up.pending if up.total is None else up.pending.replace(v_bar=up.total / up.n)
+        g = up.pending if up.total is None else up.pending.replace(
+            v_bar=up.total / up.n if up.v_bar is None else up.v_bar)
         g = g.replace(k=g.k + 1, zeta=_coin(self.cfg, derive_rng(self.seed, k, SERVER))
                       if self.fast else 0, zeta_prev=g.zeta)
         return g, g
@@ -903,7 +1002,8 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
                 evaluate_every: int = 1, per_round: int = 0,
                 on_round: Callable[[RoundRecord], None] | None = None,
                 on_global: Callable[[RFRecGlobal], None] | None = None,
-                absent: Literal["idle", "local"] = "idle") -> SimulationResult:
+                absent: Absent = "idle", aggregate: Aggregate = "received"
+                ) -> SimulationResult:
     """All clients of :func:`algorithms.simulate.simulate` at once, on the lazy representation.
 
     The round engine (:func:`algorithms.simulate.drive`) with :class:`BatchedSteps`: same
@@ -915,11 +1015,20 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
     means everybody, otherwise that many clients drawn by :func:`select` from the same
     stream. ``on_global`` sees the broadcast of every round (e.g. for a stopping rule on
     V_bar). ``absent`` is what a client left out of an iteration does: ``idle`` (as the
-    generic driver: it neither steps nor uploads), or ``local``, the RFRec paper's
+    generic driver: it neither steps nor uploads); ``local``, the RFRec paper's
     Sec. 3.3 reading of a device that lost its connection ("each client can continue
     local updates even without connection to the server"): it keeps taking its step
     (RFRec: pulled toward the last V_bar it received; RFRecF: the main updates, without
-    the move to an average it did not receive) and uploads nothing. Per round
+    the move to an average it did not receive) and uploads nothing; or ``lost``: it
+    received the broadcast and steps like everybody (RFRecF: the move to the average
+    too), but its upload does not reach the server, which averages the uploads it got.
+    ``lost`` isolates the server side of Sec. 3.3 (the mean of n_t uploads standing for
+    the mean of all n), since no client works from a stale V_bar. ``aggregate`` is what
+    the server averages when it receives uploads: ``received`` (Sec. 3.3: the mean of the
+    n_t uploads of this iteration) or ``latest``: the mean over all n clients of the latest
+    upload it holds from each (an absent client's stale one), as MIFA does (Gu et al.,
+    "Fast Federated Learning in the Presence of Arbitrary Device Unavailability", NeurIPS
+    2021); not the paper's, and only without ``clip`` and ``noise``. Per round
     O(nnz d + n d) plus the noise draws.
     """
     def see(state: RoundState) -> bool:
@@ -927,7 +1036,9 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
             on_global(state.global_msg)
         return False
 
-    steps = BatchedSteps(cfg, fed, seed, per_round, clip, absent)
+    if aggregate == "latest" and noise is not None:
+        raise ValueError("aggregate='latest' keeps clean uploads: no clip or noise")
+    steps = BatchedSteps(cfg, fed, seed, per_round, clip, absent, aggregate)
     history, last = drive(steps, steps.start(), rounds,
                           aggregator=None if noise is None else noise_aggregator(noise),
                           evaluate_every=evaluate_every, on_round=on_round, on_state=see)

@@ -168,7 +168,7 @@ def run_time_table(folder: Path = RESULTS) -> str:
     for path in sorted(folder.glob("*.json")):
         doc = json.loads(path.read_text())
         if doc.get("quick") or "command" not in doc or "machine" not in doc:
-            continue  # a quick run, or not an experiment record (tune_ml-1m.json)
+            continue  # a quick run, or not an experiment record (e.g. a tune result)
         rt = doc.get("run_time") or {}
         wall, cpu = rt.get("wall_seconds"), rt.get("cpu_seconds")
         lines.append(" | ".join([

@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = E.parser("clustering_table1", __doc__)
     ap.add_argument("--M", dest="m", type=int, default=None, help="features (default 2000)")
     ap.add_argument("--N", dest="n", type=int, default=None, help="samples (default 2000)")
-    ap.add_argument("--K", dest="k", type=int, default=None, help="clusters (default 10)")
+    ap.add_argument("--K", dest="k", type=int, default=None, help="clusters (default 20)")
     ap.add_argument("--rounds", type=int, default=None, help="round cap (default 100)")
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--snr-db", type=float, default=-3.0)

@@ -111,17 +111,17 @@ def federation(data: str, clients: int, seed: int) -> Federation:
 def run(method: str, variant: str, data: str, seed: int, *, rounds: int | None = None,
         clients: int | None = None, drop: float = 0.0, evaluate_every: int | None = None,
         on_global: Callable[[RFRecGlobal], None] | None = None, absent: str = "idle",
-        **override: Any) -> SimulationResult:
+        aggregate: str = "received", **override: Any) -> SimulationResult:
     """One seeded run on the batched path; ``drop`` is the fraction of clients absent from
     each iteration (a fresh uniform draw every iteration), ``absent`` what they do
-    (:func:`algorithms.rfrec.run_batched`)."""
+    and ``aggregate`` what the server averages (:func:`algorithms.rfrec.run_batched`)."""
     s = SETTINGS[(method, variant)]
     fed = federation(data, s.clients if clients is None else clients, seed)
     rounds = s.rounds if rounds is None else rounds
     per_round = 0 if drop <= 0 else max(1, int(round((1.0 - drop) * fed.n_clients)))
     return run_batched(config(method, variant, **override), fed, rounds=rounds, seed=seed,
                        evaluate_every=evaluate_every or rounds, per_round=per_round,
-                       on_global=on_global, absent=absent)
+                       on_global=on_global, absent=absent, aggregate=aggregate)
 
 
 def describe(method: str, variant: str, data: str, **override: Any) -> str:

@@ -20,8 +20,10 @@ from algorithms.rfrec import (
     RFRecGlobal,
     RFRecLocal,
     dense_v,
+    move_rate,
     paper_dp,
     predict_ratings,
+    relax,
     run_batched,
 )
 from algorithms.simulate import initialise, run_round, simulate
@@ -387,13 +389,15 @@ def _chosen(seed, k, n_clients, per_round):
     return sorted(int(i) for i in rng.choice(n_clients, size=per_round, replace=False))
 
 
-def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round):
+def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round, latest=False):
     """Algorithm 1 with only the chosen clients stepping and uploading (Sec. 3.3): V_bar is
-    the mean of their dense V_(i); an absent client keeps U_i and V_(i), and on return its
-    never-rated columns are the common track H (h <- h - alpha lambda (h - V_bar))."""
+    the mean of their dense V_(i) (``latest``: of every client's latest upload); an absent
+    client keeps U_i and V_(i), and on return its never-rated columns are the common track
+    H (h <- h - alpha lambda (h - V_bar))."""
     _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
     us = [s.u for s in locs]
     vs = [glob.v_bar.copy() for _ in locs]
+    ups = [glob.v_bar.copy() for _ in locs]
     v_bar, h = glob.v_bar, glob.h
     chosen_log = []
     for k in range(1, rounds + 1):
@@ -406,7 +410,9 @@ def _dense_sampled_rfrec(fed, cfg, rounds, seed, per_round):
             us[i] = us[i] - cfg.alpha * gu
             vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - v_bar))
         h = h - cfg.alpha * cfg.lam * (h - v_bar)
-        v_bar = sum(vs[i] for i in chosen) / len(chosen)
+        for i in chosen:
+            ups[i] = vs[i].copy()
+        v_bar = (sum(ups) / len(ups) if latest else sum(vs[i] for i in chosen) / len(chosen))
     return us, vs, v_bar, chosen_log
 
 
@@ -472,6 +478,101 @@ def test_absent_clients_that_step_locally_pull_to_their_last_v_bar_and_upload_no
         run_batched(cfg, fed, rounds=2, seed=seed, absent="sleep")
 
 
+def _dense_lost_rfrec(fed, cfg, rounds, seed, per_round, latest=False):
+    """Algorithm 1 where every client steps from the broadcast V_bar but only the chosen
+    clients' uploads arrive: V_bar is the mean of their dense V_(i) (``latest``: of every
+    client's latest upload)."""
+    _, glob, locs = initialise(RFREC, cfg, fed.train, seed)
+    us = [s.u for s in locs]
+    vs = [glob.v_bar.copy() for _ in locs]
+    ups = [glob.v_bar.copy() for _ in locs]
+    v_bar = glob.v_bar
+    for k in range(1, rounds + 1):
+        chosen = _chosen(seed, k, len(vs), per_round)
+        for i in range(len(vs)):
+            gu, gv = _dense_grad_f(us[i], vs[i], *_dense(fed.train[i]), cfg)
+            us[i] = us[i] - cfg.alpha * gu
+            vs[i] = vs[i] - cfg.alpha * (gv + cfg.lam * (vs[i] - v_bar))
+        for i in chosen:
+            ups[i] = vs[i].copy()
+        v_bar = (sum(ups) / len(ups) if latest else sum(vs[i] for i in chosen) / len(chosen))
+    return us, vs, v_bar
+
+
+@pytest.mark.parametrize("absent", ["idle", "lost"])
+def test_server_averaging_every_clients_latest_upload(absent):
+    """aggregate='latest' (MIFA): V_bar is the mean over all clients of the last upload the
+    server received from each, the initial V_bar^0 for one that never uploaded."""
+    fed, seed = _federation(), 8
+    cfg = _paper(RFRecConfig, rank=2, alpha=0.01, lam=5.0)
+    dense = _dense_lost_rfrec if absent == "lost" else _dense_sampled_rfrec
+    us, _, v_bar, *_ = dense(fed, cfg, 12, seed, 2, latest=True)
+    res = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent=absent,
+                      aggregate="latest")
+    np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+    assert [r.uploads for r in res.history] == [2] * 12
+    for u, s in zip(us, res.local_states, strict=True):
+        np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+    received = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent=absent)
+    assert not np.allclose(received.global_msg.v_bar, res.global_msg.v_bar)
+    # with everybody uploading, the latest uploads are this iteration's: the same run
+    every = [run_batched(cfg, fed, rounds=5, seed=seed, aggregate=a)
+             for a in ("received", "latest")]
+    np.testing.assert_allclose(every[1].global_msg.v_bar, every[0].global_msg.v_bar,
+                               rtol=1e-12, atol=1e-15)
+    with pytest.raises(ValueError, match="aggregate must be"):
+        run_batched(cfg, fed, rounds=2, seed=seed, aggregate="all")
+    with pytest.raises(ValueError, match="no clip or noise"):
+        run_batched(cfg, fed, rounds=2, seed=seed, aggregate="latest", clip=0.5)
+
+
+def test_absent_clients_whose_uploads_are_lost_step_from_the_broadcast():
+    fed, seed = _federation(), 8
+    cfg = _paper(RFRecConfig, rank=2, alpha=0.01, lam=5.0)
+    us, vs, v_bar = _dense_lost_rfrec(fed, cfg, 12, seed, 2)
+    res = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent="lost")
+    np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+    assert [r.uploads for r in res.history] == [2] * 12
+    for i, (u, s) in enumerate(zip(us, res.local_states, strict=True)):
+        np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(dense_v(res.global_msg.h, s.v_rated,
+                                           fed.train[i].rated_items), vs[i],
+                                   rtol=1e-9, atol=1e-12)
+        assert s.last == 12
+    local = run_batched(cfg, fed, rounds=12, seed=seed, per_round=2, absent="local")
+    assert not np.allclose(local.global_msg.v_bar, res.global_msg.v_bar)
+
+
+def test_rfrecf_clients_whose_uploads_are_lost_also_move_to_the_average():
+    """Algorithm 2's schedule: an iteration after an aggregation only moves to the average
+    (line 12); with absent='lost' every client takes it, with 'local' only the chosen."""
+    fed, seed, per_round = _federation(), 4, 3
+    cfg = RFRecFConfig(rating_range=R15, rank=2, schedule="paper", p=0.5, lam=5.0)
+    rate = move_rate(cfg)
+    assert 0.0 < rate < 1.0
+    k = next(k for k in range(1, 40)
+             if (g := run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
+                                  absent="lost").global_msg).zeta == 0 and g.zeta_prev == 1)
+    chosen = set(_chosen(seed, k + 1, len(fed.train), per_round))
+    moved = {}
+    for absent in ("lost", "local"):
+        before = run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
+                             absent=absent)
+        after = run_batched(cfg, fed, rounds=k + 1, seed=seed, per_round=per_round,
+                            absent=absent)
+        v_bar = before.global_msg.v_bar
+        moved[absent] = set()
+        for i, (s0, s1, b) in enumerate(zip(before.local_states, after.local_states,
+                                            fed.train, strict=True)):
+            expected = relax(s0.v_rated, v_bar[:, b.rated_items], rate)
+            if np.allclose(s1.v_rated, expected, rtol=1e-12, atol=1e-15):
+                moved[absent].add(i)
+            else:
+                np.testing.assert_array_equal(s1.v_rated, s0.v_rated)
+    assert moved["lost"] == set(range(len(fed.train)))
+    assert moved["local"] == chosen != moved["lost"]
+
+
 def test_rfrecf_absent_clients_take_the_main_updates_but_not_the_move():
     fed, seed = _federation(), 4
     cfg = RFRecFConfig(rating_range=R15, rank=2)
@@ -509,6 +610,16 @@ def test_a_client_that_missed_an_iteration_restarts_its_first_moments_only_if_as
         for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
             np.testing.assert_array_equal(getattr(back, name), getattr(same, name))
         assert not np.allclose(back.u, other.u)
+    # 'decay' ages both moments by the two iterations missed (last = 1, g.k = 3)
+    cfg = _paper(cls, rank=2, optimizer="adam", momentum_on_return="decay")
+    b1, b2 = cfg.adam_betas
+    aged = local.replace(u_m1=b1**2 * local.u_m1, v_m1=b1**2 * local.v_m1,
+                         u_m2=b2**2 * local.u_m2, v_m2=b2**2 * local.v_m2, last=g.k)
+    back, _ = alg.client_step(g, local, block, cfg, None)
+    want, _ = alg.client_step(g, aged, block, cfg, None)
+    for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
+        np.testing.assert_allclose(getattr(back, name), getattr(want, name), rtol=1e-14)
+    assert not np.allclose(back.u, stale.u) and not np.allclose(back.u, fresh.u)
     # the first moment after a restart is (1 - beta1) times the gradient, as in Adam's step 1
     cfg = _paper(RFRecConfig, rank=2, optimizer="adam")
     back, _ = RFREC.client_step(g, local, block, cfg, None)
@@ -517,7 +628,7 @@ def test_a_client_that_missed_an_iteration_restarts_its_first_moments_only_if_as
     np.testing.assert_allclose(back.u_m1, 0.1 * g_u, rtol=1e-12)
 
 
-@pytest.mark.parametrize("policy", ["restart", "keep"])
+@pytest.mark.parametrize("policy", ["restart", "keep", "decay"])
 def test_batched_path_restarts_moments_of_returning_clients_like_the_generic_driver(policy):
     fed, seed = _federation(), 4
     cfg = _paper(RFRecConfig, rank=2, alpha=0.05, lam=5.0, optimizer="adam",
@@ -528,7 +639,7 @@ def test_batched_path_restarts_moments_of_returning_clients_like_the_generic_dri
                                rtol=1e-9, atol=1e-12)
     for a, b in zip(generic.local_states, batched.local_states, strict=True):
         assert a.last == b.last > 0
-        for name in ("u", "v_rated", "u_m1", "v_m1"):
+        for name in ("u", "v_rated", "u_m1", "v_m1", "u_m2", "v_m2"):
             np.testing.assert_allclose(getattr(b, name), getattr(a, name), rtol=1e-9,
                                        atol=1e-12)
     every = run_batched(cfg, fed, rounds=15, seed=seed)  # nobody misses: policy irrelevant
