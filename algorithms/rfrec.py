@@ -91,7 +91,24 @@ the paper's own condition alpha <= 1/(L + lambda) of Theorem 3.4 once the factor
 see BENCHMARKS.md, "RFRec and RFRecF", for measured figures of every option. Privacy is
 not applied here: the clip + Laplace of eq. (9) is the privacy layer's wrapper around the
 client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the paper's
-(delta, s). No bias terms are modelled.
+(delta, s).
+
+``bias=True`` (default; the paper has none)
+    prediction link(c_i + b_u + b_v + u_t v_j): the tenant's centre c_i (its mean target
+    through the inverse link, a local constant), a user bias b_u (a column of U_i, next to
+    a column of ones) and an item bias b_v (a row of V_(i) next to a row of ones). The item
+    bias is part of V_(i), so psi pulls it to its average and the server averages it like
+    any row; the ones row of V_bar is public and reset to one after each aggregation
+    (clipping and noise of eq. 9 do not move it). The updates are Algorithms 1 and 2 on
+    the augmented (U_i, V_(i)) with the fixed entries' gradient zero.
+``lam_u_rating``, ``lam_v_rating``
+    a weighted-lambda ridge inside f_i (as ALS-WR and fedrec's FedMC-ADMM and FedMAvg
+    defaults): lam_u_rating n_t ||u_t||^2 per user and lam_v_rating n_j^(i) ||v_j||^2 per
+    item the tenant rated n_j^(i) times (summed over tenants, n_j ||v_j||^2), both times
+    the tenant's ridge scale :func:`algorithms._scale.ridge_scale_of`. The paper omits a
+    lambda_v term (psi alone ties V); the per-rating form shrinks rarely rated items and
+    light users more, which a fixed weight cannot. Adam's per-coordinate steps make
+    FedMAvg's per-row step bounds unnecessary here (the paper's GD form keeps alpha).
 """
 
 from __future__ import annotations
@@ -130,11 +147,11 @@ class RFRecConfig(AlgorithmConfig):
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    rank: int = Field(20, ge=1)
-    """d, the number of latent factors."""
+    rank: int = Field(10, ge=1)
+    """d, the number of latent factors (paper 20)."""
     alpha: float = Field(0.1, gt=0)
     """Learning rate alpha (eq. 6; paper 0.05)."""
-    lam: float = Field(20.0, ge=0)
+    lam: float = Field(1.0, ge=0)
     """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2 (paper 10)."""
     lam_u: float = Field(0.3, ge=0)
     """lambda_u on ||U_i||^2; the paper sets 0.1 for its baselines and the code uses 0.1."""
@@ -165,21 +182,22 @@ class RFRecConfig(AlgorithmConfig):
     (a local constant), b_u a column of U_i (local, never uploaded) and b_v a row of
     V_(i) (under psi and averaged as V, so the federation learns it as it learns V).
     False: the paper's plain link(U_i V_(i))."""
-    lam_u_rating: float = Field(0.0, ge=0)
+    lam_u_rating: float = Field(0.003, ge=0)
     """Weighted-lambda ridge on U_i (as ALS-WR): a user row (with its bias) with n ratings
     gets lam_u_rating n, times the tenant's ridge scale (its rating variance in units over
-    MovieLens', :func:`algorithms._scale.ridge_scale_of`); on top of lambda_u."""
-    lam_v_rating: float = Field(0.0, ge=0)
+    MovieLens' 1.1257^2, from its own training ratings); on top of lambda_u."""
+    lam_v_rating: float = Field(0.003, ge=0)
     """Weighted-lambda ridge on the tenant's rated columns of V_(i) (with the item bias): a
     column its users rated n times gets lam_v_rating n, times the same ridge scale, inside
-    f_i (the paper omits lambda_v; this is a per-tenant term, psi is unchanged)."""
+    f_i (the paper omits lambda_v; a per-tenant term, psi is unchanged)."""
     momentum_on_return: Literal["restart", "keep"] = "restart"
     """With ``optimizer='adam'`` and dropped clients: ``restart`` zeroes the first moments
     of a client that missed an iteration before its next step; ``keep`` resumes them as it
     left them. No effect when every client takes part in every iteration."""
     #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`), around the defaults
     search_space: ClassVar[dict[str, tuple]] = {
-        "lam": ("log", 5.0, 80.0), "lam_u": ("log", 0.05, 3.0), "alpha": ("log", 0.03, 0.3)}
+        "lam": ("log", 0.25, 4.0), "lam_u_rating": ("log", 0.001, 0.01),
+        "alpha": ("log", 0.03, 0.3)}
 
     @model_validator(mode="after")
     def _check_options(self) -> RFRecConfig:
@@ -211,14 +229,15 @@ class RFRecFConfig(RFRecConfig):
     BENCHMARKS.md: Adam, sigmoid link, the authors' schedule, p = 0.8, 400 iterations);
     :meth:`paper_settings` gives the paper's Algorithm 2 with its Sec. 4.1.3 values."""
 
-    alpha: float = Field(0.02, gt=0)
+    alpha: float = Field(0.04, gt=0)
     """Learning rate alpha (eq. 8; paper 0.025)."""
     lam: float = Field(40.0, ge=0)
     """Penalty lambda on psi (paper 10; with the default schedule 'code', alpha lambda / p
     >= 1 makes the move to the average a full reset, as the authors' notebook)."""
-    lam_u: float = Field(3.0, ge=0)
-    """lambda_u on ||U_i||^2 (paper 0.1): RFRecF's single Adam step per iteration needs a
-    stronger user-factor penalty (BENCHMARKS.md)."""
+    lam_u_rating: float = Field(0.001, ge=0)
+    """As RFRec's (weighted-lambda ridge on U_i)."""
+    lam_v_rating: float = Field(0.001, ge=0)
+    """As RFRec's (weighted-lambda ridge on V_(i)'s rated columns)."""
     iterations: int = Field(400, ge=1)
     """K, the recommended number of rounds (paper 100)."""
     p: float = Field(0.8, gt=0, lt=1)
@@ -227,8 +246,8 @@ class RFRecFConfig(RFRecConfig):
     """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
     the restart measurably hurts it with dropped clients (module docstring)."""
     search_space: ClassVar[dict[str, tuple]] = {
-        "lam": ("log", 10.0, 160.0), "lam_u": ("log", 0.5, 12.0),
-        "alpha": ("log", 0.005, 0.08)}
+        "lam_u_rating": ("log", 0.0005, 0.008), "lam_u": ("log", 0.05, 3.0),
+        "alpha": ("log", 0.01, 0.16)}
     schedule: Literal["paper", "code"] = "code"
     """paper: Algorithm 2 as printed (the first zeta = 0 iteration after an aggregation only
     moves to the average, at rate alpha lambda / p). code: the authors' notebook, where every
