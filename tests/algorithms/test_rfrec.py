@@ -252,12 +252,15 @@ def test_config_defaults_are_validated_and_the_paper_preset_is_the_papers():
         20, 0.05, 10.0, 0.1, 0.01, 100)
     assert (c.optimizer, c.link, c.rating_range) == ("gd", "identity", "tenant")
     assert (f.alpha, f.p, f.schedule, f.optimizer) == (0.025, 0.5, "paper", "gd")
-    # the defaults are BENCHMARKS.md's validated ``ours`` settings (bench/rfrec_common.py)
+    # the defaults: the authors' Adam + sigmoid with bias terms and the weighted ridge
+    # (BENCHMARKS.md, "RFRec and RFRecF with bias terms and a weighted-lambda ridge")
     d, e = RFRecConfig(), RFRecFConfig()
-    assert (d.optimizer, d.link, d.rating_range, d.alpha, d.lam, d.lam_u, d.iterations) == (
-        "adam", "sigmoid", "tenant", 0.1, 20.0, 0.3, 200)
+    assert (d.optimizer, d.link, d.rating_range, d.rank, d.alpha, d.lam, d.lam_u,
+            d.iterations) == ("adam", "sigmoid", "tenant", 10, 0.1, 1.0, 0.3, 200)
+    assert (d.lam_u_rating, d.lam_v_rating, e.lam_u_rating, e.lam_v_rating) == (
+        0.003, 0.003, 0.001, 0.001)
     assert (e.schedule, e.p, e.alpha, e.lam, e.lam_u, e.iterations) == (
-        "code", 0.8, 0.02, 40.0, 3.0, 400)
+        "code", 0.8, 0.04, 40.0, 0.3, 400)
     # the paper's model: no bias terms, no weighted ridge (its eq. 5 omits lambda_v)
     assert (c.bias, c.lam_u_rating, c.lam_v_rating) == (False, 0.0, 0.0)
     assert (f.bias, f.lam_u_rating, f.lam_v_rating) == (False, 0.0, 0.0)
