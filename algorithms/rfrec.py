@@ -62,9 +62,10 @@ lam_v_rating = 0.003, K = 200; RFRecF the notebook schedule, p 0.8, alpha 0.04, 
 lambda_u 0.3, lam_u_rating = lam_v_rating = 0.001, K = 400 (BENCHMARKS.md, "RFRec and
 RFRecF with bias terms and a weighted-lambda ridge"). The earlier defaults, validated on
 an ML-100k carve-out without bias terms (``ours`` in BENCHMARKS.md, rank 20, RFRec lambda
-20, RFRecF alpha 0.02 and lambda_u 3), stay the Table 2 benches' setting. ``paper_settings()`` gives the paper's Sec. 4.1.3 form:
-gd, identity link, d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5,
-N(0, 1e-4) init, lambda_u = 0.1, Algorithm 2's schedule.
+20, RFRecF alpha 0.02 and lambda_u 3), stay the Table 2 benches' setting.
+``paper_settings()`` gives the paper's Sec. 4.1.3 form: gd, identity link, no bias terms,
+d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5, N(0, 1e-4) init,
+lambda_u = 0.1, Algorithm 2's schedule.
 
 ``rating_range="tenant"`` (default), ``(lo, hi)`` or ``None``
     train on (r - lo)/(hi - lo) and predict lo + (hi - lo) U_i V_bar, as the authors' code
