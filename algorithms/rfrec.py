@@ -55,12 +55,17 @@ restart cost it 0.07 RMSE at 50% dropped).
 :func:`run_batched` runs all clients at once on this representation (6,040 per-user
 clients on ML-1M).
 
-Options. The defaults are the setting validated on an ML-100k carve-out (``ours`` in
-BENCHMARKS.md): Adam, the sigmoid link, the tenant's own rating range; RFRec alpha 0.1,
-lambda 20, lambda_u 0.3, K = 200; RFRecF the notebook schedule, p 0.8, alpha 0.02,
-lambda 40, lambda_u 3, K = 400. ``paper_settings()`` gives the paper's Sec. 4.1.3 form:
-gd, identity link, d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5,
-N(0, 1e-4) init, lambda_u = 0.1, Algorithm 2's schedule.
+Options. The defaults: Adam, the sigmoid link, the tenant's own rating range, bias terms
+and a weighted-lambda ridge scaled by the tenant's rating variance (as fedrec's FedMC-ADMM
+and FedMAvg defaults), rank 10; RFRec alpha 0.1, lambda 1, lambda_u 0.3, lam_u_rating =
+lam_v_rating = 0.003, K = 200; RFRecF the notebook schedule, p 0.8, alpha 0.04, lambda 40,
+lambda_u 0.3, lam_u_rating = lam_v_rating = 0.001, K = 400 (BENCHMARKS.md, "RFRec and
+RFRecF with bias terms and a weighted-lambda ridge"). The earlier defaults, validated on
+an ML-100k carve-out without bias terms (``ours`` in BENCHMARKS.md, rank 20, RFRec lambda
+20, RFRecF alpha 0.02 and lambda_u 3), stay the Table 2 benches' setting.
+``paper_settings()`` gives the paper's Sec. 4.1.3 form: gd, identity link, no bias terms,
+d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5, N(0, 1e-4) init,
+lambda_u = 0.1, Algorithm 2's schedule.
 
 ``rating_range="tenant"`` (default), ``(lo, hi)`` or ``None``
     train on (r - lo)/(hi - lo) and predict lo + (hi - lo) U_i V_bar, as the authors' code
@@ -91,7 +96,24 @@ the paper's own condition alpha <= 1/(L + lambda) of Theorem 3.4 once the factor
 see BENCHMARKS.md, "RFRec and RFRecF", for measured figures of every option. Privacy is
 not applied here: the clip + Laplace of eq. (9) is the privacy layer's wrapper around the
 client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the paper's
-(delta, s). No bias terms are modelled.
+(delta, s).
+
+``bias=True`` (default; the paper has none)
+    prediction link(c_i + b_u + b_v + u_t v_j): the tenant's centre c_i (its mean target
+    through the inverse link, a local constant), a user bias b_u (a column of U_i, next to
+    a column of ones) and an item bias b_v (a row of V_(i) next to a row of ones). The item
+    bias is part of V_(i), so psi pulls it to its average and the server averages it like
+    any row; the ones row of V_bar is public and reset to one after each aggregation
+    (clipping and noise of eq. 9 do not move it). The updates are Algorithms 1 and 2 on
+    the augmented (U_i, V_(i)) with the fixed entries' gradient zero.
+``lam_u_rating``, ``lam_v_rating``
+    a weighted-lambda ridge inside f_i (as ALS-WR and fedrec's FedMC-ADMM and FedMAvg
+    defaults): lam_u_rating n_t ||u_t||^2 per user and lam_v_rating n_j^(i) ||v_j||^2 per
+    item the tenant rated n_j^(i) times (summed over tenants, n_j ||v_j||^2), both times
+    the tenant's ridge scale :func:`algorithms._scale.ridge_scale_of`. The paper omits a
+    lambda_v term (psi alone ties V); the per-rating form shrinks rarely rated items and
+    light users more, which a fixed weight cannot. Adam's per-coordinate steps make
+    FedMAvg's per-row step bounds unnecessary here (the paper's GD form keeps alpha).
 """
 
 from __future__ import annotations
@@ -103,14 +125,15 @@ from typing import ClassVar, Literal
 import numpy as np
 import scipy.sparse as sp
 from pydantic import ConfigDict, Field, model_validator
-from scipy.special import expit
+from scipy.special import expit, logit
 
 from algorithms._messages import Message
 from algorithms._rng import SERVER, derive_rng, sample_clients
-from algorithms._scale import scale_of
+from algorithms._scale import ridge_scale_of, scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
+from algorithms.fedmavg import bias_masks
 from algorithms.simulate import (
     AGGREGATE,
     RoundRecord,
@@ -123,17 +146,17 @@ from algorithms.simulate import (
 
 
 class RFRecConfig(AlgorithmConfig):
-    """RFRec hyper-parameters. Defaults are the validated setting (``ours`` in
-    BENCHMARKS.md: Adam, the sigmoid link on the tenant's rating range, 200 iterations);
+    """RFRec hyper-parameters. Defaults: Adam, the sigmoid link on the tenant's rating
+    range, bias terms and the weighted-lambda ridge, 200 iterations (module docstring);
     :meth:`paper_settings` gives the paper's Sec. 4.1.3 GD form."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
-    rank: int = Field(20, ge=1)
-    """d, the number of latent factors."""
+    rank: int = Field(10, ge=1)
+    """d, the number of latent factors (paper 20)."""
     alpha: float = Field(0.1, gt=0)
     """Learning rate alpha (eq. 6; paper 0.05)."""
-    lam: float = Field(20.0, ge=0)
+    lam: float = Field(1.0, ge=0)
     """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2 (paper 10)."""
     lam_u: float = Field(0.3, ge=0)
     """lambda_u on ||U_i||^2; the paper sets 0.1 for its baselines and the code uses 0.1."""
@@ -158,6 +181,20 @@ class RFRecConfig(AlgorithmConfig):
     """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
+    bias: bool = True
+    """User and item bias terms and the tenant's mean: the prediction is
+    link(c_i + b_u + b_v + u V) with c_i the tenant's mean target through the inverse link
+    (a local constant), b_u a column of U_i (local, never uploaded) and b_v a row of
+    V_(i) (under psi and averaged as V, so the federation learns it as it learns V).
+    False: the paper's plain link(U_i V_(i))."""
+    lam_u_rating: float = Field(0.003, ge=0)
+    """Weighted-lambda ridge on U_i (as ALS-WR): a user row (with its bias) with n ratings
+    gets lam_u_rating n, times the tenant's ridge scale (its rating variance in units over
+    MovieLens' 1.1257^2, from its own training ratings); on top of lambda_u."""
+    lam_v_rating: float = Field(0.003, ge=0)
+    """Weighted-lambda ridge on the tenant's rated columns of V_(i) (with the item bias): a
+    column its users rated n times gets lam_v_rating n, times the same ridge scale, inside
+    f_i (the paper omits lambda_v; a per-tenant term, psi is unchanged)."""
     momentum_on_return: Literal["restart", "keep", "decay"] = "restart"
     """With ``optimizer='adam'`` and dropped clients: ``restart`` zeroes the first moments
     of a client that missed an iteration before its next step; ``keep`` resumes them as it
@@ -167,7 +204,8 @@ class RFRecConfig(AlgorithmConfig):
     iteration."""
     #: ``fedrec tune``'s search space (:mod:`algorithms.tuning`), around the defaults
     search_space: ClassVar[dict[str, tuple]] = {
-        "lam": ("log", 5.0, 80.0), "lam_u": ("log", 0.05, 3.0), "alpha": ("log", 0.03, 0.3)}
+        "lam": ("log", 0.25, 4.0), "lam_u_rating": ("log", 0.001, 0.01),
+        "alpha": ("log", 0.03, 0.3)}
 
     @model_validator(mode="after")
     def _check_options(self) -> RFRecConfig:
@@ -182,9 +220,10 @@ class RFRecConfig(AlgorithmConfig):
 
     @classmethod
     def paper_settings(cls, **overrides: object) -> RFRecConfig:
-        """The paper's Sec. 4.1.3 run: the GD step of eq. (6), identity link, d = 20,
-        K = 100, alpha = 0.05, lambda = 10, lambda_u = 0.1, N(0, 1e-4) init, on ratings
-        scaled by the tenant's range as the authors' code does (the paper is silent).
+        """The paper's Sec. 4.1.3 run: the GD step of eq. (6), identity link, no bias terms
+        nor weighted ridge, d = 20, K = 100, alpha = 0.05, lambda = 10, lambda_u = 0.1,
+        N(0, 1e-4) init, on ratings scaled by the tenant's range as the authors' code does
+        (the paper is silent).
         ``overrides`` replace fields. It diverges on MovieLens (module docstring)."""
         return cls(**{**_PAPER_RFREC, **overrides})
 
@@ -195,18 +234,19 @@ class RFRecConfig(AlgorithmConfig):
 
 
 class RFRecFConfig(RFRecConfig):
-    """RFRecF hyper-parameters. Defaults are the validated setting (``ours`` in
-    BENCHMARKS.md: Adam, sigmoid link, the authors' schedule, p = 0.8, 400 iterations);
+    """RFRecF hyper-parameters. Defaults: Adam, sigmoid link, bias terms and the weighted
+    ridge, the authors' schedule, p = 0.8, 400 iterations (module docstring);
     :meth:`paper_settings` gives the paper's Algorithm 2 with its Sec. 4.1.3 values."""
 
-    alpha: float = Field(0.02, gt=0)
+    alpha: float = Field(0.04, gt=0)
     """Learning rate alpha (eq. 8; paper 0.025)."""
     lam: float = Field(40.0, ge=0)
     """Penalty lambda on psi (paper 10; with the default schedule 'code', alpha lambda / p
     >= 1 makes the move to the average a full reset, as the authors' notebook)."""
-    lam_u: float = Field(3.0, ge=0)
-    """lambda_u on ||U_i||^2 (paper 0.1): RFRecF's single Adam step per iteration needs a
-    stronger user-factor penalty (BENCHMARKS.md)."""
+    lam_u_rating: float = Field(0.001, ge=0)
+    """As RFRec's (weighted-lambda ridge on U_i)."""
+    lam_v_rating: float = Field(0.001, ge=0)
+    """As RFRec's (weighted-lambda ridge on V_(i)'s rated columns)."""
     iterations: int = Field(400, ge=1)
     """K, the recommended number of rounds (paper 100)."""
     p: float = Field(0.8, gt=0, lt=1)
@@ -215,8 +255,8 @@ class RFRecFConfig(RFRecConfig):
     """As RFRec's, but ``keep`` by default: RFRecF's main update has no proximal term, and
     the restart measurably hurts it with dropped clients (module docstring)."""
     search_space: ClassVar[dict[str, tuple]] = {
-        "lam": ("log", 10.0, 160.0), "lam_u": ("log", 0.5, 12.0),
-        "alpha": ("log", 0.005, 0.08)}
+        "lam_u_rating": ("log", 0.0005, 0.008), "lam_u": ("log", 0.05, 3.0),
+        "alpha": ("log", 0.01, 0.16)}
     schedule: Literal["paper", "code"] = "code"
     """paper: Algorithm 2 as printed (the first zeta = 0 iteration after an aggregation only
     moves to the average, at rate alpha lambda / p). code: the authors' notebook, where every
@@ -238,7 +278,8 @@ class RFRecFConfig(RFRecConfig):
 #: the paper's Sec. 4.1.3 settings (RFRec), and what RFRecF changes
 _PAPER_RFREC: dict[str, object] = dict(
     rank=20, alpha=0.05, lam=10.0, lam_u=0.1, init_std=0.01, iterations=100,
-    rating_range="tenant", optimizer="gd", link="identity", momentum_on_return="restart")
+    rating_range="tenant", optimizer="gd", link="identity", momentum_on_return="restart",
+    bias=False, lam_u_rating=0.0, lam_v_rating=0.0)
 _PAPER_RFRECF: dict[str, object] = dict(alpha=0.025, p=0.5, schedule="paper",
                                         momentum_on_return="keep")
 
@@ -281,7 +322,10 @@ class RFRecLocal(Message):
     with their Adam moments when ``optimizer='adam'`` (None with gd); ``last`` is the last
     iteration the client took part in (0 before the first); ``offset``/``spread`` map the
     model's scale to this tenant's ratings with ``rating_range='tenant'`` (None: the global
-    message's, as states stored before the field existed)."""
+    message's, as states stored before the field existed); ``centre`` is c_i, the tenant's
+    mean target through the inverse link, added inside the link with ``bias`` (None: 0,
+    as without bias terms and in states stored before the field existed). With ``bias``
+    U_i is [U | b_u | 1] and V_(i) is [V ; 1 ; b_v] (d + 2 rows)."""
 
     user_rows: ClassVar[tuple[str, ...]] = ("u", "u_m1", "u_m2")
 
@@ -294,6 +338,7 @@ class RFRecLocal(Message):
     last: int = 0
     offset: float | None = None
     spread: float | None = None
+    centre: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +355,8 @@ def init_server(n_items: int, n_clients: int, cfg: RFRecConfig, rng: np.random.G
                 ) -> tuple[RFRecGlobal, RFRecGlobal]:
     """V_bar^0 ~ N(0, init_std^2) (Algorithms 1-2 line 3); RFRecF draws zeta_0."""
     v_bar = rng.normal(0.0, cfg.init_std, size=(cfg.rank, n_items))
+    if cfg.bias:  # [V ; 1 ; b_v]: the ones pair with b_u, the item biases start at 0
+        v_bar = np.vstack([v_bar, np.ones((1, n_items)), np.zeros((1, n_items))])
     zeta = _coin(cfg, rng)
     offset, spread = _scale(cfg)
     g = RFRecGlobal(v_bar, v_bar.copy(), 0, zeta, 0, offset, spread, cfg.link,
@@ -319,12 +366,15 @@ def init_server(n_items: int, n_clients: int, cfg: RFRecConfig, rng: np.random.G
 
 def init_client(block: RatingBlock, global_msg: RFRecGlobal, cfg: RFRecConfig,
                 rng: np.random.Generator) -> RFRecLocal:
-    """U_i ~ N(0, init_std^2); V_(i) starts at V_bar^0 (stored on rated columns only)."""
+    """U_i ~ N(0, init_std^2); V_(i) starts at V_bar^0 (stored on rated columns only).
+    With ``bias``: [U | b_u | 1] with b_u = 0, and the tenant's centre c_i."""
     u = rng.normal(0.0, cfg.init_std, size=(block.n_users, cfg.rank))
+    if cfg.bias:
+        u = np.hstack([u, np.zeros((block.n_users, 1)), np.ones((block.n_users, 1))])
     v = global_msg.h[:, block.rated_items].copy()
     offset, spread = block_scale(block, cfg)
     return RFRecLocal(u, v, *_zero_moments(cfg, u.shape), *_zero_moments(cfg, v.shape),
-                      offset=offset, spread=spread)
+                      offset=offset, spread=spread, centre=block_centre(block, cfg))
 
 
 def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
@@ -333,7 +383,7 @@ def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingB
     """Algorithm 1 lines 7-8: one step on f_i + lambda psi_i, then upload V_(i)."""
     items, t = block.rated_items, global_msg.k + 1
     local = _on_return(local, global_msg.k, cfg)
-    g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
+    g_u, g_v = grad_f(local.u, local.v_rated, block, cfg, local.centre or 0.0)
     g_v = g_v + cfg.lam * (local.v_rated - global_msg.v_bar[:, items])
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
@@ -348,8 +398,8 @@ def rfrec_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
                       ) -> tuple[RFRecGlobal, RFRecGlobal]:
     """Algorithm 1 line 10: V_bar = mean of the uploads; H follows the never-rated columns."""
     h, (h_m1, h_m2) = _step_h(state, cfg)
-    g = state.replace(v_bar=_mean(uploads, state.v_bar), h=h, k=state.k + 1, h_m1=h_m1,
-                      h_m2=h_m2)
+    g = state.replace(v_bar=fix_ones(_mean(uploads, state.v_bar), cfg), h=h, k=state.k + 1,
+                      h_m1=h_m1, h_m2=h_m2)
     return g, g
 
 
@@ -370,7 +420,7 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
         if cfg.schedule == "paper":
             return local, None
     lr, t = cfg.alpha / (1.0 - cfg.p), global_msg.steps + 1
-    g_u, g_v = grad_f(local.u, local.v_rated, block, cfg)
+    g_u, g_v = grad_f(local.u, local.v_rated, block, cfg, local.centre or 0.0)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
     return local.replace(u=u, v_rated=v, u_m1=u_m[0], u_m2=u_m[1], v_m1=v_m[0],
@@ -381,7 +431,7 @@ def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
                        cfg: RFRecFConfig, rng: np.random.Generator
                        ) -> tuple[RFRecGlobal, RFRecGlobal]:
     """Algorithm 2 line 16 (aggregate when zeta = 1), then draw zeta_{k+1}."""
-    v_bar = _mean(uploads, state.v_bar) if state.zeta == 1 else state.v_bar
+    v_bar = fix_ones(_mean(uploads, state.v_bar), cfg) if state.zeta == 1 else state.v_bar
     h = state.h
     if state.zeta == 0 and state.zeta_prev == 1:
         h = relax(state.h, state.v_bar, move_rate(cfg))
@@ -412,15 +462,21 @@ def select(global_msg: Message, n_clients: int, per_round: int,
 
 
 def factors(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[np.ndarray, np.ndarray]:
-    """Prediction offset + spread U_i V_bar as [spread U_i, offset] @ [V_bar; 1] (the
-    tenant's own offset and spread). With ``link='sigmoid'``: the raw (U_i, V_bar), whose
+    """Prediction offset + spread (c_i + U_i V_bar) as [spread U_i, offset + spread c_i] @
+    [V_bar; 1] (the tenant's own offset, spread and centre). With ``link='sigmoid'``: the
+    raw (U_i, V_bar), with [U_i | c_i] and [V_bar; 1] when the tenant has a centre, whose
     product goes through :func:`serving_link` (the prediction is no matrix product)."""
+    ones = np.ones((1, global_msg.v_bar.shape[1]))
     if global_msg.link != "identity":
-        return local.u.copy(), global_msg.v_bar.copy()
+        if local.centre is None:
+            return local.u.copy(), global_msg.v_bar.copy()
+        # [U_i | c_i] @ [V_bar ; 1]: the centre goes inside the link
+        return (np.hstack([local.u, np.full((local.u.shape[0], 1), local.centre)]),
+                np.vstack([global_msg.v_bar, ones]))
     offset, spread = local_scale(global_msg, local)
+    offset += spread * (local.centre or 0.0)
     a = np.hstack([spread * local.u, np.full((local.u.shape[0], 1), offset)])
-    b = np.vstack([global_msg.v_bar, np.ones((1, global_msg.v_bar.shape[1]))])
-    return a, b
+    return a, np.vstack([global_msg.v_bar, ones])
 
 
 def serving_link(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[float, float] | None:
@@ -434,10 +490,14 @@ def serving_link(global_msg: RFRecGlobal, local: RFRecLocal) -> tuple[float, flo
 
 def objective(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
               cfg: RFRecConfig) -> float:
-    """F_i = f_i + lambda/2 ||V_(i) - V_bar||^2 (eq. 5), in the model's rating scale."""
+    """F_i = f_i + lambda/2 ||V_(i) - V_bar||^2 (eq. 5), in the model's rating scale, f_i
+    with the weighted-lambda ridge terms (the fixed ones of the bias terms not penalised)."""
     items = block.rated_items
-    resid = residual(local.u, local.v_rated, block, cfg)
-    f = float(resid @ resid) + cfg.lam_u * float(np.sum(local.u * local.u))
+    resid = residual(local.u, local.v_rated, block, cfg, local.centre or 0.0)
+    u, v = _free(local.u, local.v_rated, cfg)
+    w_u, w_v = ridge_weights(block, cfg)
+    f = (float(resid @ resid) + cfg.lam_u * float(np.sum(u * u))
+         + float(w_u @ np.sum(u * u, axis=1)) + float(w_v @ np.sum(v * v, axis=0)))
     unrated = np.ones(global_msg.v_bar.shape[1], dtype=bool)
     unrated[items] = False
     d_rated = local.v_rated - global_msg.v_bar[:, items]
@@ -451,7 +511,7 @@ def objective(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingBlock,
 def predict_ratings(global_msg: RFRecGlobal, local: RFRecLocal, rows: np.ndarray,
                     cols: np.ndarray) -> np.ndarray:
     """Predicted ratings of entries (rows[t], cols[t]) for either link."""
-    z = np.einsum("td,dt->t", local.u[rows], global_msg.v_bar[:, cols])
+    z = np.einsum("td,dt->t", local.u[rows], global_msg.v_bar[:, cols]) + (local.centre or 0.0)
     offset, spread = local_scale(global_msg, local)
     return offset + spread * _link(z, global_msg.link)[0]
 
@@ -470,16 +530,18 @@ def targets(block: RatingBlock, cfg: RFRecConfig) -> np.ndarray:
 
 
 def residual(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock,
-             cfg: RFRecConfig) -> np.ndarray:
-    """link(U_i V_(i)) - R_i on the observed entries (length nnz)."""
-    return _residual_and_weight(u, v_rated, block, cfg)[0]
+             cfg: RFRecConfig, centre: float = 0.0) -> np.ndarray:
+    """link(c_i + U_i V_(i)) - R_i on the observed entries (length nnz)."""
+    return _residual_and_weight(u, v_rated, block, cfg, centre)[0]
 
 
 def _residual_and_weight(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock,
-                         cfg: RFRecConfig) -> tuple[np.ndarray, np.ndarray]:
+                         cfg: RFRecConfig, centre: float = 0.0
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """Residual e and e * link'(z), the factor of the gradients (chain rule)."""
     pos = np.searchsorted(block.rated_items, block.cols)
-    pred, slope = _link(np.einsum("td,dt->t", u[block.rows], v_rated[:, pos]), cfg.link)
+    z = np.einsum("td,dt->t", u[block.rows], v_rated[:, pos]) + centre
+    pred, slope = _link(z, cfg.link)
     e = pred - targets(block, cfg)
     return e, e * slope
 
@@ -492,19 +554,66 @@ def _link(z: np.ndarray, link: str) -> tuple[np.ndarray, np.ndarray | float]:
     return s, s * (1.0 - s)
 
 
-def grad_f(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock, cfg: RFRecConfig
-           ) -> tuple[np.ndarray, np.ndarray]:
+def grad_f(u: np.ndarray, v_rated: np.ndarray, block: RatingBlock, cfg: RFRecConfig,
+           centre: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Gradients of f_i (eq. 12 without the psi part) w.r.t. U_i and the rated V_(i) columns.
 
-    grad_U = 2 E V^T + 2 lambda_u U and grad_V = 2 U^T E, E = P_Omega(U V - R) (times the
-    link's derivative with the sigmoid option).
+    grad_U = 2 E V^T + 2 lambda_u U + 2 W_u U and grad_V = 2 U^T E + 2 V W_v,
+    E = P_Omega(c_i + U V - R) (times the link's derivative with the sigmoid option), W_u
+    and W_v the weighted-lambda ridge (:func:`ridge_weights`); zero on the fixed ones of
+    the bias terms.
     """
     pos = np.searchsorted(block.rated_items, block.cols)
-    e = sp.csr_array((_residual_and_weight(u, v_rated, block, cfg)[1], (block.rows, pos)),
-                     shape=(block.n_users, v_rated.shape[1]))
-    g_u = 2.0 * (e @ v_rated.T) + 2.0 * cfg.lam_u * u
-    g_v = 2.0 * (e.T @ u).T
-    return g_u, g_v
+    e = sp.csr_array((_residual_and_weight(u, v_rated, block, cfg, centre)[1],
+                      (block.rows, pos)), shape=(block.n_users, v_rated.shape[1]))
+    w_u, w_v = ridge_weights(block, cfg)
+    g_u = 2.0 * (e @ v_rated.T) + 2.0 * (cfg.lam_u + w_u)[:, None] * u
+    g_v = 2.0 * (e.T @ u).T + 2.0 * v_rated * w_v[None, :]
+    return _free(g_u, g_v, cfg)
+
+
+def ridge_weights(block: RatingBlock, cfg: RFRecConfig) -> tuple[np.ndarray, np.ndarray]:
+    """The weighted-lambda ridge of U_i's rows (m_i,) and of V_(i)'s rated columns
+    (|rated|,): lam_u_rating n_t s and lam_v_rating n_j s, n_t the user's ratings, n_j the
+    tenant's ratings of item j and s the tenant's ridge scale
+    (:func:`algorithms._scale.ridge_scale_of`, from its own training ratings)."""
+    if cfg.lam_u_rating == 0 and cfg.lam_v_rating == 0:
+        return np.zeros(block.n_users), np.zeros(block.rated_items.shape[0])
+    s = ridge_scale_of(block, unit_of(block))
+    n_t = np.bincount(block.rows, minlength=block.n_users).astype(float)
+    n_j = np.bincount(np.searchsorted(block.rated_items, block.cols),
+                      minlength=block.rated_items.shape[0]).astype(float)
+    return s * cfg.lam_u_rating * n_t, s * cfg.lam_v_rating * n_j
+
+
+def _free(u: np.ndarray, v: np.ndarray, cfg: RFRecConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(U, V) with the fixed ones of the bias terms zeroed (as they are, without bias)."""
+    u_free, v_free = bias_masks(cfg)
+    if u_free is None or u.shape[1] != u_free.size:
+        return u, v
+    return u * u_free[None, :], v * v_free[:, None]
+
+
+def block_centre(block: RatingBlock, cfg: RFRecConfig) -> float | None:
+    """c_i, the tenant's mean target through the inverse link (logit for the sigmoid,
+    the mean clipped to [0.01, 0.99] of the range first), with ``bias``; else None."""
+    if not cfg.bias:
+        return None
+    if block.nnz == 0:
+        return 0.0
+    mean = float(targets(block, cfg).mean())
+    if cfg.link == "sigmoid":
+        mean = float(logit(np.clip(mean, 0.01, 0.99)))
+    return mean
+
+
+def fix_ones(v_bar: np.ndarray, cfg: RFRecConfig) -> np.ndarray:
+    """V_bar with its row of ones (paired with the user biases) exactly one again: the
+    row is public and fixed, and clipping or noise of the uploads must not move it."""
+    if cfg.bias and v_bar.shape[0] == cfg.rank + 2:
+        v_bar = v_bar.copy()
+        v_bar[cfg.rank] = 1.0
+    return v_bar
 
 
 Moments = tuple[np.ndarray | None, np.ndarray | None]
@@ -628,6 +737,10 @@ class _Layout:
     indptr: np.ndarray       # CSR (users x pairs) structure of the ratings
     by_item: sp.csr_array    # (items x pairs) 0/1: sums pairs into items
     scales: np.ndarray       # (offset, spread) of each client (n_clients x 2)
+    centres: np.ndarray      # c_i of each client (n_clients,; 0 without bias terms)
+    centre: np.ndarray       # c_i of each rating's client, sorted as ``rows``
+    w_u: np.ndarray          # lambda_u + weighted-lambda ridge of each user row
+    w_p: np.ndarray          # weighted-lambda ridge of each pair
 
 
 def _layout(blocks: list[RatingBlock], cfg: RFRecConfig) -> _Layout:
@@ -647,8 +760,13 @@ def _layout(blocks: list[RatingBlock], cfg: RFRecConfig) -> _Layout:
     by_item = sp.csr_array((ones, (pair_item, np.arange(pair_item.shape[0]))),
                            shape=(blocks[0].n_items, pair_item.shape[0]))
     scales = np.array([block_scale(b, cfg) for b in blocks], dtype=float)
+    centres = np.array([block_centre(b, cfg) or 0.0 for b in blocks], dtype=float)
+    centre = np.repeat(centres, [b.nnz for b in blocks])[order]
+    ridges = [ridge_weights(b, cfg) for b in blocks]
+    w_u = cfg.lam_u + np.concatenate([w[0] for w in ridges])
+    w_p = np.concatenate([w[1] for w in ridges])
     return _Layout(user_start, pair_start, pair_item, rows[order], pair[order], y[order],
-                   indptr, by_item, scales)
+                   indptr, by_item, scales, centres, centre, w_u, w_p)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -665,10 +783,14 @@ class _Clients:
 def _batched_grad(lay: _Layout, c: _Clients, cfg: RFRecConfig
                   ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`grad_f` of every client at once (V_(i) columns as rows of ``c.p``)."""
-    pred, slope = _link(np.einsum("td,td->t", c.u[lay.rows], c.p[lay.pair]), cfg.link)
+    z = np.einsum("td,td->t", c.u[lay.rows], c.p[lay.pair]) + lay.centre
+    pred, slope = _link(z, cfg.link)
     mat = sp.csr_array(((pred - lay.y) * slope, lay.pair, lay.indptr),
                        shape=(c.u.shape[0], c.p.shape[0]))
-    return 2.0 * (mat @ c.p) + 2.0 * cfg.lam_u * c.u, 2.0 * (mat.T @ c.u)
+    g_u = 2.0 * (mat @ c.p) + 2.0 * lay.w_u[:, None] * c.u
+    g_p = 2.0 * (mat.T @ c.u) + 2.0 * lay.w_p[:, None] * c.p
+    g_u, g_pt = _free(g_u, g_p.T, cfg)
+    return g_u, g_pt.T
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -742,8 +864,8 @@ def _batched_eval(lay: _Layout, g: RFRecGlobal, u: np.ndarray, tests: list[Ratin
     cols = np.concatenate([t.cols for t in tests])
     vals = np.concatenate([t.vals for t in tests])
     client = np.repeat(np.arange(len(tests)), [t.nnz for t in tests])
-    z = predict_ratings(g, RFRecLocal(u, np.empty((0, 0)), offset=0.0, spread=1.0), rows, cols)
-    pred = lay.scales[client, 0] + lay.scales[client, 1] * z
+    z = np.einsum("td,dt->t", u[rows], g.v_bar[:, cols]) + lay.centres[client]
+    pred = lay.scales[client, 0] + lay.scales[client, 1] * _link(z, g.link)[0]
     if scale is not None:
         pred = np.clip(pred, *scale)
     err = pred - vals
@@ -752,14 +874,17 @@ def _batched_eval(lay: _Layout, g: RFRecGlobal, u: np.ndarray, tests: list[Ratin
 
 def _batched_objective(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig) -> float:
     """Sum over clients of :func:`objective`, without forming any dense V_(i)."""
-    pred, _ = _link(np.einsum("td,td->t", c.u[lay.rows], c.p[lay.pair]), cfg.link)
+    pred, _ = _link(np.einsum("td,td->t", c.u[lay.rows], c.p[lay.pair]) + lay.centre,
+                    cfg.link)
     e = pred - lay.y
     d_free = g.h - g.v_bar
     d_pair = c.p - g.v_bar[:, lay.pair_item].T
     d_h = d_free[:, lay.pair_item]
     n_clients = lay.pair_start.shape[0] - 1
     psi = n_clients * np.sum(d_free * d_free) + np.sum(d_pair * d_pair) - np.sum(d_h * d_h)
-    return float(e @ e + cfg.lam_u * np.sum(c.u * c.u) + 0.5 * cfg.lam * psi)
+    u, pt = _free(c.u, c.p.T, cfg)
+    ridge = lay.w_u @ np.sum(u * u, axis=1) + lay.w_p @ np.sum(pt * pt, axis=0)
+    return float(e @ e + ridge + 0.5 * cfg.lam * psi)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -959,7 +1084,7 @@ class BatchedSteps:
                received: Mapping[int, _BatchUpload]) -> tuple[RFRecGlobal, RFRecGlobal]:
         up = received[AGGREGATE]
         g = up.pending if up.total is None else up.pending.replace(
-            v_bar=up.total / up.n if up.v_bar is None else up.v_bar)
+            v_bar=fix_ones(up.total / up.n if up.v_bar is None else up.v_bar, self.cfg))
         g = g.replace(k=g.k + 1, zeta=_coin(self.cfg, derive_rng(self.seed, k, SERVER))
                       if self.fast else 0, zeta_prev=g.zeta)
         return g, g
@@ -979,7 +1104,7 @@ class BatchedSteps:
     def result(self, history: list[RoundRecord], state: RoundState) -> SimulationResult:
         return SimulationResult(history, state.global_msg, state.global_msg,
                                 _unpack(self.lay, state.local_states.c,
-                                        state.local_states.last))
+                                        state.local_states.last, self.cfg.bias))
 
 
 def noise_aggregator(noise: Callable[[int, int, tuple[int, int]], np.ndarray]
@@ -1056,7 +1181,7 @@ def _stack(states: list[RFRecLocal]) -> _Clients:
                     cat("u_m2", False)), (cat("v_m1", True), cat("v_m2", True)))
 
 
-def _unpack(lay: _Layout, c: _Clients, last: np.ndarray) -> list[RFRecLocal]:
+def _unpack(lay: _Layout, c: _Clients, last: np.ndarray, bias: bool) -> list[RFRecLocal]:
     """Per-client local states from the batched arrays."""
     us, ps = lay.user_start, lay.pair_start
 
@@ -1066,7 +1191,8 @@ def _unpack(lay: _Layout, c: _Clients, last: np.ndarray) -> list[RFRecLocal]:
         return x[us[i]:us[i + 1]].copy() if users else x[ps[i]:ps[i + 1]].T.copy()
     return [RFRecLocal(part(c.u, i, True), part(c.p, i, False), part(c.u_m[0], i, True),
                        part(c.u_m[1], i, True), part(c.p_m[0], i, False),
-                       part(c.p_m[1], i, False), int(last[i]), *map(float, lay.scales[i]))
+                       part(c.p_m[1], i, False), int(last[i]), *map(float, lay.scales[i]),
+                       centre=float(lay.centres[i]) if bias else None)
             for i in range(us.shape[0] - 1)]
 
 

@@ -26,11 +26,16 @@ def _noise(round_, client, shape):
     return client_noise_rng(5, round_, client).laplace(0.0, 0.04, size=shape)
 
 
+#: the defaults the reference was recorded with (before bias terms and the weighted ridge)
+_BEFORE = {"bias": False, "lam_u_rating": 0.0, "lam_v_rating": 0.0}
+_RFREC_BEFORE = {**_BEFORE, "lam": 20.0}
+_RFRECF_BEFORE = {**_BEFORE, "alpha": 0.02, "lam_u": 3.0}
+
 CASES = {
-    "rfrec_dp": (RFRecConfig(rating_range=R15, rank=3),
+    "rfrec_dp": (RFRecConfig(rating_range=R15, rank=3, **_RFREC_BEFORE),
                  {"clip": 0.2, "noise": _noise, "per_round": 4}),
-    "rfrec_drop": (RFRecConfig(rating_range=R15, rank=3), {"per_round": 3}),
-    "rfrecf": (RFRecFConfig(rating_range=R15, rank=3), {"per_round": 3}),
+    "rfrec_drop": (RFRecConfig(rating_range=R15, rank=3, **_RFREC_BEFORE), {"per_round": 3}),
+    "rfrecf": (RFRecFConfig(rating_range=R15, rank=3, **_RFRECF_BEFORE), {"per_round": 3}),
     "rfrecf_paper": (RFRecFConfig.paper_settings(rating_range=R15, rank=2, alpha=0.01),
                      {"clip": 0.2, "noise": _noise}),
 }

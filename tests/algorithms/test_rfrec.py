@@ -254,12 +254,19 @@ def test_config_defaults_are_validated_and_the_paper_preset_is_the_papers():
         20, 0.05, 10.0, 0.1, 0.01, 100)
     assert (c.optimizer, c.link, c.rating_range) == ("gd", "identity", "tenant")
     assert (f.alpha, f.p, f.schedule, f.optimizer) == (0.025, 0.5, "paper", "gd")
-    # the defaults are BENCHMARKS.md's validated ``ours`` settings (bench/rfrec_common.py)
+    # the defaults: the authors' Adam + sigmoid with bias terms and the weighted ridge
+    # (BENCHMARKS.md, "RFRec and RFRecF with bias terms and a weighted-lambda ridge")
     d, e = RFRecConfig(), RFRecFConfig()
-    assert (d.optimizer, d.link, d.rating_range, d.alpha, d.lam, d.lam_u, d.iterations) == (
-        "adam", "sigmoid", "tenant", 0.1, 20.0, 0.3, 200)
+    assert (d.optimizer, d.link, d.rating_range, d.rank, d.alpha, d.lam, d.lam_u,
+            d.iterations) == ("adam", "sigmoid", "tenant", 10, 0.1, 1.0, 0.3, 200)
+    assert (d.lam_u_rating, d.lam_v_rating, e.lam_u_rating, e.lam_v_rating) == (
+        0.003, 0.003, 0.001, 0.001)
     assert (e.schedule, e.p, e.alpha, e.lam, e.lam_u, e.iterations) == (
-        "code", 0.8, 0.02, 40.0, 3.0, 400)
+        "code", 0.8, 0.04, 40.0, 0.3, 400)
+    # the paper's model: no bias terms, no weighted ridge (its eq. 5 omits lambda_v)
+    assert (c.bias, c.lam_u_rating, c.lam_v_rating) == (False, 0.0, 0.0)
+    assert (f.bias, f.lam_u_rating, f.lam_v_rating) == (False, 0.0, 0.0)
+    assert d.bias and e.bias
     assert paper_dp("rfrec") == (0.2, 0.04) and paper_dp("rfrecf") == (0.2, 0.06)
     with pytest.raises(ValueError, match=r"rating_range must be \(lo, hi\) with hi > lo"):
         RFRecConfig(rating_range=(5.0, 1.0))
@@ -713,3 +720,115 @@ def test_batched_adam_code_schedule_with_dropped_clients_matches_generic_driver(
         np.testing.assert_allclose(b.v_m2, a.v_m2, rtol=1e-9, atol=1e-18)
     assert [r.uploads for r in batched.history] == [r.uploads for r in generic.history]
     assert {r.participants for r in batched.history} == {3}
+
+
+# ------------------------------------------------- bias terms and the weighted-lambda ridge
+
+
+def _dense_f(u, v, block, cfg, link):
+    """f_i of the default model written out densely from the definitions: the tenant's
+    targets (r - lo) / (hi - lo) on its own range, its centre c = link^-1(mean target),
+    U = [U0 | b_u | 1], V = [V0 ; 1 ; b_v], prediction link(c + U V), lambda_u on the free
+    entries, and the weighted ridge n_t s lam_u_rating ||u_t||^2 + n_j s lam_v_rating
+    ||v_j||^2 with s = (std of the ratings in units of range / 4, over 1.1257)^2."""
+    r, mask = _dense(block)
+    lo, hi = block.vals.min(), block.vals.max()
+    y = (r - lo) / (hi - lo)
+    mean = (block.vals.mean() - lo) / (hi - lo)
+    c = np.log(mean / (1 - mean)) if link == "sigmoid" else mean
+    z = c + u @ v
+    pred = 1 / (1 + np.exp(-z)) if link == "sigmoid" else z
+    s = min(8.0, max(0.125, (np.std(block.vals) / ((hi - lo) / 4) / 1.1257) ** 2))
+    d = cfg.rank
+    u0 = np.hstack([u[:, :d + 1], np.zeros((u.shape[0], 1))])  # without the ones column
+    v0 = np.vstack([v[:d], np.zeros((1, v.shape[1])), v[d + 1:]])  # without the ones row
+    n_t, n_j = mask.sum(axis=1), mask.sum(axis=0)
+    return (((mask * (pred - y)) ** 2).sum() + cfg.lam_u * (u0**2).sum()
+            + s * cfg.lam_u_rating * n_t @ (u0**2).sum(axis=1)
+            + s * cfg.lam_v_rating * n_j @ (v0**2).sum(axis=0))
+
+
+@pytest.mark.parametrize("link", ["identity", "sigmoid"])
+def test_bias_terms_and_weighted_ridge_gradient_and_objective_match_a_dense_evaluation(link):
+    from algorithms.rfrec import grad_f
+    block = _block(4, 7, 0.5, 61)
+    cfg = RFRecConfig(rank=2, link=link, lam=3.0, lam_u=0.2, lam_u_rating=0.3,
+                      lam_v_rating=0.7)
+    fed = Federation([block], [block], [np.arange(4)], np.arange(7), (1.0, 5.0))
+    _, g, (local,) = initialise(RFREC, cfg, fed.train, 0)
+    rng = np.random.default_rng(62)  # move away from the initialisation, ones kept
+    assert np.all(local.u[:, 3] == 1) and np.all(g.v_bar[2] == 1)
+    u = local.u + np.hstack([rng.normal(size=(4, 3)), np.zeros((4, 1))])
+    v_full = g.h + np.vstack([rng.normal(size=(2, 7)), np.zeros((1, 7)),
+                              rng.normal(size=(1, 7))])
+    v = v_full[:, block.rated_items]
+    local = local.replace(u=u, v_rated=v)
+    g_u, g_v = grad_f(u, v, block, cfg, local.centre)
+    v_dense = dense_v(g.h, v, block.rated_items)
+    eps = 1e-6
+    for idx in np.ndindex(*u.shape):
+        du = np.zeros_like(u)
+        du[idx] = eps
+        num = (_dense_f(u + du, v_dense, block, cfg, link)
+               - _dense_f(u - du, v_dense, block, cfg, link)) / (2 * eps)
+        expected = 0.0 if idx[1] == 3 else num  # the ones column does not move
+        assert g_u[idx] == pytest.approx(expected, rel=1e-5, abs=1e-7), idx
+    for a, j in np.ndindex(*v.shape):
+        dv = np.zeros_like(v_dense)
+        dv[a, block.rated_items[j]] = eps
+        num = (_dense_f(u, v_dense + dv, block, cfg, link)
+               - _dense_f(u, v_dense - dv, block, cfg, link)) / (2 * eps)
+        assert g_v[a, j] == pytest.approx(0.0 if a == 2 else num, rel=1e-5, abs=1e-7)
+    psi = 0.5 * 3.0 * ((v_dense - g.v_bar) ** 2).sum()
+    assert RFREC.objective(g, local, block, cfg) == pytest.approx(
+        _dense_f(u, v_dense, block, cfg, link) + psi, rel=1e-10)
+
+
+@pytest.mark.parametrize("alg,cls", [(RFREC, RFRecConfig), (RFRECF, RFRecFConfig)])
+def test_default_model_batched_path_matches_generic_driver_with_dropped_clients(alg, cls):
+    fed, cfg = _federation(), cls(rank=2, iterations=10, lam_u_rating=0.2, lam_v_rating=0.1)
+    assert cfg.bias
+    generic = simulate(alg, cfg, fed, rounds=10, per_round=3, seed=4)
+    batched = run_batched(cfg, fed, rounds=10, seed=4, per_round=3)
+    np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
+    for a, b in zip(generic.local_states, batched.local_states, strict=True):
+        np.testing.assert_allclose(b.u, a.u, rtol=1e-9, atol=1e-15)
+        assert b.centre == pytest.approx(a.centre, rel=1e-12)
+    for a, b in zip(generic.history, batched.history, strict=True):
+        np.testing.assert_allclose([a.objective, a.test_rmse], [b.objective, b.test_rmse],
+                                   rtol=1e-9)
+    assert generic.local_states[0].u.shape == (1, 4) and generic.global_msg.v_bar.shape[0] == 4
+
+
+def test_the_ones_row_of_v_bar_stays_exactly_one_under_clipping_and_noise():
+    fed, seed = _federation(), 5
+    cfg = RFRecConfig(rank=2)
+
+    def noise(round_, client, shape):
+        return client_noise_rng(seed, round_, client).laplace(0.0, 0.04, size=shape)
+
+    def privatizer(up, client, round_):
+        return up.replace(v=np.clip(up.v, -0.2, 0.2) + noise(round_, client, up.v.shape))
+
+    generic = simulate(RFREC, cfg, fed, rounds=6, per_round=0, seed=seed,
+                       privatizer=privatizer)
+    batched = run_batched(cfg, fed, rounds=6, seed=seed, clip=0.2, noise=noise)
+    for res in (generic, batched):
+        assert np.all(res.global_msg.v_bar[2] == 1.0) and np.all(res.global_msg.h[2] == 1.0)
+        assert all(np.all(s.u[:, 3] == 1.0) for s in res.local_states)
+    np.testing.assert_allclose(batched.global_msg.v_bar, generic.global_msg.v_bar, rtol=1e-9)
+
+
+@pytest.mark.parametrize("link", ["identity", "sigmoid"])
+def test_served_factors_with_the_centre_equal_predict_ratings(link):
+    cfg = RFRecConfig(rank=2, link=link)
+    fed = _federation()
+    res = simulate(RFREC, cfg, fed, rounds=3, per_round=0, seed=0)
+    glob, local = res.global_msg, res.local_states[1]
+    assert local.centre is not None and local.centre != 0
+    a, b = RFREC.factors(glob, local)
+    rows, cols = np.divmod(np.arange(a.shape[0] * b.shape[1]), b.shape[1])
+    link_ = RFREC.serving_link(glob, local)
+    served = a @ b if link_ is None else link_[0] + link_[1] / (1 + np.exp(-(a @ b)))
+    np.testing.assert_allclose(served[rows, cols], predict_ratings(glob, local, rows, cols),
+                               rtol=1e-12)

@@ -337,3 +337,40 @@ def test_migration_0013_gives_a_staged_upload_its_arrays_back_and_the_round_comp
         assert states.load_server(s, s.get(TrainingJob, job_id)).to_bytes() == \
             sim.server_state.to_bytes()
         assert states.committed_states(s, job_id) == [m.to_bytes() for m in sim.local_states]
+
+
+def test_migration_0014_gives_stored_rfrec_jobs_the_fields_of_their_earlier_behaviour(env):
+    """RFRec and RFRecF jobs stored before ``bias``, ``lam_u_rating`` and ``lam_v_rating``
+    get the values that keep their old behaviour (no bias terms, no weighted ridge; a
+    resumed job then fits its stored factors); a config that has the fields keeps them."""
+    app, client = env
+    make_tenants(client, n=2)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
+        old, old_f, has = (create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 3},
+                                                 {"mechanism": "none"})).id
+                           for name in ("rfrec", "rfrecf", "rfrec"))
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0013")  # drops the fields (the earlier code refuses unknown ones)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        def config(job_id):
+            return json.loads(conn.execute(sa.text(
+                "SELECT config FROM training_jobs WHERE id = :j"), {"j": job_id}).scalar())
+        before = {j: config(j) for j in (old, old_f, has)}
+        mine = {**before[has], "bias": True, "lam_u_rating": 0.5, "lam_v_rating": 0.25}
+        conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
+                     {"c": json.dumps(mine), "j": has})
+    engine.dispose()
+    assert not {"bias", "lam_u_rating", "lam_v_rating"} & set(before[old])
+    migrate(url)
+    earlier = {"bias": False, "lam_u_rating": 0.0, "lam_v_rating": 0.0}
+    with app.state.sessions() as s:
+        assert s.get(TrainingJob, old).config == {**before[old], **earlier}
+        assert s.get(TrainingJob, old_f).config == {**before[old_f], **earlier}
+        assert s.get(TrainingJob, has).config == mine
+        stored = s.get(TrainingJob, old).config
+    cfg = registry.get("rfrec").config(**stored)  # what a resumed job now loads
+    assert not cfg.bias and cfg.lam_u_rating == 0 and cfg.lam_v_rating == 0
+    assert registry.get("rfrec").config().bias  # the new default differs
