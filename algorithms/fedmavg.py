@@ -86,7 +86,8 @@ from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
 
 
-#: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`)
+#: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`):
+#: off, as FedMC-ADMM's (BENCHMARKS.md, "A fixed ridge on the item bias")
 ITEM_BIAS_RIDGE = 0.0
 
 
@@ -116,7 +117,7 @@ class FedMAvgConfig(AlgorithmConfig):
     item_bias_ridge: float = Field(
         ITEM_BIAS_RIDGE, ge=0, description="fixed l2 weight (not per rating) on the bias of "
         "each item a tenant rated, in its f_i, on top of the per-rating gamma; shrinks the "
-        "bias of lightly-rated items, which would otherwise top the ranked lists")
+        "bias of lightly-rated items (see FedMC-ADMM's item_bias_ridge)")
     aggregate: Literal["mean", "raters"] = Field(
         "raters", description="V^{k+1}: mean of all W_i, or per item of the W_i that moved")
     curvature: Literal["global", "local"] = Field(

@@ -211,7 +211,7 @@ def test_migration_0012_gives_stored_jobs_the_fields_of_their_earlier_behaviour(
             "SELECT config FROM training_jobs WHERE id = :j"), {"j": old_avg}).scalar())
     engine.dispose()
     assert "bias" not in avg_before
-    migrate(url, "0012")  # 0013 is tested below
+    migrate(url)
     with app.state.sessions() as s:
         mc, avg = s.get(TrainingJob, old_mc).config, s.get(TrainingJob, old_avg).config
         assert mc == {**CONFIG, "lam_rating": 0.0, "gamma_rating": 0.0}
@@ -221,38 +221,3 @@ def test_migration_0012_gives_stored_jobs_the_fields_of_their_earlier_behaviour(
                                                    "gamma_rating": 0.2}
     cfg = registry.get("fedmavg").config(**avg)  # what a resumed job now loads
     assert not cfg.bias and cfg.curvature == "global" and cfg.aggregate == "mean"
-
-
-def test_migration_0013_gives_stored_fedmc_admm_jobs_no_item_bias_ridge(env):
-    """A FedMC-ADMM job stored before ``item_bias_ridge`` gets 0 (its earlier behaviour,
-    not the new default); one that has the field keeps it; FedMAvg jobs are untouched;
-    the downgrade removes the field again."""
-    app, client = env
-    old_mc = _job(app, client, n=2)
-    with app.state.sessions() as s:
-        url = str(s.get_bind().url)
-        tids = s.get(TrainingJob, old_mc).tenant_ids
-        avg, has = (create_job(s, JobSpec(name, tids, 3, 2, 5, cfg, {"mechanism": "none"})
-                               ).id for name, cfg in (("fedmavg", {"rank": 4}),
-                                                      ("fedmc-admm", {"item_bias_ridge": 3.0})))
-    app.state.sessions.kw["bind"].dispose()
-    downgrade(url, "0012")
-    engine = sa.create_engine(url)
-    with engine.connect() as conn:
-        stored = dict(conn.execute(sa.text("SELECT id, config FROM training_jobs")).all())
-    engine.dispose()
-    stored = {k: json.loads(v) if isinstance(v, str) else v for k, v in stored.items()}
-    assert stored[old_mc] == CONFIG and stored[avg] == {"rank": 4}
-    assert stored[has] == {}  # the earlier code does not know the field
-    engine = sa.create_engine(url)
-    with engine.begin() as conn:  # a job stored with the field (e.g. by a later code)
-        conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
-                     {"c": json.dumps({"item_bias_ridge": 3.0}), "j": has})
-    engine.dispose()
-    migrate(url)
-    with app.state.sessions() as s:
-        assert s.get(TrainingJob, old_mc).config == {**CONFIG, "item_bias_ridge": 0.0}
-        assert s.get(TrainingJob, avg).config == {"rank": 4}
-        assert s.get(TrainingJob, has).config == {"item_bias_ridge": 3.0}
-    cfg = registry.get("fedmc-admm").config(**{**CONFIG, "item_bias_ridge": 0.0})
-    assert cfg.item_bias_ridge == 0.0 != registry.get("fedmc-admm").config().item_bias_ridge
