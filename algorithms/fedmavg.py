@@ -86,6 +86,11 @@ from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
 
 
+#: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`):
+#: off, as FedMC-ADMM's (BENCHMARKS.md, "A fixed ridge on the item bias")
+ITEM_BIAS_RIDGE = 0.0
+
+
 class FedMAvgConfig(AlgorithmConfig):
     """FedMAvg hyper-parameters; defaults are fedrec's recommended setting."""
 
@@ -109,6 +114,10 @@ class FedMAvgConfig(AlgorithmConfig):
     init_scale: float = Field(0.1, gt=0, description="std (normal) or upper bound (uniform)")
     center: bool = Field(True, description="predict U V + the tenant's mean training rating")
     bias: bool = Field(True, description="user biases (local) and item biases (averaged as V)")
+    item_bias_ridge: float = Field(
+        ITEM_BIAS_RIDGE, ge=0, description="fixed l2 weight (not per rating) on the bias of "
+        "each item a tenant rated, in its f_i, on top of the per-rating gamma; shrinks the "
+        "bias of lightly-rated items (see FedMC-ADMM's item_bias_ridge)")
     aggregate: Literal["mean", "raters"] = Field(
         "raters", description="V^{k+1}: mean of all W_i, or per item of the W_i that moved")
     curvature: Literal["global", "local"] = Field(
@@ -132,7 +141,7 @@ class FedMAvgConfig(AlgorithmConfig):
         base = dict(rank=5, q1=10, q2=10, lam=1e-6, gamma=1e-6, reg="plain", c_factor=1.0,
                     d_factor=5.0, scale_by_p=True, participation="pcc", uploads_per_round=10,
                     init="uniform", init_scale=1.0, center=False, bias=False,
-                    aggregate="mean", curvature="global")
+                    item_bias_ridge=0.0, aggregate="mean", curvature="global")
         return cls(**{**base, **overrides})
 
 
@@ -231,6 +240,19 @@ def penalties(block: RatingBlock, cfg) -> tuple[np.ndarray, np.ndarray]:
     return ridge * cfg.lam * n_t, ridge * cfg.gamma * n_j
 
 
+def item_penalties(block: RatingBlock, cfg, gamma_cols: np.ndarray, q: int) -> np.ndarray:
+    """Ridge weights of W_i's entries: ``gamma_cols`` (n,) for every row, or, with bias
+    terms and ``item_bias_ridge`` w, a (q, n) array whose item-bias row (the last) also
+    has w on each item the tenant rated (a fixed weight per tenant and item, not per
+    rating: an item rated once is shrunk as much as one rated by every user)."""
+    w = getattr(cfg, "item_bias_ridge", 0.0)
+    if not (getattr(cfg, "bias", False) and w):
+        return gamma_cols
+    out = np.repeat(gamma_cols[None, :], q, axis=0)
+    out[-1] += w * (np.bincount(block.cols, minlength=block.n_items) > 0)
+    return out
+
+
 def row_curvature(other: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows: int
                   ) -> np.ndarray:
     """lambda_max(sum_{t: rows[t] = a} o_t o_t^T) for every row a, o_t = other[:, cols[t]]:
@@ -278,6 +300,8 @@ def w_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
     W <- W - (scale U^T P_Omega(U W - M) + W Gam) D^-1, Gam = diag(gamma_cols), with a step
     per item column, D = diag(d_j), d_j = d_factor lambda_max(U^T U) + Gam_j (as for U);
     with ``local``, d_j = d_factor scale lambda_max(sum_{t rated j} u_t u_t^T) + Gam_j.
+    ``gamma_cols`` may also be (q, n), a weight per entry of W (:func:`item_penalties`);
+    then the step is per entry, d_cj = d_factor ... + Gam_cj, still a majoriser.
     ``free`` (0/1 per row of W) masks the gradient (the ones row paired with the user
     biases stays put).
     """
@@ -290,7 +314,8 @@ def w_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
     w = v.copy()
     if not np.any(d):
         return w
-    d = np.where(d > 0, d, 1.0)[None, :]
+    d = np.where(d > 0, d, 1.0)
+    d = d[None, :] if d.ndim == 1 else d
     mask = 1.0 if free is None else free[:, None]
     for _ in range(steps):
         grad = scale * (residual_matrix(u, w, block, offset).T @ u).T + w * gamma_cols
@@ -346,11 +371,14 @@ def local_objective(u: np.ndarray, v: np.ndarray, block: RatingBlock, cfg,
     res = residual_matrix(u, v, block, offset).data
     lam_rows, gamma_cols = penalties(block, cfg)
     u_free, v_free = bias_masks(cfg)
+    r_b = 0.0
     if u_free is not None and u.shape[1] == u_free.size:  # factors with the bias terms
         u, v = u * u_free[None, :], v * v_free[:, None]
+        fixed = item_penalties(block, cfg, np.zeros(block.n_items), v.shape[0])
+        r_b = float(np.sum(fixed * v * v))  # the item-bias ridge (0 without it)
     v_sq = np.sum(v * v, axis=0)
     r_v = cfg.gamma * v_sq.sum() / n_clients if cfg.reg == "plain" else gamma_cols @ v_sq
-    return float(0.5 * res @ res + 0.5 * lam_rows @ np.sum(u * u, axis=1) + 0.5 * r_v)
+    return float(0.5 * res @ res + 0.5 * lam_rows @ np.sum(u * u, axis=1) + 0.5 * (r_v + r_b))
 
 
 # --------------------------------------------------------------------------- the steps
@@ -396,7 +424,8 @@ def client_step(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlo
         return new_local, None  # pcc: W_i restarts from V^{k+1} next round, unseen
     scale = 1.0 / global_msg.n_clients if cfg.scale_by_p else 1.0
     q2 = q2_schedule(global_msg.round + 1, cfg)
-    w = w_steps(u, v, block, q2, gamma_cols, cfg.d_factor, scale, offset, v_free, local_curv)
+    gamma_w = item_penalties(block, cfg, gamma_cols, v.shape[0])
+    w = w_steps(u, v, block, q2, gamma_w, cfg.d_factor, scale, offset, v_free, local_curv)
     return new_local, FedMAvgUpload(w, local.ticket)
 
 

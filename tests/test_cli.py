@@ -74,6 +74,39 @@ def test_tune_json_dash_writes_the_choice_alone_to_stdout(ratings_csv, capsys):
     assert chosen["command"] in out.err and "best: validation RMSE" in out.err
 
 
+def test_tune_records_the_data_set_by_its_name_under_the_data_dir(tmp_path, ratings_csv,
+                                                                   monkeypatch, capsys):
+    """Given as an absolute path under $FEDREC_DATA_DIR, the data are recorded as the path
+    under it (not the machine's absolute path), and the recorded command runs from any
+    directory: a relative --data not found here is looked up under $FEDREC_DATA_DIR."""
+    monkeypatch.setenv("FEDREC_DATA_DIR", str(tmp_path))
+    (tmp_path / "set").mkdir()
+    data = tmp_path / "set" / "r.csv"
+    ratings_csv.rename(data)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert main(["tune", "--data", str(data), "--clients", "4", "--rounds", "2",
+                 "--trials", "2", "--json", "-", "--quiet"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["data"] == "set/r.csv"
+    assert str(tmp_path) not in json.dumps(chosen)
+    assert chosen["command"].startswith("fedrec simulate --data set/r.csv ")
+    out = tmp_path / "run.json"
+    assert main(["simulate", "--data", "set/r.csv", "--clients", "4", "--rounds", "1",
+                 "--rank", "2", "--quiet", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["data"] == "set/r.csv"
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.csv"  # not under the data dir
+    outside.write_text(data.read_text())
+    try:
+        assert main(["simulate", "--data", str(outside), "--clients", "4", "--rounds", "1",
+                     "--rank", "2", "--quiet", "--json", str(out)]) == 0
+        assert json.loads(out.read_text())["data"] == str(outside)
+    finally:
+        outside.unlink()
+    assert main(["simulate", "--data", "set/nope.csv", "--rounds", "1"]) == 2
+
+
 def test_simulate_with_dp_reports_epsilon_per_tenant(tmp_path, ratings_csv):
     out = tmp_path / "dp.json"
     assert main(["simulate", "--data", str(ratings_csv), "--clients", "4", "--per-round", "2",

@@ -232,7 +232,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__)
     p.add_argument("--data", type=Path, default=None,
                    help="ratings file: MovieLens u.data, ML-1M '::' or CSV user,item,rating "
-                        "(gz accepted), or 'synthetic' (default: ml-100k/u.data under "
+                        "(gz accepted; a relative path not found here is looked up under "
+                        "$FEDREC_DATA_DIR), or 'synthetic' (default: ml-100k/u.data under "
                         "$FEDREC_DATA_DIR, else synthetic)")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM, choices=registry.names(),
                    help=f"the algorithm; --help after it lists its options (default: "
@@ -316,8 +317,31 @@ def config_file(path: Path, algorithm: str) -> dict[str, Any]:
     return dict(obj)
 
 
+def resolve_data(data: Path) -> Path:
+    """``data`` itself, or, for a relative path that does not exist here, the same path
+    under $FEDREC_DATA_DIR (``--data ml-1m/ratings.dat`` works from any directory)."""
+    base = data_dir()
+    if not data.is_absolute() and not data.exists() and base is not None \
+            and (base / data).exists():
+        return base / data
+    return data
+
+
+def data_label(data: Path) -> str:
+    """How a report names the data: the path under $FEDREC_DATA_DIR for a file there (the
+    data set's name, e.g. ``ml-1m/ratings.dat``, not a machine's absolute path), else the
+    path as given."""
+    base = data_dir()
+    if base is not None:
+        try:
+            return data.resolve().relative_to(base.resolve()).as_posix()
+        except ValueError:
+            pass
+    return str(data)
+
+
 def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
-    """The ratings to simulate on and a label for the report.
+    """The ratings to simulate on and a label for the report (:func:`data_label`).
 
     ``--data synthetic``, or no ``--data`` on a machine without MovieLens, draws the
     synthetic generator's MovieLens-100k-sized set.
@@ -327,7 +351,8 @@ def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
         data = base / "ml-100k" / "u.data" if base is not None else Path("synthetic")
     if str(data) == "synthetic":
         return generate_ratings(943, 1682, 100_000, seed=seed), "synthetic(943x1682, 100000)"
-    return load_ratings(data), str(data)
+    data = resolve_data(data)
+    return load_ratings(data), data_label(data)
 
 
 def _printer(rounds: int, quiet: bool, bar: RoundsBar):

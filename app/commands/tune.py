@@ -88,11 +88,13 @@ def _run_rounds(alg, args: argparse.Namespace) -> dict[str, int]:
 
 
 def command_line(args: argparse.Namespace, alg, run: dict[str, int],
-                 params: dict[str, Any]) -> str:
-    """``fedrec simulate`` with the data, split, run and the chosen fields."""
+                 params: dict[str, Any], data: str | None = None) -> str:
+    """``fedrec simulate`` with the data (``data``: its label, the path under
+    $FEDREC_DATA_DIR for a file there, which ``--data`` resolves), split, run and the
+    chosen fields."""
     parts = ["fedrec", "simulate"]
     if args.data is not None:
-        parts += ["--data", str(args.data)]
+        parts += ["--data", data if data is not None else str(args.data)]
     parts += ["--algorithm", alg.name, "--clients", str(run["clients"]), "--per-round",
               str(run["per_round"]), "--rounds", str(run["rounds"]), "--seed", str(args.seed)]
     if args.test_fraction != 0.2:
@@ -143,7 +145,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
                on_trial=show)
     cfg = res.config(alg)
     chosen_run = {**run_cfg, "rounds": res.rounds}
-    cmd = command_line(args, alg, chosen_run, res.best.params)
+    cmd = command_line(args, alg, chosen_run, res.best.params, data)
     default_at = dict(res.default.history)
     print(f"best: validation RMSE {res.rmse:.4f} at {res.rounds} rounds; the default's "
           + ", ".join(f"{v:.4f} at {r}" for r, v in res.default.history)

@@ -198,6 +198,43 @@ def test_local_curvature_steps_with_bias_columns_match_dense_steps():
     assert np.all(got_w[2] == 1.0)  # the ones paired with the user biases stay put
 
 
+def test_item_bias_ridge_adds_a_fixed_weight_to_the_bias_of_rated_items_only():
+    """The client's W step with ``item_bias_ridge`` w: the item-bias row (the last) gets
+    gamma n_j + w on every item the tenant rated (0 + 0 on an unrated item, whose column
+    must not move), in the gradient and in that entry's step bound; dense reference."""
+    block = _block(6)
+    block = RatingBlock(block.rows[block.cols != 5], block.cols[block.cols != 5],
+                        block.vals[block.cols != 5], 4, 6)  # item 5 unrated
+    m, mask = _dense(block)
+    rng = np.random.default_rng(7)
+    u = np.hstack([rng.normal(size=(4, 2)), rng.normal(size=(4, 1)), np.ones((4, 1))])
+    v = np.vstack([rng.normal(size=(2, 6)), np.ones((1, 6)), rng.normal(size=(1, 6))])
+    cfg = fm.FedMAvgConfig(rank=2, item_bias_ridge=3.0)
+    _, v_free = fm.bias_masks(cfg)
+    gamma_cols = 0.2 * mask.sum(axis=0)
+    pen = fm.item_penalties(block, cfg, gamma_cols, 4)
+    rated = mask.sum(axis=0) > 0
+    np.testing.assert_array_equal(pen[:3], np.repeat(gamma_cols[None], 3, axis=0))
+    np.testing.assert_array_equal(pen[3], gamma_cols + 3.0 * rated)
+    assert pen[3, 5] == 0.0
+    uf = u * v_free[None, :]
+    lmax = np.array([np.linalg.eigvalsh((uf.T * mask[:, j]) @ (uf.T * mask[:, j]).T).max()
+                     for j in range(6)])
+    gam = np.repeat(gamma_cols[None], 4, axis=0)
+    gam[3] += 3.0 * rated
+    d = 0.5 * lmax[None, :] + gam
+    d = np.where(d > 0, d, 1.0)
+    exp_w = v - v_free[:, None] * (u.T @ (mask * (u @ v + 0.5 - m)) + v * gam) / d
+    got_w = fm.w_steps(u, v, block, 1, pen, 0.5, 1.0, 0.5, v_free, local=True)
+    np.testing.assert_allclose(got_w, exp_w, rtol=1e-10)
+    np.testing.assert_array_equal(got_w[:, 5], v[:, 5])  # unrated: unchanged
+    # and the tenant's objective carries w/2 c_j^2 for each rated item j
+    plain = cfg.model_copy(update={"item_bias_ridge": 0.0})
+    diff = fm.local_objective(u, v, block, cfg, 3, 0.5) - \
+        fm.local_objective(u, v, block, plain, 3, 0.5)
+    assert diff == pytest.approx(0.5 * 3.0 * np.sum(v[3, rated] ** 2), rel=1e-12)
+
+
 def test_default_predictions_are_mean_plus_biases_plus_factors():
     fed = _federation(3)
     cfg = fm.FedMAvgConfig(rank=2)

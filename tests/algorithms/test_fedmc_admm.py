@@ -141,6 +141,54 @@ def test_server_step_replaces_only_uploaders_and_leaves_state_untouched():
     np.testing.assert_allclose(glob2.V, expected, rtol=1e-14)
 
 
+@pytest.mark.parametrize("regulariser", ["l2", "l1"])
+def test_item_bias_ridge_minimises_the_consensus_objective_on_the_bias_row(regulariser):
+    """V from eq. (68) / (73) with the item-bias ridge w minimises, over V,
+    sum_i [<Y_i, W_i - V> + beta/2 ||W_i - V||^2] + R(V) with R(V) = gamma ||V||_1 (l1) or
+    gamma/2 ||V||^2 (l2), plus (w / 2p) ||c||^2 on the item-bias row c: checked by
+    minimising that objective numerically, entry by entry (it is separable)."""
+    from scipy.optimize import minimize_scalar
+
+    rank, n, p, beta, gamma, w = 2, 5, 3, 0.4, 0.3, 6.0
+    cfg = F.FedMCADMMConfig(rank=rank, regulariser=regulariser, beta=beta, gamma=gamma,
+                            item_bias_ridge=w)
+    rng = np.random.default_rng(4)
+    ws, ys = rng.normal(size=(p, rank + 1, n)), rng.normal(size=(p, rank + 1, n))
+    state, _ = F.init_server(n, p, cfg, rng)
+    uploads = {i: F.Upload(W=ws[i], Y=ys[i]) for i in range(p)}
+    _, glob = F.server_step(state, uploads, cfg, rng)
+    for row in range(rank + 1):
+        ridge = w / p if row == rank else 0.0
+        for j in range(n):
+            def f(x, row=row, j=j, ridge=ridge):
+                pen = gamma * abs(x) if regulariser == "l1" else 0.5 * gamma * x * x
+                return float(np.sum(ys[:, row, j] * (ws[:, row, j] - x))
+                             + 0.5 * beta * np.sum((ws[:, row, j] - x) ** 2)
+                             + pen + 0.5 * ridge * x * x)
+            best = minimize_scalar(f, bounds=(-50, 50), method="bounded",
+                                   options={"xatol": 1e-10}).x
+            assert glob.V[row, j] == pytest.approx(best, abs=1e-6), (row, j)
+    # the ridge shrinks the bias row only, towards 0
+    _, plain = F.server_step(state, uploads, cfg.model_copy(update={"item_bias_ridge": 0.0}),
+                             rng)
+    np.testing.assert_array_equal(glob.V[:rank], plain.V[:rank])
+    moved = plain.V[rank] != 0  # (l1 may have thresholded some to 0 already)
+    assert moved.sum() >= 3
+    assert np.all(np.abs(glob.V[rank][moved]) < np.abs(plain.V[rank][moved]))
+
+
+def test_item_bias_ridge_is_part_of_the_objective():
+    """The tenants' objectives sum to the federation's with (w / 2p) ||c||^2 in R(V)."""
+    cfg = F.FedMCADMMConfig(rank=RANK, item_bias_ridge=0.0)
+    blocks = _blocks()
+    _, glob, locs = initialise(F.ALGORITHM, cfg, blocks, seed=3)
+    glob = F.GlobalModel(V=glob.V + 0.5, n_clients=glob.n_clients)  # a non-zero bias row
+    with_w = cfg.model_copy(update={"item_bias_ridge": 4.0})
+    diff = sum(F.objective(glob, s, b, with_w) - F.objective(glob, s, b, cfg)
+               for s, b in zip(locs, blocks, strict=True))
+    assert diff == pytest.approx(0.5 * 4.0 / 2 * np.sum(glob.V[RANK] ** 2), rel=1e-12)
+
+
 def test_soft_threshold_values():
     q = np.array([[-2.0, -0.5, 0.0], [0.25, 0.5, 3.0]])
     np.testing.assert_array_equal(K.soft_threshold(q, 0.5),
@@ -248,7 +296,8 @@ def _fed(blocks):
 @pytest.mark.parametrize(("field", "value", "message"), [
     ("rank", 0, "rank must be at least 1"),
     ("inner_steps", 0, "inner_steps must be at least 1"),
-    ("lam", -1.0, "lam, gamma, lam_rating and gamma_rating must be non-negative"),
+    ("lam", -1.0, "lam, gamma, lam_rating, gamma_rating and item_bias_ridge must be"),
+    ("item_bias_ridge", -0.1, "lam, gamma, lam_rating, gamma_rating and item_bias_ridge"),
     ("beta", 0.0, "beta, init_scale and lipschitz_floor must be positive"),
     ("lipschitz_floor", 0.0, "beta, init_scale and lipschitz_floor must be positive"),
 ])
@@ -261,7 +310,7 @@ def test_paper_settings():
     cfg = F.FedMCADMMConfig.paper_settings()
     assert (cfg.rank, cfg.lam, cfg.gamma, cfg.inner_steps, cfg.beta) == (5, 1e-6, 1e-6, 10, 1e4)
     assert (cfg.init, cfg.init_scale, cfg.lipschitz) == ("uniform", 2e-4, "global")
-    assert not cfg.user_bias and not cfg.item_bias
+    assert not cfg.user_bias and not cfg.item_bias and cfg.item_bias_ridge == 0.0
     assert F.FedMCADMMConfig.paper_settings(rank=50).rank == 50
 
 
