@@ -21,12 +21,10 @@ DATA_DIR_ENV = "FEDREC_DATA_DIR"
 
 
 def data_dir() -> Path | None:
-    """The MovieLens folder: $FEDREC_DATA_DIR, else ../shared/data beside the checkout."""
+    """The folder holding the MovieLens sets (``ml-100k/u.data``, ``ml-1m/...``):
+    $FEDREC_DATA_DIR when it names a folder, else None (no data set installed)."""
     env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return Path(env) if Path(env).is_dir() else None
-    guess = Path(__file__).resolve().parents[2] / "shared" / "data"
-    return guess if guess.is_dir() else None
+    return Path(env) if env and Path(env).is_dir() else None
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole product end to end on embedded defaults",
                        description=__doc__)
     p.add_argument("data", nargs="?", type=Path,
-                   help="ratings file (e.g. ../shared/data/ml-100k/u.data); default: synthetic")
+                   help="ratings file (e.g. MovieLens 100k's ml-100k/u.data); default: synthetic")
     p.add_argument("--tenants", type=int, default=5, help="number of tenants (2..10)")
     p.add_argument("--synthetic-ratings", type=int, default=100_000,
                    help="size of the synthetic set when no file is given (943 users, "
