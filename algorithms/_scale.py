@@ -72,6 +72,17 @@ def normalised(block: RatingBlock, unit: float) -> RatingBlock:
     return cached[1]
 
 
+def centre_of(block: RatingBlock, unit: float) -> float:
+    """The centre of a tenant's predictions, in units: the mean of ``block`` (already
+    divided by ``unit``, :func:`normalised`), or, for a tenant without training ratings,
+    the middle of its scale (declared, else the reference's) instead of 0, the bottom of
+    a 0-centred scale and below the bottom of a 1-5 one."""
+    if block.nnz:
+        return float(block.vals.mean())
+    lo, hi = scale_of(block)
+    return (lo + hi) / 2.0 / unit
+
+
 def rating_factors(a: np.ndarray, b: np.ndarray, unit: float
                    ) -> tuple[np.ndarray, np.ndarray]:
     """Prediction factors in the tenant's scale from factors (A, B) in its units:

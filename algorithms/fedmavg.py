@@ -80,7 +80,7 @@ from pydantic import Field
 
 from algorithms._messages import Message
 from algorithms._rng import sample_clients
-from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
+from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
@@ -376,7 +376,7 @@ def init_client(block: RatingBlock, global_msg: FedMAvgGlobal, cfg: FedMAvgConfi
     ticket = int(rng.integers(1, 2**62))
     unit = unit_of(block)
     block = normalised(block, unit)
-    mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
+    mean = centre_of(block, unit) if cfg.center else 0.0
     return FedMAvgLocal(u, ticket, mean, unit)
 
 
