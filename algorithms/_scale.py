@@ -23,6 +23,8 @@ On 1-5 data the unit is 1 and the block is used as it is (bit-identical to no ma
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -115,3 +117,22 @@ def ridge_scale_of(block: RatingBlock, unit: float) -> float:
     if not std > 0:
         return 1.0
     return float(np.clip((std / REF_STD) ** RIDGE_POWER, 0.125, 8.0))
+
+
+#: config fields of a public rating scale (DPALS, DP-FedMAvg, DP-FedMC-ADMM: their centre
+#: and rating clip, and so a user's sensitivity, are set from it, never from the data)
+PUBLIC_SCALE_FIELDS = ("scale_min", "scale_max")
+
+
+def with_public_scale(cfg: Any, given: Iterable[str], scale: tuple[float, float]) -> Any:
+    """``cfg`` with ``scale`` as its public rating scale, for a config that takes one and
+    was not given one (``given``: the fields the user set); otherwise ``cfg`` itself.
+
+    The service passes the tenants' declared scale; the simulator the data's range (its
+    stand-in for a declared scale). Without this the 1-5 default put the centre of a
+    0-100 or -10..10 set at 3."""
+    fields = set(PUBLIC_SCALE_FIELDS)
+    lo, hi = (float(x) for x in scale)
+    if not fields <= set(type(cfg).model_fields) or fields & set(given) or not lo < hi:
+        return cfg
+    return type(cfg)(**{**cfg.model_dump(), "scale_min": lo, "scale_max": hi})

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from algorithms import registry
+from algorithms._scale import with_public_scale
 from algorithms.base import default_select
 from algorithms.binary_metrics import binarise, binary_report
 from algorithms.data import (
@@ -276,14 +277,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _given(alg, args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields the user set: options given, over a ``--config`` file's."""
+    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    if getattr(args, "config", None) is not None:
+        given = {**config_file(args.config, alg.name), **given}
+    return given
+
+
 def _config(alg, args: argparse.Namespace):
     """The run's config: the ``--preset`` with the given options replacing its fields.
 
     A value the config refuses is reported naming its flag.
     """
-    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
-    if getattr(args, "config", None) is not None:
-        given = {**config_file(args.config, alg.name), **given}
+    given = _given(alg, args)
     preset = getattr(args, "preset", "recommended")
     try:
         return (alg.config.paper_settings(**given) if preset == "paper"
@@ -394,6 +401,9 @@ def _run(args: argparse.Namespace, write_json) -> int:
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction,
                            partition=args.partition)
     rating_fed = fed
+    # a public rating scale not given (DPALS, DP-FedMAvg, DP-FedMC-ADMM): the data's, as
+    # the service takes the tenants' declared one
+    cfg = with_public_scale(cfg, _given(alg, args), fed.scale)
     if alg.data_kind == "binary":
         threshold = (relevance_threshold(fed.scale) if args.threshold is None
                      else args.threshold)
