@@ -136,3 +136,13 @@ def with_public_scale(cfg: Any, given: Iterable[str], scale: tuple[float, float]
     if not fields <= set(type(cfg).model_fields) or fields & set(given) or not lo < hi:
         return cfg
     return type(cfg)(**{**cfg.model_dump(), "scale_min": lo, "scale_max": hi})
+
+
+def public_unit(cfg: Any) -> float:
+    """The rating unit of a config with a public scale (``scale_min``, ``scale_max``): its
+    spread over the reference spread when ``cfg.normalise``, else 1 (raw ratings, the
+    behaviour of configs stored before the field). From the config alone, never the data,
+    so a per-user bound stated in units (a rating clip) stays data-independent."""
+    if not getattr(cfg, "normalise", False):
+        return 1.0
+    return (cfg.scale_max - cfg.scale_min) / (REF_HI - REF_LO)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from algorithms import registry
+from algorithms._scale import with_public_scale
 from algorithms.base import predict
 from algorithms.binary_metrics import binarise
 from algorithms.block import RatingBlock
@@ -131,3 +132,59 @@ def test_a_tenant_without_training_ratings_is_centred_on_its_scale(name):
                                  fed.scale)
     middle = float(np.sqrt(np.mean((fed.test[-1].vals - 5.0) ** 2)))  # 2.04
     assert np.sqrt(sq / count) < middle + 0.5
+
+
+# --- the user-level DP algorithms on any scale (issue 17) ----------------------------------
+
+DP_ALGORITHMS = ["dpals", "dp-fedmavg", "dp-fedmc-admm"]
+
+
+def _rescaled(fed, a: float, b: float, scale):
+    """``fed`` with every rating r replaced by a r + b and the declared scale ``scale``."""
+    def conv(blocks):
+        return [x.with_values(a * x.vals + b).with_scale(scale) for x in blocks]
+    return Federation(conv(fed.train), conv(fed.test), fed.user_ids, fed.item_ids, scale)
+
+
+@pytest.mark.parametrize("name", DP_ALGORITHMS)
+def test_dp_defaults_are_equivariant_under_a_change_of_scale(name):
+    """With the public scale 0-10 instead of 1-5 (ratings 2.5 r - 2.5), every prediction
+    is 2.5 p - 2.5 of the 1-5 run's: the clips, ridges and centre mean the same on both.
+    Raw ratings (``normalise=False``, the behaviour before) gave other predictions."""
+    alg = registry.get(name)
+    fed = _federation("stars")
+    other = _rescaled(fed, 2.5, -2.5, (0.0, 10.0))
+    rounds = alg.run_defaults["rounds"]
+    runs = {}
+    for key, f, normalise in (("1-5", fed, True), ("0-10", other, True),
+                              ("0-10 raw", other, False)):
+        cfg = with_public_scale(alg.config(normalise=normalise), (), f.scale)
+        runs[key] = simulate(alg, cfg, f, rounds=rounds, per_round=f.n_clients, seed=0,
+                             evaluate_every=rounds)
+    for key in runs:
+        assert np.isfinite(runs[key].final.test_rmse), key
+    b = fed.test[0]
+    p15 = predict(alg, runs["1-5"].global_msg, runs["1-5"].local_states[0], b.rows, b.cols)
+    p10 = predict(alg, runs["0-10"].global_msg, runs["0-10"].local_states[0], b.rows, b.cols)
+    np.testing.assert_allclose(p10, 2.5 * p15 - 2.5, rtol=1e-7, atol=1e-7)
+    assert runs["0-10"].final.test_rmse == pytest.approx(2.5 * runs["1-5"].final.test_rmse,
+                                                         rel=1e-6)
+    raw = predict(alg, runs["0-10 raw"].global_msg, runs["0-10 raw"].local_states[0], b.rows,
+                  b.cols)
+    assert not np.allclose(raw, 2.5 * p15 - 2.5, atol=1e-3)
+
+
+@pytest.mark.parametrize("scale", list(SCALES))
+@pytest.mark.parametrize("name", DP_ALGORITHMS)
+def test_dp_defaults_beat_the_mean_on_every_scale(name, scale):
+    """Without noise, with the data's range as the public scale (what simulate and the
+    service give them)."""
+    alg = registry.get(name)
+    fed = _federation(scale)
+    cfg = with_public_scale(alg.config(), (), fed.scale)
+    rounds = alg.run_defaults["rounds"]
+    res = simulate(alg, cfg, fed, rounds=rounds, per_round=fed.n_clients, seed=0,
+                   evaluate_every=rounds)
+    assert np.isfinite(res.final.objective)
+    assert res.final.test_rmse < 0.97 * _mean_rmse(fed), (res.final.test_rmse,
+                                                         _mean_rmse(fed))
