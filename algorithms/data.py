@@ -131,26 +131,54 @@ def load_ratings(path: str | os.PathLike) -> Ratings:
         text, sep = text.replace("::", "\t"), "\t"
     blank = len(text) - len(text.lstrip("\r\n"))  # leading blank lines are skipped too
     skip = text[:blank].count("\n") + int(header)
-    try:
-        with warnings.catch_warnings():  # numpy's note that blank lines are not rows
-            warnings.simplefilter("ignore", UserWarning)
-            arr = np.loadtxt(io.StringIO(text), delimiter=sep, skiprows=skip,
-                             usecols=(0, 1, 2), dtype=str, quotechar='"', comments=None,
-                             ndmin=2)
-    except ValueError as exc:
-        found = re.search(r"at row (\d+)", str(exc))  # 1-based, blank lines not counted
-        where = f"line {_line_of(text, skip, int(found.group(1)) - 1)}: " if found else ""
-        raise ValueError(f"{path}: {where}fewer than 3 fields (user, item, rating) "
-                         f"separated by {sep or 'spaces'!r}") from None
-    if arr.shape[0] == 0:
+    fast = _numeric(text, sep, skip)
+    if fast is not None:
+        users, items, values = fast
+    else:
+        users, items, values = _textual(text, sep, skip, path)
+    if values.shape[0] == 0:
         raise ValueError(f"{path}: no ratings")
-    values = _values(arr[:, 2], sep, path, text, skip)
-    users, items = _ids(arr[:, 0]), _ids(arr[:, 1])
     keep = _last_of_each_pair(users, items)
     duplicates = len(values) - keep.size
     if duplicates:
         users, items, values = users[keep], items[keep], values[keep]
     return Ratings(users, items, values, duplicates)
+
+
+def _loadtxt(text: str, sep: str | None, skip: int, dtype) -> np.ndarray:
+    with warnings.catch_warnings():  # numpy's note that blank lines are not rows
+        warnings.simplefilter("ignore", UserWarning)
+        return np.loadtxt(io.StringIO(text), delimiter=sep, skiprows=skip, usecols=(0, 1, 2),
+                          dtype=dtype, quotechar='"', comments=None, ndmin=2)
+
+
+def _numeric(text: str, sep: str | None, skip: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Integer ids and finite ratings read as numbers (8 bytes a field, as MovieLens
+    files are), or None when the file has anything else (string ids, a bad rating...)."""
+    try:
+        arr = _loadtxt(text, sep, skip, np.float64)
+    except ValueError:
+        return None
+    ids = arr[:, :2]
+    if not (np.all(np.isfinite(arr)) and np.all(np.abs(ids) < 2.0 ** 53)
+            and np.all(ids == np.round(ids))):
+        return None
+    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].copy()
+
+
+def _textual(text: str, sep: str | None, skip: int, path: Path
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ids as strings (integers when they all are) and ratings parsed one by one, naming
+    the line of the first that is not a finite number."""
+    try:
+        arr = _loadtxt(text, sep, skip, str)
+    except ValueError as exc:
+        found = re.search(r"at row (\d+)", str(exc))  # 1-based, blank lines not counted
+        where = f"line {_line_of(text, skip, int(found.group(1)) - 1)}: " if found else ""
+        raise ValueError(f"{path}: {where}fewer than 3 fields (user, item, rating) "
+                         f"separated by {sep or 'spaces'!r}") from None
+    return _ids(arr[:, 0]), _ids(arr[:, 1]), _values(arr[:, 2], sep, path, text, skip)
 
 
 def _values(column: np.ndarray, sep: str | None, path: Path, text: str, skip: int
