@@ -234,11 +234,20 @@ def penalties(block: RatingBlock, cfg) -> tuple[np.ndarray, np.ndarray]:
 def row_curvature(other: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows: int
                   ) -> np.ndarray:
     """lambda_max(sum_{t: rows[t] = a} o_t o_t^T) for every row a, o_t = other[:, cols[t]]:
-    the curvature of row a's own squared-error term (0 for a row without ratings)."""
+    the curvature of row a's own squared-error term (0 for a row without ratings).
+
+    Only the rows that have ratings are summed and decomposed: for the item side of a
+    small tenant (a few users, a catalogue of thousands of items) the work follows its
+    ratings, not the catalogue (each client step decomposed one matrix per item of the
+    catalogue; 15 minutes were not enough for 100 default rounds on a 40,000-rating set
+    of 4,659 items, BENCHMARKS.md)."""
     if not np.all(np.isfinite(other)):
         lambda_max(other)  # raises the divergence error
-    gram = gram_sums(rows, np.ascontiguousarray(other[:, cols].T), n_rows)
-    return np.linalg.eigvalsh(gram)[:, -1]
+    present, local = np.unique(rows, return_inverse=True)
+    gram = gram_sums(local, np.ascontiguousarray(other[:, cols].T), present.size)
+    out = np.zeros(n_rows)
+    out[present] = np.linalg.eigvalsh(gram)[:, -1]
+    return out
 
 
 def u_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,

@@ -170,6 +170,26 @@ def test_row_curvature_is_lambda_max_of_each_rows_own_gram():
         assert got[t] == pytest.approx(np.linalg.eigvalsh(rated @ rated.T).max(), rel=1e-10)
 
 
+def test_row_curvature_decomposes_only_the_rows_with_ratings(monkeypatch):
+    """A tenant that rated 3 items of a 5,000-item catalogue: 3 small decompositions per
+    step, not 5,000 (each client step cost the catalogue's size), and the same values as
+    decomposing every row (a row without ratings has curvature 0)."""
+    rng = np.random.default_rng(2)
+    n, items = 5000, np.array([7, 4021, 7, 999, 4021, 7])
+    u = rng.normal(size=(3, 6))
+    calls = []
+    eigvalsh = np.linalg.eigvalsh
+    monkeypatch.setattr(np.linalg, "eigvalsh", lambda a: calls.append(a.shape) or eigvalsh(a))
+    got = fm.row_curvature(u, items, np.arange(6), n)
+    assert calls == [(3, 3, 3)]
+    want = np.zeros(n)
+    for j in (7, 999, 4021):
+        x = u[:, items == j]
+        want[j] = eigvalsh(x @ x.T)[-1]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert np.count_nonzero(got) == 3
+
+
 def test_local_curvature_steps_with_bias_columns_match_dense_steps():
     block = _block(6)
     m, mask = _dense(block)
