@@ -51,6 +51,7 @@ from pydantic import Field, model_validator
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
+from algorithms._scale import normalised, public_unit
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import LocalState, cap_per_user, solve_users, user_vectors
@@ -85,6 +86,10 @@ class UserGradConfig(AlgorithmConfig):
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
         None, description="public centre mu (default: the middle of the rating scale)")
+    normalise: bool = Field(
+        True, description="divide ratings by the public scale's unit, (scale_max - "
+        "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
+        "scale as on 1-5 stars (false: raw ratings, as jobs stored before this field)")
     init_scale: float = Field(0.1, description="std of the random initial V (public)")
 
     @model_validator(mode="after")
@@ -110,9 +115,15 @@ class UserGradConfig(AlgorithmConfig):
         return self.rank + 1
 
     @property
+    def unit(self) -> float:
+        """Ratings are divided by this inside the tenant (:func:`public_unit`)."""
+        return public_unit(self)
+
+    @property
     def mu(self) -> float:
+        """The public centre, in units."""
         mid = (self.scale_min + self.scale_max) / 2
-        return mid if self.public_centre is None else self.public_centre
+        return (mid if self.public_centre is None else self.public_centre) / self.unit
 
 
 def user_bounds(cfg: UserGradConfig) -> UserBounds:
@@ -154,7 +165,7 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: UserGradConfig
     """U^0 = 0 (solved in the first step) and the capped subset of the block's ratings."""
     keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
     return LocalState(U=np.zeros((block.n_users, cfg.rank + 1)), keep=keep, rank=cfg.rank,
-                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate)
+                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate, scale_unit=cfg.unit)
 
 
 def sample_users(n_users: int, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -208,7 +219,9 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
                 cfg: UserGradConfig, rng: np.random.Generator
                 ) -> tuple[LocalState, Upload | None]:
     """Solve the users against V; while releases remain, upload the clipped sums over the
-    users drawn at rate q from ``rng`` (the tenant's client stream of the round)."""
+    users drawn at rate q from ``rng`` (the tenant's client stream of the round); ratings
+    in units of the public scale (:func:`algorithms._scale.public_unit`)."""
+    block = normalised(block, cfg.unit)
     u = solve_users(global_msg.V, block, cfg)
     new = state.replace(U=u)
     if global_msg.round >= cfg.releases:

@@ -10,6 +10,8 @@ import dataclasses
 import gzip
 import io
 import os
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +31,16 @@ def data_dir() -> Path | None:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Ratings:
-    """A flat list of (user, item, value) triples with the raw (external) ids."""
+    """A flat list of (user, item, value) triples with the raw (external) ids.
+
+    Ids are int64 when every id of the column is an integer, else strings.
+    ``duplicates`` counts the (user, item) pairs of the file that were rated again
+    further down (the last rating is kept, see :func:`load_ratings`)."""
 
     users: np.ndarray
     items: np.ndarray
     values: np.ndarray
+    duplicates: int = 0
 
     def __len__(self) -> int:
         return int(self.values.shape[0])
@@ -43,37 +50,161 @@ def _open_text(path: Path) -> str:
     raw = path.read_bytes()
     if raw[:2] == b"\x1f\x8b":
         raw = gzip.decompress(raw)
+    if raw[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark (spreadsheet exports)
+        raw = raw[3:]
     return raw.decode("latin-1")
 
 
-def load_ratings(path: str | os.PathLike) -> Ratings:
-    """Read MovieLens ``u.data`` (tab), ML-1M/10M ``::`` or CSV ``user,item,rating[,ts]``.
+#: field separators tried on the first line, in order ("::" first; None: whitespace)
+SEPARATORS = ("::", "\t", ";", ",", None)
 
-    Gzip is detected from the magic bytes. A CSV header line is skipped when its third
-    field is not a number. Ids may be any integers.
+
+def _separator(first: str) -> str | None:
+    """The first of :data:`SEPARATORS` that splits ``first`` into 3 or more fields."""
+    for sep in SEPARATORS:
+        if len(first.split(sep)) >= 3:
+            return sep
+    raise ValueError("line 1 has fewer than 3 fields (user, item, rating); fields may be "
+                     "separated by ',', ';', tab, '::' or spaces")
+
+
+def _unquote(field: str) -> str:
+    field = field.strip()
+    return field[1:-1] if len(field) >= 2 and field[0] == field[-1] == '"' else field
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _line_of(text: str, skip: int, row: int) -> int:
+    """The 1-based line number of data row ``row`` (blank lines are not rows)."""
+    count = -1
+    for number, line in enumerate(text.splitlines(), start=1):
+        if number <= skip or not line.strip():
+            continue
+        count += 1
+        if count == row:
+            return number
+    return -1
+
+
+def _ids(column: np.ndarray) -> np.ndarray:
+    """int64 ids when every id is an integer (``"007"`` is 7), else the stripped strings."""
+    column = np.char.strip(column)
+    try:
+        return column.astype(np.int64)
+    except (ValueError, OverflowError):
+        return column
+
+
+def load_ratings(path: str | os.PathLike) -> Ratings:
+    """Read MovieLens ``u.data`` (tab), ML-1M/10M ``::`` or delimited text
+    ``user,item,rating[,more columns]``: comma, semicolon (then ``3,5`` is 3.5), tab or
+    whitespace separated, the separator found on line 1.
+
+    Gzip is detected from the magic bytes, a UTF-8 byte-order mark dropped and fields may
+    be quoted (``"276725";"034545104X";"5"``). A header line is skipped when its third
+    field is not a number; columns after the third (a timestamp) are ignored. Ids may be
+    any integers or strings. A (user, item) pair rated more than once keeps its last
+    rating (``Ratings.duplicates`` counts the others). A rating that is not a finite
+    number, or a line with fewer than 3 fields, is a ``ValueError`` naming the line.
     """
     path = Path(path)
     text = _open_text(path)
-    first = text.split("\n", 1)[0]
-    if "::" in first:
-        text, sep = text.replace("::", "\t"), "\t"
-    elif "\t" in first:
-        sep = "\t"
-    else:
-        sep = ","
-    skip = 0
-    fields = first.replace("::", "\t").split(sep)
-    if len(fields) < 3:
-        raise ValueError(f"{path}: line 1 has fewer than 3 fields (user, item, rating)")
+    first = text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r")
+    if not first.strip():
+        raise ValueError(f"{path}: no ratings (the file is empty)")
     try:
-        float(fields[2])
-    except ValueError:
-        skip = 1
-    arr = np.loadtxt(io.StringIO(text), delimiter=sep, skiprows=skip, usecols=(0, 1, 2),
-                     dtype=np.float64, ndmin=2)
-    if arr.shape[0] == 0:
+        sep = _separator(first)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    rating = _unquote(first.split(sep)[2])
+    header = not _is_number(rating.replace(",", ".") if sep == ";" else rating)
+    if sep == "::":
+        text, sep = text.replace("::", "\t"), "\t"
+    blank = len(text) - len(text.lstrip("\r\n"))  # leading blank lines are skipped too
+    skip = text[:blank].count("\n") + int(header)
+    fast = _numeric(text, sep, skip)
+    if fast is not None:
+        users, items, values = fast
+    else:
+        users, items, values = _textual(text, sep, skip, path)
+    if values.shape[0] == 0:
         raise ValueError(f"{path}: no ratings")
-    return Ratings(arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].copy())
+    keep = _last_of_each_pair(users, items)
+    duplicates = len(values) - keep.size
+    if duplicates:
+        users, items, values = users[keep], items[keep], values[keep]
+    return Ratings(users, items, values, duplicates)
+
+
+def _loadtxt(text: str, sep: str | None, skip: int, dtype) -> np.ndarray:
+    with warnings.catch_warnings():  # numpy's note that blank lines are not rows
+        warnings.simplefilter("ignore", UserWarning)
+        return np.loadtxt(io.StringIO(text), delimiter=sep, skiprows=skip, usecols=(0, 1, 2),
+                          dtype=dtype, quotechar='"', comments=None, ndmin=2)
+
+
+def _numeric(text: str, sep: str | None, skip: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Integer ids and finite ratings read as numbers (8 bytes a field, as MovieLens
+    files are), or None when the file has anything else (string ids, a bad rating...)."""
+    try:
+        arr = _loadtxt(text, sep, skip, np.float64)
+    except ValueError:
+        return None
+    ids = arr[:, :2]
+    if not (np.all(np.isfinite(arr)) and np.all(np.abs(ids) < 2.0 ** 53)
+            and np.all(ids == np.round(ids))):
+        return None
+    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].copy()
+
+
+def _textual(text: str, sep: str | None, skip: int, path: Path
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ids as strings (integers when they all are) and ratings parsed one by one, naming
+    the line of the first that is not a finite number."""
+    try:
+        arr = _loadtxt(text, sep, skip, str)
+    except ValueError as exc:
+        found = re.search(r"at row (\d+)", str(exc))  # 1-based, blank lines not counted
+        where = f"line {_line_of(text, skip, int(found.group(1)) - 1)}: " if found else ""
+        raise ValueError(f"{path}: {where}fewer than 3 fields (user, item, rating) "
+                         f"separated by {sep or 'spaces'!r}") from None
+    return _ids(arr[:, 0]), _ids(arr[:, 1]), _values(arr[:, 2], sep, path, text, skip)
+
+
+def _values(column: np.ndarray, sep: str | None, path: Path, text: str, skip: int
+            ) -> np.ndarray:
+    """The ratings as float64; the first that is not a finite number is named by line."""
+    column = np.char.strip(column)
+    if sep == ";":
+        column = np.char.replace(column, ",", ".")  # decimal commas go with semicolons
+    try:
+        values = column.astype(np.float64)
+    except ValueError:
+        values = np.array([float(v) if _is_number(v) else np.nan for v in column.tolist()])
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        row = int(bad[0])
+        raise ValueError(f"{path}: line {_line_of(text, skip, row)}: rating "
+                         f"{str(column[row])!r} is not a finite number ({bad.size} such "
+                         f"rating(s) in the file)")
+    return values
+
+
+def _last_of_each_pair(users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Sorted indices of the last occurrence of each (user, item) pair."""
+    _, u = np.unique(users, return_inverse=True)
+    _, i = np.unique(items, return_inverse=True)
+    pair = u.astype(np.int64) * (int(i.max()) + 1) + i
+    _, first_of_reversed = np.unique(pair[::-1], return_index=True)
+    return np.sort(pair.size - 1 - first_of_reversed)
 
 
 def load_movielens(name: str) -> Ratings:
@@ -83,6 +214,26 @@ def load_movielens(name: str) -> Ratings:
     if base is None or not (base / files[name]).is_file():
         raise FileNotFoundError(f"{name} not found; set {DATA_DIR_ENV} to the data folder")
     return load_ratings(base / files[name])
+
+
+def n_users_of(ratings: Ratings) -> int:
+    return int(np.unique(ratings.users).shape[0])
+
+
+def default_clients(default: int, ratings: Ratings) -> int:
+    """The number of tenants a run takes when none was asked for: the algorithm's
+    ``default``, or one tenant per user on data with fewer users than that."""
+    return max(1, min(int(default), n_users_of(ratings)))
+
+
+def check_rating_values(ratings: Ratings) -> None:
+    """Refuse data a rating model cannot learn from: every rating the same value (implicit
+    feedback, e.g. all 1s, has nothing to predict; the binary algorithms take it)."""
+    values = np.unique(ratings.values)
+    if values.shape[0] < 2:
+        raise ValueError(f"all {len(ratings)} ratings are {values[0]:g}: a rating model has "
+                         "nothing to predict; for implicit feedback (every rating 1) use a "
+                         "binary algorithm (--algorithm felb or felb-mu)")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -59,6 +59,7 @@ from pydantic import Field, model_validator
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import map_tasks, sum_arrays, width
+from algorithms._scale import normalised, public_unit, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
@@ -82,6 +83,10 @@ class DPALSConfig(AlgorithmConfig):
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
         None, description="public centre mu (default: the middle of the rating scale)")
+    normalise: bool = Field(
+        True, description="divide ratings by the public scale's unit, (scale_max - "
+        "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
+        "scale as on 1-5 stars (false: raw ratings, as jobs stored before this field)")
     lam_u: float = Field(1.0, description="ridge weight of the local user solve")
     lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
     lam_u_count: float = Field(
@@ -144,13 +149,20 @@ class DPALSConfig(AlgorithmConfig):
         return self.rank + 1
 
     @property
+    def unit(self) -> float:
+        """Ratings are divided by this inside the tenant (:func:`public_unit`)."""
+        return public_unit(self)
+
+    @property
     def mu(self) -> float:
+        """The public centre, in units."""
         mid = (self.scale_min + self.scale_max) / 2
-        return mid if self.public_centre is None else self.public_centre
+        return (mid if self.public_centre is None else self.public_centre) / self.unit
 
     @property
     def r_clip(self) -> float:
-        return ((self.scale_max - self.scale_min) / 2 if self.rating_clip is None
+        """Gamma_r in units: ``rating_clip``, else half the scale's width."""
+        return ((self.scale_max - self.scale_min) / 2 / self.unit if self.rating_clip is None
                 else self.rating_clip)
 
     @property
@@ -190,7 +202,8 @@ class LocalState(Message):
     """Tenant i's private state: ``U`` (m_i x r+1: factors and user bias), ``keep`` (the
     indices, into the block's entries, of the ratings that enter the released sums) and
     ``kept_of`` (the number of entries of the block ``keep`` was drawn on; -1 in states
-    stored before the field existed)."""
+    stored before the field existed); ``mu`` is in units of ``scale_unit``, which maps
+    predictions back to the tenant's scale (1 in states stored before it)."""
 
     user_rows: ClassVar[tuple[str, ...]] = ("U",)
 
@@ -200,6 +213,7 @@ class LocalState(Message):
     mu: float
     bias_coordinate: float
     kept_of: int = -1
+    scale_unit: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +252,8 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: DPALSConfig,
     """U^0 = 0 (solved in the first step) and the capped subset of the block's ratings."""
     keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
     return LocalState(U=np.zeros((block.n_users, cfg.rank + 1)), keep=keep, rank=cfg.rank,
-                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate, kept_of=block.nnz)
+                      mu=cfg.mu, bias_coordinate=cfg.bias_coordinate, kept_of=block.nnz,
+                      scale_unit=cfg.unit)
 
 
 def kept_entries(state: LocalState, block: RatingBlock, cfg: DPALSConfig,
@@ -354,7 +369,8 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
                 cfg: DPALSConfig, rng: np.random.Generator
                 ) -> tuple[LocalState, Upload | None]:
     """Solve the users against V; upload the bounded item sums while sweeps remain
-    (over the users drawn at rate ``user_sample_rate`` from ``rng``)."""
+    (over the users drawn at rate ``user_sample_rate`` from ``rng``); ratings in units."""
+    block = normalised(block, cfg.unit)
     u = solve_users(global_msg.V, block, cfg)
     if global_msg.sweep >= cfg.sweeps:
         return state.replace(U=u), None  # final refresh: U now matches the released V
@@ -477,7 +493,7 @@ def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.
     a = np.hstack([u[:, :r], np.full((m, 1), state.bias_coordinate), u[:, r:r + 1],
                    np.full((m, 1), state.mu)])
     b = np.vstack([v[:r], v[r:r + 1], np.ones((2, n))])
-    return a, b
+    return rating_factors(a, b, state.scale_unit)
 
 
 def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,

@@ -80,7 +80,7 @@ from pydantic import Field
 
 from algorithms._messages import Message
 from algorithms._rng import sample_clients
-from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
+from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
@@ -256,11 +256,20 @@ def item_penalties(block: RatingBlock, cfg, gamma_cols: np.ndarray, q: int) -> n
 def row_curvature(other: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows: int
                   ) -> np.ndarray:
     """lambda_max(sum_{t: rows[t] = a} o_t o_t^T) for every row a, o_t = other[:, cols[t]]:
-    the curvature of row a's own squared-error term (0 for a row without ratings)."""
+    the curvature of row a's own squared-error term (0 for a row without ratings).
+
+    Only the rows that have ratings are summed and decomposed: for the item side of a
+    small tenant (a few users, a catalogue of thousands of items) the work follows its
+    ratings, not the catalogue (each client step decomposed one matrix per item of the
+    catalogue; 15 minutes were not enough for 100 default rounds on a 40,000-rating set
+    of 4,659 items, BENCHMARKS.md)."""
     if not np.all(np.isfinite(other)):
         lambda_max(other)  # raises the divergence error
-    gram = gram_sums(rows, np.ascontiguousarray(other[:, cols].T), n_rows)
-    return np.linalg.eigvalsh(gram)[:, -1]
+    present, local = np.unique(rows, return_inverse=True)
+    gram = gram_sums(local, np.ascontiguousarray(other[:, cols].T), present.size)
+    out = np.zeros(n_rows)
+    out[present] = np.linalg.eigvalsh(gram)[:, -1]
+    return out
 
 
 def u_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
@@ -404,7 +413,7 @@ def init_client(block: RatingBlock, global_msg: FedMAvgGlobal, cfg: FedMAvgConfi
     ticket = int(rng.integers(1, 2**62))
     unit = unit_of(block)
     block = normalised(block, unit)
-    mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
+    mean = centre_of(block, unit) if cfg.center else 0.0
     return FedMAvgLocal(u, ticket, mean, unit)
 
 

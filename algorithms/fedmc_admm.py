@@ -82,7 +82,7 @@ from pydantic import Field, model_validator
 from algorithms import _mf_kernels as K
 from algorithms._messages import Message
 from algorithms._pool import copy_parts, map_tasks, run_all, width
-from algorithms._scale import normalised, rating_factors, ridge_scale_of, unit_of
+from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 
@@ -259,7 +259,7 @@ def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: FedMCADMMConfi
     u[:, : cfg.rank] = _draw((block.n_users, cfg.rank), cfg, rng)
     unit = unit_of(block)
     block = normalised(block, unit)
-    mean = float(block.vals.mean()) if cfg.centre == "tenant" and block.nnz else 0.0
+    mean = centre_of(block, unit) if cfg.centre == "tenant" else 0.0
     return LocalState(U=u, W=global_msg.V.copy(), Y=np.zeros_like(global_msg.V), mean=mean,
                       rank=cfg.rank, scale_unit=unit, ridge_scale=ridge_scale_of(block, 1.0))
 

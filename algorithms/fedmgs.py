@@ -45,7 +45,7 @@ import scipy.sparse as sp
 from pydantic import Field
 
 from algorithms._messages import Message
-from algorithms._scale import normalised, rating_factors, unit_of
+from algorithms._scale import centre_of, normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.fedmavg import (
@@ -211,7 +211,7 @@ def init_client(block: RatingBlock, global_msg: FedMGSGlobal, cfg: FedMGSConfig,
     u = draw_factor((block.n_users, cfg.rank), cfg, rng)
     unit = unit_of(block)
     block = normalised(block, unit)
-    mean = float(block.vals.mean()) if cfg.center and block.nnz else 0.0
+    mean = centre_of(block, unit) if cfg.center else 0.0
     return FedMGSLocal(u, np.zeros_like(u), False, mean, unit)
 
 

@@ -103,7 +103,8 @@ def clipped_item_sums(rows: np.ndarray, cols: np.ndarray, terms: list[np.ndarray
     u_rows, u_cols = uniq // n_items, uniq % n_items
     merged = []
     for t in terms:
-        t2 = np.asarray(t, dtype=np.float64).reshape(rows.size, -1)
+        t2 = np.asarray(t, dtype=np.float64)  # (nnz, d_a); no -1: nnz may be 0
+        t2 = t2.reshape(rows.size, int(np.prod(t2.shape[1:])))
         m = np.zeros((uniq.size, t2.shape[1]))
         for c in range(t2.shape[1]):
             m[:, c] = np.bincount(inv, weights=t2[:, c], minlength=uniq.size)

@@ -62,18 +62,36 @@ def _lines(chunks: Iterator[str]) -> Iterator[str]:
 
 
 def _is_header(fields: list[str]) -> bool:
-    return tuple(f.strip().lower() for f in fields) in CSV_HEADERS
+    """``user,item,rating[,timestamp]``, or any names whose third is a rating's
+    (``userId,movieId,rating,timestamp`` as MovieLens' own CSV files, Book-Crossing's
+    ``User-ID;ISBN;Book-Rating``); another first line is validated as data."""
+    names = tuple(f.strip().lower() for f in fields)
+    if names in CSV_HEADERS:
+        return True
+    third = "".join(c for c in names[2] if c.isalnum()) if len(names) >= 3 else ""
+    return len(names) in (3, 4) and third.endswith("rating")
+
+
+def _sniff(first: str) -> str:
+    """The delimiter of a body without a declared one, from its first line: tab when it
+    has tabs and no comma, semicolon when it has semicolons and neither, else comma."""
+    if "\t" in first and "," not in first:
+        return "\t"
+    if ";" in first and "," not in first and "\t" not in first:
+        return ";"
+    return ","
 
 
 def csv_rows(stream: BinaryIO, delimiter: str | None = None) -> Iterator[RawRow | RowError]:
     """The rows of a CSV body ``user,item,rating[,timestamp]`` (or TSV with ``delimiter``
     ``"\\t"``, e.g. MovieLens ``u.data`` as it is); ``line`` is the line number (an
     optional header line counts); blank lines are skipped. Without ``delimiter``, a first
-    line with tabs and no comma makes the body TSV."""
+    line with tabs and no comma makes the body TSV, one with semicolons and neither
+    semicolon-separated (:func:`_sniff`)."""
     lines = _lines(_decoded(stream, "CSV" if delimiter != "\t" else "TSV"))
     first = next(lines, "")
     if delimiter is None:
-        delimiter = "\t" if "\t" in first and "," not in first else ","
+        delimiter = _sniff(first)
     reader = csv.reader(itertools.chain([first] if first else [], lines),
                         delimiter=delimiter)
     number = 0

@@ -652,3 +652,70 @@ def test_the_cli_lists_every_command_without_importing_it_and_the_help_lines_agr
     assert cli.chosen_command(["--log-format", "json", "jobs", "list"]) == "jobs"
     assert cli.chosen_command(["simulate", "--help"]) == "simulate"
     assert cli.chosen_command(["-h"]) is None
+
+
+# --- rating data unlike MovieLens (issue 17: "rating data you have not seen") -----------------
+
+def _write(path, r, scale=lambda v: v):
+    rows = "\n".join(f"{u},{i},{scale(v):g}" for u, i, v in zip(r.users, r.items, r.values,
+                                                               strict=True))
+    path.write_text(rows + "\n")
+    return path
+
+
+def test_simulate_takes_the_datas_scale_as_the_public_scale_unless_given(tmp_path):
+    """On a 0-10 file DPALS's centre and clip come from 0-10, not the 1-5 default (its
+    centre was 3, the bottom third of the scale); a scale given is kept."""
+    path = _write(tmp_path / "r.csv", generate_ratings(120, 60, 2400, rank=3, seed=4),
+                  lambda v: 2.5 * v - 2.5)
+    out = tmp_path / "run.json"
+    argv = ["simulate", "--data", str(path), "--algorithm", "dpals", "--clients", "4",
+            "--quiet", "--json", str(out)]
+    assert main(argv) == 0
+    assert (json.loads(out.read_text())["config"]["scale_min"],
+            json.loads(out.read_text())["config"]["scale_max"]) == (0.0, 10.0)
+    assert main(argv + ["--scale-min", "1", "--scale-max", "5"]) == 0
+    assert json.loads(out.read_text())["config"]["scale_max"] == 5.0
+
+
+def test_simulate_binary_threshold_follows_the_datas_scale(tmp_path, capsys):
+    """0/1 data: the default threshold is 62.5% up the scale, so the 1s are the positives
+    (the fixed 3.5 made every rating a negative); no positive at all is a clear error."""
+    r = generate_ratings(120, 60, 2400, rank=3, seed=4)
+    path = _write(tmp_path / "b.csv", r, lambda v: float(v >= 4))
+    out = tmp_path / "felb.json"
+    argv = ["simulate", "--data", str(path), "--algorithm", "felb", "--clients", "4",
+            "--rounds", "2", "--rank", "3", "--quiet", "--json", str(out)]
+    assert main(argv) == 0
+    assert "binary (rating >= 0.625)" in capsys.readouterr().out
+    assert main(argv + ["--threshold", "3.5"]) == 2
+    err = capsys.readouterr().err
+    assert "no training rating is >= 3.5 (ratings run from 0 to 1)" in err
+
+
+def test_simulate_on_fewer_users_than_the_default_tenants(tmp_path, capsys):
+    r = generate_ratings(50, 40, 1200, rank=3, seed=4)
+    path = _write(tmp_path / "small.csv", r)
+    out = tmp_path / "run.json"
+    assert main(["simulate", "--data", str(path), "--rounds", "2", "--quiet",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["clients"] == 50
+    assert "50 tenants of one user each" in capsys.readouterr().err
+    assert main(["simulate", "--data", str(path), "--clients", "60", "--rounds", "2",
+                 "--quiet"]) == 2
+    assert "clients must be between 1 and the number of users (50)" in \
+        capsys.readouterr().err
+
+
+def test_simulate_refuses_constant_ratings_and_notes_duplicates(tmp_path, capsys):
+    path = tmp_path / "implicit.csv"
+    path.write_text("".join(f"u{u},i{u % 7},1\n" for u in range(30)))
+    assert main(["simulate", "--data", str(path), "--rounds", "1", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "all 30 ratings are 1" in err and "Traceback" not in err
+    r = generate_ratings(40, 30, 600, rank=3, seed=4)
+    dup = _write(tmp_path / "dup.csv", r)
+    dup.write_text(dup.read_text() + f"{r.users[0]},{r.items[0]},1\n")
+    assert main(["simulate", "--data", str(dup), "--clients", "4", "--rounds", "1",
+                 "--quiet"]) == 0
+    assert "1 (user, item) pair(s) rated more than once" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+import sys
 import time
 import types
 import typing
@@ -16,9 +17,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from algorithms import registry
+from algorithms._scale import with_public_scale
 from algorithms.base import default_select
 from algorithms.binary_metrics import binarise, binary_report
-from algorithms.data import Ratings, build_federation, data_dir, load_ratings
+from algorithms.data import (
+    Ratings,
+    build_federation,
+    check_rating_values,
+    data_dir,
+    default_clients,
+    load_ratings,
+)
+from algorithms.ranking import relevance_threshold
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
 from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
@@ -217,7 +227,7 @@ def _add_run_options(parser: argparse.ArgumentParser, alg, base) -> None:
     g = parser.add_argument_group(f"run (defaults: {alg.name}'s recommended run)")
     g.add_argument("--clients", type=int, metavar="P",
                    help=f"number of tenants P, users split at random (default: "
-                        f"{defaults['clients']})")
+                        f"{defaults['clients']}); data with fewer users: one tenant per user")
     g.add_argument("--per-round", type=int, metavar="K",
                    help=f"tenants per round K, 0: all (default: {defaults['per_round']})")
     g.add_argument("--rounds", type=int, metavar="T",
@@ -250,9 +260,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seed of the split, init and sampling (default: 0)")
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of ratings held out for testing (default: 0.2)")
-    p.add_argument("--threshold", type=float, default=3.5,
+    p.add_argument("--threshold", type=float, default=None,
                    help="binary algorithms: a rating >= threshold is a positive (default: "
-                        "3.5, the paper's)")
+                        "62.5%% up the data's rating scale: 3.5 on 1-5 stars as in the "
+                        "paper, 1 on 0/1 data, every rating of implicit (all-1) data)")
     add_evaluation_arguments(p)
     p.add_argument("--json", type=Path, metavar="FILE",
                    help="write config, per-round figures and results to FILE; '-': to "
@@ -267,14 +278,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _given(alg, args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields the user set: options given, over a ``--config`` file's."""
+    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
+    if getattr(args, "config", None) is not None:
+        given = {**config_file(args.config, alg.name), **given}
+    return given
+
+
 def _config(alg, args: argparse.Namespace):
     """The run's config: the ``--preset`` with the given options replacing its fields.
 
     A value the config refuses is reported naming its flag.
     """
-    given = {k[4:]: v for k, v in vars(args).items() if k.startswith("cfg_")}
-    if getattr(args, "config", None) is not None:
-        given = {**config_file(args.config, alg.name), **given}
+    given = _given(alg, args)
     preset = getattr(args, "preset", "recommended")
     try:
         return (alg.config.paper_settings(**given) if preset == "paper"
@@ -394,11 +411,32 @@ def _run(args: argparse.Namespace, write_json) -> int:
     elif args.rounds is None and "iterations" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
     ratings, data = _load(args.data, args.seed)
+    if ratings.duplicates:
+        print(f"note: {ratings.duplicates} (user, item) pair(s) rated more than once in "
+              f"{data}; the last rating of each is used", file=sys.stderr)
+    if alg.data_kind != "binary":
+        check_rating_values(ratings)
+    if args.clients is None and "clients" not in from_file:
+        clients = default_clients(run_cfg["clients"], ratings)
+        if clients < run_cfg["clients"]:
+            print(f"note: {clients} users: {clients} tenants of one user each (fewer than "
+                  f"{alg.name}'s default {run_cfg['clients']}; --clients sets it)",
+                  file=sys.stderr)
+        run_cfg["clients"] = clients
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction,
                            partition=args.partition)
     rating_fed = fed
+    # a public rating scale not given (DPALS, DP-FedMAvg, DP-FedMC-ADMM): the data's, as
+    # the service takes the tenants' declared one
+    cfg = with_public_scale(cfg, _given(alg, args), fed.scale)
     if alg.data_kind == "binary":
-        fed = binarise(fed, args.threshold)
+        threshold = (relevance_threshold(fed.scale) if args.threshold is None
+                     else args.threshold)
+        fed = binarise(fed, threshold)
+        if not any(b.nnz for b in fed.train):
+            raise ValueError(f"no training rating is >= {threshold:g} (ratings run from "
+                             f"{rating_fed.scale[0]:g} to {rating_fed.scale[1]:g}): the "
+                             "binary algorithms have no positive to learn; set --threshold")
     per_round = run_cfg["per_round"] or fed.n_clients
     if unit == "user":
         privatizer = _user_privatizer(args, alg, cfg, fed, run_cfg["rounds"])
@@ -427,7 +465,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
     binary = None
     if alg.data_kind == "binary":
         binary = binary_report(alg, result, fed, seen=rating_fed.train).as_dict()
-        print(f"binary (rating >= {args.threshold:g}): F1 {binary['f1']:.4f}, RMSD "
+        print(f"binary (rating >= {threshold:g}): F1 {binary['f1']:.4f}, RMSD "
               f"{binary['rmsd']:.5f}, precision@10 {binary['precision_at_k']:.4f}, "
               f"recall@10 {binary['recall_at_k']:.4f}")
     if unit == "user":

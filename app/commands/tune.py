@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from algorithms import registry
-from algorithms.data import build_federation
+from algorithms.data import build_federation, check_rating_values, default_clients
 from algorithms.tuning import Trial, search_space, tune
 from app.commands.evaluation import add_partition_argument
 from app.commands.output import json_output
@@ -127,6 +127,9 @@ def _run(args: argparse.Namespace, write_json) -> int:
     search_space(alg)  # refuses an algorithm without one
     run_cfg = _run_rounds(alg, args)
     ratings, data = _load(args.data, args.seed)
+    check_rating_values(ratings)
+    if args.clients is None:
+        run_cfg["clients"] = default_clients(run_cfg["clients"], ratings)
     fed = build_federation(ratings, run_cfg["clients"], args.seed, args.test_fraction,
                            partition=args.partition)
     fed = type(fed)(fed.train, [], fed.user_ids, fed.item_ids, fed.scale)  # no test set

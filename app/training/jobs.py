@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock, registry
+from algorithms._scale import with_public_scale
 from algorithms.base import Algorithm
 from algorithms.data import tenant_split
 from algorithms.simulate import (
@@ -143,11 +144,8 @@ def _public_scale(alg: Algorithm, cfg: Any, request: dict[str, Any],
     """``cfg`` with the tenants' declared rating scale as its public scale, for a config
     that takes one (DPALS: ``scale_min``/``scale_max`` set its centre and rating clip, and
     so the per-user sensitivity) and was not given one: the declared scales are public,
-    the data's own range is not."""
-    fields = ("scale_min", "scale_max")
-    if not set(fields) <= set(type(cfg).model_fields) or set(fields) & set(request):
-        return cfg
-    return alg.config(**{**request, "scale_min": scale[0], "scale_max": scale[1]})
+    the data's own range is not (:func:`algorithms._scale.with_public_scale`)."""
+    return with_public_scale(cfg, request, scale)
 
 
 def _catalogue(s: Session) -> np.ndarray:

@@ -71,7 +71,9 @@ def test_penalties_per_rating_are_local_counts_times_weights():
     _, mask = _dense(block)
     cfg = fm.FedMAvgConfig(lam=0.5, gamma=0.25, reg="per_rating")
     lam_rows, gamma_cols = fm.penalties(block, cfg)
-    ridge = np.var(block.vals) / 1.1257**2  # the tenant's rating variance over MovieLens'
+    # the tenant's rating variance over MovieLens', shrunk toward 1 by a prior worth 200
+    # ratings (algorithms._scale.ridge_scale_of)
+    ridge = (np.var(block.vals) / 1.1257**2) ** (block.nnz / (block.nnz + 200))
     np.testing.assert_allclose(lam_rows, ridge * 0.5 * mask.sum(axis=1), rtol=1e-12)
     np.testing.assert_allclose(gamma_cols, ridge * 0.25 * mask.sum(axis=0), rtol=1e-12)
     plain = fm.penalties(block, cfg.model_copy(update={"reg": "plain"}))
@@ -90,7 +92,7 @@ def test_objective_share_matches_dense_evaluation(reg):
     if reg == "plain":
         expected = loss + 0.15 * np.sum(u * u) + 0.35 * np.sum(v * v) / 5
     else:
-        ridge = np.var(block.vals) / 1.1257**2
+        ridge = (np.var(block.vals) / 1.1257**2) ** (block.nnz / (block.nnz + 200))
         expected = loss + ridge * (0.15 * mask.sum(1) @ np.sum(u * u, 1)
                                    + 0.35 * mask.sum(0) @ np.sum(v * v, 0))
     got = fm.local_objective(u, v, block, cfg, n_clients=5, offset=3.0)
@@ -168,6 +170,26 @@ def test_row_curvature_is_lambda_max_of_each_rows_own_gram():
     for t in range(5):
         rated = v[:, mask[t] > 0]
         assert got[t] == pytest.approx(np.linalg.eigvalsh(rated @ rated.T).max(), rel=1e-10)
+
+
+def test_row_curvature_decomposes_only_the_rows_with_ratings(monkeypatch):
+    """A tenant that rated 3 items of a 5,000-item catalogue: 3 small decompositions per
+    step, not 5,000 (each client step cost the catalogue's size), and the same values as
+    decomposing every row (a row without ratings has curvature 0)."""
+    rng = np.random.default_rng(2)
+    n, items = 5000, np.array([7, 4021, 7, 999, 4021, 7])
+    u = rng.normal(size=(3, 6))
+    calls = []
+    eigvalsh = np.linalg.eigvalsh
+    monkeypatch.setattr(np.linalg, "eigvalsh", lambda a: calls.append(a.shape) or eigvalsh(a))
+    got = fm.row_curvature(u, items, np.arange(6), n)
+    assert calls == [(3, 3, 3)]
+    want = np.zeros(n)
+    for j in (7, 999, 4021):
+        x = u[:, items == j]
+        want[j] = eigvalsh(x @ x.T)[-1]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert np.count_nonzero(got) == 3
 
 
 def test_local_curvature_steps_with_bias_columns_match_dense_steps():

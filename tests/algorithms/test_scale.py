@@ -87,18 +87,28 @@ def test_ridge_scale_is_the_rating_variance_in_units_over_movielens():
     rng = np.random.default_rng(4)
     vals = rng.uniform(-10.0, 10.0, 500)
     block = RatingBlock(np.arange(500) % 20, np.arange(500) % 37, vals, 20, 37, (-10.0, 10.0))
-    # unit 5 (a spread of 20 over 4): the variance of vals / 5 over 1.1257^2
-    want = np.mean((vals / 5 - np.mean(vals / 5)) ** 2) / 1.1257**2
+    # unit 5 (a spread of 20 over 4): the variance of vals / 5 over 1.1257^2, shrunk
+    # toward 1 by a prior worth 200 ratings (500 / 700 of the way in logarithms)
+    want = (np.mean((vals / 5 - np.mean(vals / 5)) ** 2) / 1.1257**2) ** (500 / 700)
     assert ridge_scale_of(block, 5.0) == pytest.approx(want, rel=1e-12)
     assert ridge_scale_of(block, 1.0) == pytest.approx(8.0)  # clipped at 8
     assert ridge_scale_of(block, 1000.0) == pytest.approx(0.125)  # and at 1/8
     one = RatingBlock(np.array([0]), np.array([0]), np.array([3.0]), 1, 1)
     flat = RatingBlock(np.array([0, 1]), np.array([0, 0]), np.array([3.0, 3.0]), 2, 1)
     assert ridge_scale_of(one, 1.0) == ridge_scale_of(flat, 1.0) == 1.0
+    # a tenant of 3 users, one of whom rates everything 5: 40 ratings, spread 0.63 stars;
+    # unshrunk its ridge fell to 0.31x (it overfitted), now 0.82x
+    few = np.r_[np.full(14, 5.0), np.tile([4.0, 5.0, 4.0, 5.0, 5.0, 3.0, 5.0, 4.0], 4)
+                [:26]]
+    small = RatingBlock(np.arange(40) % 3, np.arange(40), few, 3, 40, (1.0, 5.0))
+    raw = np.var(few) / 1.1257**2
+    assert raw < 0.32
+    assert ridge_scale_of(small, 1.0) == pytest.approx(raw ** (40 / 240), rel=1e-12)
 
 
 def test_fedmc_admm_tenant_ridge_follows_its_own_spread():
-    """Doubling a tenant's spread within the same declared scale quadruples its ridge."""
+    """Doubling a tenant's spread within the same declared scale quadruples its ridge, as
+    far as its 400 ratings carry against the prior of 200 (4 ** (400 / 600))."""
     rng = np.random.default_rng(5)
     rows, cols = rng.integers(0, 30, 400), rng.integers(0, 40, 400)
     base = rng.normal(0.0, 1.0, 400)
@@ -108,4 +118,5 @@ def test_fedmc_admm_tenant_ridge_follows_its_own_spread():
         block = RatingBlock(rows, cols, spread * base, 30, 40, (-10.0, 10.0))
         _, glob = fedmc_admm.init_server(40, 1, cfg, np.random.default_rng(0))
         states.append(fedmc_admm.init_client(block, glob, cfg, np.random.default_rng(0)))
-    assert states[1].ridge_scale == pytest.approx(4 * states[0].ridge_scale, rel=1e-12)
+    assert states[1].ridge_scale == pytest.approx(4 ** (400 / 600) * states[0].ridge_scale,
+                                                  rel=1e-12)

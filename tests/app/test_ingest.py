@@ -50,6 +50,20 @@ def test_first_line_that_is_not_the_header_is_validated_as_data():
         RowError(1, "rating", "rating 'score' is not a number")]
 
 
+def test_headers_naming_their_rating_column_and_semicolon_bodies():
+    """MovieLens' own CSV header and Book-Crossing's quoted, semicolon-separated export are
+    read as they come (both were rejected: the header as data, ';' as one field)."""
+    batch = validate(parse_csv(b"userId,movieId,rating,timestamp\n1,2,4.0,0\n1,3,3.5,0\n"),
+                     SCALE)
+    assert (batch.users, batch.items, batch.values, batch.lines) == (
+        ["1", "1"], ["2", "3"], [4.0, 3.5], [2, 3])
+    body = b'"User-ID";"ISBN";"Book-Rating"\n"276725";"034545104X";"5"\n"2";"0155";"7"\n'
+    batch = validate(parse_csv(body), (0.0, 10.0))
+    assert (batch.users, batch.items, batch.values) == (["276725", "2"], ["034545104X",
+                                                                          "0155"], [5.0, 7.0])
+    assert validate(parse_csv(b"u;1;4\nv;2;5\n"), SCALE).values == [4.0, 5.0]
+
+
 def test_every_offending_row_is_reported_with_line_field_and_reason():
     body = b"u1,1,9\nu2,2,nan\n,3,4\nu4,4,inf\nu5,5,3,yesterday\nu6,6\n"
     assert errors_of(lambda: parse_csv(body)) == [

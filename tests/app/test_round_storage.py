@@ -374,3 +374,35 @@ def test_migration_0014_gives_stored_rfrec_jobs_the_fields_of_their_earlier_beha
     cfg = registry.get("rfrec").config(**stored)  # what a resumed job now loads
     assert not cfg.bias and cfg.lam_u_rating == 0 and cfg.lam_v_rating == 0
     assert registry.get("rfrec").config().bias  # the new default differs
+
+
+def test_migration_0015_keeps_stored_dp_jobs_on_raw_ratings(env):
+    """A DPALS / DP-FedMAvg job stored before ``normalise`` keeps raw ratings (its earlier
+    behaviour, which differs from the new default on any scale but 1-5); a config that has
+    the field keeps its value."""
+    app, client = env
+    make_tenants(client, n=2)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
+        old_als, old_avg, has = (
+            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"})).id
+            for name in ("dpals", "dp-fedmavg", "dpals"))
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0014")  # drops the field (the earlier code refuses unknown ones)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        before = {j: json.loads(conn.execute(sa.text(
+            "SELECT config FROM training_jobs WHERE id = :j"), {"j": j}).scalar())
+            for j in (old_als, old_avg, has)}
+        assert not any("normalise" in c for c in before.values())
+        conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
+                     {"c": json.dumps({**before[has], "normalise": True}), "j": has})
+    engine.dispose()
+    migrate(url)
+    with app.state.sessions() as s:
+        for j, name in ((old_als, "dpals"), (old_avg, "dp-fedmavg")):
+            config = s.get(TrainingJob, j).config
+            assert config == {**before[j], "normalise": False}
+            assert registry.get(name).config(**config).unit == 1.0
+        assert s.get(TrainingJob, has).config["normalise"] is True

@@ -1,0 +1,49 @@
+"""Stored DPALS, DP-FedMAvg and DP-FedMC-ADMM job configs get ``normalise = false``.
+
+These algorithms now divide ratings by their public scale's unit ((scale_max - scale_min)
+/ 4) inside the tenant by default, as every other algorithm does, so their clips and
+ridges mean the same on a 0-10 or -10..10 scale as on 1-5 stars. A job stored before
+(queued, running, or the parent a scheduled retraining copies) keeps raw ratings, its
+earlier behaviour; on a 1-5 scale the two are the same. A job that has the field already
+is untouched.
+
+Revision ID: 0015
+Revises: 0014
+Create Date: 2026-11-24
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0015"
+down_revision = "0014"
+branch_labels = None
+depends_on = None
+
+#: per algorithm: each field added since, with the value of the earlier behaviour
+EARLIER = {name: {"normalise": False} for name in ("dpals", "dp-fedmavg", "dp-fedmc-admm")}
+
+jobs = sa.table("training_jobs", sa.column("id", sa.Integer),
+                sa.column("algorithm", sa.String), sa.column("config", sa.JSON))
+
+
+def _rewrite(change) -> None:
+    conn = op.get_bind()
+    rows = conn.execute(sa.select(jobs.c.id, jobs.c.algorithm, jobs.c.config).where(
+        jobs.c.algorithm.in_(list(EARLIER)))).all()
+    for job_id, algorithm, config in rows:
+        new = change(algorithm, dict(config or {}))
+        if new != config:
+            conn.execute(jobs.update().where(jobs.c.id == job_id).values(config=new))
+
+
+def upgrade() -> None:
+    _rewrite(lambda algorithm, config: {**EARLIER[algorithm], **config})
+
+
+def downgrade() -> None:
+    # the earlier code knows none of these fields (its configs refuse unknown ones)
+    _rewrite(lambda algorithm, config: {k: v for k, v in config.items()
+                                        if k not in EARLIER[algorithm]})
