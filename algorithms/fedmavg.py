@@ -85,7 +85,6 @@ from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
 
-
 #: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`):
 #: off, as FedMC-ADMM's (BENCHMARKS.md, "A fixed ridge on the item bias")
 ITEM_BIAS_RIDGE = 0.0

@@ -86,7 +86,6 @@ from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 
-
 #: the default fixed ridge on the item-bias row (see :attr:`FedMCADMMConfig.item_bias_ridge`):
 #: off, because no value helps ranking without costing RMSE elsewhere (ML-1M precision@10
 #: 0.035 -> 0.069 at 10, 0.072 at 100, while synthetic 1-5 stars lose 2.6% at 10;

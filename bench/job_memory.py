@@ -68,8 +68,8 @@ def fill(url: str, args: argparse.Namespace) -> list[int]:
     from algorithms.synthetic import generate_tenant_ratings
     from app import store
     from app.db import engine_for
-    from app.models import Tenant
     from app.ingest import Batch
+    from app.models import Tenant
 
     data = generate_tenant_ratings(args.users, args.items, args.ratings, args.tenants, seed=0)
     ids = []
