@@ -730,7 +730,8 @@ def _dense_f(u, v, block, cfg, link):
     targets (r - lo) / (hi - lo) on its own range, its centre c = link^-1(mean target),
     U = [U0 | b_u | 1], V = [V0 ; 1 ; b_v], prediction link(c + U V), lambda_u on the free
     entries, and the weighted ridge n_t s lam_u_rating ||u_t||^2 + n_j s lam_v_rating
-    ||v_j||^2 with s = (std of the ratings in units of range / 4, over 1.1257)^2."""
+    ||v_j||^2 with s = (std of the ratings in units of range / 4, over 1.1257)^(2 n / (n + 200))
+    for the block's n ratings."""
     r, mask = _dense(block)
     lo, hi = block.vals.min(), block.vals.max()
     y = (r - lo) / (hi - lo)
@@ -738,7 +739,9 @@ def _dense_f(u, v, block, cfg, link):
     c = np.log(mean / (1 - mean)) if link == "sigmoid" else mean
     z = c + u @ v
     pred = 1 / (1 + np.exp(-z)) if link == "sigmoid" else z
-    s = min(8.0, max(0.125, (np.std(block.vals) / ((hi - lo) / 4) / 1.1257) ** 2))
+    # the spread's factor shrunk toward 1 by a prior worth 200 ratings (n / (n + 200))
+    weight = block.nnz / (block.nnz + 200.0)
+    s = min(8.0, max(0.125, (np.std(block.vals) / ((hi - lo) / 4) / 1.1257) ** (2 * weight)))
     d = cfg.rank
     u0 = np.hstack([u[:, :d + 1], np.zeros((u.shape[0], 1))])  # without the ones column
     v0 = np.vstack([v[:d], np.zeros((1, v.shape[1])), v[d + 1:]])  # without the ones row
