@@ -16,8 +16,7 @@ Create Date: 2026-11-24
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-from alembic import op
+from migrations.job_configs import add_fields, remove_fields
 
 revision = "0012"
 down_revision = "0011"
@@ -30,25 +29,10 @@ EARLIER = {
     "fedmavg": {"bias": False, "aggregate": "mean", "curvature": "global"},
 }
 
-jobs = sa.table("training_jobs", sa.column("id", sa.Integer),
-                sa.column("algorithm", sa.String), sa.column("config", sa.JSON))
-
-
-def _rewrite(change) -> None:
-    conn = op.get_bind()
-    rows = conn.execute(sa.select(jobs.c.id, jobs.c.algorithm, jobs.c.config).where(
-        jobs.c.algorithm.in_(list(EARLIER)))).all()
-    for job_id, algorithm, config in rows:
-        new = change(algorithm, dict(config or {}))
-        if new != config:
-            conn.execute(jobs.update().where(jobs.c.id == job_id).values(config=new))
-
 
 def upgrade() -> None:
-    _rewrite(lambda algorithm, config: {**EARLIER[algorithm], **config})
+    add_fields(EARLIER)
 
 
 def downgrade() -> None:
-    # the earlier code knows none of these fields (its configs refuse unknown ones)
-    _rewrite(lambda algorithm, config: {k: v for k, v in config.items()
-                                        if k not in EARLIER[algorithm]})
+    remove_fields(EARLIER)
