@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import subprocess
 import sys
 
@@ -75,7 +76,9 @@ def test_the_cli_takes_the_format(monkeypatch):
     from app import cli
     from app.config import get_settings
 
-    monkeypatch.delenv("FEDREC_LOG_FORMAT", raising=False)
+    # setenv, not delenv: delenv of an absent variable records nothing, so the value the
+    # CLI sets below would survive the test (and turn every later app's logs into JSON)
+    monkeypatch.setenv("FEDREC_LOG_FORMAT", "text")
     seen = []
     parser = cli.build_parser()
     monkeypatch.setattr(cli, "build_parser", lambda command=cli.ALL: parser)
@@ -84,8 +87,7 @@ def test_the_cli_takes_the_format(monkeypatch):
     monkeypatch.setattr(parser, "parse_args", lambda argv=None: (
         setattr(args, "log_format", "json") or args))
     assert cli.main(["--log-format", "json", "migrate"]) == 0
-    assert seen == ["json"]
-    monkeypatch.delenv("FEDREC_LOG_FORMAT", raising=False)
+    assert seen == ["json"] and os.environ["FEDREC_LOG_FORMAT"] == "json"
     get_settings.cache_clear()
     wrong = subprocess.run([sys.executable, "-m", "app.cli", "--log-format", "xml", "migrate"],
                            capture_output=True, text=True, timeout=120)
