@@ -119,6 +119,7 @@ client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import ClassVar, Literal
 
@@ -181,6 +182,10 @@ class RFRecConfig(AlgorithmConfig):
     """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
+    lr_final: float = Field(1.0, gt=0, le=1)
+    """The step size at iteration K (``iterations``) as a fraction of alpha: it decays from
+    alpha at the first iteration along a half cosine, and stays there after K
+    (:func:`step_size`); 1: a constant alpha (the paper)."""
     bias: bool = True
     """User and item bias terms and the tenant's mean: the prediction is
     link(c_i + b_u + b_v + u V) with c_i the tenant's mean target through the inverse link
@@ -279,7 +284,7 @@ class RFRecFConfig(RFRecConfig):
 _PAPER_RFREC: dict[str, object] = dict(
     rank=20, alpha=0.05, lam=10.0, lam_u=0.1, init_std=0.01, iterations=100,
     rating_range="tenant", optimizer="gd", link="identity", momentum_on_return="restart",
-    bias=False, lam_u_rating=0.0, lam_v_rating=0.0)
+    bias=False, lam_u_rating=0.0, lam_v_rating=0.0, lr_final=1.0)
 _PAPER_RFRECF: dict[str, object] = dict(alpha=0.025, p=0.5, schedule="paper",
                                         momentum_on_return="keep")
 
@@ -419,7 +424,7 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
         local = local.replace(v_rated=relax(local.v_rated, v_bar, move_rate(cfg)))
         if cfg.schedule == "paper":
             return local, None
-    lr, t = cfg.alpha / (1.0 - cfg.p), global_msg.steps + 1
+    lr, t = step_size(cfg, global_msg.k + 1) / (1.0 - cfg.p), global_msg.steps + 1
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg, local.centre or 0.0)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
@@ -621,8 +626,9 @@ Moments = tuple[np.ndarray | None, np.ndarray | None]
 
 def descend(x: np.ndarray, g: np.ndarray, moments: Moments, t: int, cfg: RFRecConfig,
             lr: float | None = None) -> tuple[np.ndarray, Moments]:
-    """x - lr g (eq. 6; lr = alpha by default), or Adam step t (Kingma and Ba, Alg. 1)."""
-    lr = cfg.alpha if lr is None else lr
+    """x - lr g (eq. 6), or Adam step t (Kingma and Ba, Alg. 1); lr defaults to the step
+    size of iteration t (:func:`step_size`: RFRec's t is its iteration)."""
+    lr = step_size(cfg, t) if lr is None else lr
     if cfg.optimizer == "gd":
         return x - lr * g, moments
     b1, b2 = cfg.adam_betas
@@ -638,6 +644,17 @@ def descend(x: np.ndarray, g: np.ndarray, moments: Moments, t: int, cfg: RFRecCo
     np.divide(m1, den, out=den)
     den *= lr / (1.0 - b1**t)
     return x - den, (m1, m2)
+
+
+def step_size(cfg: RFRecConfig, k: int) -> float:
+    """alpha at iteration k (1 = the first): alpha (lr_final + (1 - lr_final)(1 + cos(pi x))
+    / 2) with x = (k - 1) / (K - 1) capped at 1, K = ``iterations``; alpha throughout with
+    ``lr_final`` 1. The server knows k, so every client (and H) takes the same step."""
+    if cfg.lr_final >= 1.0:
+        return cfg.alpha
+    x = min(max(k - 1, 0) / max(cfg.iterations - 1, 1), 1.0)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * x))
+    return cfg.alpha * (cfg.lr_final + (1.0 - cfg.lr_final) * cosine)
 
 
 def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
@@ -991,7 +1008,7 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
         if cfg.schedule == "paper":
             return g, c, None
-    lr, t = cfg.alpha / (1.0 - cfg.p), g.steps + 1
+    lr, t = step_size(cfg, g.k + 1) / (1.0 - cfg.p), g.steps + 1
     g_u, g_p = _batched_grad(lay, c, cfg)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg, lr)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg, lr)

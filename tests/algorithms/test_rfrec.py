@@ -25,6 +25,7 @@ from algorithms.rfrec import (
     predict_ratings,
     relax,
     run_batched,
+    step_size,
 )
 from algorithms.simulate import initialise, run_round, simulate
 
@@ -157,8 +158,10 @@ def test_rfrecf_communicates_only_when_zeta_changes():
     assert 0 < sum(a == 1 and b == 0 for a, b in zip(zetas[1:], zetas[:-1], strict=True)) < 39
 
 
-def _dense_reference(fed, cfg, rounds, seed, fast):
-    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams."""
+def _dense_reference(fed, cfg, rounds, seed, fast, decay=lambda k: 1.0):
+    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams; the step
+    of iteration k (1 = the first) is alpha decay(k) (the move to the average keeps
+    alpha)."""
     server, glob, locs = initialise(fast and RFRECF or RFREC, cfg, fed.train, seed)
     us = [s.u for s in locs]
     vs = [glob.v_bar.copy() for _ in locs]
@@ -168,12 +171,13 @@ def _dense_reference(fed, cfg, rounds, seed, fast):
         grads = [_dense_grad_f(u, v, *_dense(b), cfg)
                  for u, v, b in zip(us, vs, fed.train, strict=True)]
         if not fast:
-            us = [u - cfg.alpha * gu for u, (gu, _) in zip(us, grads, strict=True)]
-            vs = [v - cfg.alpha * (gv + cfg.lam * (v - v_bar))
+            step = cfg.alpha * decay(k + 1)
+            us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
+            vs = [v - step * (gv + cfg.lam * (v - v_bar))
                   for v, (_, gv) in zip(vs, grads, strict=True)]
             v_bar = sum(vs) / len(vs)
         elif zetas[k] == 0 and prev == 0:
-            step = cfg.alpha / (1 - cfg.p)
+            step = cfg.alpha * decay(k + 1) / (1 - cfg.p)
             us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
             vs = [v - step * gv for v, (_, gv) in zip(vs, grads, strict=True)]
         elif zetas[k] == 0:
@@ -203,6 +207,34 @@ def test_lazy_representation_and_batched_path_match_dense_reference(fast):
         assert (a.uploads, a.upload_bytes) == (b.uploads, b.upload_bytes)
         np.testing.assert_allclose([a.objective, a.test_rmse, a.test_mae],
                                    [b.objective, b.test_rmse, b.test_mae], rtol=1e-9)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_decaying_step_follows_a_half_cosine_and_the_lazy_path_stays_exact(fast):
+    """With lr_final < 1 the step of iteration k is alpha (f + (1 - f)(1 + cos(pi (k - 1)
+    / (K - 1))) / 2), f = lr_final, then alpha f after K; every client and H take it."""
+    fed, f, big_k = _federation(), 0.2, 12
+    cls, alg = (RFRecFConfig, RFRECF) if fast else (RFRecConfig, RFREC)
+    cfg = cls.paper_settings(rating_range=R15, rank=2, alpha=0.02, lam=5.0, lr_final=f,
+                             iterations=big_k)
+
+    def decay(k):
+        x = min((k - 1) / (big_k - 1), 1.0)
+        return f + (1 - f) * (1 + np.cos(np.pi * x)) / 2
+
+    assert [step_size(cfg, k) / 0.02 for k in (1, big_k, big_k + 7)] == pytest.approx(
+        [1.0, f, f])
+    assert step_size(cfg.model_copy(update={"lr_final": 1.0}), 5) == 0.02
+    us, vs, v_bar = _dense_reference(fed, cfg, 20, 3, fast, decay)
+    const = _dense_reference(fed, cfg, 20, 3, fast)[2]
+    assert not np.allclose(const, v_bar, rtol=1e-4)  # the schedule really acts
+    for res in (simulate(alg, cfg, fed, rounds=20, per_round=0, seed=3),
+                run_batched(cfg, fed, rounds=20, seed=3)):
+        np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+        for u, v, s, b in zip(us, vs, res.local_states, fed.train, strict=True):
+            np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(dense_v(res.global_msg.h, s.v_rated, b.rated_items), v,
+                                       rtol=1e-9, atol=1e-12)
 
 
 def test_batched_path_reproduces_generic_driver_with_clip_and_noise():
