@@ -186,6 +186,11 @@ class RFRecConfig(AlgorithmConfig):
     """The step size at iteration K (``iterations``) as a fraction of alpha: it decays from
     alpha at the first iteration along a half cosine, and stays there after K
     (:func:`step_size`); 1: a constant alpha (the paper)."""
+    lam_start: float = Field(1.0, gt=0, le=1)
+    """psi's weight at the first iteration as a fraction of lambda: it grows geometrically
+    to lambda at iteration K (``iterations``) and stays there (:func:`penalty`, a
+    continuation of the penalty: a weak tie moves V_bar fast early, the full one keeps the
+    consensus close at the end); 1: a constant lambda (the paper)."""
     bias: bool = True
     """User and item bias terms and the tenant's mean: the prediction is
     link(c_i + b_u + b_v + u V) with c_i the tenant's mean target through the inverse link
@@ -284,7 +289,7 @@ class RFRecFConfig(RFRecConfig):
 _PAPER_RFREC: dict[str, object] = dict(
     rank=20, alpha=0.05, lam=10.0, lam_u=0.1, init_std=0.01, iterations=100,
     rating_range="tenant", optimizer="gd", link="identity", momentum_on_return="restart",
-    bias=False, lam_u_rating=0.0, lam_v_rating=0.0, lr_final=1.0)
+    bias=False, lam_u_rating=0.0, lam_v_rating=0.0, lr_final=1.0, lam_start=1.0)
 _PAPER_RFRECF: dict[str, object] = dict(alpha=0.025, p=0.5, schedule="paper",
                                         momentum_on_return="keep")
 
@@ -389,7 +394,7 @@ def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingB
     items, t = block.rated_items, global_msg.k + 1
     local = _on_return(local, global_msg.k, cfg)
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg, local.centre or 0.0)
-    g_v = g_v + cfg.lam * (local.v_rated - global_msg.v_bar[:, items])
+    g_v = g_v + penalty(cfg, t) * (local.v_rated - global_msg.v_bar[:, items])
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
     h, _ = _step_h(global_msg, cfg)
@@ -421,7 +426,8 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
         return local, RFRecUpload(dense_v(global_msg.h, local.v_rated, block.rated_items))
     if prev == 1:
         v_bar = global_msg.v_bar[:, block.rated_items]
-        local = local.replace(v_rated=relax(local.v_rated, v_bar, move_rate(cfg)))
+        local = local.replace(v_rated=relax(local.v_rated, v_bar,
+                                            move_rate(cfg, global_msg.k + 1)))
         if cfg.schedule == "paper":
             return local, None
     lr, t = step_size(cfg, global_msg.k + 1) / (1.0 - cfg.p), global_msg.steps + 1
@@ -439,17 +445,18 @@ def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
     v_bar = fix_ones(_mean(uploads, state.v_bar), cfg) if state.zeta == 1 else state.v_bar
     h = state.h
     if state.zeta == 0 and state.zeta_prev == 1:
-        h = relax(state.h, state.v_bar, move_rate(cfg))
+        h = relax(state.h, state.v_bar, move_rate(cfg, state.k + 1))
     main = state.zeta == 0 and (state.zeta_prev == 0 or cfg.schedule == "code")
     g = state.replace(v_bar=v_bar, h=h, k=state.k + 1, zeta=_coin(cfg, rng),
                       zeta_prev=state.zeta, steps=state.steps + int(main))
     return g, g
 
 
-def move_rate(cfg: RFRecFConfig) -> float:
+def move_rate(cfg: RFRecFConfig, k: int | None = None) -> float:
     """Rate of the move to the average: alpha lambda / p (Algorithm 2 line 12), capped at
-    1 (a full reset to V_bar, as the authors' notebook) with ``schedule='code'``."""
-    rate = cfg.alpha * cfg.lam / cfg.p
+    1 (a full reset to V_bar, as the authors' notebook) with ``schedule='code'``; lambda
+    of iteration k (:func:`penalty`; None: ``lam``)."""
+    rate = cfg.alpha * (cfg.lam if k is None else penalty(cfg, k)) / cfg.p
     return min(1.0, rate) if cfg.schedule == "code" else rate
 
 
@@ -657,9 +664,20 @@ def step_size(cfg: RFRecConfig, k: int) -> float:
     return cfg.alpha * (cfg.lr_final + (1.0 - cfg.lr_final) * cosine)
 
 
+def penalty(cfg: RFRecConfig, k: int) -> float:
+    """lambda at iteration k (1 = the first): lambda lam_start^(1 - x), x = (k - 1) / (K - 1)
+    capped at 1, K = ``iterations``; lambda throughout with ``lam_start`` 1. The
+    objective (:func:`objective`) keeps ``lam``, the weight the run ends with."""
+    if cfg.lam_start >= 1.0:
+        return cfg.lam
+    x = min(max(k - 1, 0) / max(cfg.iterations - 1, 1), 1.0)
+    return cfg.lam * cfg.lam_start ** (1.0 - x)
+
+
 def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
     """RFRec's step on the never-rated columns: grad f = 0 there, so only lambda psi acts."""
-    return descend(g.h, cfg.lam * (g.h - g.v_bar), (g.h_m1, g.h_m2), g.k + 1, cfg)
+    lam = penalty(cfg, g.k + 1)
+    return descend(g.h, lam * (g.h - g.v_bar), (g.h_m1, g.h_m2), g.k + 1, cfg)
 
 
 def _on_return(local: RFRecLocal, k: int, cfg: RFRecConfig) -> RFRecLocal:
@@ -981,7 +999,7 @@ def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
     t = g.k + 1
     anchor = g.v_bar[:, lay.pair_item].T if anchor is None else anchor
     g_u, g_p = _batched_grad(lay, c, cfg)
-    g_p = g_p + cfg.lam * (c.p - anchor)
+    g_p = g_p + penalty(cfg, t) * (c.p - anchor)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg)
     c = _keep_all(act if stepping is None else stepping, c, u, p, u_m, p_m)
@@ -1002,7 +1020,7 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
             return g, c, None
         return g, c, _batched_total(lay, c.p, g.h, clip, act)
     if g.zeta_prev == 1:
-        rate = move_rate(cfg)
+        rate = move_rate(cfg, g.k + 1)
         p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p,
                   (act if moving is None else moving).pairs)
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)

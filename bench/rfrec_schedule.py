@@ -32,8 +32,8 @@ from algorithms.rfrec import run_batched
 from algorithms.synthetic import generate_ratings
 from algorithms.tuning import validation_federation
 from bench import centralised as CB
-from bench.scale_defaults import unit_scaled
 from bench.scale_defaults import ratings as scale_ratings
+from bench.scale_defaults import unit_scaled
 
 RESULTS = Path(__file__).parent / "results" / "scale_defaults.jsonl"
 _ALS: dict[tuple, float] = {}

@@ -22,6 +22,7 @@ from algorithms.rfrec import (
     dense_v,
     move_rate,
     paper_dp,
+    penalty,
     predict_ratings,
     relax,
     run_batched,
@@ -158,10 +159,10 @@ def test_rfrecf_communicates_only_when_zeta_changes():
     assert 0 < sum(a == 1 and b == 0 for a, b in zip(zetas[1:], zetas[:-1], strict=True)) < 39
 
 
-def _dense_reference(fed, cfg, rounds, seed, fast, decay=lambda k: 1.0):
-    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams; the step
-    of iteration k (1 = the first) is alpha decay(k) (the move to the average keeps
-    alpha)."""
+def _dense_reference(fed, cfg, rounds, seed, fast, decay=lambda k: 1.0, grow=lambda k: 1.0):
+    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams; at
+    iteration k (1 = the first) the step is alpha decay(k) (the move to the average keeps
+    alpha) and psi's weight lambda grow(k)."""
     server, glob, locs = initialise(fast and RFRECF or RFREC, cfg, fed.train, seed)
     us = [s.u for s in locs]
     vs = [glob.v_bar.copy() for _ in locs]
@@ -173,7 +174,7 @@ def _dense_reference(fed, cfg, rounds, seed, fast, decay=lambda k: 1.0):
         if not fast:
             step = cfg.alpha * decay(k + 1)
             us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
-            vs = [v - step * (gv + cfg.lam * (v - v_bar))
+            vs = [v - step * (gv + cfg.lam * grow(k + 1) * (v - v_bar))
                   for v, (_, gv) in zip(vs, grads, strict=True)]
             v_bar = sum(vs) / len(vs)
         elif zetas[k] == 0 and prev == 0:
@@ -181,7 +182,7 @@ def _dense_reference(fed, cfg, rounds, seed, fast, decay=lambda k: 1.0):
             us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
             vs = [v - step * gv for v, (_, gv) in zip(vs, grads, strict=True)]
         elif zetas[k] == 0:
-            vs = [v - cfg.alpha / cfg.p * cfg.lam * (v - v_bar) for v in vs]
+            vs = [v - cfg.alpha / cfg.p * cfg.lam * grow(k + 1) * (v - v_bar) for v in vs]
         elif prev == 0:
             v_bar = sum(vs) / len(vs)
         prev = zetas[k]
@@ -210,24 +211,35 @@ def test_lazy_representation_and_batched_path_match_dense_reference(fast):
 
 
 @pytest.mark.parametrize("fast", [False, True])
-def test_decaying_step_follows_a_half_cosine_and_the_lazy_path_stays_exact(fast):
-    """With lr_final < 1 the step of iteration k is alpha (f + (1 - f)(1 + cos(pi (k - 1)
-    / (K - 1))) / 2), f = lr_final, then alpha f after K; every client and H take it."""
-    fed, f, big_k = _federation(), 0.2, 12
+def test_decaying_step_and_growing_penalty_follow_their_schedules_exactly(fast):
+    """With lr_final < 1 the step of iteration k is alpha (f + (1 - f)(1 + cos(pi x)) / 2),
+    with lam_start < 1 psi's weight is lambda s^(1 - x), x = (k - 1) / (K - 1) capped at 1
+    (f = lr_final, s = lam_start); every client and H take them, and the lazy path stays
+    exact."""
+    fed, f, s0, big_k = _federation(), 0.2, 0.25, 12
     cls, alg = (RFRecFConfig, RFRECF) if fast else (RFRecConfig, RFREC)
     cfg = cls.paper_settings(rating_range=R15, rank=2, alpha=0.02, lam=5.0, lr_final=f,
-                             iterations=big_k)
+                             lam_start=s0, iterations=big_k)
+
+    def x_of(k):
+        return min((k - 1) / (big_k - 1), 1.0)
 
     def decay(k):
-        x = min((k - 1) / (big_k - 1), 1.0)
-        return f + (1 - f) * (1 + np.cos(np.pi * x)) / 2
+        return f + (1 - f) * (1 + np.cos(np.pi * x_of(k))) / 2
+
+    def grow(k):
+        return s0 ** (1 - x_of(k))
 
     assert [step_size(cfg, k) / 0.02 for k in (1, big_k, big_k + 7)] == pytest.approx(
         [1.0, f, f])
+    assert [penalty(cfg, k) for k in (1, big_k, big_k + 7)] == pytest.approx(
+        [5.0 * s0, 5.0, 5.0])
     assert step_size(cfg.model_copy(update={"lr_final": 1.0}), 5) == 0.02
-    us, vs, v_bar = _dense_reference(fed, cfg, 20, 3, fast, decay)
-    const = _dense_reference(fed, cfg, 20, 3, fast)[2]
-    assert not np.allclose(const, v_bar, rtol=1e-4)  # the schedule really acts
+    assert penalty(cfg.model_copy(update={"lam_start": 1.0}), 5) == 5.0
+    us, vs, v_bar = _dense_reference(fed, cfg, 20, 3, fast, decay, grow)
+    for other in (_dense_reference(fed, cfg, 20, 3, fast, grow=grow),
+                  _dense_reference(fed, cfg, 20, 3, fast, decay)):
+        assert not np.allclose(other[2], v_bar, rtol=1e-4)  # both schedules really act
     for res in (simulate(alg, cfg, fed, rounds=20, per_round=0, seed=3),
                 run_batched(cfg, fed, rounds=20, seed=3)):
         np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
