@@ -302,9 +302,16 @@ def test_config_defaults_are_validated_and_the_paper_preset_is_the_papers():
     # (BENCHMARKS.md, "RFRec and RFRecF with bias terms and a weighted-lambda ridge")
     d, e = RFRecConfig(), RFRecFConfig()
     assert (d.optimizer, d.link, d.rating_range, d.rank, d.alpha, d.lam, d.lam_u,
-            d.iterations) == ("adam", "sigmoid", "tenant", 10, 0.1, 1.0, 0.3, 200)
+            d.iterations) == ("adam", "sigmoid", "tenant", 10, 0.1, 2.0, 0.3, 200)
     assert (d.lam_u_rating, d.lam_v_rating, e.lam_u_rating, e.lam_v_rating) == (
-        0.003, 0.003, 0.001, 0.001)
+        0.002, 0.002, 0.001, 0.001)
+    # RFRec's schedules and Adam memory (BENCHMARKS.md, "RFRec: defaults chosen on the
+    # validation carve-out"); RFRecF keeps a constant lambda (its move stays a reset)
+    assert (d.adam_betas, d.lam_start, d.lr_final) == ((0.9, 0.9), 0.125, 1.0)
+    assert (e.adam_betas, e.lam_start, e.lr_final) == ((0.9, 0.999), 1.0, 1.0)
+    assert move_rate(e, 1) == move_rate(e) == 1.0
+    assert (c.adam_betas, c.lam_start, c.lr_final) == ((0.9, 0.999), 1.0, 1.0)
+    assert (f.adam_betas, f.lam_start, f.lr_final) == ((0.9, 0.999), 1.0, 1.0)
     assert (e.schedule, e.p, e.alpha, e.lam, e.lam_u, e.iterations) == (
         "code", 0.8, 0.04, 40.0, 0.3, 400)
     # the paper's model: no bias terms, no weighted ridge (its eq. 5 omits lambda_v)
