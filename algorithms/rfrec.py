@@ -57,15 +57,27 @@ clients on ML-1M).
 
 Options. The defaults: Adam, the sigmoid link, the tenant's own rating range, bias terms
 and a weighted-lambda ridge scaled by the tenant's rating variance (as fedrec's FedMC-ADMM
-and FedMAvg defaults), rank 10; RFRec alpha 0.1, lambda 1, lambda_u 0.3, lam_u_rating =
-lam_v_rating = 0.003, K = 200; RFRecF the notebook schedule, p 0.8, alpha 0.04, lambda 40,
-lambda_u 0.3, lam_u_rating = lam_v_rating = 0.001, K = 400 (BENCHMARKS.md, "RFRec and
-RFRecF with bias terms and a weighted-lambda ridge"). The earlier defaults, validated on
+and FedMAvg defaults), rank 10; RFRec alpha 0.1, Adam betas (0.9, 0.9), lambda growing
+from 0.25 to 2 over the run (``lam_start`` 0.125), lambda_u 0.3, lam_u_rating =
+lam_v_rating = 0.002, K = 200 (chosen on a validation carve-out: BENCHMARKS.md, "RFRec:
+defaults chosen on the validation carve-out"); RFRecF the notebook schedule, p 0.8, alpha
+0.04, torch's Adam betas, lambda 40, lambda_u 0.3, lam_u_rating = lam_v_rating = 0.001,
+K = 400 (BENCHMARKS.md, "RFRec and RFRecF with bias terms and a weighted-lambda ridge").
+The earlier defaults, validated on
 an ML-100k carve-out without bias terms (``ours`` in BENCHMARKS.md, rank 20, RFRec lambda
 20, RFRecF alpha 0.02 and lambda_u 3), stay the Table 2 benches' setting.
 ``paper_settings()`` gives the paper's Sec. 4.1.3 form: gd, identity link, no bias terms,
 d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5, N(0, 1e-4) init,
-lambda_u = 0.1, Algorithm 2's schedule.
+lambda_u = 0.1, Algorithm 2's schedule, a constant step and lambda, torch's Adam betas
+(for the Adam variants of the benches).
+
+``lr_final`` (default 1), ``lam_start`` (RFRec default 0.125, RFRecF 1)
+    schedules over the K iterations, the same for every client (the server's iteration
+    count sets them): the step decays from alpha to alpha lr_final along a half cosine
+    (:func:`step_size`), psi's weight grows geometrically from lambda lam_start to lambda
+    (:func:`penalty`), a continuation of the penalty. V_bar moves by about the mean of the
+    clients' psi-pulls, so a weak tie early lets it follow the data fast, and the full one
+    at the end leaves the local V_(i) close to it.
 
 ``rating_range="tenant"`` (default), ``(lo, hi)`` or ``None``
     train on (r - lo)/(hi - lo) and predict lo + (hi - lo) U_i V_bar, as the authors' code
@@ -119,6 +131,7 @@ client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import ClassVar, Literal
 
@@ -156,8 +169,9 @@ class RFRecConfig(AlgorithmConfig):
     """d, the number of latent factors (paper 20)."""
     alpha: float = Field(0.1, gt=0)
     """Learning rate alpha (eq. 6; paper 0.05)."""
-    lam: float = Field(1.0, ge=0)
-    """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2 (paper 10)."""
+    lam: float = Field(2.0, ge=0)
+    """Penalty lambda on psi = 1/2 sum_i ||V_(i) - V_bar||^2 (paper 10); the weight the run
+    ends with (``lam_start``)."""
     lam_u: float = Field(0.3, ge=0)
     """lambda_u on ||U_i||^2; the paper sets 0.1 for its baselines and the code uses 0.1."""
     init_std: float = Field(0.01, gt=0)
@@ -177,21 +191,32 @@ class RFRecConfig(AlgorithmConfig):
     """identity: predict U V (the paper). sigmoid: predict lo + (hi - lo) sigmoid(U V) as the
     authors' code does (needs rating_range; not a matrix product, so evaluate with
     :func:`run_batched` or :func:`predict_ratings`, not ``factors``)."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """Adam's (beta1, beta2) (torch defaults, as the authors' code)."""
+    adam_betas: tuple[float, float] = (0.9, 0.9)
+    """Adam's (beta1, beta2); the authors' code has torch's (0.9, 0.999) (the paper preset),
+    whose long memory of squared gradients kept the steps of the default run small and
+    its curves still falling at K (BENCHMARKS.md)."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
+    lr_final: float = Field(1.0, gt=0, le=1)
+    """The step size at iteration K (``iterations``) as a fraction of alpha: it decays from
+    alpha at the first iteration along a half cosine, and stays there after K
+    (:func:`step_size`); 1: a constant alpha (the paper)."""
+    lam_start: float = Field(0.125, gt=0, le=1)
+    """psi's weight at the first iteration as a fraction of lambda: it grows geometrically
+    to lambda at iteration K (``iterations``) and stays there (:func:`penalty`, a
+    continuation of the penalty: a weak tie moves V_bar fast early, the full one keeps the
+    consensus close at the end); 1: a constant lambda (the paper)."""
     bias: bool = True
     """User and item bias terms and the tenant's mean: the prediction is
     link(c_i + b_u + b_v + u V) with c_i the tenant's mean target through the inverse link
     (a local constant), b_u a column of U_i (local, never uploaded) and b_v a row of
     V_(i) (under psi and averaged as V, so the federation learns it as it learns V).
     False: the paper's plain link(U_i V_(i))."""
-    lam_u_rating: float = Field(0.003, ge=0)
+    lam_u_rating: float = Field(0.002, ge=0)
     """Weighted-lambda ridge on U_i (as ALS-WR): a user row (with its bias) with n ratings
     gets lam_u_rating n, times the tenant's ridge scale (its rating variance in units over
     MovieLens' 1.1257^2, from its own training ratings); on top of lambda_u."""
-    lam_v_rating: float = Field(0.003, ge=0)
+    lam_v_rating: float = Field(0.002, ge=0)
     """Weighted-lambda ridge on the tenant's rated columns of V_(i) (with the item bias): a
     column its users rated n times gets lam_v_rating n, times the same ridge scale, inside
     f_i (the paper omits lambda_v; a per-tenant term, psi is unchanged)."""
@@ -247,6 +272,12 @@ class RFRecFConfig(RFRecConfig):
     """As RFRec's (weighted-lambda ridge on U_i)."""
     lam_v_rating: float = Field(0.001, ge=0)
     """As RFRec's (weighted-lambda ridge on V_(i)'s rated columns)."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """Adam's (beta1, beta2), torch's as the authors' code (RFRec's (0.9, 0.9) measured
+    worse here: BENCHMARKS.md)."""
+    lam_start: float = Field(1.0, gt=0, le=1)
+    """As RFRec's; 1 (a constant lambda) by default, so that the move to the average stays
+    a full reset."""
     iterations: int = Field(400, ge=1)
     """K, the recommended number of rounds (paper 100)."""
     p: float = Field(0.8, gt=0, lt=1)
@@ -279,7 +310,8 @@ class RFRecFConfig(RFRecConfig):
 _PAPER_RFREC: dict[str, object] = dict(
     rank=20, alpha=0.05, lam=10.0, lam_u=0.1, init_std=0.01, iterations=100,
     rating_range="tenant", optimizer="gd", link="identity", momentum_on_return="restart",
-    bias=False, lam_u_rating=0.0, lam_v_rating=0.0)
+    bias=False, lam_u_rating=0.0, lam_v_rating=0.0, lr_final=1.0, lam_start=1.0,
+    adam_betas=(0.9, 0.999))
 _PAPER_RFRECF: dict[str, object] = dict(alpha=0.025, p=0.5, schedule="paper",
                                         momentum_on_return="keep")
 
@@ -384,7 +416,7 @@ def rfrec_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: RatingB
     items, t = block.rated_items, global_msg.k + 1
     local = _on_return(local, global_msg.k, cfg)
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg, local.centre or 0.0)
-    g_v = g_v + cfg.lam * (local.v_rated - global_msg.v_bar[:, items])
+    g_v = g_v + penalty(cfg, t) * (local.v_rated - global_msg.v_bar[:, items])
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg)
     h, _ = _step_h(global_msg, cfg)
@@ -416,10 +448,11 @@ def rfrecf_client_step(global_msg: RFRecGlobal, local: RFRecLocal, block: Rating
         return local, RFRecUpload(dense_v(global_msg.h, local.v_rated, block.rated_items))
     if prev == 1:
         v_bar = global_msg.v_bar[:, block.rated_items]
-        local = local.replace(v_rated=relax(local.v_rated, v_bar, move_rate(cfg)))
+        local = local.replace(v_rated=relax(local.v_rated, v_bar,
+                                            move_rate(cfg, global_msg.k + 1)))
         if cfg.schedule == "paper":
             return local, None
-    lr, t = cfg.alpha / (1.0 - cfg.p), global_msg.steps + 1
+    lr, t = step_size(cfg, global_msg.k + 1) / (1.0 - cfg.p), global_msg.steps + 1
     g_u, g_v = grad_f(local.u, local.v_rated, block, cfg, local.centre or 0.0)
     u, u_m = descend(local.u, g_u, (local.u_m1, local.u_m2), t, cfg, lr)
     v, v_m = descend(local.v_rated, g_v, (local.v_m1, local.v_m2), t, cfg, lr)
@@ -434,17 +467,18 @@ def rfrecf_server_step(state: RFRecGlobal, uploads: Mapping[int, RFRecUpload],
     v_bar = fix_ones(_mean(uploads, state.v_bar), cfg) if state.zeta == 1 else state.v_bar
     h = state.h
     if state.zeta == 0 and state.zeta_prev == 1:
-        h = relax(state.h, state.v_bar, move_rate(cfg))
+        h = relax(state.h, state.v_bar, move_rate(cfg, state.k + 1))
     main = state.zeta == 0 and (state.zeta_prev == 0 or cfg.schedule == "code")
     g = state.replace(v_bar=v_bar, h=h, k=state.k + 1, zeta=_coin(cfg, rng),
                       zeta_prev=state.zeta, steps=state.steps + int(main))
     return g, g
 
 
-def move_rate(cfg: RFRecFConfig) -> float:
+def move_rate(cfg: RFRecFConfig, k: int | None = None) -> float:
     """Rate of the move to the average: alpha lambda / p (Algorithm 2 line 12), capped at
-    1 (a full reset to V_bar, as the authors' notebook) with ``schedule='code'``."""
-    rate = cfg.alpha * cfg.lam / cfg.p
+    1 (a full reset to V_bar, as the authors' notebook) with ``schedule='code'``; lambda
+    of iteration k (:func:`penalty`; None: ``lam``)."""
+    rate = cfg.alpha * (cfg.lam if k is None else penalty(cfg, k)) / cfg.p
     return min(1.0, rate) if cfg.schedule == "code" else rate
 
 
@@ -621,8 +655,9 @@ Moments = tuple[np.ndarray | None, np.ndarray | None]
 
 def descend(x: np.ndarray, g: np.ndarray, moments: Moments, t: int, cfg: RFRecConfig,
             lr: float | None = None) -> tuple[np.ndarray, Moments]:
-    """x - lr g (eq. 6; lr = alpha by default), or Adam step t (Kingma and Ba, Alg. 1)."""
-    lr = cfg.alpha if lr is None else lr
+    """x - lr g (eq. 6), or Adam step t (Kingma and Ba, Alg. 1); lr defaults to the step
+    size of iteration t (:func:`step_size`: RFRec's t is its iteration)."""
+    lr = step_size(cfg, t) if lr is None else lr
     if cfg.optimizer == "gd":
         return x - lr * g, moments
     b1, b2 = cfg.adam_betas
@@ -640,9 +675,31 @@ def descend(x: np.ndarray, g: np.ndarray, moments: Moments, t: int, cfg: RFRecCo
     return x - den, (m1, m2)
 
 
+def step_size(cfg: RFRecConfig, k: int) -> float:
+    """alpha at iteration k (1 = the first): alpha (lr_final + (1 - lr_final)(1 + cos(pi x))
+    / 2) with x = (k - 1) / (K - 1) capped at 1, K = ``iterations``; alpha throughout with
+    ``lr_final`` 1. The server knows k, so every client (and H) takes the same step."""
+    if cfg.lr_final >= 1.0:
+        return cfg.alpha
+    x = min(max(k - 1, 0) / max(cfg.iterations - 1, 1), 1.0)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * x))
+    return cfg.alpha * (cfg.lr_final + (1.0 - cfg.lr_final) * cosine)
+
+
+def penalty(cfg: RFRecConfig, k: int) -> float:
+    """lambda at iteration k (1 = the first): lambda lam_start^(1 - x), x = (k - 1) / (K - 1)
+    capped at 1, K = ``iterations``; lambda throughout with ``lam_start`` 1. The
+    objective (:func:`objective`) keeps ``lam``, the weight the run ends with."""
+    if cfg.lam_start >= 1.0:
+        return cfg.lam
+    x = min(max(k - 1, 0) / max(cfg.iterations - 1, 1), 1.0)
+    return cfg.lam * cfg.lam_start ** (1.0 - x)
+
+
 def _step_h(g: RFRecGlobal, cfg: RFRecConfig) -> tuple[np.ndarray, Moments]:
     """RFRec's step on the never-rated columns: grad f = 0 there, so only lambda psi acts."""
-    return descend(g.h, cfg.lam * (g.h - g.v_bar), (g.h_m1, g.h_m2), g.k + 1, cfg)
+    lam = penalty(cfg, g.k + 1)
+    return descend(g.h, lam * (g.h - g.v_bar), (g.h_m1, g.h_m2), g.k + 1, cfg)
 
 
 def _on_return(local: RFRecLocal, k: int, cfg: RFRecConfig) -> RFRecLocal:
@@ -964,7 +1021,7 @@ def _batched_rfrec(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecConfig,
     t = g.k + 1
     anchor = g.v_bar[:, lay.pair_item].T if anchor is None else anchor
     g_u, g_p = _batched_grad(lay, c, cfg)
-    g_p = g_p + cfg.lam * (c.p - anchor)
+    g_p = g_p + penalty(cfg, t) * (c.p - anchor)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg)
     c = _keep_all(act if stepping is None else stepping, c, u, p, u_m, p_m)
@@ -985,13 +1042,13 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
             return g, c, None
         return g, c, _batched_total(lay, c.p, g.h, clip, act)
     if g.zeta_prev == 1:
-        rate = move_rate(cfg)
+        rate = move_rate(cfg, g.k + 1)
         p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p,
                   (act if moving is None else moving).pairs)
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
         if cfg.schedule == "paper":
             return g, c, None
-    lr, t = cfg.alpha / (1.0 - cfg.p), g.steps + 1
+    lr, t = step_size(cfg, g.k + 1) / (1.0 - cfg.p), g.steps + 1
     g_u, g_p = _batched_grad(lay, c, cfg)
     u, u_m = descend(c.u, g_u, c.u_m, t, cfg, lr)
     p, p_m = descend(c.p, g_p, c.p_m, t, cfg, lr)

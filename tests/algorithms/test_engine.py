@@ -26,9 +26,10 @@ def _noise(round_, client, shape):
     return client_noise_rng(5, round_, client).laplace(0.0, 0.04, size=shape)
 
 
-#: the defaults the reference was recorded with (before bias terms and the weighted ridge)
+#: the defaults the reference was recorded with (before bias terms and the weighted ridge,
+#: and before RFRec's Adam betas (0.9, 0.9) and growing lambda)
 _BEFORE = {"bias": False, "lam_u_rating": 0.0, "lam_v_rating": 0.0}
-_RFREC_BEFORE = {**_BEFORE, "lam": 20.0}
+_RFREC_BEFORE = {**_BEFORE, "lam": 20.0, "adam_betas": (0.9, 0.999), "lam_start": 1.0}
 _RFRECF_BEFORE = {**_BEFORE, "alpha": 0.02, "lam_u": 3.0}
 
 CASES = {

@@ -22,9 +22,11 @@ from algorithms.rfrec import (
     dense_v,
     move_rate,
     paper_dp,
+    penalty,
     predict_ratings,
     relax,
     run_batched,
+    step_size,
 )
 from algorithms.simulate import initialise, run_round, simulate
 
@@ -157,8 +159,10 @@ def test_rfrecf_communicates_only_when_zeta_changes():
     assert 0 < sum(a == 1 and b == 0 for a, b in zip(zetas[1:], zetas[:-1], strict=True)) < 39
 
 
-def _dense_reference(fed, cfg, rounds, seed, fast):
-    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams."""
+def _dense_reference(fed, cfg, rounds, seed, fast, decay=lambda k: 1.0, grow=lambda k: 1.0):
+    """Algorithms 1/2 with every V_(i) dense; RFRecF zetas from the same streams; at
+    iteration k (1 = the first) the step is alpha decay(k) (the move to the average keeps
+    alpha) and psi's weight lambda grow(k)."""
     server, glob, locs = initialise(fast and RFRECF or RFREC, cfg, fed.train, seed)
     us = [s.u for s in locs]
     vs = [glob.v_bar.copy() for _ in locs]
@@ -168,16 +172,17 @@ def _dense_reference(fed, cfg, rounds, seed, fast):
         grads = [_dense_grad_f(u, v, *_dense(b), cfg)
                  for u, v, b in zip(us, vs, fed.train, strict=True)]
         if not fast:
-            us = [u - cfg.alpha * gu for u, (gu, _) in zip(us, grads, strict=True)]
-            vs = [v - cfg.alpha * (gv + cfg.lam * (v - v_bar))
+            step = cfg.alpha * decay(k + 1)
+            us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
+            vs = [v - step * (gv + cfg.lam * grow(k + 1) * (v - v_bar))
                   for v, (_, gv) in zip(vs, grads, strict=True)]
             v_bar = sum(vs) / len(vs)
         elif zetas[k] == 0 and prev == 0:
-            step = cfg.alpha / (1 - cfg.p)
+            step = cfg.alpha * decay(k + 1) / (1 - cfg.p)
             us = [u - step * gu for u, (gu, _) in zip(us, grads, strict=True)]
             vs = [v - step * gv for v, (_, gv) in zip(vs, grads, strict=True)]
         elif zetas[k] == 0:
-            vs = [v - cfg.alpha / cfg.p * cfg.lam * (v - v_bar) for v in vs]
+            vs = [v - cfg.alpha / cfg.p * cfg.lam * grow(k + 1) * (v - v_bar) for v in vs]
         elif prev == 0:
             v_bar = sum(vs) / len(vs)
         prev = zetas[k]
@@ -203,6 +208,45 @@ def test_lazy_representation_and_batched_path_match_dense_reference(fast):
         assert (a.uploads, a.upload_bytes) == (b.uploads, b.upload_bytes)
         np.testing.assert_allclose([a.objective, a.test_rmse, a.test_mae],
                                    [b.objective, b.test_rmse, b.test_mae], rtol=1e-9)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_decaying_step_and_growing_penalty_follow_their_schedules_exactly(fast):
+    """With lr_final < 1 the step of iteration k is alpha (f + (1 - f)(1 + cos(pi x)) / 2),
+    with lam_start < 1 psi's weight is lambda s^(1 - x), x = (k - 1) / (K - 1) capped at 1
+    (f = lr_final, s = lam_start); every client and H take them, and the lazy path stays
+    exact."""
+    fed, f, s0, big_k = _federation(), 0.2, 0.25, 12
+    cls, alg = (RFRecFConfig, RFRECF) if fast else (RFRecConfig, RFREC)
+    cfg = cls.paper_settings(rating_range=R15, rank=2, alpha=0.02, lam=5.0, lr_final=f,
+                             lam_start=s0, iterations=big_k)
+
+    def x_of(k):
+        return min((k - 1) / (big_k - 1), 1.0)
+
+    def decay(k):
+        return f + (1 - f) * (1 + np.cos(np.pi * x_of(k))) / 2
+
+    def grow(k):
+        return s0 ** (1 - x_of(k))
+
+    assert [step_size(cfg, k) / 0.02 for k in (1, big_k, big_k + 7)] == pytest.approx(
+        [1.0, f, f])
+    assert [penalty(cfg, k) for k in (1, big_k, big_k + 7)] == pytest.approx(
+        [5.0 * s0, 5.0, 5.0])
+    assert step_size(cfg.model_copy(update={"lr_final": 1.0}), 5) == 0.02
+    assert penalty(cfg.model_copy(update={"lam_start": 1.0}), 5) == 5.0
+    us, vs, v_bar = _dense_reference(fed, cfg, 20, 3, fast, decay, grow)
+    for other in (_dense_reference(fed, cfg, 20, 3, fast, grow=grow),
+                  _dense_reference(fed, cfg, 20, 3, fast, decay)):
+        assert not np.allclose(other[2], v_bar, rtol=1e-4)  # both schedules really act
+    for res in (simulate(alg, cfg, fed, rounds=20, per_round=0, seed=3),
+                run_batched(cfg, fed, rounds=20, seed=3)):
+        np.testing.assert_allclose(res.global_msg.v_bar, v_bar, rtol=1e-9, atol=1e-12)
+        for u, v, s, b in zip(us, vs, res.local_states, fed.train, strict=True):
+            np.testing.assert_allclose(s.u, u, rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(dense_v(res.global_msg.h, s.v_rated, b.rated_items), v,
+                                       rtol=1e-9, atol=1e-12)
 
 
 def test_batched_path_reproduces_generic_driver_with_clip_and_noise():
@@ -258,9 +302,16 @@ def test_config_defaults_are_validated_and_the_paper_preset_is_the_papers():
     # (BENCHMARKS.md, "RFRec and RFRecF with bias terms and a weighted-lambda ridge")
     d, e = RFRecConfig(), RFRecFConfig()
     assert (d.optimizer, d.link, d.rating_range, d.rank, d.alpha, d.lam, d.lam_u,
-            d.iterations) == ("adam", "sigmoid", "tenant", 10, 0.1, 1.0, 0.3, 200)
+            d.iterations) == ("adam", "sigmoid", "tenant", 10, 0.1, 2.0, 0.3, 200)
     assert (d.lam_u_rating, d.lam_v_rating, e.lam_u_rating, e.lam_v_rating) == (
-        0.003, 0.003, 0.001, 0.001)
+        0.002, 0.002, 0.001, 0.001)
+    # RFRec's schedules and Adam memory (BENCHMARKS.md, "RFRec: defaults chosen on the
+    # validation carve-out"); RFRecF keeps a constant lambda (its move stays a reset)
+    assert (d.adam_betas, d.lam_start, d.lr_final) == ((0.9, 0.9), 0.125, 1.0)
+    assert (e.adam_betas, e.lam_start, e.lr_final) == ((0.9, 0.999), 1.0, 1.0)
+    assert move_rate(e, 1) == move_rate(e) == 1.0
+    assert (c.adam_betas, c.lam_start, c.lr_final) == ((0.9, 0.999), 1.0, 1.0)
+    assert (f.adam_betas, f.lam_start, f.lr_final) == ((0.9, 0.999), 1.0, 1.0)
     assert (e.schedule, e.p, e.alpha, e.lam, e.lam_u, e.iterations) == (
         "code", 0.8, 0.04, 40.0, 0.3, 400)
     # the paper's model: no bias terms, no weighted ridge (its eq. 5 omits lambda_v)

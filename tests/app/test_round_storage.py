@@ -366,10 +366,11 @@ def test_migration_0014_gives_stored_rfrec_jobs_the_fields_of_their_earlier_beha
     assert not {"bias", "lam_u_rating", "lam_v_rating"} & set(before[old])
     migrate(url)
     earlier = {"bias": False, "lam_u_rating": 0.0, "lam_v_rating": 0.0}
+    later = {"lr_final": 1.0, "lam_start": 1.0}  # migration 0016, on the way to head
     with app.state.sessions() as s:
-        assert s.get(TrainingJob, old).config == {**before[old], **earlier}
-        assert s.get(TrainingJob, old_f).config == {**before[old_f], **earlier}
-        assert s.get(TrainingJob, has).config == mine
+        assert s.get(TrainingJob, old).config == {**before[old], **earlier, **later}
+        assert s.get(TrainingJob, old_f).config == {**before[old_f], **earlier, **later}
+        assert s.get(TrainingJob, has).config == {**mine, **later}
         stored = s.get(TrainingJob, old).config
     cfg = registry.get("rfrec").config(**stored)  # what a resumed job now loads
     assert not cfg.bias and cfg.lam_u_rating == 0 and cfg.lam_v_rating == 0
@@ -406,3 +407,39 @@ def test_migration_0015_keeps_stored_dp_jobs_on_raw_ratings(env):
             assert config == {**before[j], "normalise": False}
             assert registry.get(name).config(**config).unit == 1.0
         assert s.get(TrainingJob, has).config["normalise"] is True
+
+
+def test_migration_0016_keeps_stored_rfrec_jobs_on_a_constant_step_and_lambda(env):
+    """RFRec and RFRecF jobs stored before ``lr_final`` and ``lam_start`` keep a constant
+    step and lambda (their earlier behaviour; RFRec's default now grows lambda over the
+    run); a config that has the fields keeps them."""
+    app, client = env
+    make_tenants(client, n=2)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
+        old, old_f, has = (create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 3},
+                                                 {"mechanism": "none"})).id
+                           for name in ("rfrec", "rfrecf", "rfrec"))
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0015")  # drops the fields (the earlier code refuses unknown ones)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        before = {j: json.loads(conn.execute(sa.text(
+            "SELECT config FROM training_jobs WHERE id = :j"), {"j": j}).scalar())
+            for j in (old, old_f, has)}
+        assert not any({"lr_final", "lam_start"} & set(c) for c in before.values())
+        mine = {**before[has], "lr_final": 0.5, "lam_start": 0.25}
+        conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
+                     {"c": json.dumps(mine), "j": has})
+    engine.dispose()
+    migrate(url)
+    constant = {"lr_final": 1.0, "lam_start": 1.0}
+    with app.state.sessions() as s:
+        assert s.get(TrainingJob, old).config == {**before[old], **constant}
+        assert s.get(TrainingJob, old_f).config == {**before[old_f], **constant}
+        assert s.get(TrainingJob, has).config == mine
+        stored = s.get(TrainingJob, old).config
+    cfg = registry.get("rfrec").config(**stored)  # what a resumed job now loads
+    assert cfg.lam_start == 1.0 and cfg.lr_final == 1.0
+    assert registry.get("rfrec").config().lam_start < 1.0  # the new default differs
