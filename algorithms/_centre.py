@@ -5,7 +5,7 @@ Their predictions are ``mu + b_u + c beta_j + u.v_j``, every term but mu shrunk 
 a ridge. With mu the middle of the public rating scale (3 on 1-5 stars), a user or an item
 with one or two ratings is predicted near 3 even when 70% of all ratings are 5s: on a
 sparse, skewed (Amazon-like) set the three did worse than predicting the global mean
-(BENCHMARKS.md, issue 17). With ``centre = "released"`` each release also carries
+(BENCHMARKS.md, issue 17). With ``release_centre`` each release also carries
 
     m = sum over the users in the release of (a_u, 1),
     a_u = clip((mean of u's ratings - middle) / half_width, -1, 1)
@@ -38,8 +38,8 @@ MIN_SIGNAL = 3.0
 
 
 def released(cfg: Any) -> bool:
-    """Whether ``cfg`` releases a centre (``centre == "released"``)."""
-    return getattr(cfg, "centre", "public") == "released"
+    """Whether ``cfg`` releases a centre (``release_centre``)."""
+    return bool(getattr(cfg, "release_centre", False))
 
 
 def middle_and_half_width(cfg: Any) -> tuple[float, float]:

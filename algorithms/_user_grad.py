@@ -2,10 +2,10 @@ r"""The client side shared by the user-level gradient methods (DP-FedMAvg, DP-Fe
 
 Model (as DPALS's, :mod:`algorithms.dpals`): user u predicts item j as
 ``u_u . v_j + c beta_j + b_u + mu`` with V = [v_j; beta_j] the released (r + 1) x n item
-matrix, ``c = bias_coordinate``, a local user bias b_u and the centre mu: with ``centre =
-"released"`` (default) the mean of the users' mean ratings estimated from a share of each
-release (:mod:`algorithms._centre`: the upload's ``m``), else the public centre (the middle
-of the tenant-declared public rating scale).
+matrix, ``c = bias_coordinate``, a local user bias b_u and the centre mu: with
+``release_centre`` (default) the mean of the users' mean ratings estimated from a share of
+each release (:mod:`algorithms._centre`: the upload's ``m``), else the public centre (the
+middle of the tenant-declared public rating scale).
 
 Client step of tenant i, given the broadcast V^k:
 
@@ -48,8 +48,6 @@ import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
-from typing import Literal
-
 from pydantic import Field, model_validator
 
 from algorithms import _centre
@@ -104,14 +102,14 @@ class UserGradConfig(AlgorithmConfig):
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
         None, description="public centre mu (default: the middle of the rating scale); "
-        "with centre 'released', only until the first release")
-    centre: Literal["released", "public"] = Field(
-        "released", description="'released': mu is the mean of the users' mean ratings, "
-        "estimated from centre_share of each release (charged with it); 'public': "
-        "public_centre, nothing spent on it (jobs stored before this field)")
+        "with release_centre, only until the first release")
+    release_centre: bool = Field(
+        True, description="mu is the mean of the users' mean ratings, estimated from "
+        "centre_share of each release and charged with it (false: public_centre, nothing "
+        "spent on it, as jobs stored before this field)")
     centre_share: float = Field(
         _centre.DEFAULT_SHARE, description="share of each release's privacy spent on "
-        "the centre (centre 'released')")
+        "the centre (release_centre)")
     normalise: bool = Field(
         True, description="divide ratings by the public scale's unit, (scale_max - "
         "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
@@ -182,8 +180,8 @@ class GlobalModel(Message):
 @dataclasses.dataclass(frozen=True)
 class Upload(Message):
     """Per-item sums of the tenant's clipped user terms: ``G`` (r + 1 x n) the gradients,
-    ``H`` (n) the curvature traces times kappa; the centre sums ``m`` (2,) with ``centre =
-    "released"``; and the std of the noise in them."""
+    ``H`` (n) the curvature traces times kappa; the centre sums ``m`` (2,) with
+    ``release_centre``; and the std of the noise in them."""
 
     G: np.ndarray
     H: np.ndarray

@@ -11,10 +11,10 @@ Prediction of user u, item j: ``x_u . w_j + b_u + mu`` with
   ``user_factor_clip`` and a constant coordinate ``c = bias_coordinate`` whose partner in
   ``w_j`` is item j's bias;
 * ``w_j = [v_j, beta_j]``: row j of the released item matrix V (global);
-* ``b_u``: a user bias (local, never released), ``mu``: the centre, with ``centre =
-  "released"`` (default) the mean over users of their mean rating, estimated from a small
-  share of every release (:mod:`algorithms._centre`), else (``"public"``) a public value
-  (default the middle of the public rating scale).
+* ``b_u``: a user bias (local, never released), ``mu``: the centre, with
+  ``release_centre`` (default) the mean over users of their mean rating, estimated from a
+  small share of every release (:mod:`algorithms._centre`), else a public value
+  (``public_centre``, default the middle of the public rating scale).
 
 One sweep = one round. Each tenant (client step), given V:
 
@@ -59,8 +59,6 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
-from typing import Literal
-
 from algorithms import _centre
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
@@ -69,7 +67,6 @@ from algorithms._scale import normalised, public_unit, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
-
 
 #: default ridge of the local user bias: a user with one rating keeps a quarter of its
 #: offset from the centre (BENCHMARKS.md, issue 17)
@@ -96,14 +93,14 @@ class DPALSConfig(AlgorithmConfig):
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
         None, description="public centre mu (default: the middle of the rating scale); "
-        "with centre 'released', only until the first release")
-    centre: Literal["released", "public"] = Field(
-        "released", description="'released': mu is the mean of the users' mean ratings, "
-        "estimated from centre_share of each release (charged with it); 'public': "
-        "public_centre, nothing spent on it (jobs stored before this field)")
+        "with release_centre, only until the first release")
+    release_centre: bool = Field(
+        True, description="mu is the mean of the users' mean ratings, estimated from "
+        "centre_share of each release and charged with it (false: public_centre, nothing "
+        "spent on it, as jobs stored before this field)")
     centre_share: float = Field(
         _centre.DEFAULT_SHARE, description="share of each release's privacy spent on "
-        "the centre (centre 'released')")
+        "the centre (release_centre)")
     normalise: bool = Field(
         True, description="divide ratings by the public scale's unit, (scale_max - "
         "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
@@ -257,7 +254,7 @@ class LocalState(Message):
 @dataclasses.dataclass(frozen=True)
 class Upload(Message):
     """Per-item sums over this tenant's users: ``A`` (n x d x d), ``b`` (n x d); the
-    centre sums ``m`` (2,) with ``centre = "released"``; and the standard deviation of the
+    centre sums ``m`` (2,) with ``release_centre``; and the standard deviation of the
     noise already in them (0 before the privacy layer)."""
 
     A: np.ndarray

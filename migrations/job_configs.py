@@ -2,7 +2,8 @@
 stored job of an algorithm gets, for each field added since it was written, the value that
 keeps its earlier behaviour (a field it has already is left alone); downgrading removes the
 fields again, since the earlier code refuses configs with unknown fields. Used by
-0012 (FedMC-ADMM, FedMAvg), 0014 (RFRec, RFRecF) and 0015 (the user-level DP algorithms).
+0012 (FedMC-ADMM, FedMAvg), 0014 (RFRec, RFRecF), 0015 and 0016 (the user-level DP
+algorithms).
 """
 
 from __future__ import annotations

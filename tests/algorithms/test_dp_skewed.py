@@ -19,7 +19,7 @@ from privacy.user_level import UserLevelPrivatizer, plan
 DP = ["dpals", "dp-fedmavg", "dp-fedmc-admm"]
 #: main's defaults before issue 17's fix: the scale's middle as the centre, the user bias
 #: under the factor's ridge, a factor for every user (and the gradient methods' noise_reg 1)
-BEFORE = {"centre": "public", "lam_bias": None, "factor_min_ratings": 1}
+BEFORE = {"release_centre": False, "lam_bias": None, "factor_min_ratings": 1}
 
 
 @pytest.fixture(scope="module")

@@ -83,7 +83,7 @@ def test_symmetric_noise_has_variance_sigma_squared_on_and_above_the_diagonal():
 @pytest.mark.parametrize("share", [0.5, 0.2, 0.9])
 def test_the_gram_and_rhs_noise_together_are_one_gaussian_of_multiplier_z(share):
     bounds = D.user_bounds(D.DPALSConfig(max_ratings_per_user=50, rating_clip=1.5,
-                                         centre="public"))
+                                         release_centre=False))
     stds = noise_stds(bounds, 3.0, share)
     joint = math.hypot(gram_sensitivity(bounds) / stds["A"], rhs_sensitivity(bounds) / stds["b"])
     assert joint == pytest.approx(1 / 3.0)

@@ -179,7 +179,7 @@ def test_noise_free_centre_is_the_mean_of_the_users_mean_ratings(name):
                 if np.any(b.rows == u)]
     assert res.global_msg.centre == pytest.approx(np.mean(per_user), rel=1e-12)
     assert all(s.mu == res.global_msg.centre for s in res.local_states)
-    public = simulate(alg, alg.config(rank=2, centre="public"), fed, rounds=3, per_round=4,
+    public = simulate(alg, alg.config(rank=2, release_centre=False), fed, rounds=3, per_round=4,
                       seed=0)
     assert public.global_msg.centre is None
     assert all(s.mu == 3.0 for s in public.local_states)
