@@ -66,6 +66,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
+from algorithms._pool import sum_arrays
 from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.user_bounds import UserBounds
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
@@ -318,8 +319,8 @@ def sum_uploads(uploads: Sequence[Message], bounds: UserBounds) -> Message:
     """Entry-wise sum of the bounded arrays (noise fields add in quadrature)."""
     first = uploads[0]
     changes: dict[str, Any] = {}
-    for name in bounds.arrays:
-        changes[name] = np.sum([getattr(u, name) for u in uploads], axis=0)
+    for name in bounds.arrays:  # np.sum(..., axis=0)'s numbers, without stacking a copy
+        changes[name] = sum_arrays([getattr(u, name) for u in uploads])
         field = bounds.noise_fields[name]
         changes[field] = float(math.sqrt(sum(getattr(u, field) ** 2 for u in uploads)))
     return first.replace(**changes)
