@@ -349,8 +349,7 @@ def bias_only_fallback(u: np.ndarray, v: np.ndarray, block: RatingBlock, cfg
         target = block.vals - cfg.mu - cfg.bias_coordinate * v[r, block.cols]
         total = np.bincount(block.rows, weights=target, minlength=block.n_users)
         lam = (cfg.lam_u if cfg.lam_bias is None else cfg.lam_bias) + cfg.lam_u_count * n
-        u[light, r] = total[light] / (n[light] + lam[light] if np.ndim(lam) else
-                                      n[light] + lam)
+        u[light, r] = total[light] / (n[light] + lam[light])
     return u
 
 

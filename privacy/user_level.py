@@ -121,7 +121,9 @@ PUBLIC_INPUTS = {
                 "account count): used only to check delta < 1 / n_users and stated in this "
                 "report; it sets no noise scale, and the guarantee does not hide it"),
     "rating_scale": ("the tenants' declared rating scales (set when a tenant is created, "
-                     "not computed from ratings): DPALS's centre and rating clip"),
+                     "not computed from ratings): the rating clip, the starting centre "
+                     "and the middle and half width that bound each user's centre term "
+                     "(the centre itself is released, charged with each release)"),
 }
 
 
