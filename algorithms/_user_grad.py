@@ -2,8 +2,10 @@ r"""The client side shared by the user-level gradient methods (DP-FedMAvg, DP-Fe
 
 Model (as DPALS's, :mod:`algorithms.dpals`): user u predicts item j as
 ``u_u . v_j + c beta_j + b_u + mu`` with V = [v_j; beta_j] the released (r + 1) x n item
-matrix, ``c = bias_coordinate``, a local user bias b_u and the public centre mu (the middle
-of the tenant-declared public rating scale, never a data mean).
+matrix, ``c = bias_coordinate``, a local user bias b_u and the centre mu: with
+``release_centre`` (default) the mean of the users' mean ratings estimated from a share of
+each release (:mod:`algorithms._centre`: the upload's ``m``), else the public centre (the
+middle of the tenant-declared public rating scale).
 
 Client step of tenant i, given the broadcast V^k:
 
@@ -48,13 +50,21 @@ from collections.abc import Mapping
 import numpy as np
 from pydantic import Field, model_validator
 
+from algorithms import _centre
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms._scale import normalised, public_unit
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
-from algorithms.dpals import LocalState, cap_per_user, solve_users, user_vectors
+from algorithms.dpals import (
+    FACTOR_MIN_RATINGS,
+    USER_BIAS_RIDGE,
+    LocalState,
+    cap_per_user,
+    solve_users,
+    user_vectors,
+)
 from algorithms.user_bounds import UserBounds, clipped_item_sums
 
 
@@ -77,15 +87,29 @@ class UserGradConfig(AlgorithmConfig):
     bias_coordinate: float = Field(1.0, description="c, user coordinate paired with the "
                                    "item bias")
     lam_u: float = Field(1.0, description="ridge weight of the local user solve")
+    factor_min_ratings: int = Field(
+        FACTOR_MIN_RATINGS, description="users with fewer ratings get no factor, only "
+        "their bias (1: off)")
+    lam_bias: float | None = Field(
+        USER_BIAS_RIDGE, description="ridge weight of the user bias in the local solve "
+        "(a user with n ratings keeps n / (n + lam_bias) of its mean offset; None: lam_u)")
     lam_u_count: float = Field(0.0, description="extra user ridge per rating of the user")
     noise_reg: float = Field(
-        1.0, description="extra curvature per unit of the curvature noise's std")
+        5.0, description="extra curvature per unit of the curvature noise's std")
     curvature_floor: float = Field(1e-4, description="lower bound of each item curvature")
     user_bias: bool = Field(True, description="learn a local user bias")
     scale_min: float = Field(1.0, description="public rating scale: lowest rating")
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
-        None, description="public centre mu (default: the middle of the rating scale)")
+        None, description="public centre mu (default: the middle of the rating scale); "
+        "with release_centre, only until the first release")
+    release_centre: bool = Field(
+        True, description="mu is the mean of the users' mean ratings, estimated from "
+        "centre_share of each release and charged with it (false: public_centre, nothing "
+        "spent on it, as jobs stored before this field)")
+    centre_share: float = Field(
+        _centre.DEFAULT_SHARE, description="share of each release's privacy spent on "
+        "the centre (release_centre)")
     normalise: bool = Field(
         True, description="divide ratings by the public scale's unit, (scale_max - "
         "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
@@ -106,8 +130,13 @@ class UserGradConfig(AlgorithmConfig):
             raise ValueError("user_sample_rate must be in (0, 1]")
         if not self.scale_max > self.scale_min:
             raise ValueError("scale_max must exceed scale_min")
-        if min(self.lam_u, self.lam_u_count, self.noise_reg) < 0:
-            raise ValueError("lam_u, lam_u_count and noise_reg must be non-negative")
+        if not 0 < self.centre_share < 1:
+            raise ValueError("centre_share must be in (0, 1)")
+        if self.factor_min_ratings < 1:
+            raise ValueError("factor_min_ratings must be at least 1")
+        if min(self.lam_u, self.lam_u_count, self.noise_reg, self.lam_bias or 0.0) < 0:
+            raise ValueError("lam_u, lam_bias, lam_u_count and noise_reg must be "
+                             "non-negative")
         return self
 
     @property
@@ -127,30 +156,39 @@ class UserGradConfig(AlgorithmConfig):
 
 
 def user_bounds(cfg: UserGradConfig) -> UserBounds:
-    """One user's term in (G, H) has joint L2 norm at most C."""
-    return UserBounds.clipped_sum(("G", "H"), cfg.clip_norm,
-                                  {"G": "grad_noise", "H": "curv_noise"},
-                                  cfg.max_ratings_per_user, cfg.user_sample_rate)
+    """One user's term in (G, H) has joint L2 norm at most C (and its centre term in m,
+    when the centre is released, norm at most sqrt 2)."""
+    bounds = UserBounds.clipped_sum(("G", "H"), cfg.clip_norm,
+                                    {"G": "grad_noise", "H": "curv_noise"},
+                                    cfg.max_ratings_per_user, cfg.user_sample_rate)
+    if _centre.released(cfg):
+        bounds = bounds.with_centre(("m",), {"m": "centre_noise"}, cfg.centre_share)
+    return bounds
 
 
 @dataclasses.dataclass(frozen=True)
 class GlobalModel(Message):
-    """V (r + 1 x n: factor rows and the item-bias row), the releases so far and p."""
+    """V (r + 1 x n: factor rows and the item-bias row), the releases so far, p and the
+    released centre in units (None: the config's public one)."""
 
     V: np.ndarray
     round: int
     n_clients: int
+    centre: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Upload(Message):
     """Per-item sums of the tenant's clipped user terms: ``G`` (r + 1 x n) the gradients,
-    ``H`` (n) the curvature traces times kappa; and the std of the noise in them."""
+    ``H`` (n) the curvature traces times kappa; the centre sums ``m`` (2,) with
+    ``release_centre``; and the std of the noise in them."""
 
     G: np.ndarray
     H: np.ndarray
     grad_noise: float = 0.0
     curv_noise: float = 0.0
+    m: np.ndarray | None = None
+    centre_noise: float = 0.0
 
 
 def init_v(n_items: int, cfg: UserGradConfig, rng: np.random.Generator) -> np.ndarray:
@@ -222,16 +260,20 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     users drawn at rate q from ``rng`` (the tenant's client stream of the round); ratings
     in units of the public scale (:func:`algorithms._scale.public_unit`)."""
     block = normalised(block, cfg.unit)
+    cfg = _centre.with_centre(cfg, global_msg.centre)
     u = solve_users(global_msg.V, block, cfg)
-    new = state.replace(U=u)
+    new = state.replace(U=u, mu=cfg.mu)
     if global_msg.round >= cfg.releases:
         return new, None  # final refresh: U now matches the released V
     keep = state.keep
+    present = np.ones(block.n_users, dtype=bool)
     if cfg.user_sample_rate < 1:
         present = sample_users(block.n_users, cfg.user_sample_rate, rng)
         keep = keep[present[block.rows[keep]]]
     g, h = clipped_sums(u, global_msg.V, keep, block, cfg)
-    return new, Upload(G=g, H=h)
+    m = (_centre.client_sums(block.rows, block.vals, block.n_users, present, cfg)
+         if _centre.released(cfg) else None)
+    return new, Upload(G=g, H=h, m=m)
 
 
 def summed(uploads: Mapping[int, Upload]) -> tuple[np.ndarray, np.ndarray, float, float]:
@@ -242,6 +284,16 @@ def summed(uploads: Mapping[int, Upload]) -> tuple[np.ndarray, np.ndarray, float
     sg = float(np.sqrt(sum(u.grad_noise ** 2 for u in ups)))
     sh = float(np.sqrt(sum(u.curv_noise ** 2 for u in ups)))
     return g, h, sg, sh
+
+
+def next_centre(sums: np.ndarray | None, uploads: Mapping[int, Upload], cfg: UserGradConfig
+                ) -> tuple[np.ndarray | None, float | None]:
+    """(running centre sums, centre in units or None) after this round's uploads
+    (:mod:`algorithms._centre`)."""
+    ups = [uploads[i] for i in sorted(uploads)]
+    if _centre.released(cfg) and ups and all(u.m is not None for u in ups):
+        sums = _centre.update(sums, [u.m for u in ups], [u.centre_noise for u in ups])
+    return sums, _centre.centre_of(sums, cfg)
 
 
 def gradient_and_curvature(uploads: Mapping[int, Upload], cfg: UserGradConfig

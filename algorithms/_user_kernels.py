@@ -61,9 +61,10 @@ def _solve_into(out, a, b, n):
 
 
 def _solve_users_loops(rows, cols, vals, v, n_users, r, user_bias, mu, c, lam_u,
-                       lam_u_count):
+                       lam_u_count, lam_bias):
     """Every user's ridge solution [u_u, b_u] against V (r+1 x n): per rating
-    y_j = [v_j, 1] (the 1 only with a user bias) and target r_uj - mu - c beta_j."""
+    y_j = [v_j, 1] (the 1 only with a user bias) and target r_uj - mu - c beta_j; ridge
+    lam_u + lam_u_count n_u on the factor, lam_bias + lam_u_count n_u on the bias."""
     q = r + 1 if user_bias else r
     gram = np.zeros((n_users, q, q))
     rhs = np.zeros((n_users, q))
@@ -83,9 +84,8 @@ def _solve_users_loops(rows, cols, vals, v, n_users, r, user_bias, mu, c, lam_u,
         count[t] += 1.0
     out = np.zeros((n_users, r + 1))
     for t in range(n_users):
-        lam = lam_u + lam_u_count * count[t]
         for a in range(q):
-            gram[t, a, a] += lam
+            gram[t, a, a] += (lam_bias if a == r else lam_u) + lam_u_count * count[t]
         _solve_into(out[t], gram[t], rhs[t], q)
     return out
 
@@ -306,12 +306,13 @@ if HAVE_NUMBA:
 
 def solve_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, v: np.ndarray,
                 n_users: int, rank: int, user_bias: bool, mu: float, c: float, lam_u: float,
-                lam_u_count: float) -> np.ndarray:
+                lam_u_count: float, lam_bias: float | None = None) -> np.ndarray:
     """:func:`algorithms.dpals.solve_users`'s result (m x r+1), fused (one pass over the
     ratings, then one q x q solve per user)."""
     return _solve_users_jit(rows, cols, vals, np.ascontiguousarray(v), int(n_users),
                             int(rank), bool(user_bias), float(mu), float(c), float(lam_u),
-                            float(lam_u_count))
+                            float(lam_u_count),
+                            float(lam_u if lam_bias is None else lam_bias))
 
 
 def clipped_sums(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, keep: np.ndarray,

@@ -82,6 +82,7 @@ class ServerState(Message):
     M: np.ndarray
     round: int
     n_clients: int
+    centre_sums: np.ndarray | None = None
 
 
 def init_server(n_items: int, n_clients: int, cfg: DPFedMAvgConfig,
@@ -95,15 +96,17 @@ def server_step(state: ServerState, uploads: Mapping[int, UG.Upload], cfg: DPFed
                 rng: np.random.Generator) -> tuple[ServerState, UG.GlobalModel]:
     """One preconditioned momentum step on the summed clipped gradients; no uploads: keep
     V (the final refresh round)."""
+    sums, centre = UG.next_centre(state.centre_sums, uploads, cfg)
     if not uploads:
         return state, UG.GlobalModel(V=state.V.copy(), round=state.round,
-                                     n_clients=state.n_clients)
+                                     n_clients=state.n_clients, centre=centre)
     g, curv = UG.gradient_and_curvature(uploads, cfg)
     step = (g + cfg.gamma * state.V) / (cfg.d_factor * curv + cfg.gamma)
     m = cfg.momentum * state.M + step
     v = state.V - cfg.lr * m
-    return (state.replace(V=v, M=m, round=state.round + 1),
-            UG.GlobalModel(V=v.copy(), round=state.round + 1, n_clients=state.n_clients))
+    return (state.replace(V=v, M=m, round=state.round + 1, centre_sums=sums),
+            UG.GlobalModel(V=v.copy(), round=state.round + 1, n_clients=state.n_clients,
+                           centre=centre))
 
 
 ALGORITHM = Algorithm(

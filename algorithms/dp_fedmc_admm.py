@@ -108,6 +108,7 @@ class ServerState(Message):
     Y: np.ndarray
     round: int
     n_clients: int
+    centre_sums: np.ndarray | None = None
 
 
 def init_server(n_items: int, n_clients: int, cfg: DPFedMCADMMConfig,
@@ -133,13 +134,15 @@ def server_step(state: ServerState, uploads: Mapping[int, UG.Upload],
                 cfg: DPFedMCADMMConfig, rng: np.random.Generator
                 ) -> tuple[ServerState, UG.GlobalModel]:
     """The ADMM round on the released sums; no uploads: keep V (the final refresh)."""
+    sums, centre = UG.next_centre(state.centre_sums, uploads, cfg)
     if not uploads:
         return state, UG.GlobalModel(V=state.V.copy(), round=state.round,
-                                     n_clients=state.n_clients)
+                                     n_clients=state.n_clients, centre=centre)
     g, curv = UG.gradient_and_curvature(uploads, cfg)
     v, w, y = admm_update(state.V, state.W, state.Y, g, curv, state.n_clients, cfg)
-    return (state.replace(V=v, W=w, Y=y, round=state.round + 1),
-            UG.GlobalModel(V=v.copy(), round=state.round + 1, n_clients=state.n_clients))
+    return (state.replace(V=v, W=w, Y=y, round=state.round + 1, centre_sums=sums),
+            UG.GlobalModel(V=v.copy(), round=state.round + 1, n_clients=state.n_clients,
+                           centre=centre))
 
 
 ALGORITHM = Algorithm(

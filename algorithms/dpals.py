@@ -11,15 +11,18 @@ Prediction of user u, item j: ``x_u . w_j + b_u + mu`` with
   ``user_factor_clip`` and a constant coordinate ``c = bias_coordinate`` whose partner in
   ``w_j`` is item j's bias;
 * ``w_j = [v_j, beta_j]``: row j of the released item matrix V (global);
-* ``b_u``: a user bias (local, never released), ``mu``: a public centre (default the middle
-  of the public rating scale, so nothing about the data is spent on it).
+* ``b_u``: a user bias (local, never released), ``mu``: the centre, with
+  ``release_centre`` (default) the mean over users of their mean rating, estimated from a
+  small share of every release (:mod:`algorithms._centre`), else a public value
+  (``public_centre``, default the middle of the public rating scale).
 
 One sweep = one round. Each tenant (client step), given V:
 
 1. solves every user's row exactly (ridge, batched d x d solves over the users):
    ``[u_u, b_u] = argmin sum_{j in Omega_u} (r_uj - mu - c beta_j - u.v_j - b)^2 + lam_u ||.||^2``
    over *all* the user's ratings (this never leaves the tenant), with ridge
-   ``lam_u + lam_u_count * n_u`` (weighted-lambda ALS);
+   ``lam_u + lam_u_count * n_u`` (weighted-lambda ALS) on the factor and ``lam_bias +
+   lam_u_count * n_u`` on the bias;
 2. bounds the user: ``x_u`` as above (``||x_u||^2 <= Gamma_u^2 + c^2``), at most
    ``k = max_ratings_per_user`` ratings (a fixed random subset, drawn once from the
    tenant's init stream), centred ratings ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``,
@@ -56,6 +59,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
+from algorithms import _centre
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import map_tasks, sum_arrays, width
@@ -63,6 +67,12 @@ from algorithms._scale import normalised, public_unit, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
+
+#: default ridge of the local user bias: a user with one rating keeps a quarter of its
+#: offset from the centre (BENCHMARKS.md, issue 17)
+USER_BIAS_RIDGE = 3.0
+#: default fewest ratings of a user with a factor (fewer: its bias alone)
+FACTOR_MIN_RATINGS = 3
 
 
 class DPALSConfig(AlgorithmConfig):
@@ -82,12 +92,26 @@ class DPALSConfig(AlgorithmConfig):
     scale_min: float = Field(1.0, description="public rating scale: lowest rating")
     scale_max: float = Field(5.0, description="public rating scale: highest rating")
     public_centre: float | None = Field(
-        None, description="public centre mu (default: the middle of the rating scale)")
+        None, description="public centre mu (default: the middle of the rating scale); "
+        "with release_centre, only until the first release")
+    release_centre: bool = Field(
+        True, description="mu is the mean of the users' mean ratings, estimated from "
+        "centre_share of each release and charged with it (false: public_centre, nothing "
+        "spent on it, as jobs stored before this field)")
+    centre_share: float = Field(
+        _centre.DEFAULT_SHARE, description="share of each release's privacy spent on "
+        "the centre (release_centre)")
     normalise: bool = Field(
         True, description="divide ratings by the public scale's unit, (scale_max - "
         "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
         "scale as on 1-5 stars (false: raw ratings, as jobs stored before this field)")
     lam_u: float = Field(1.0, description="ridge weight of the local user solve")
+    factor_min_ratings: int = Field(
+        FACTOR_MIN_RATINGS, description="users with fewer ratings get no factor, only "
+        "their bias (1: off)")
+    lam_bias: float | None = Field(
+        USER_BIAS_RIDGE, description="ridge weight of the user bias in the local solve "
+        "(a user with n ratings keeps n / (n + lam_bias) of its mean offset; None: lam_u)")
     lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
     lam_u_count: float = Field(
         0.0, description="extra user ridge per rating of the user (weighted-lambda ALS)")
@@ -126,6 +150,10 @@ class DPALSConfig(AlgorithmConfig):
             raise ValueError("rating_clip must be positive")
         if not self.scale_max > self.scale_min:
             raise ValueError("scale_max must exceed scale_min")
+        if not 0 < self.centre_share < 1:
+            raise ValueError("centre_share must be in (0, 1)")
+        if self.factor_min_ratings < 1:
+            raise ValueError("factor_min_ratings must be at least 1")
         if not 0 <= self.gram_shrink <= 1:
             raise ValueError("gram_shrink must be in [0, 1]")
         if not self.max_weight >= 1:
@@ -135,7 +163,7 @@ class DPALSConfig(AlgorithmConfig):
         if not 0 < self.user_sample_rate <= 1:
             raise ValueError("user_sample_rate must be in (0, 1]")
         if min(self.lam_u, self.lam_v, self.noise_reg, self.lam_u_count,
-               self.lam_v_count) < 0:
+               self.lam_v_count, self.lam_bias or 0.0) < 0:
             raise ValueError("lam_u, lam_v, lam_u_count, lam_v_count and noise_reg must be "
                              "non-negative")
         if self.lam_v == 0 and self.noise_reg == 0:
@@ -172,29 +200,36 @@ class DPALSConfig(AlgorithmConfig):
 
 
 def user_bounds(cfg: DPALSConfig) -> UserBounds:
-    """The per-user bounds of a DPALS upload under ``cfg``."""
-    return UserBounds(cfg.max_ratings_per_user, cfg.x_norm, cfg.r_clip, ("A",), ("b",),
-                      {"A": "gram_noise", "b": "rhs_noise"}, cfg.user_sample_rate)
+    """The per-user bounds of a DPALS upload under ``cfg`` (with the centre sums ``m``
+    when the centre is released)."""
+    bounds = UserBounds(cfg.max_ratings_per_user, cfg.x_norm, cfg.r_clip, ("A",), ("b",),
+                        {"A": "gram_noise", "b": "rhs_noise"}, cfg.user_sample_rate)
+    if _centre.released(cfg):
+        bounds = bounds.with_centre(("m",), {"m": "centre_noise"}, cfg.centre_share)
+    return bounds
 
 
 @dataclasses.dataclass(frozen=True)
 class GlobalModel(Message):
-    """V (d x n: rank factor rows and the item-bias row), the sweeps released so far and
-    each item's (weighted) rater count estimated from the last release (zeros before)."""
+    """V (d x n: rank factor rows and the item-bias row), the sweeps released so far,
+    each item's (weighted) rater count estimated from the last release (zeros before) and
+    the released centre in units (None: the config's public one)."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
+    centre: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerState(Message):
     """The server keeps only the current V and counts (every sweep is solved from fresh
-    sums)."""
+    sums) and the running centre sums (:func:`algorithms._centre.update`)."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
+    centre_sums: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,13 +253,16 @@ class LocalState(Message):
 
 @dataclasses.dataclass(frozen=True)
 class Upload(Message):
-    """Per-item sums over this tenant's users: ``A`` (n x d x d), ``b`` (n x d); and the
-    standard deviation of the noise already in them (0 before the privacy layer)."""
+    """Per-item sums over this tenant's users: ``A`` (n x d x d), ``b`` (n x d); the
+    centre sums ``m`` (2,) with ``release_centre``; and the standard deviation of the
+    noise already in them (0 before the privacy layer)."""
 
     A: np.ndarray
     b: np.ndarray
     gram_noise: float = 0.0
     rhs_noise: float = 0.0
+    m: np.ndarray | None = None
+    centre_noise: float = 0.0
 
 
 def init_server(n_items: int, n_clients: int, cfg: DPALSConfig,
@@ -283,10 +321,36 @@ def solve_users(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarr
     ``nogil`` kernel (:mod:`algorithms._user_kernels`) when numba is installed, else
     :func:`solve_users_numpy` (the same numbers to ~1e-13)."""
     if UK.HAVE_NUMBA:
-        return UK.solve_users(block.rows, block.cols, block.vals, v, block.n_users, cfg.rank,
-                              cfg.user_bias, cfg.mu, cfg.bias_coordinate, cfg.lam_u,
-                              cfg.lam_u_count)
-    return solve_users_numpy(v, block, cfg)
+        u = UK.solve_users(block.rows, block.cols, block.vals, v, block.n_users, cfg.rank,
+                           cfg.user_bias, cfg.mu, cfg.bias_coordinate, cfg.lam_u,
+                           cfg.lam_u_count, cfg.lam_bias)
+    else:
+        u = solve_users_numpy(v, block, cfg)
+    return bias_only_fallback(u, v, block, cfg)
+
+
+def bias_only_fallback(u: np.ndarray, v: np.ndarray, block: RatingBlock, cfg
+                       ) -> np.ndarray:
+    """Users with fewer than ``factor_min_ratings`` ratings get no factor (u_u = 0) and
+    their bias alone, solved exactly: ``b_u = sum_j (r_uj - mu - c beta_j) / (n_u +
+    lam)`` (lam the bias ridge, :func:`solve_users`'s). A factor fitted to one or two
+    ratings is noise on every other item."""
+    k = getattr(cfg, "factor_min_ratings", 0)
+    if k <= 1:
+        return u
+    n = np.bincount(block.rows, minlength=block.n_users)
+    light = n < k
+    if not light.any():
+        return u
+    r = cfg.rank
+    u = u.copy()
+    u[light, :r] = 0.0
+    if cfg.user_bias:
+        target = block.vals - cfg.mu - cfg.bias_coordinate * v[r, block.cols]
+        total = np.bincount(block.rows, weights=target, minlength=block.n_users)
+        lam = (cfg.lam_u if cfg.lam_bias is None else cfg.lam_bias) + cfg.lam_u_count * n
+        u[light, r] = total[light] / (n[light] + lam[light])
+    return u
 
 
 def solve_users_numpy(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np.ndarray:
@@ -302,8 +366,12 @@ def solve_users_numpy(v: np.ndarray, block: RatingBlock, cfg: DPALSConfig) -> np
     pattern = sp.csr_array((np.ones(block.nnz), (block.rows, block.cols)), shape=shape)
     weighted = sp.csr_array((target, (block.rows, block.cols)), shape=shape)
     q = y.shape[1]
-    lam = cfg.lam_u + cfg.lam_u_count * np.bincount(block.rows, minlength=block.n_users)
-    gram = (pattern @ _outer_flat(y)).reshape(-1, q, q) + lam[:, None, None] * np.eye(q)
+    per_rating = cfg.lam_u_count * np.bincount(block.rows, minlength=block.n_users)
+    ridge = np.full(q, cfg.lam_u)
+    if cfg.user_bias and cfg.lam_bias is not None:
+        ridge[r] = cfg.lam_bias
+    gram = ((pattern @ _outer_flat(y)).reshape(-1, q, q)
+            + (per_rating[:, None] + ridge)[:, :, None] * np.eye(q))
     rhs = weighted @ y
     sol = np.linalg.solve(gram, rhs[..., None])[..., 0]
     u = np.zeros((block.n_users, r + 1))
@@ -368,19 +436,25 @@ def item_sums_numpy(u: np.ndarray, keep: np.ndarray, block: RatingBlock, cfg: DP
 def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
                 cfg: DPALSConfig, rng: np.random.Generator
                 ) -> tuple[LocalState, Upload | None]:
-    """Solve the users against V; upload the bounded item sums while sweeps remain
-    (over the users drawn at rate ``user_sample_rate`` from ``rng``); ratings in units."""
+    """Solve the users against V (centred on the released centre, once there is one);
+    upload the bounded item sums while sweeps remain (over the users drawn at rate
+    ``user_sample_rate`` from ``rng``; with the centre sums over the same users when the
+    centre is released); ratings in units."""
     block = normalised(block, cfg.unit)
+    cfg = _centre.with_centre(cfg, global_msg.centre)
     u = solve_users(global_msg.V, block, cfg)
-    if global_msg.sweep >= cfg.sweeps:
-        return state.replace(U=u), None  # final refresh: U now matches the released V
+    if global_msg.sweep >= cfg.sweeps:  # final refresh: U now matches the released V
+        return state.replace(U=u, mu=cfg.mu), None
     keep = kept_entries(state, block, cfg, rng)
-    new = state.replace(U=u, keep=keep, kept_of=block.nnz)
+    new = state.replace(U=u, keep=keep, kept_of=block.nnz, mu=cfg.mu)
+    present = np.ones(block.n_users, dtype=bool)
     if cfg.user_sample_rate < 1:  # Poisson sampling of users, unseen outside the tenant
         present = rng.random(block.n_users) < cfg.user_sample_rate
         keep = keep[present[block.rows[keep]]]
     a, b = item_sums(u, keep, block, cfg, global_msg.counts)
-    return new, Upload(A=a, b=b)
+    m = (_centre.client_sums(block.rows, block.vals, block.n_users, present, cfg)
+         if _centre.released(cfg) else None)
+    return new, Upload(A=a, b=b, m=m)
 
 
 def psd_project(a: np.ndarray) -> np.ndarray:
@@ -473,17 +547,24 @@ def solve_items_numpy(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPAL
 
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: DPALSConfig,
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
-    """Sum the uploads (noise std adds in quadrature) and solve V; no uploads: keep V."""
+    """Sum the uploads (noise std adds in quadrature) and solve V; update the released
+    centre; no uploads: keep V."""
+    centre = _centre.centre_of(state.centre_sums, cfg)
     if not uploads:
         return state, GlobalModel(V=state.V.copy(), sweep=state.sweep,
-                                  counts=state.counts.copy())
+                                  counts=state.counts.copy(), centre=centre)
     ups = [uploads[i] for i in sorted(uploads)]
     a = sum_arrays([u.A for u in ups])  # np.sum(..., axis=0)'s numbers, on every core
     b = sum_arrays([u.b for u in ups])
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
     v, counts = solve_items(a, b, sigma, cfg), count_estimate(a, cfg)
-    return (ServerState(V=v, sweep=state.sweep + 1, counts=counts),
-            GlobalModel(V=v.copy(), sweep=state.sweep + 1, counts=counts.copy()))
+    sums = state.centre_sums
+    if _centre.released(cfg) and all(u.m is not None for u in ups):
+        sums = _centre.update(sums, [u.m for u in ups], [u.centre_noise for u in ups])
+        centre = _centre.centre_of(sums, cfg)
+    return (ServerState(V=v, sweep=state.sweep + 1, counts=counts, centre_sums=sums),
+            GlobalModel(V=v.copy(), sweep=state.sweep + 1, counts=counts.copy(),
+                        centre=centre))
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:

@@ -247,7 +247,10 @@ def drive(steps: Steps, state: RoundState, rounds: int, *,
     After each round ``steps.record`` builds the round's record (evaluated when the round
     is a multiple of ``evaluate_every`` or the last one; ``evaluate_every`` 0: never) and
     may end the run (a stopping rule); then ``on_round(record)`` and ``on_state(state)``
-    are called, and the run ends early if ``on_state`` returns True.
+    are called, and the run ends early if ``on_state`` returns True. A round's uploads
+    stay in the state until the next round starts (the returned state keeps the last
+    round's), so two rounds' uploads are never held at once: DPALS's per-item Grams of
+    100 tenants are 270 MB on an 11,000-item catalogue.
     """
     if rounds < 0:
         raise ValueError("rounds must be non-negative")
@@ -255,7 +258,10 @@ def drive(steps: Steps, state: RoundState, rounds: int, *,
         raise ValueError("evaluate_every must be non-negative")
     history: list[Any] = []
     watchers = ROUND_WATCHERS.get()
-    for k in range(state.round + 1, rounds + 1):
+    first = state.round + 1
+    for k in range(first, rounds + 1):
+        if k > first:  # the hooks have seen the last round's uploads: free them before
+            state = dataclasses.replace(state, uploads={})  # this round's are made
         state = step(steps, state, k, aggregator)
         due = evaluate_every > 0 and (k % evaluate_every == 0 or k == rounds)
         state, rec, stop = steps.record(state, due)

@@ -11,6 +11,13 @@ sensitivity, noise and accounting. Two kinds of bounded arrays exist:
   at most ``clip_norm`` C. Adding or removing one user moves their concatenation by at most
   C in L2, so the sensitivity is C.
 
+Either kind may come with **centre** arrays: a sum over users of a small per-user term of L2
+norm at most ``centre_norm`` (the user's mean rating, clipped to the public scale, and a
+count of one: :func:`centre_terms`), from which the server estimates a data centre for the
+predictions instead of the middle of the public scale. They take part in the same release
+(one Gaussian event), with the share ``centre_share`` of its privacy
+(:func:`privacy.user_level.array_shares`).
+
 This module also holds the pure per-user clip of the clipped-sum arrays
 (:func:`clipped_item_sums`), which the client steps call: algorithms own the maths of one
 user's term, the privacy layer owns the rule that turns the bound into noise.
@@ -52,12 +59,22 @@ class UserBounds:
     #: layer's default, tuned for DPALS's few sweeps; gradient methods with many releases
     #: prefer equal shares)
     release_growth: float | None = None
+    #: arrays holding a sum over users of a per-user term of L2 norm <= ``centre_norm``
+    #: (the released data centre), noised with the share ``centre_share`` of each release
+    centre: tuple[str, ...] = ()
+    centre_norm: float = 0.0
+    centre_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.clipped and (self.gram or self.rhs):
             raise ValueError("declare either gram/rhs arrays or clipped-sum arrays, not both")
         if self.clipped and not (np.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise ValueError(f"clip_norm must be positive and finite, got {self.clip_norm!r}")
+        if self.centre and not (np.isfinite(self.centre_norm) and self.centre_norm > 0
+                                and 0 < self.centre_share < 1):
+            raise ValueError("centre arrays need a positive finite centre_norm and a "
+                             f"centre_share in (0, 1), got {self.centre_norm!r}, "
+                             f"{self.centre_share!r}")
         missing = [a for a in self.arrays if a not in self.noise_fields]
         if missing:
             raise ValueError(f"no noise field declared for {', '.join(missing)}")
@@ -65,7 +82,15 @@ class UserBounds:
     @property
     def arrays(self) -> tuple[str, ...]:
         """Every bounded array, in the order noise is drawn for them."""
-        return (*self.gram, *self.rhs, *self.clipped)
+        return (*self.gram, *self.rhs, *self.clipped, *self.centre)
+
+    def with_centre(self, arrays: tuple[str, ...], noise_fields: Mapping[str, str],
+                    share: float) -> UserBounds:
+        """These bounds with centre arrays (terms of :func:`centre_terms`, norm <= sqrt 2)
+        getting the share ``share`` of each release."""
+        return dataclasses.replace(self, centre=tuple(arrays), centre_norm=CENTRE_NORM,
+                                   centre_share=float(share),
+                                   noise_fields={**self.noise_fields, **noise_fields})
 
     @classmethod
     def clipped_sum(cls, arrays: tuple[str, ...], clip_norm: float,
@@ -76,6 +101,25 @@ class UserBounds:
         (``max_ratings``: the cap of ratings per user, reported only)."""
         return cls(max_ratings, 0.0, 0.0, (), (), dict(noise_fields), sample_rate,
                    tuple(arrays), float(clip_norm), release_growth)
+
+
+#: L2 bound of one user's centre term (a, 1) with |a| <= 1
+CENTRE_NORM = float(np.sqrt(2.0))
+
+
+def centre_terms(rows: np.ndarray, vals: np.ndarray, n_users: int, present: np.ndarray,
+                 middle: float, half_width: float) -> np.ndarray:
+    """The centre sums ``sum_u (a_u, 1)`` over the users in ``present`` (bool per user)
+    with at least one rating, ``a_u = clip((mean of u's ratings - middle) / half_width,
+    -1, 1)``: each user's term has L2 norm at most :data:`CENTRE_NORM` whatever its
+    ratings, so removing a user moves the sums by at most that. ``(middle, half_width)``
+    come from the public scale, never from the data."""
+    count = np.bincount(rows, minlength=n_users)
+    total = np.bincount(rows, weights=vals, minlength=n_users)
+    has = present & (count > 0)
+    mean = total[has] / count[has]
+    a = np.clip((mean - middle) / half_width, -1.0, 1.0)
+    return np.array([a.sum(), float(has.sum())])
 
 
 def per_user_clip_factors(sq_norms: np.ndarray, clip: float) -> np.ndarray:

@@ -16,7 +16,8 @@ Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation*, ICM
    The rounding is data-dependent, so it is paid for in the sensitivity, never ignored;
 3. the tenant adds discrete Gaussian noise ``N_Z(0, sigma_i^2)`` per block with
    ``sigma_i = z Delta_int / sqrt(share) / sqrt(t)`` (share: ``gram_share`` or its
-   complement; t = the fewest survivors the round tolerates,
+   complement, times ``1 - centre_share`` with centre arrays, which get ``centre_share``:
+   :func:`privacy.user_level.array_shares`; t = the fewest survivors the round tolerates,
    :func:`privacy.secagg.threshold_for`);
 4. the sum over the T' >= t survivors is, by Kairouz et al. Thm. 2, (eps^2/2)-concentrated
    DP with ``eps^2 <= Delta_int^2 / (T' sigma_i^2) + 5 tau`` per block; tau underflows to
@@ -51,9 +52,9 @@ from privacy.user_level import (
     AGGREGATE,
     UserLevelPrivatizer,
     UserLevelSpec,
-    gram_sensitivity,
+    array_sensitivity,
+    array_shares,
     release_event,
-    rhs_sensitivity,
 )
 
 #: integer noise below this sigma would leave tau > 0 (not accounted): refused
@@ -64,7 +65,8 @@ def _blocks(template: Message, bounds: UserBounds | None) -> list[tuple[str, boo
     """(array name, packed as upper triangles) in packing order."""
     if bounds is None:
         return [(name, False) for name in template.arrays()]
-    return [(n, True) for n in bounds.gram] + [(n, False) for n in bounds.rhs]
+    return ([(n, True) for n in bounds.gram]
+            + [(n, False) for n in (*bounds.rhs, *bounds.centre)])
 
 
 def pack(upload: Message, bounds: UserBounds | None = None) -> np.ndarray:
@@ -116,7 +118,7 @@ def integer_sensitivity(bounds: UserBounds, template: Message, fp: secagg.FixedP
         items = min(bounds.max_ratings, shape[0])
         per_item = (shape[-1] * (shape[-1] + 1) // 2 if upper
                     else int(np.prod(shape[1:])))
-        real = gram_sensitivity(bounds) if upper else rhs_sensitivity(bounds)
+        real = array_sensitivity(bounds, name)
         out[name] = fp.scale * real + math.sqrt(items * per_item)
     return out
 
@@ -127,10 +129,10 @@ def integer_stds(spec: UserLevelSpec, bounds: UserBounds, template: Message, ind
     ``z Delta_int / sqrt(share) / sqrt(t)``."""
     z = release_event(spec, index).noise_multiplier
     sens = integer_sensitivity(bounds, template, fp)
+    shares = array_shares(bounds, spec.gram_share)
     out = {}
     for name, _ in _blocks(template, bounds):
-        share = spec.gram_share if name in bounds.gram else 1 - spec.gram_share
-        out[name] = z * sens[name] / math.sqrt(share) / math.sqrt(threshold)
+        out[name] = z * sens[name] / math.sqrt(shares[name]) / math.sqrt(threshold)
         if out[name] < MIN_INTEGER_SIGMA:
             raise ValueError(f"integer noise sigma {out[name]:.3g} of {name} is below "
                              f"{MIN_INTEGER_SIGMA} (raise the fixed-point bits)")

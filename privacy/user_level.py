@@ -25,11 +25,18 @@ user's x depends only on that user's ratings and the public V), so
   ``sqrt(sum_j ||x x^T||_F^2) = sqrt(k) ||x||^2``);
 * rhs: ``sqrt(sum_j s_uj^2 ||x||^2) <= sqrt(k) G_r G_x`` (:func:`rhs_sensitivity`).
 
+* *centre* arrays (optional, any algorithm): ``sum_u (a_u, 1)`` with ``|a_u| <= 1`` the
+  user's mean rating relative to the public scale (:func:`algorithms.user_bounds.
+  centre_terms`): L2 change ``sqrt(2)`` (:func:`centre_sensitivity`). From them the server
+  estimates the centre of the predictions (a data mean instead of the scale's middle).
+
 One release (one sweep) adds Gaussian noise ``sigma_g = z Delta_g / sqrt(rho)`` to the gram
 and ``sigma_r = z Delta_r / sqrt(1 - rho)`` to the rhs (``rho = gram_share``, default 0.2).
 The pair is the Gaussian mechanism on ``(gram / sigma_g, rhs / sigma_r)`` with L2 sensitivity
-``sqrt((Delta_g/sigma_g)^2 + (Delta_r/sigma_r)^2) = sqrt(rho + 1 - rho) / z = 1 / z``: one
-Gaussian event of noise
+``sqrt((Delta_g/sigma_g)^2 + (Delta_r/sigma_r)^2) = sqrt(rho + 1 - rho) / z = 1 / z``. With
+centre arrays, they get the share ``rho_c`` (the bounds' ``centre_share``) and every other
+array's share is multiplied by ``1 - rho_c`` (:func:`array_shares`): the shares still sum to
+1, so the whole release, centre included, is still one Gaussian event of noise
 multiplier z per user per release, composed in Renyi DP by :mod:`privacy.accountant` (with
 Poisson sampling of users inside a tenant at rate q, opacus' subsampled-Gaussian RDP;
 no amplification for which tenants transmit, which the server sees).
@@ -59,6 +66,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
+from algorithms._pool import sum_arrays
 from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.user_bounds import UserBounds
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
@@ -113,7 +121,9 @@ PUBLIC_INPUTS = {
                 "account count): used only to check delta < 1 / n_users and stated in this "
                 "report; it sets no noise scale, and the guarantee does not hide it"),
     "rating_scale": ("the tenants' declared rating scales (set when a tenant is created, "
-                     "not computed from ratings): DPALS's centre and rating clip"),
+                     "not computed from ratings): the rating clip, the starting centre "
+                     "and the middle and half width that bound each user's centre term "
+                     "(the centre itself is released, charged with each release)"),
 }
 
 
@@ -158,11 +168,45 @@ def clipped_sensitivity(bounds: UserBounds) -> float:
     return float(bounds.clip_norm)
 
 
+def centre_sensitivity(bounds: UserBounds) -> float:
+    """L2 change of the released centre sums when one user is added or removed."""
+    return float(bounds.centre_norm)
+
+
 def sensitivities(bounds: UserBounds) -> dict[str, float]:
     """The declared sensitivity of each kind of bounded array the algorithm releases."""
-    if bounds.clipped:
-        return {"clipped": clipped_sensitivity(bounds)}
-    return {"gram": gram_sensitivity(bounds), "rhs": rhs_sensitivity(bounds)}
+    out = ({"clipped": clipped_sensitivity(bounds)} if bounds.clipped else
+           {"gram": gram_sensitivity(bounds), "rhs": rhs_sensitivity(bounds)})
+    if bounds.centre:
+        out["centre"] = centre_sensitivity(bounds)
+    return out
+
+
+def array_sensitivity(bounds: UserBounds, name: str) -> float:
+    """The sensitivity of the kind of bounded array ``name`` is."""
+    if name in bounds.gram:
+        return gram_sensitivity(bounds)
+    if name in bounds.rhs:
+        return rhs_sensitivity(bounds)
+    if name in bounds.clipped:
+        return clipped_sensitivity(bounds)
+    if name in bounds.centre:
+        return centre_sensitivity(bounds)
+    raise KeyError(f"{name!r} is not a bounded array")
+
+
+def array_shares(bounds: UserBounds, gram_share: float = 0.2) -> dict[str, float]:
+    """The share of a release's privacy each bounded array gets: gram ``rho``, rhs
+    ``1 - rho``, clipped-sum 1, each times ``1 - rho_c`` when there are centre arrays, which
+    get ``rho_c = centre_share``. Array kinds' shares sum to 1, so noising array ``a`` with
+    ``z Delta_a / sqrt(share_a)`` is one Gaussian mechanism of multiplier z on all of them
+    (the one rule for central, tenant and distributed noise)."""
+    rest = 1.0 - bounds.centre_share if bounds.centre else 1.0
+    out = {name: gram_share * rest for name in bounds.gram}
+    out.update({name: (1.0 - gram_share) * rest for name in bounds.rhs})
+    out.update({name: rest for name in bounds.clipped})
+    out.update({name: bounds.centre_share for name in bounds.centre})
+    return out
 
 
 class UserLevelSpec(BaseModel):
@@ -242,14 +286,12 @@ def _solved_noise(spec: UserLevelSpec) -> float:
 
 
 def noise_stds(bounds: UserBounds, z: float, gram_share: float = 0.2) -> dict[str, float]:
-    """Per-array noise standard deviation of one release at joint noise multiplier z, the
-    share ``gram_share`` of the privacy going to the gram arrays (module docstring);
-    clipped-sum arrays get ``z C`` (``gram_share`` does not apply to them)."""
-    out = {name: z * gram_sensitivity(bounds) / math.sqrt(gram_share) for name in bounds.gram}
-    out.update({name: z * rhs_sensitivity(bounds) / math.sqrt(1 - gram_share)
-                for name in bounds.rhs})
-    out.update({name: z * clipped_sensitivity(bounds) for name in bounds.clipped})
-    return out
+    """Per-array noise standard deviation of one release at joint noise multiplier z:
+    ``z Delta / sqrt(share)`` with the shares of :func:`array_shares` (the gram arrays get
+    ``gram_share``; clipped-sum arrays get ``z C`` without centre arrays)."""
+    shares = array_shares(bounds, gram_share)
+    return {name: z * array_sensitivity(bounds, name) / math.sqrt(shares[name])
+            for name in bounds.arrays}
 
 
 def symmetric_noise(shape: tuple[int, ...], sigma: float, rng: np.random.Generator
@@ -279,8 +321,8 @@ def sum_uploads(uploads: Sequence[Message], bounds: UserBounds) -> Message:
     """Entry-wise sum of the bounded arrays (noise fields add in quadrature)."""
     first = uploads[0]
     changes: dict[str, Any] = {}
-    for name in bounds.arrays:
-        changes[name] = np.sum([getattr(u, name) for u in uploads], axis=0)
+    for name in bounds.arrays:  # np.sum(..., axis=0)'s numbers, without stacking a copy
+        changes[name] = sum_arrays([getattr(u, name) for u in uploads])
         field = bounds.noise_fields[name]
         changes[field] = float(math.sqrt(sum(getattr(u, field) ** 2 for u in uploads)))
     return first.replace(**changes)
@@ -461,7 +503,9 @@ class UserLevelPrivatizer:
                         "clip_norm": self.bounds.clip_norm} if self.bounds.clipped else
                        {"max_ratings_per_user": self.bounds.max_ratings,
                         "x_norm": self.bounds.x_norm,
-                        "rating_bound": self.bounds.rating_bound}),
+                        "rating_bound": self.bounds.rating_bound})
+            | ({"centre_norm": self.bounds.centre_norm,
+                "centre_share": self.bounds.centre_share} if self.bounds.centre else {}),
             "noise_std": self.stds(0), "releases": self.releases,
             "stopped": self.ledger.stopped(),
         })

@@ -216,7 +216,7 @@ def test_simulate_user_level_gradient_methods_match_the_library(tmp_path, rating
     assert 3.99 < priv["epsilon_max"] <= 4.0
     assert [r["round"] for r in priv["releases"]] == [1, 2, 3]  # then a refresh round
     assert priv["sample_rate"] == rate and priv["release_growth"] == 1.0
-    assert priv["sensitivity"] == {"clipped": 2.0}
+    assert priv["sensitivity"] == {"clipped": 2.0, "centre": pytest.approx(2 ** 0.5)}
     assert report["rounds"] == 4
     alg = registry.get(name)
     cfg = alg.config(rank=2, releases=3, user_sample_rate=rate)

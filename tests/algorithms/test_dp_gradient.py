@@ -155,12 +155,13 @@ def test_the_server_receives_no_per_user_quantity(name):
         _, glob, locs = initialise(alg, cfg, [block], 0)
         _, up = client_round(alg, cfg, 1, 0, 0, glob, locs[0], block)
         arrays = up.arrays()
-        assert set(arrays) == {"G", "H"}
+        assert set(arrays) == {"G", "H", "m"}
         assert all(users not in a.shape for a in arrays.values())
         assert arrays["G"].shape == (cfg.d, 13) and arrays["H"].shape == (13,)
+        assert arrays["m"].shape == (2,)  # the centre sums: one total over the users
         scalars = {f.name: getattr(up, f.name) for f in dataclasses.fields(up)
                    if f.name not in arrays}
-        assert scalars == {"grad_noise": 0.0, "curv_noise": 0.0}
+        assert scalars == {"grad_noise": 0.0, "curv_noise": 0.0, "centre_noise": 0.0}
         shapes.append({k: a.shape for k, a in arrays.items()})
         bounds = registry.user_bounds(name, cfg)
         spec = plan({"epsilon": 8.0, "delta": 1e-3}, bounds, 500, cfg.releases)
@@ -168,6 +169,7 @@ def test_the_server_receives_no_per_user_quantity(name):
         received = priv.aggregate({0: priv(up, 0, 1)}, 1)
         assert list(received) == [-1]  # the aggregate, not tenant 0's upload
         assert received[-1].grad_noise > 0 and received[-1].curv_noise > 0
+        assert received[-1].centre_noise > 0
     assert shapes[0] == shapes[1]
 
 

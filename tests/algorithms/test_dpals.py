@@ -9,6 +9,7 @@ import pytest
 
 from algorithms import Message, RatingBlock, messages_equal
 from algorithms import dpals as D
+from algorithms._centre import with_centre
 
 M, N = 7, 5
 
@@ -30,13 +31,19 @@ EXACT = dict(rank=2, max_ratings_per_user=10_000, user_factor_clip=1e6, rating_c
 
 
 def _dense_user_solve(v, full, mask, cfg):
-    """Loop over users: ridge on [v_j, 1] with target r - mu - c beta_j."""
+    """Loop over users: ridge on [v_j, 1] with target r - mu - c beta_j (ridge lam_u on
+    the factor, lam_bias on the bias); a user with fewer than ``factor_min_ratings``
+    ratings: the bias alone."""
     out = np.zeros((M, cfg.rank + 1))
     for u in range(M):
         js = np.nonzero(mask[u])[0]
         y = np.hstack([v[: cfg.rank, js].T, np.ones((len(js), 1))])
         t = full[u, js] - cfg.mu - cfg.bias_coordinate * v[cfg.rank, js]
-        out[u] = np.linalg.solve(y.T @ y + cfg.lam_u * np.eye(cfg.rank + 1), y.T @ t)
+        ridge = np.diag([cfg.lam_u] * cfg.rank + [cfg.lam_bias])
+        if len(js) < cfg.factor_min_ratings:
+            out[u, cfg.rank] = t.sum() / (len(js) + cfg.lam_bias)
+        else:
+            out[u] = np.linalg.solve(y.T @ y + ridge, y.T @ t)
     return out
 
 
@@ -125,7 +132,10 @@ def test_final_round_refreshes_users_without_uploading():
     server, glob = D.server_step(server, {0: up}, cfg, np.random.default_rng(4))
     state, up = D.client_step(glob, state, block, cfg, np.random.default_rng(3))
     assert up is None
-    np.testing.assert_allclose(state.U, _dense_user_solve(glob.V, full, mask, cfg), atol=1e-12)
+    # the users are re-solved around the centre released with the sweep
+    assert glob.centre is not None and state.mu == glob.centre
+    np.testing.assert_allclose(state.U, _dense_user_solve(
+        glob.V, full, mask, with_centre(cfg, glob.centre)), atol=1e-12)
     server2, glob2 = D.server_step(server, {}, cfg, np.random.default_rng(4))
     assert messages_equal(glob2, glob) and glob2.sweep == 1
 

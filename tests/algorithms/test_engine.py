@@ -128,3 +128,32 @@ def test_batched_rfrec_noise_through_the_privacy_layer_is_the_stand_in_and_is_ch
     from privacy.ledger import BudgetExceeded
     with pytest.raises(BudgetExceeded):
         run_batched(cfg, fed, rounds=17, seed=5, clip=0.2, noise=tight.noise, per_round=4)
+
+
+def test_a_rounds_uploads_are_freed_before_the_next_rounds_are_made():
+    """Two rounds' uploads are never held at once (DPALS's per-item Grams of 100 tenants on
+    an 11,000-item catalogue are 270 MB): while round 2's clients upload, round 1's
+    uploads are gone; the returned state keeps the last round's."""
+    import gc
+    import weakref
+
+    from algorithms import registry
+    from algorithms.data import build_federation
+    from algorithms.synthetic import generate_ratings
+
+    alg = registry.get("dpals")
+    fed = build_federation(generate_ratings(60, 20, 600, seed=0), 3, 0)
+    refs: dict[int, list] = {}
+    alive_in_round_2: list[int] = []
+
+    def privatizer(upload, client, round_):
+        if round_ == 2 and client == 0:
+            gc.collect()
+            alive_in_round_2.append(sum(r() is not None for r in refs[1]))
+        refs.setdefault(round_, []).append(weakref.ref(upload))
+        return upload
+
+    res = simulate(alg, alg.config(rank=2, sweeps=3), fed, rounds=3, per_round=3, seed=0,
+                   privatizer=privatizer)
+    assert len(refs[1]) == 3 and alive_in_round_2 == [0]
+    assert res.final.round == 3

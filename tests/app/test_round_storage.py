@@ -404,7 +404,9 @@ def test_migration_0015_keeps_stored_dp_jobs_on_raw_ratings(env):
     with app.state.sessions() as s:
         for j, name in ((old_als, "dpals"), (old_avg, "dp-fedmavg")):
             config = s.get(TrainingJob, j).config
-            assert config == {**before[j], "normalise": False}
+            later = {"release_centre", "centre_share", "lam_bias", "factor_min_ratings"}
+            assert {k: v for k, v in config.items() if k not in later} == {
+                **before[j], "normalise": False}  # (0017 adds its own fields)
             assert registry.get(name).config(**config).unit == 1.0
         assert s.get(TrainingJob, has).config["normalise"] is True
 
@@ -443,3 +445,42 @@ def test_migration_0016_keeps_stored_rfrec_jobs_on_a_constant_step_and_lambda(en
     cfg = registry.get("rfrec").config(**stored)  # what a resumed job now loads
     assert cfg.lam_start == 1.0 and cfg.lr_final == 1.0
     assert registry.get("rfrec").config().lam_start < 1.0  # the new default differs
+
+
+
+def test_migration_0017_keeps_stored_dp_jobs_on_the_public_centre(env):
+    """DPALS / DP-FedMC-ADMM jobs stored before the released centre keep the public centre,
+    the bias under lam_u and a factor for every user (and so the privacy plan they were
+    accepted with: no centre arrays); a config that has the fields keeps its values."""
+    app, client = env
+    make_tenants(client, n=2)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
+        old_als, old_admm, has = (
+            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"})).id
+            for name in ("dpals", "dp-fedmc-admm", "dpals"))
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0016")  # drops the fields (the earlier code refuses unknown ones)
+    added = {"release_centre", "centre_share", "lam_bias", "factor_min_ratings"}
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        before = {j: json.loads(conn.execute(sa.text(
+            "SELECT config FROM training_jobs WHERE id = :j"), {"j": j}).scalar())
+            for j in (old_als, old_admm, has)}
+        assert not any(added & set(c) for c in before.values())
+        mine = {**before[has], "release_centre": True, "centre_share": 0.1, "lam_bias": 2.0,
+                "factor_min_ratings": 4}
+        conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
+                     {"c": json.dumps(mine), "j": has})
+    engine.dispose()
+    migrate(url)
+    with app.state.sessions() as s:
+        for j, name in ((old_als, "dpals"), (old_admm, "dp-fedmc-admm")):
+            config = s.get(TrainingJob, j).config
+            assert config == {**before[j], "release_centre": False, "centre_share": 0.02,
+                              "lam_bias": None, "factor_min_ratings": 1}
+            cfg = registry.get(name).config(**config)
+            assert registry.user_bounds(name, cfg).centre == ()
+            assert registry.user_bounds(name, registry.get(name).config()).centre == ("m",)
+        assert s.get(TrainingJob, has).config == mine

@@ -43,7 +43,8 @@ BOUNDS = D.user_bounds(CFG)
 
 def _upload(rng, n_items=40, d=3):
     x = rng.normal(size=(n_items, 6, d))
-    return D.Upload(A=np.einsum("nki,nkj->nij", x, x), b=rng.normal(size=(n_items, d)))
+    return D.Upload(A=np.einsum("nki,nkj->nij", x, x), b=rng.normal(size=(n_items, d)),
+                    m=np.array([rng.uniform(-6, 6), 6.0]))  # the centre sums of 6 users
 
 
 def _spec(**kw):
@@ -55,9 +56,10 @@ def _spec(**kw):
 def test_pack_keeps_upper_triangles_and_unpack_mirrors_them():
     up = _upload(np.random.default_rng(0))
     v = pack(up, BOUNDS)
-    assert v.size == 40 * 6 + 40 * 3
+    assert v.size == 40 * 6 + 40 * 3 + 2
     back = unpack(v, up, BOUNDS)
     assert np.array_equal(back.A, up.A) and np.array_equal(back.b, up.b)
+    assert np.array_equal(back.m, up.m)
     assert np.array_equal(unpack(pack(up), up).A, up.A)  # without bounds: in full
     with pytest.raises(ValueError, match="does not fit"):
         unpack(v[:-1], up, BOUNDS)
@@ -78,15 +80,17 @@ def test_quantised_change_of_one_user_is_within_the_integer_sensitivity(seed):
     a, b = up.A.copy(), up.b.copy()
     a[items] += np.outer(x, x)
     b[items] += s[:, None] * x
-    with_user = up.replace(A=a, b=b)
+    with_user = up.replace(A=a, b=b, m=up.m + [rng.choice([-1.0, 1.0]), 1.0])
     sens = integer_sensitivity(BOUNDS, up, fp)
     iu = np.triu_indices(3)
     for name, diff in (("A", (fp.quantise(with_user.A, 1) - fp.quantise(up.A, 1))
                         [:, iu[0], iu[1]]),
-                       ("b", fp.quantise(with_user.b, 1) - fp.quantise(up.b, 1))):
+                       ("b", fp.quantise(with_user.b, 1) - fp.quantise(up.b, 1)),
+                       ("m", fp.quantise(with_user.m, 1) - fp.quantise(up.m, 1))):
         assert np.linalg.norm(diff) <= sens[name]
     assert sens["A"] == pytest.approx(4 * gram_sensitivity(BOUNDS) + math.sqrt(k * 6))
     assert sens["b"] == pytest.approx(4 * rhs_sensitivity(BOUNDS) + math.sqrt(k * 3))
+    assert sens["m"] == pytest.approx(4 * math.sqrt(2) + math.sqrt(2))
 
 
 @pytest.mark.parametrize("n,drop", [(12, ()), (12, (3,))])
@@ -96,7 +100,7 @@ def test_decoded_sum_carries_the_planned_noise_variance(n, drop):
     inflation); the upload's noise fields say so."""
     spec = _spec(n_users=10_000, dropout_tolerance=0.2)
     priv = SecureAggregationPrivatizer(spec, BOUNDS, n, seed=0, drop=drop)
-    zero = D.Upload(A=np.zeros((400, 3, 3)), b=np.zeros((400, 3)))
+    zero = D.Upload(A=np.zeros((400, 3, 3)), b=np.zeros((400, 3)), m=np.zeros(2))
     for c in range(n):
         assert priv(zero, c, 1) is zero
     out = priv.aggregate({c: zero for c in range(n)}, 1)[AGGREGATE]
@@ -106,7 +110,8 @@ def test_decoded_sum_carries_the_planned_noise_variance(n, drop):
     fp = S.FixedPoint()
     sens = integer_sensitivity(BOUNDS, zero, fp)
     for name, field, real in (("A", "gram_noise", gram_sensitivity(BOUNDS)),
-                              ("b", "rhs_noise", rhs_sensitivity(BOUNDS))):
+                              ("b", "rhs_noise", rhs_sensitivity(BOUNDS)),
+                              ("m", "centre_noise", math.sqrt(2))):
         want = central[name] * (sens[name] / fp.scale / real) * math.sqrt(survivors / t)
         assert getattr(out, field) == pytest.approx(want, rel=1e-12)
         assert getattr(out, field) >= central[name]

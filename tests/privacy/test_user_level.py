@@ -82,7 +82,8 @@ def test_symmetric_noise_has_variance_sigma_squared_on_and_above_the_diagonal():
 
 @pytest.mark.parametrize("share", [0.5, 0.2, 0.9])
 def test_the_gram_and_rhs_noise_together_are_one_gaussian_of_multiplier_z(share):
-    bounds = D.user_bounds(D.DPALSConfig(max_ratings_per_user=50, rating_clip=1.5))
+    bounds = D.user_bounds(D.DPALSConfig(max_ratings_per_user=50, rating_clip=1.5,
+                                         release_centre=False))
     stds = noise_stds(bounds, 3.0, share)
     joint = math.hypot(gram_sensitivity(bounds) / stds["A"], rhs_sensitivity(bounds) / stds["b"])
     assert joint == pytest.approx(1 / 3.0)
@@ -206,9 +207,11 @@ def test_sample_rate_must_match_the_algorithms_sampling():
 
 def test_add_noise_keeps_existing_noise_in_quadrature():
     cfg = D.DPALSConfig(rank=2)
-    up = _uploads(cfg, 1)[0].replace(gram_noise=3.0, rhs_noise=0.0)
-    out = add_noise(up, D.user_bounds(cfg), {"A": 4.0, "b": 1.0}, np.random.default_rng(0))
+    up = _uploads(cfg, 1)[0].replace(gram_noise=3.0, rhs_noise=0.0, centre_noise=1.0)
+    out = add_noise(up, D.user_bounds(cfg), {"A": 4.0, "b": 1.0, "m": 2.0},
+                    np.random.default_rng(0))
     assert out.gram_noise == pytest.approx(5.0) and out.rhs_noise == pytest.approx(1.0)
+    assert out.centre_noise == pytest.approx(math.sqrt(5.0))
 
 
 def test_growing_schedule_meets_the_target_and_spends_more_on_later_releases():

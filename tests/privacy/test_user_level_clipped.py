@@ -28,12 +28,12 @@ from privacy.user_level import (
 
 
 def test_clipped_bounds_declare_sensitivity_c_and_noise_z_c_on_every_array():
-    bounds = FC.user_bounds(FC.DPFedMCADMMConfig(clip_norm=1.7))
+    bounds = FC.user_bounds(FC.DPFedMCADMMConfig(clip_norm=1.7, release_centre=False))
     assert bounds.arrays == ("G", "H")
     assert clipped_sensitivity(bounds) == 1.7 and sensitivities(bounds) == {"clipped": 1.7}
     assert noise_stds(bounds, 2.5) == {"G": pytest.approx(4.25), "H": pytest.approx(4.25)}
     # DPALS keeps its own rules (gram/rhs shares), untouched by the clipped arrays
-    dp = D.user_bounds(D.DPALSConfig())
+    dp = D.user_bounds(D.DPALSConfig(release_centre=False))
     assert dp.clipped == () and set(noise_stds(dp, 1.0)) == {"A", "b"}
 
 
@@ -50,7 +50,7 @@ def test_bounds_refuse_inconsistent_declarations(kwargs, message):
 
 
 def test_noise_on_clipped_arrays_has_std_z_c_and_is_recorded():
-    bounds = FA.user_bounds(FA.DPFedMAvgConfig(clip_norm=2.0))
+    bounds = FA.user_bounds(FA.DPFedMAvgConfig(clip_norm=2.0, release_centre=False))
     up = Upload(G=np.zeros((5, 4000)), H=np.zeros(4000))
     out = add_noise(up, bounds, noise_stds(bounds, 1.5), np.random.default_rng(0))
     assert np.std(out.G) == pytest.approx(3.0, rel=0.02)
@@ -103,7 +103,7 @@ def test_a_central_run_charges_every_tenant_the_sampled_event_once_per_release()
     from algorithms.synthetic import generate_ratings
 
     fed = build_federation(generate_ratings(300, 40, 3000, seed=1, scale="stars"), 3, 0)
-    cfg = FC.DPFedMCADMMConfig(rank=2, releases=3, user_sample_rate=0.5)
+    cfg = FC.DPFedMCADMMConfig(rank=2, releases=3, user_sample_rate=0.5, release_centre=False)
     bounds = FC.user_bounds(cfg)
     spec = plan({"epsilon": 2.0, "delta": 1e-4}, bounds, 300, 3)
     priv = UserLevelPrivatizer(spec, bounds, 3, seed=4)
