@@ -314,9 +314,19 @@ def _fused_lipschitz(x: np.ndarray, cfg: FedMCADMMConfig) -> tuple[int, float]:
 def u_update(state: LocalState, block: RatingBlock, cfg: FedMCADMMConfig) -> np.ndarray:
     """U_i^{k+1}: N steps of eq. (66) (l2) or eq. (71) (l1) with W_i^k fixed."""
     csr = block.csr
-    bt = u_design_t(state.W, cfg)
     target = u_target(csr.data, csr.indices, state.W, state.mean, cfg)
     l1 = cfg.regulariser == "l1"
+    if cfg.use_numba() and cfg.lipschitz != "global":
+        # each user row's bound and gradient read only the columns of W it rated: the
+        # design over the tenant's rated items (renumbered, same order), not the catalogue
+        items, part = block.compact
+        bt = u_design_t(state.W[:, items], cfg)
+        pcsr = part.csr
+        mode, given = _fused_lipschitz(bt, cfg)
+        return K.u_prox_steps_numba(pcsr.indptr, pcsr.indices, target, state.U, bt, mode,
+                                    given, cfg.lipschitz_floor, cfg.lam, l1, cfg.inner_steps,
+                                    lam_rating=cfg.lam_rating * state.ridge_scale)
+    bt = u_design_t(state.W, cfg)
     if cfg.use_numba():
         mode, given = _fused_lipschitz(bt, cfg)
         return K.u_prox_steps_numba(csr.indptr, csr.indices, target, state.U, bt, mode, given,
@@ -450,13 +460,39 @@ def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.
     return rating_factors(np.hstack(a_cols), np.vstack(b_rows), state.scale_unit)
 
 
+def _entry_factors(global_msg: GlobalModel, state: LocalState, rows: np.ndarray,
+                   cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(A[rows], B[:, cols])`` of :func:`factors`, built from the entries' rows and
+    columns only (the same values: an evaluation costs its entries, not the catalogue)."""
+    u, v, rank = state.U, global_msg.V, state.rank
+    ones = np.ones((1, cols.shape[0]))
+    a_cols, b_rows = [u[rows, :rank]], [v[:rank, cols]]
+    if u.shape[1] > rank:
+        a_cols.append(u[rows, rank:rank + 1])
+        b_rows.append(ones)
+    if v.shape[0] > rank:
+        a_cols.append(np.ones((rows.shape[0], 1)))
+        b_rows.append(v[rank:rank + 1, cols])
+    a_cols.append(np.full((rows.shape[0], 1), state.mean))
+    b_rows.append(ones)
+    return rating_factors(np.hstack(a_cols), np.vstack(b_rows), state.scale_unit)
+
+
+def predict_entries(global_msg: GlobalModel, state: LocalState, rows: np.ndarray,
+                    cols: np.ndarray) -> np.ndarray:
+    """The prediction ``(A @ B)[rows, cols]`` of :func:`factors` on the given entries, the
+    same numbers as :func:`algorithms.base.predict`'s product of the gathered factors."""
+    a, b = _entry_factors(global_msg, state, rows, cols)
+    return np.einsum("ij,ji->i", a, b)
+
+
 def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
               cfg: FedMCADMMConfig) -> float:
     """Tenant i's share of F: (1/p)[f_i(U_i, V) + R_i(U_i)] + R(V)/p (problem 1), in the
     tenant's rating units."""
     p, block = global_msg.n_clients, normalised(block, state.scale_unit)
-    a, b = factors(global_msg, state.replace(scale_unit=1.0))
-    e = K.observed_residual(a, b.T, block.rows, block.cols, block.vals)
+    a, b = _entry_factors(global_msg, state.replace(scale_unit=1.0), block.rows, block.cols)
+    e = np.einsum("ij,ij->i", a, np.ascontiguousarray(b.T)) - block.vals
     if cfg.regulariser == "l1":
         r_u, r_v = cfg.lam * np.abs(state.U).sum(), cfg.gamma * np.abs(global_msg.V).sum()
     else:
@@ -467,16 +503,17 @@ def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     if cfg.lam_rating or cfg.gamma_rating:  # the weighted-lambda terms, part of f_i
         csr, ridge = block.csr, 0.5 * state.ridge_scale
         n_u = np.diff(csr.indptr).astype(float)
-        n_j = np.bincount(csr.indices, minlength=global_msg.V.shape[1]).astype(float)
+        items, part = block.compact  # n_j is 0 on the items the tenant did not rate
+        n_j = np.bincount(part.cols, minlength=items.shape[0]).astype(float)
         r_u += ridge * cfg.lam_rating * float(n_u @ np.sum(state.U**2, axis=1))
-        r_u += ridge * cfg.gamma_rating * float(n_j @ np.sum(global_msg.V**2, axis=0))
+        r_u += ridge * cfg.gamma_rating * float(n_j @ np.sum(global_msg.V[:, items]**2, axis=0))
     return float((0.5 * e @ e + r_u + r_v) / p)
 
 
 ALGORITHM = Algorithm(
     name="fedmc-admm", config=FedMCADMMConfig, init_server=init_server,
     init_client=init_client, client_step=client_step, server_step=server_step,
-    factors=factors, objective=objective,
+    factors=factors, objective=objective, predict_entries=predict_entries,
     server_prepare=server_prepare, server_apply=server_apply,
     # every tenant every round: the weighted-lambda defaults converge in about 60 rounds so
     # (BENCHMARKS.md, "Defaults on any rating scale"); 10 a round needed several hundred
