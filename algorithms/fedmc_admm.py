@@ -73,7 +73,8 @@ tenant plus S (not separate W_i and Y_i copies) and updates S by difference.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -398,33 +399,70 @@ PREPARE_PARTS = 16
 small enough to fill the gaps the tenants of different sizes leave on the threads."""
 
 
-def server_prepare(state: ServerState, cfg: FedMCADMMConfig, parts: int = PREPARE_PARTS
-                   ) -> tuple[ServerState, list]:
+def _row_parts(rows: np.ndarray, parts: int) -> list[slice]:
+    """``rows`` (sorted) as slices of consecutive tenants, runs longer than about
+    ``len(rows) / parts`` split, so the copy tasks stay small enough to balance."""
+    if rows.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    size = max(1, -(-rows.size // max(1, parts)))
+    out = []
+    for run in np.split(rows, breaks):
+        for lo in range(0, run.size, size):
+            chunk = run[lo:lo + size]
+            out.append(slice(int(chunk[0]), int(chunk[-1]) + 1))
+    return out
+
+
+def server_prepare(state: ServerState, cfg: FedMCADMMConfig, parts: int = PREPARE_PARTS,
+                   expected: Sequence[int] = ()) -> tuple[ServerState, list]:
     """The part of :func:`server_step` that does not depend on the uploads: a fresh copy of
     C and S (the 31 MiB of C on MovieLens 1M; filling new memory costs more than the step's
     arithmetic), returned unfilled with the tasks that fill C (:func:`_pool.copy_parts`).
-    The round engine runs them on its threads alongside the client steps."""
-    c, fill = copy_parts(state.C, parts)
+    The round engine runs them on its threads alongside the client steps.
+
+    The rows of the ``expected`` tenants (this round's, whose uploads replace them) are
+    not copied: :func:`server_apply`, given the same ``expected`` and the state as
+    ``previous``, reads their old values there and copies only those of the expected
+    tenants that did not upload. With every tenant every round (the default run) nothing
+    is copied: the copy was a pass over p x n x q_w values per round, whatever the
+    tenants rated."""
+    skip = np.unique(np.asarray(expected, dtype=np.int64))
+    if skip.size == 0:
+        c, fill = copy_parts(state.C, parts)
+        return ServerState(C=c, S=state.S.copy()), fill
+    c = np.empty_like(state.C)
+    keep = np.setdiff1d(np.arange(state.C.shape[0]), skip)
+    fill = [functools.partial(np.copyto, c[sl], state.C[sl]) for sl in _row_parts(keep, parts)]
     return ServerState(C=c, S=state.S.copy()), fill
 
 
 def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
-                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
+                 rng: np.random.Generator, previous: ServerState | None = None,
+                 expected: Sequence[int] = ()) -> tuple[ServerState, GlobalModel]:
     """The rest of :func:`server_step` on ``fresh`` (from :func:`server_prepare`, filled),
     which it modifies: replace the uploaders' contributions and solve eq. (16). Every item
     is updated on its own, so slices of the items run on the pool's threads (the same
-    numbers)."""
+    numbers). ``previous`` and ``expected``: the state and tenants given to
+    :func:`server_prepare` (whose rows of ``fresh.C`` it left unfilled)."""
     c, s = fresh.C, fresh.S
     order = sorted(uploads)
+    pending = sorted(set(int(i) for i in expected))
+    if pending and previous is None:
+        raise ValueError("server_apply needs the previous state for the expected tenants")
+    old = {i: (previous.C[i] if i in pending else c[i]) for i in order}
+    missing = [i for i in pending if i not in uploads]  # expected, but nothing arrived
     p = c.shape[0]
     v = np.empty_like(s)
 
     def part(sl: slice) -> None:
         s_part = s[sl]
+        for i in missing:
+            c[i, sl] = previous.C[i, sl]
         for i in order:
             new = cfg.beta * uploads[i].W.T[sl] + uploads[i].Y.T[sl]
             s_part += new
-            s_part -= c[i, sl]
+            s_part -= old[i][sl]
             c[i, sl] = new
         v[sl] = aggregate(s_part, p, cfg)
 
@@ -438,10 +476,12 @@ def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCAD
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
     """Replace the uploaders' contributions (others keep theirs) and solve eq. (16):
-    :func:`server_prepare` (C filled on every core), then :func:`server_apply`."""
-    fresh, fill = server_prepare(state, cfg, width())
+    :func:`server_prepare` (the other tenants' rows of C copied on every core), then
+    :func:`server_apply`."""
+    expected = sorted(uploads)
+    fresh, fill = server_prepare(state, cfg, width(), expected)
     run_all(fill)
-    return server_apply(fresh, uploads, cfg, rng)
+    return server_apply(fresh, uploads, cfg, rng, state, expected)
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:
