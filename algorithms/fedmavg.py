@@ -413,8 +413,14 @@ def local_objective(u: np.ndarray, v: np.ndarray, block: RatingBlock, cfg,
     """Tenant i's share of the training objective: f_i(U_i, V) + its part of R_V(V).
 
     plain: gamma/(2p) ||V||^2; per_rating: gamma/2 sum_j n_j^(i) ||v_j||^2 (with bias
-    terms the fixed ones are not penalised, the biases are, as the factors).
+    terms the fixed ones are not penalised, the biases are, as the factors). Per rating,
+    every term of an item the tenant did not rate is 0, so only its rated items are
+    evaluated (an evaluation of 100 tenants of a 20,000-item catalogue made 100 passes
+    over all of V).
     """
+    if cfg.reg == "per_rating":
+        items, block = block.compact
+        v = v[:, items]
     res = residual_matrix(u, v, block, offset).data
     lam_rows, gamma_cols = penalties(block, cfg)
     u_free, v_free = bias_masks(cfg)
@@ -542,6 +548,16 @@ def factors(global_msg: FedMAvgGlobal, local: FedMAvgLocal) -> tuple[np.ndarray,
     return rating_factors(a, b, local.scale_unit)
 
 
+def predict_entries(global_msg: FedMAvgGlobal, local: FedMAvgLocal, rows: np.ndarray,
+                    cols: np.ndarray) -> np.ndarray:
+    """``(A @ B)[rows, cols]`` of :func:`factors` from the entries' rows and columns only:
+    the same numbers as the product of the gathered full factors, without building the
+    catalogue-sized B per tenant."""
+    a, b = mean_offset_factors(local.u[rows], local.mean, global_msg.v[:, cols])
+    a, b = rating_factors(a, b, local.scale_unit)
+    return np.einsum("ij,ji->i", a, b)
+
+
 def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,
               cfg: FedMAvgConfig) -> float:
     """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V),
@@ -554,4 +570,4 @@ def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock
 ALGORITHM = Algorithm(
     name="fedmavg", config=FedMAvgConfig, init_server=init_server, init_client=init_client,
     client_step=client_step, server_step=server_step, factors=factors, objective=objective,
-    select=select)
+    select=select, predict_entries=predict_entries)

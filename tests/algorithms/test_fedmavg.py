@@ -394,3 +394,35 @@ def test_client_step_on_rated_items_equals_steps_over_the_catalogue(item_bias_ri
     np.testing.assert_array_equal(up.w, w)
     unrated = np.setdiff1d(np.arange(400), block.cols)
     np.testing.assert_array_equal(up.w[:, unrated], glob.v[:, unrated])
+
+
+@pytest.mark.parametrize("reg", ["per_rating", "plain"])
+def test_entry_predictions_and_objective_equal_the_catalogue_formulas(reg):
+    """Predictions from the entries' rows and columns equal the product of the gathered
+    full factors to the bit; the per-rating objective, evaluated on the rated items only,
+    equals the catalogue formula to 1e-12 (bias ridge on: its term too)."""
+    from algorithms.base import predict
+
+    cfg = fm.FedMAvgConfig(rank=3, reg=reg, item_bias_ridge=1.5)
+    rng = np.random.default_rng(12)
+    rows, cols = rng.integers(0, 6, 40), rng.integers(0, 300, 40)
+    keep = np.unique(rows * 300 + cols, return_index=True)[1]
+    block = RatingBlock(rows[keep], cols[keep], rng.uniform(-10, 10, keep.size), 6, 300,
+                        (-10.0, 10.0))
+    server, glob, locs = initialise(fm.ALGORITHM, cfg, [block], 0)
+    glob = glob.replace(v=glob.v + rng.normal(size=glob.v.shape))
+    local = locs[0].replace(u=locs[0].u + rng.normal(size=locs[0].u.shape))
+    a, b = fm.factors(glob, local)
+    np.testing.assert_array_equal(predict(fm.ALGORITHM, glob, local, block.rows, block.cols),
+                                  np.einsum("ij,ji->i", a[block.rows], b[:, block.cols]))
+    nb = block.with_values(block.vals / local.scale_unit)
+    u, v = local.u, glob.v
+    res = fm.residual_matrix(u, v, nb, local.mean).data
+    lam_rows, gamma_cols = fm.penalties(nb, cfg)
+    u_free, v_free = fm.bias_masks(cfg)
+    u, v = u * u_free[None, :], v * v_free[:, None]
+    r_b = np.sum(fm.item_penalties(nb, cfg, np.zeros(300), v.shape[0]) * v * v)
+    v_sq = np.sum(v * v, axis=0)
+    r_v = cfg.gamma * v_sq.sum() / 1 if reg == "plain" else gamma_cols @ v_sq
+    want = 0.5 * res @ res + 0.5 * lam_rows @ np.sum(u * u, axis=1) + 0.5 * (r_v + r_b)
+    assert fm.objective(glob, local, block, cfg) == pytest.approx(want, rel=1e-12)
