@@ -503,8 +503,12 @@ def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.
 def _entry_factors(global_msg: GlobalModel, state: LocalState, rows: np.ndarray,
                    cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(A[rows], B[:, cols])`` of :func:`factors`, built from the entries' rows and
-    columns only (the same values: an evaluation costs its entries, not the catalogue)."""
+    columns only when there are fewer entries than items (the same values: an evaluation
+    then costs its entries, not the catalogue), else by gathering the full factors."""
     u, v, rank = state.U, global_msg.V, state.rank
+    if rows.shape[0] >= v.shape[1]:
+        a, b = factors(global_msg, state)
+        return a[rows], b[:, cols]
     ones = np.ones((1, cols.shape[0]))
     a_cols, b_rows = [u[rows, :rank]], [v[:rank, cols]]
     if u.shape[1] > rank:

@@ -397,17 +397,19 @@ def test_client_step_on_rated_items_equals_steps_over_the_catalogue(item_bias_ri
 
 
 @pytest.mark.parametrize("reg", ["per_rating", "plain"])
-def test_entry_predictions_and_objective_equal_the_catalogue_formulas(reg):
-    """Predictions from the entries' rows and columns equal the product of the gathered
-    full factors to the bit; the per-rating objective, evaluated on the rated items only,
-    equals the catalogue formula to 1e-12 (bias ridge on: its term too)."""
+@pytest.mark.parametrize("n", [300, 10])
+def test_entry_predictions_and_objective_equal_the_catalogue_formulas(reg, n):
+    """Predictions from the entries' rows and columns (n = 300; with more entries than
+    items, n = 10, from the full factors) equal the product of the gathered full factors
+    to the bit; the per-rating objective, evaluated on the rated items only, equals the
+    catalogue formula to 1e-12 (bias ridge on: its term too)."""
     from algorithms.base import predict
 
     cfg = fm.FedMAvgConfig(rank=3, reg=reg, item_bias_ridge=1.5)
     rng = np.random.default_rng(12)
-    rows, cols = rng.integers(0, 6, 40), rng.integers(0, 300, 40)
-    keep = np.unique(rows * 300 + cols, return_index=True)[1]
-    block = RatingBlock(rows[keep], cols[keep], rng.uniform(-10, 10, keep.size), 6, 300,
+    rows, cols = rng.integers(0, 6, 40), rng.integers(0, n, 40)
+    keep = np.unique(rows * n + cols, return_index=True)[1]
+    block = RatingBlock(rows[keep], cols[keep], rng.uniform(-10, 10, keep.size), 6, n,
                         (-10.0, 10.0))
     server, glob, locs = initialise(fm.ALGORITHM, cfg, [block], 0)
     glob = glob.replace(v=glob.v + rng.normal(size=glob.v.shape))
@@ -421,7 +423,7 @@ def test_entry_predictions_and_objective_equal_the_catalogue_formulas(reg):
     lam_rows, gamma_cols = fm.penalties(nb, cfg)
     u_free, v_free = fm.bias_masks(cfg)
     u, v = u * u_free[None, :], v * v_free[:, None]
-    r_b = np.sum(fm.item_penalties(nb, cfg, np.zeros(300), v.shape[0]) * v * v)
+    r_b = np.sum(fm.item_penalties(nb, cfg, np.zeros(n), v.shape[0]) * v * v)
     v_sq = np.sum(v * v, axis=0)
     r_v = cfg.gamma * v_sq.sum() / 1 if reg == "plain" else gamma_cols @ v_sq
     want = 0.5 * res @ res + 0.5 * lam_rows @ np.sum(u * u, axis=1) + 0.5 * (r_v + r_b)

@@ -373,14 +373,16 @@ def test_u_step_on_rated_items_equals_the_catalogue_design(lipschitz):
     np.testing.assert_array_equal(got, want)
 
 
-def test_entry_predictions_and_objective_equal_the_catalogue_factors():
-    """Predictions gathered from the entries' rows and columns equal the product of the
-    full factors to the bit; the objective equals the former formula (residuals from the
-    full factors, item counts over the catalogue) to 1e-12, on another rating scale too."""
+@pytest.mark.parametrize("n", [500, 12])
+def test_entry_predictions_and_objective_equal_the_catalogue_factors(n):
+    """Predictions gathered from the entries' rows and columns (fewer entries than items,
+    n = 500; else from the full factors, n = 12) equal the product of the full factors to
+    the bit; the objective equals the former formula (residuals from the full factors,
+    item counts over the catalogue) to 1e-12, on another rating scale too."""
     from algorithms.base import predict
 
     rng = np.random.default_rng(22)
-    m, n = 9, 500
+    m = 9
     rows, cols = rng.integers(0, m, 60), rng.integers(0, n, 60)
     keep = np.unique(rows * n + cols, return_index=True)[1]
     for scale in [(1.0, 5.0), (-10.0, 10.0)]:
