@@ -317,9 +317,10 @@ def u_update(state: LocalState, block: RatingBlock, cfg: FedMCADMMConfig) -> np.
     csr = block.csr
     target = u_target(csr.data, csr.indices, state.W, state.mean, cfg)
     l1 = cfg.regulariser == "l1"
-    if cfg.use_numba() and cfg.lipschitz != "global":
-        # each user row's bound and gradient read only the columns of W it rated: the
-        # design over the tenant's rated items (renumbered, same order), not the catalogue
+    if cfg.use_numba() and cfg.lipschitz != "global" and 2 * block.nnz < block.n_items:
+        # each user row's bound and gradient read only the columns of W it rated: on a
+        # sparse tenant, the design over its rated items (renumbered, same order), not
+        # the catalogue (a tenant rating most items keeps the catalogue's: no gather)
         items, part = block.compact
         bt = u_design_t(state.W[:, items], cfg)
         pcsr = part.csr
