@@ -448,11 +448,11 @@ def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCAD
     :func:`server_prepare` (whose rows of ``fresh.C`` it left unfilled)."""
     c, s = fresh.C, fresh.S
     order = sorted(uploads)
-    pending = sorted(set(int(i) for i in expected))
+    pending = {int(i) for i in expected}
     if pending and previous is None:
         raise ValueError("server_apply needs the previous state for the expected tenants")
     old = {i: (previous.C[i] if i in pending else c[i]) for i in order}
-    missing = [i for i in pending if i not in uploads]  # expected, but nothing arrived
+    missing = sorted(i for i in pending if i not in uploads)  # expected, nothing arrived
     p = c.shape[0]
     v = np.empty_like(s)
 
