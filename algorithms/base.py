@@ -104,16 +104,16 @@ class Algorithm:
     #: ``A @ B`` is then the same ranking); None: the prediction is ``A @ B`` itself
     serving_link: Callable[[Message, Message], tuple[float, float] | None] | None = None
     #: the server step in two parts, so that the round engine can run the first alongside
-    #: the client steps: ``server_prepare(server_state, cfg) -> (fresh, tasks)`` does what
-    #: does not depend on the uploads (e.g. FedMC-ADMM's fresh copy of its per-tenant
-    #: contributions); ``fresh`` is complete once every zero-argument callable in ``tasks``
-    #: has run (in any order, on any thread). ``server_apply(fresh, uploads, cfg, rng)``
-    #: finishes the step on it and may modify ``fresh`` (nothing else). ``server_step``
-    #: must be exactly their composition. None (both): the engine calls ``server_step``.
-    server_prepare: Callable[[Message, Any], tuple[Message, list[Callable[[], Any]]]] | None \
-        = None
-    server_apply: Callable[[Message, Mapping[int, Message], Any, np.random.Generator],
-                           tuple[Message, Message]] | None = None
+    #: the client steps: ``server_prepare(server_state, cfg, expected=ids) -> (fresh,
+    #: tasks)`` does what does not depend on the uploads (e.g. FedMC-ADMM's fresh copy of
+    #: its per-tenant contributions, except the rows of the clients ``expected`` to
+    #: upload); ``fresh`` is ready once every zero-argument callable in ``tasks`` has run
+    #: (in any order, on any thread). ``server_apply(fresh, uploads, cfg, rng,
+    #: previous=server_state, expected=ids)`` finishes the step on it and may modify
+    #: ``fresh`` (nothing else). ``server_step`` must give exactly the same numbers. None
+    #: (both): the engine calls ``server_step``.
+    server_prepare: Callable[..., tuple[Message, list[Callable[[], Any]]]] | None = None
+    server_apply: Callable[..., tuple[Message, Message]] | None = None
 
 
 def predict(alg: Algorithm, global_msg: Message, local_state: Message,

@@ -84,6 +84,17 @@ class RatingBlock:
         """Sorted unique item indices this tenant has rated."""
         return np.unique(self.cols)
 
+    @cached_property
+    def compact(self) -> tuple[np.ndarray, RatingBlock]:
+        """(``rated_items``, the same ratings with each column renumbered to its position
+        in ``rated_items``): a block over the rated items only, for steps in which an
+        unrated item's column cannot change (its work then follows the ratings, not the
+        catalogue). The renumbering is monotone, so CSR/CSC views keep their order."""
+        items = self.rated_items
+        local = np.searchsorted(items, self.cols).astype(np.int32)
+        return items, RatingBlock(self.rows, local, self.vals, self.n_users, items.shape[0],
+                                  self.scale)
+
     def with_values(self, vals: np.ndarray) -> RatingBlock:
         """Same pattern, other values (e.g. centred ratings or residuals)."""
         return RatingBlock(self.rows, self.cols, vals, self.n_users, self.n_items, self.scale)

@@ -261,13 +261,45 @@ def row_curvature(other: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows:
     small tenant (a few users, a catalogue of thousands of items) the work follows its
     ratings, not the catalogue (each client step decomposed one matrix per item of the
     catalogue; 15 minutes were not enough for 100 default rounds on a 40,000-rating set
-    of 4,659 items, BENCHMARKS.md)."""
+    of 4,659 items, BENCHMARKS.md). A row with k < q ratings has a Gram matrix of rank at
+    most k, whose nonzero eigenvalues are those of the k x k matrix of its ratings' inner
+    products O^T O: k = 1 gives ||o||^2, k = 2 the larger root of a 2 x 2 matrix, and
+    3 <= k < q a k x k decomposition (on sparse data most rows: one or two ratings of
+    most items per tenant); rows with k >= q decompose their q x q Gram matrix as before.
+    Each is lambda_max to rounding (a few ulps; the tests compare with the q x q
+    decomposition at 1e-12)."""
     if not np.all(np.isfinite(other)):
         lambda_max(other)  # raises the divergence error
-    present, local = np.unique(rows, return_inverse=True)
-    gram = gram_sums(local, np.ascontiguousarray(other[:, cols].T), present.size)
     out = np.zeros(n_rows)
-    out[present] = np.linalg.eigvalsh(gram)[:, -1]
+    if rows.size == 0:
+        return out
+    q = other.shape[0]
+    counts = np.bincount(rows, minlength=n_rows)
+    primal = counts >= q
+    if primal.any():  # q x q Gram matrices, summed in the order of the ratings
+        keep = primal[rows]
+        present, local = np.unique(rows[keep], return_inverse=True)
+        gram = gram_sums(local, np.ascontiguousarray(other[:, cols[keep]].T), present.size)
+        out[present] = np.linalg.eigvalsh(gram)[:, -1]
+    if primal.all() or q < 2:
+        return out
+    order = np.argsort(rows, kind="stable")
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    o = np.ascontiguousarray(other[:, cols[order]].T)  # (nnz, q), grouped by row
+    for k in range(1, q):
+        sel = np.flatnonzero(counts == k)
+        if sel.size == 0:
+            continue
+        x = o[starts[sel][:, None] + np.arange(k)]  # (rows, k, q)
+        if k == 1:
+            out[sel] = np.einsum("ijc,ijc->i", x, x)
+            continue
+        dual = np.einsum("iac,ibc->iab", x, x)  # (rows, k, k) inner products
+        if k == 2:  # larger root of [[a, b], [b, d]], both terms non-negative
+            a, b, d = dual[:, 0, 0], dual[:, 0, 1], dual[:, 1, 1]
+            out[sel] = 0.5 * (a + d) + np.hypot(0.5 * (a - d), b)
+        else:
+            out[sel] = np.linalg.eigvalsh(dual)[:, -1]
     return out
 
 
@@ -294,8 +326,9 @@ def u_steps(u: np.ndarray, v: np.ndarray, block: RatingBlock, steps: int,
         return u.copy()
     c = np.where(c > 0, c, 1.0)[:, None]  # c_t = 0 only if V = 0 and Lam_t = 0: no step
     mask = 1.0 if free is None else free[None, :]
+    vt = np.ascontiguousarray(v.T)  # scipy would copy v.T at every step
     for _ in range(steps):
-        grad = residual_matrix(u, v, block, offset) @ v.T + lam_rows[:, None] * u
+        grad = residual_matrix(u, v, block, offset) @ vt + lam_rows[:, None] * u
         u = u - mask * grad / c
     return u
 
@@ -361,11 +394,17 @@ def average_raters(ws: list[np.ndarray], v: np.ndarray) -> np.ndarray:
     tenants that rated j: without ratings of j a tenant's column has no gradient and comes
     back unchanged); V^k[:, j] where none moved. The server sees which columns moved in
     the W_i themselves, so this uses nothing beyond eq. 9's uploads; the plain mean
-    instead shrinks each item's step by the share of tenants that did not rate it."""
-    stack = np.stack(ws)
-    moved = np.any(stack != v[None], axis=1)  # (uploads, n)
-    count = moved.sum(axis=0)
-    total = np.einsum("ikn,in->kn", stack, moved)
+    instead shrinks each item's step by the share of tenants that did not rate it.
+
+    One upload at a time, adding only its moved columns (in upload order, as a sum over
+    the stacked uploads would: the same numbers), so no uploads x rank x items array is
+    formed (192 MB for 100 uploads of a 20,000-item catalogue at rank 10)."""
+    total = np.zeros(v.shape)
+    count = np.zeros(v.shape[1], dtype=np.int64)
+    for w in ws:
+        moved = np.flatnonzero(np.any(w != v, axis=0))
+        total[:, moved] += w[:, moved]
+        count[moved] += 1
     return np.where(count > 0, total / np.maximum(count, 1), v)
 
 
@@ -374,8 +413,14 @@ def local_objective(u: np.ndarray, v: np.ndarray, block: RatingBlock, cfg,
     """Tenant i's share of the training objective: f_i(U_i, V) + its part of R_V(V).
 
     plain: gamma/(2p) ||V||^2; per_rating: gamma/2 sum_j n_j^(i) ||v_j||^2 (with bias
-    terms the fixed ones are not penalised, the biases are, as the factors).
+    terms the fixed ones are not penalised, the biases are, as the factors). Per rating,
+    every term of an item the tenant did not rate is 0, so only its rated items are
+    evaluated when they are fewer than its ratings (an evaluation of 100 tenants of a
+    20,000-item catalogue made 100 passes over all of V).
     """
+    if cfg.reg == "per_rating" and block.nnz < block.n_items:
+        items, block = block.compact
+        v = v[:, items]
     res = residual_matrix(u, v, block, offset).data
     lam_rows, gamma_cols = penalties(block, cfg)
     u_free, v_free = bias_masks(cfg)
@@ -422,18 +467,28 @@ def client_step(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlo
     """Q1 steps on U_i, then (if this tenant uploads) Q2^k steps on W_i from V^k, on the
     ratings in the tenant's units."""
     v, offset, block = global_msg.v, local.mean, normalised(block, local.scale_unit)
-    lam_rows, gamma_cols = penalties(block, cfg)
     u_free, v_free = bias_masks(cfg)
     local_curv = cfg.curvature == "local"
-    u = u_steps(local.u, v, block, cfg.q1, lam_rows, cfg.c_factor, offset, u_free, local_curv)
+    # with per-item curvature and the per-rating ridge an unrated item's column has no
+    # gradient, no ridge and no step (W_i keeps V^k there): the steps run on the rated
+    # items only (the same numbers), and the work follows the tenant's ratings
+    rated_only = local_curv and cfg.reg == "per_rating"
+    items, part = block.compact if rated_only else (None, block)
+    v_part = v[:, items] if rated_only else v
+    lam_rows, gamma_cols = penalties(part, cfg)
+    u = u_steps(local.u, v_part, part, cfg.q1, lam_rows, cfg.c_factor, offset, u_free,
+                local_curv)
     new_local = local.replace(u=u)
     tickets = global_msg.upload_tickets
     if tickets.size and local.ticket not in tickets:
         return new_local, None  # pcc: W_i restarts from V^{k+1} next round, unseen
     scale = 1.0 / global_msg.n_clients if cfg.scale_by_p else 1.0
     q2 = q2_schedule(global_msg.round + 1, cfg)
-    gamma_w = item_penalties(block, cfg, gamma_cols, v.shape[0])
-    w = w_steps(u, v, block, q2, gamma_w, cfg.d_factor, scale, offset, v_free, local_curv)
+    gamma_w = item_penalties(part, cfg, gamma_cols, v.shape[0])
+    w = w_steps(u, v_part, part, q2, gamma_w, cfg.d_factor, scale, offset, v_free, local_curv)
+    if rated_only:
+        w, w_part = v.copy(), w
+        w[:, items] = w_part
     return new_local, FedMAvgUpload(w, local.ticket)
 
 
@@ -493,6 +548,19 @@ def factors(global_msg: FedMAvgGlobal, local: FedMAvgLocal) -> tuple[np.ndarray,
     return rating_factors(a, b, local.scale_unit)
 
 
+def predict_entries(global_msg: FedMAvgGlobal, local: FedMAvgLocal, rows: np.ndarray,
+                    cols: np.ndarray) -> np.ndarray:
+    """``(A @ B)[rows, cols]`` of :func:`factors` from the entries' rows and columns only:
+    the same numbers as the product of the gathered full factors, without building the
+    catalogue-sized B per tenant (when there are fewer entries than items)."""
+    if rows.shape[0] >= global_msg.v.shape[1]:
+        a, b = factors(global_msg, local)
+        return np.einsum("ij,ji->i", a[rows], b[:, cols])
+    a, b = mean_offset_factors(local.u[rows], local.mean, global_msg.v[:, cols])
+    a, b = rating_factors(a, b, local.scale_unit)
+    return np.einsum("ij,ji->i", a, b)
+
+
 def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock,
               cfg: FedMAvgConfig) -> float:
     """Tenant i's share: 1/2 ||P(M_i - U_i V - mu_i)||^2 + R_U(U_i) + its part of R_V(V),
@@ -505,4 +573,4 @@ def objective(global_msg: FedMAvgGlobal, local: FedMAvgLocal, block: RatingBlock
 ALGORITHM = Algorithm(
     name="fedmavg", config=FedMAvgConfig, init_server=init_server, init_client=init_client,
     client_step=client_step, server_step=server_step, factors=factors, objective=objective,
-    select=select)
+    select=select, predict_entries=predict_entries)

@@ -73,7 +73,8 @@ tenant plus S (not separate W_i and Y_i copies) and updates S by difference.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -314,9 +315,20 @@ def _fused_lipschitz(x: np.ndarray, cfg: FedMCADMMConfig) -> tuple[int, float]:
 def u_update(state: LocalState, block: RatingBlock, cfg: FedMCADMMConfig) -> np.ndarray:
     """U_i^{k+1}: N steps of eq. (66) (l2) or eq. (71) (l1) with W_i^k fixed."""
     csr = block.csr
-    bt = u_design_t(state.W, cfg)
     target = u_target(csr.data, csr.indices, state.W, state.mean, cfg)
     l1 = cfg.regulariser == "l1"
+    if cfg.use_numba() and cfg.lipschitz != "global" and 2 * block.nnz < block.n_items:
+        # each user row's bound and gradient read only the columns of W it rated: on a
+        # sparse tenant, the design over its rated items (renumbered, same order), not
+        # the catalogue (a tenant rating most items keeps the catalogue's: no gather)
+        items, part = block.compact
+        bt = u_design_t(state.W[:, items], cfg)
+        pcsr = part.csr
+        mode, given = _fused_lipschitz(bt, cfg)
+        return K.u_prox_steps_numba(pcsr.indptr, pcsr.indices, target, state.U, bt, mode,
+                                    given, cfg.lipschitz_floor, cfg.lam, l1, cfg.inner_steps,
+                                    lam_rating=cfg.lam_rating * state.ridge_scale)
+    bt = u_design_t(state.W, cfg)
     if cfg.use_numba():
         mode, given = _fused_lipschitz(bt, cfg)
         return K.u_prox_steps_numba(csr.indptr, csr.indices, target, state.U, bt, mode, given,
@@ -388,33 +400,70 @@ PREPARE_PARTS = 16
 small enough to fill the gaps the tenants of different sizes leave on the threads."""
 
 
-def server_prepare(state: ServerState, cfg: FedMCADMMConfig, parts: int = PREPARE_PARTS
-                   ) -> tuple[ServerState, list]:
+def _row_parts(rows: np.ndarray, parts: int) -> list[slice]:
+    """``rows`` (sorted) as slices of consecutive tenants, runs longer than about
+    ``len(rows) / parts`` split, so the copy tasks stay small enough to balance."""
+    if rows.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    size = max(1, -(-rows.size // max(1, parts)))
+    out = []
+    for run in np.split(rows, breaks):
+        for lo in range(0, run.size, size):
+            chunk = run[lo:lo + size]
+            out.append(slice(int(chunk[0]), int(chunk[-1]) + 1))
+    return out
+
+
+def server_prepare(state: ServerState, cfg: FedMCADMMConfig, parts: int = PREPARE_PARTS,
+                   expected: Sequence[int] = ()) -> tuple[ServerState, list]:
     """The part of :func:`server_step` that does not depend on the uploads: a fresh copy of
     C and S (the 31 MiB of C on MovieLens 1M; filling new memory costs more than the step's
     arithmetic), returned unfilled with the tasks that fill C (:func:`_pool.copy_parts`).
-    The round engine runs them on its threads alongside the client steps."""
-    c, fill = copy_parts(state.C, parts)
+    The round engine runs them on its threads alongside the client steps.
+
+    The rows of the ``expected`` tenants (this round's, whose uploads replace them) are
+    not copied: :func:`server_apply`, given the same ``expected`` and the state as
+    ``previous``, reads their old values there and copies only those of the expected
+    tenants that did not upload. With every tenant every round (the default run) nothing
+    is copied: the copy was a pass over p x n x q_w values per round, whatever the
+    tenants rated."""
+    skip = np.unique(np.asarray(expected, dtype=np.int64))
+    if skip.size == 0:
+        c, fill = copy_parts(state.C, parts)
+        return ServerState(C=c, S=state.S.copy()), fill
+    c = np.empty_like(state.C)
+    keep = np.setdiff1d(np.arange(state.C.shape[0]), skip)
+    fill = [functools.partial(np.copyto, c[sl], state.C[sl]) for sl in _row_parts(keep, parts)]
     return ServerState(C=c, S=state.S.copy()), fill
 
 
 def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
-                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
+                 rng: np.random.Generator, previous: ServerState | None = None,
+                 expected: Sequence[int] = ()) -> tuple[ServerState, GlobalModel]:
     """The rest of :func:`server_step` on ``fresh`` (from :func:`server_prepare`, filled),
     which it modifies: replace the uploaders' contributions and solve eq. (16). Every item
     is updated on its own, so slices of the items run on the pool's threads (the same
-    numbers)."""
+    numbers). ``previous`` and ``expected``: the state and tenants given to
+    :func:`server_prepare` (whose rows of ``fresh.C`` it left unfilled)."""
     c, s = fresh.C, fresh.S
     order = sorted(uploads)
+    pending = {int(i) for i in expected}
+    if pending and previous is None:
+        raise ValueError("server_apply needs the previous state for the expected tenants")
+    old = {i: (previous.C[i] if i in pending else c[i]) for i in order}
+    missing = sorted(i for i in pending if i not in uploads)  # expected, nothing arrived
     p = c.shape[0]
     v = np.empty_like(s)
 
     def part(sl: slice) -> None:
         s_part = s[sl]
+        for i in missing:
+            c[i, sl] = previous.C[i, sl]
         for i in order:
             new = cfg.beta * uploads[i].W.T[sl] + uploads[i].Y.T[sl]
             s_part += new
-            s_part -= c[i, sl]
+            s_part -= old[i][sl]
             c[i, sl] = new
         v[sl] = aggregate(s_part, p, cfg)
 
@@ -428,10 +477,12 @@ def server_apply(fresh: ServerState, uploads: Mapping[int, Upload], cfg: FedMCAD
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: FedMCADMMConfig,
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
     """Replace the uploaders' contributions (others keep theirs) and solve eq. (16):
-    :func:`server_prepare` (C filled on every core), then :func:`server_apply`."""
-    fresh, fill = server_prepare(state, cfg, width())
+    :func:`server_prepare` (the other tenants' rows of C copied on every core), then
+    :func:`server_apply`."""
+    expected = sorted(uploads)
+    fresh, fill = server_prepare(state, cfg, width(), expected)
     run_all(fill)
-    return server_apply(fresh, uploads, cfg, rng)
+    return server_apply(fresh, uploads, cfg, rng, state, expected)
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:
@@ -450,13 +501,43 @@ def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.
     return rating_factors(np.hstack(a_cols), np.vstack(b_rows), state.scale_unit)
 
 
+def _entry_factors(global_msg: GlobalModel, state: LocalState, rows: np.ndarray,
+                   cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(A[rows], B[:, cols])`` of :func:`factors`, built from the entries' rows and
+    columns only when there are fewer entries than items (the same values: an evaluation
+    then costs its entries, not the catalogue), else by gathering the full factors."""
+    u, v, rank = state.U, global_msg.V, state.rank
+    if rows.shape[0] >= v.shape[1]:
+        a, b = factors(global_msg, state)
+        return a[rows], b[:, cols]
+    ones = np.ones((1, cols.shape[0]))
+    a_cols, b_rows = [u[rows, :rank]], [v[:rank, cols]]
+    if u.shape[1] > rank:
+        a_cols.append(u[rows, rank:rank + 1])
+        b_rows.append(ones)
+    if v.shape[0] > rank:
+        a_cols.append(np.ones((rows.shape[0], 1)))
+        b_rows.append(v[rank:rank + 1, cols])
+    a_cols.append(np.full((rows.shape[0], 1), state.mean))
+    b_rows.append(ones)
+    return rating_factors(np.hstack(a_cols), np.vstack(b_rows), state.scale_unit)
+
+
+def predict_entries(global_msg: GlobalModel, state: LocalState, rows: np.ndarray,
+                    cols: np.ndarray) -> np.ndarray:
+    """The prediction ``(A @ B)[rows, cols]`` of :func:`factors` on the given entries, the
+    same numbers as :func:`algorithms.base.predict`'s product of the gathered factors."""
+    a, b = _entry_factors(global_msg, state, rows, cols)
+    return np.einsum("ij,ji->i", a, b)
+
+
 def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
               cfg: FedMCADMMConfig) -> float:
     """Tenant i's share of F: (1/p)[f_i(U_i, V) + R_i(U_i)] + R(V)/p (problem 1), in the
     tenant's rating units."""
     p, block = global_msg.n_clients, normalised(block, state.scale_unit)
-    a, b = factors(global_msg, state.replace(scale_unit=1.0))
-    e = K.observed_residual(a, b.T, block.rows, block.cols, block.vals)
+    a, b = _entry_factors(global_msg, state.replace(scale_unit=1.0), block.rows, block.cols)
+    e = np.einsum("ij,ij->i", a, np.ascontiguousarray(b.T)) - block.vals
     if cfg.regulariser == "l1":
         r_u, r_v = cfg.lam * np.abs(state.U).sum(), cfg.gamma * np.abs(global_msg.V).sum()
     else:
@@ -467,16 +548,17 @@ def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     if cfg.lam_rating or cfg.gamma_rating:  # the weighted-lambda terms, part of f_i
         csr, ridge = block.csr, 0.5 * state.ridge_scale
         n_u = np.diff(csr.indptr).astype(float)
-        n_j = np.bincount(csr.indices, minlength=global_msg.V.shape[1]).astype(float)
+        items, part = block.compact  # n_j is 0 on the items the tenant did not rate
+        n_j = np.bincount(part.cols, minlength=items.shape[0]).astype(float)
         r_u += ridge * cfg.lam_rating * float(n_u @ np.sum(state.U**2, axis=1))
-        r_u += ridge * cfg.gamma_rating * float(n_j @ np.sum(global_msg.V**2, axis=0))
+        r_u += ridge * cfg.gamma_rating * float(n_j @ np.sum(global_msg.V[:, items]**2, axis=0))
     return float((0.5 * e @ e + r_u + r_v) / p)
 
 
 ALGORITHM = Algorithm(
     name="fedmc-admm", config=FedMCADMMConfig, init_server=init_server,
     init_client=init_client, client_step=client_step, server_step=server_step,
-    factors=factors, objective=objective,
+    factors=factors, objective=objective, predict_entries=predict_entries,
     server_prepare=server_prepare, server_apply=server_apply,
     # every tenant every round: the weighted-lambda defaults converge in about 60 rounds so
     # (BENCHMARKS.md, "Defaults on any rating scale"); 10 a round needed several hundred

@@ -112,11 +112,19 @@ def top_k_rows(scores: np.ndarray, k: int) -> np.ndarray:
         # those tied with it (lowest indices first), makes the top k
         part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
         cut = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
-        above = scores > cut
-        tied = scores == cut
-        need = k - above.sum(axis=1, keepdims=True)
-        take = above | (tied & (np.cumsum(tied, axis=1) <= need))
-        cand = np.nonzero(take)[1].reshape(n_rows, k)
+        # a row with exactly k scores at or above its cut (no tie beyond the k-th, the
+        # usual case) has argpartition's k as its top k; the order is set below, so only
+        # the other rows need the tie rule (a cumulative sum over the whole catalogue)
+        ties = np.flatnonzero(np.count_nonzero(scores >= cut, axis=1) > k)
+        cand = part
+        if ties.size:
+            sub, sub_cut = scores[ties], cut[ties]
+            above = sub > sub_cut
+            tied = sub == sub_cut
+            need = k - above.sum(axis=1, keepdims=True)
+            take = above | (tied & (np.cumsum(tied, axis=1) <= need))
+            cand = part.copy()
+            cand[ties] = np.nonzero(take)[1].reshape(ties.size, k)
     else:
         cand = np.broadcast_to(np.arange(n), (n_rows, n))
     cs = np.take_along_axis(scores, cand, axis=1)

@@ -291,7 +291,7 @@ class PerClient:
         self.alg, self.cfg, self.seed, self.per_round = alg, cfg, int(seed), per_round
         self.train, self.test, self.scale, self.privatizer = train, test, scale, privatizer
         self.workers = workers
-        self._prepared: tuple[Message, Message] | None = None
+        self._prepared: tuple[Message, Message, list[int]] | None = None
 
     def select(self, k: int, state: RoundState) -> np.ndarray:
         return select_clients(self.alg, state.global_msg, len(self.train), self.per_round,
@@ -314,8 +314,8 @@ class PerClient:
         weights = [float(self.train[i].nnz) for i in ids]
         self._prepared = None
         if self.alg.server_prepare is not None and self.alg.server_apply is not None:
-            fresh, fill = self.alg.server_prepare(state.server_state, self.cfg)
-            self._prepared = (state.server_state, fresh)
+            fresh, fill = self.alg.server_prepare(state.server_state, self.cfg, expected=ids)
+            self._prepared = (state.server_state, fresh, ids)
             tasks += fill
             weights += [0.0] * len(fill)  # a stable sort keeps them last, in their order
         with _pool.using(self.workers):
@@ -337,7 +337,8 @@ class PerClient:
         with _pool.using(self.workers):  # e.g. FedMC-ADMM's server state copied on them
             if prepared is not None and prepared[0] is server_state:
                 return self.alg.server_apply(prepared[1], received, self.cfg,
-                                             derive_rng(self.seed, k, SERVER))
+                                             derive_rng(self.seed, k, SERVER),
+                                             previous=server_state, expected=prepared[2])
             return server_round(self.alg, self.cfg, k, self.seed, server_state, received)
 
     def record(self, state: RoundState, due: bool

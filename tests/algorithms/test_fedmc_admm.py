@@ -345,3 +345,63 @@ def test_client_step_refuses_a_block_that_does_not_match_its_state():
     other = RatingBlock([0, 4], [0, 1], [1.0, 2.0], 5, 4)
     with pytest.raises(ValueError, match=r"block of shape \(5, 4\) does not match U with 3"):
         alg.client_step(glob, state, other, cfg, np.random.default_rng(0))
+
+
+@pytest.mark.skipif(not K.HAVE_NUMBA, reason="numba not installed")
+@pytest.mark.parametrize("lipschitz", ["blockwise", "diagonal"])
+def test_u_step_on_rated_items_equals_the_catalogue_design(lipschitz):
+    """The fused U-step reads W only on the tenant's rated items (a design of its rated
+    columns, renumbered); the design over the whole catalogue gives the same U to the bit."""
+    rng = np.random.default_rng(21)
+    m, n = 7, 600
+    rows = np.r_[np.arange(m), rng.integers(0, m, 25)]
+    cols = rng.integers(0, n, rows.size)
+    keep = np.unique(rows * n + cols, return_index=True)[1]
+    block = RatingBlock(rows[keep], cols[keep], rng.integers(1, 6, keep.size).astype(float),
+                        m, n, (1.0, 5.0))
+    cfg = F.FedMCADMMConfig(rank=3, lipschitz=lipschitz)
+    glob = F.GlobalModel(V=rng.normal(size=(cfg.q_w, n)), n_clients=5)
+    state = F.init_client(block, glob, cfg, np.random.default_rng(2))
+    got = F.u_update(state, block, cfg)
+    csr = block.csr
+    bt = F.u_design_t(state.W, cfg)
+    mode, given = F._fused_lipschitz(bt, cfg)
+    want = K.u_prox_steps_numba(csr.indptr, csr.indices,
+                                F.u_target(csr.data, csr.indices, state.W, state.mean, cfg),
+                                state.U, bt, mode, given, cfg.lipschitz_floor, cfg.lam, False,
+                                cfg.inner_steps, lam_rating=cfg.lam_rating * state.ridge_scale)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("n", [500, 12])
+def test_entry_predictions_and_objective_equal_the_catalogue_factors(n):
+    """Predictions gathered from the entries' rows and columns (fewer entries than items,
+    n = 500; else from the full factors, n = 12) equal the product of the full factors to
+    the bit; the objective equals the former formula (residuals from the full factors,
+    item counts over the catalogue) to 1e-12, on another rating scale too."""
+    from algorithms.base import predict
+
+    rng = np.random.default_rng(22)
+    m = 9
+    rows, cols = rng.integers(0, m, 60), rng.integers(0, n, 60)
+    keep = np.unique(rows * n + cols, return_index=True)[1]
+    for scale in [(1.0, 5.0), (-10.0, 10.0)]:
+        vals = rng.uniform(*scale, keep.size)
+        block = RatingBlock(rows[keep], cols[keep], vals, m, n, scale)
+        cfg = F.FedMCADMMConfig(rank=4)
+        glob = F.GlobalModel(V=rng.normal(size=(cfg.q_w, n)), n_clients=3)
+        state = F.init_client(block, glob, cfg, np.random.default_rng(1))
+        state = state.replace(U=rng.normal(size=state.U.shape))
+        a, b = F.factors(glob, state)
+        np.testing.assert_array_equal(predict(F.ALGORITHM, glob, state, block.rows, block.cols),
+                                      np.einsum("ij,ji->i", a[block.rows], b[:, block.cols]))
+        nb = block.with_values(block.vals / state.scale_unit)
+        a1, b1 = F.factors(glob, state.replace(scale_unit=1.0))
+        e = K.observed_residual(a1, b1.T, nb.rows, nb.cols, nb.vals)
+        n_u = np.bincount(nb.rows, minlength=m).astype(float)
+        n_j = np.bincount(nb.cols, minlength=n).astype(float)
+        ridge = 0.5 * state.ridge_scale
+        reg = ridge * cfg.lam_rating * (n_u @ np.sum(state.U**2, axis=1))
+        reg += ridge * cfg.gamma_rating * (n_j @ np.sum(glob.V**2, axis=0))
+        want = (0.5 * e @ e + reg) / 3
+        assert F.objective(glob, state, block, cfg) == pytest.approx(want, rel=1e-12)

@@ -179,6 +179,38 @@ def test_fedmc_admm_server_step_is_its_two_parts_and_leaves_its_input_alone():
     np.testing.assert_array_equal(direct[0].C[0], before[0][0])  # the others' did not
 
 
+def test_fedmc_admm_server_copies_no_row_of_a_tenant_expected_to_upload():
+    """The engine tells server_prepare which tenants run this round: their rows of C are
+    not copied (an upload replaces them); server_apply reads their old values in the
+    previous state and copies the rows of expected tenants that sent nothing. The result
+    equals the full copy's to the bit, and the previous state is left alone."""
+    fed = _federation()
+    cfg = F.FedMCADMMConfig(rank=3)
+    res = simulate(F.ALGORITHM, cfg, fed, rounds=2, per_round=5, seed=2, workers=1)
+    state, glob = res.server_state, res.global_msg
+    before = state.C.copy(), state.S.copy()
+    ups = {i: F.client_step(glob, res.local_states[i], fed.train[i], cfg, None)[1]
+           for i in (0, 1, 4, 7)}
+    fresh, fill = F.server_prepare(state, cfg)
+    _pool.run_all(fill, workers=2)
+    want = F.server_apply(fresh, ups, cfg, np.random.default_rng(0))
+    expected = [0, 1, 2, 4, 7]  # tenant 2 ran but its upload was dropped
+    fresh, fill = F.server_prepare(state, cfg, 3, expected=expected)
+    copied = sum(task.args[1].shape[0] for task in fill)  # np.copyto(fresh rows, old rows)
+    assert copied == state.C.shape[0] - len(expected)  # only the other tenants' rows
+    _pool.run_all(fill, workers=2)
+    got = F.server_apply(fresh, ups, cfg, np.random.default_rng(0), previous=state,
+                         expected=expected)
+    for a, b in zip(want, got, strict=True):
+        for name, value in vars(a).items():
+            if isinstance(value, np.ndarray):
+                np.testing.assert_array_equal(value, getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(state.C, before[0])
+    np.testing.assert_array_equal(state.S, before[1])
+    with pytest.raises(ValueError, match="previous state"):
+        F.server_apply(fresh, ups, cfg, np.random.default_rng(0), expected=expected)
+
+
 def test_dpals_item_solve_in_slices_gives_the_same_numbers_on_one_or_two_threads():
     """Each item is solved on its own: slices on two threads give one thread's numbers to
     the bit, and both agree with numpy's batched eigh and solve (an independent

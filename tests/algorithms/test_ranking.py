@@ -119,3 +119,31 @@ def test_report_of_a_trained_model_beats_random_scores():
     rand_ndcg = sum(s.ndcg for s in rand) / sum(s.users for s in rand)
     assert rep.ndcg_at_k > rand_ndcg + 0.05, (rep, rand_ndcg)
     assert 0 < rep.coverage <= 1
+
+
+def _top_k_rows_with_the_tie_rule_everywhere(scores, k):
+    """The former top_k_rows: the lowest-index tie rule applied to every row."""
+    n_rows, n = scores.shape
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+    cut = np.take_along_axis(scores, part, axis=1).min(axis=1, keepdims=True)
+    above, tied = scores > cut, scores == cut
+    need = k - above.sum(axis=1, keepdims=True)
+    take = above | (tied & (np.cumsum(tied, axis=1) <= need))
+    cand = np.nonzero(take)[1].reshape(n_rows, k)
+    cs = np.take_along_axis(scores, cand, axis=1)
+    return np.take_along_axis(cand, np.lexsort((cand, -cs), axis=1), axis=1)
+
+
+@pytest.mark.parametrize("k", [1, 5, 10])
+def test_top_k_rows_equals_the_tie_rule_on_every_row(k):
+    """Rows without a tie beyond the k-th take argpartition's k directly; the result
+    equals the tie rule applied to every row: continuous scores, heavy ties (few distinct
+    values), rows with fewer than k finite scores (-inf for excluded items)."""
+    rng = np.random.default_rng(k)
+    scores = np.vstack([rng.normal(size=(40, 300)),
+                        rng.integers(0, 4, size=(40, 300)).astype(float)])
+    scores[rng.random(scores.shape) < 0.3] = -np.inf
+    scores[5, 3:] = -np.inf  # three finite scores only
+    scores[6] = -np.inf
+    np.testing.assert_array_equal(top_k_rows(scores, k),
+                                  _top_k_rows_with_the_tie_rule_everywhere(scores, k))
