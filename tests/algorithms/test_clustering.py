@@ -164,13 +164,14 @@ def test_fedmgs_server_sums_are_the_statistics_of_every_current_h():
         assert glob.w.min() >= server.low and glob.w.max() <= server.high
 
 
-@pytest.mark.parametrize("per_round", [2, 6])
-def test_fedmavg_round_uses_the_federation_step_and_full_communication(per_round):
+@pytest.mark.parametrize("per_round,full", [(2, False), (6, True), (6, False)])
+def test_fedmavg_round_uses_the_federation_step(per_round, full):
     """A FedMAvg round against an independent computation: every client takes its H steps,
     L_W is that of the whole new H (the paper's d^s), each sender's W_p takes Q2^k steps
-    of 1/(5 L_W); with m = P every client sends with weight N_p (full communication)."""
+    of 1/(5 L_W); with m = P and full_communication every client sends with weight N_p."""
     _, _, xs, _ = _planted(4)
-    cfg = cl.ClusterConfig(method="fedmavg", k=3, per_round=per_round, rounds=3, rho0=1e-4)
+    cfg = cl.ClusterConfig(method="fedmavg", k=3, per_round=per_round, rounds=3, rho0=1e-4,
+                           full_communication=full)
     steps = cl.ClusterSteps(xs, cfg, seed=7)
     state = steps.start()
     for k in (1, 2):
@@ -185,8 +186,10 @@ def test_fedmavg_round_uses_the_federation_step_and_full_communication(per_round
         for p, h in enumerate(hs):
             np.testing.assert_allclose(locs[p].h, h, atol=1e-12)
         assert sorted(uploads) == sorted(senders)
-        if k > 1 and per_round == len(xs):
-            assert senders == {p: float(x.shape[1]) for p, x in enumerate(xs)}
+        if k > 1:
+            full_weights = {p: float(x.shape[1]) for p, x in enumerate(xs)}
+            assert (senders == full_weights) == full
+            assert sum(senders.values()) == (sum(full_weights.values()) if full else per_round)
         for p, up in uploads.items():
             w = glob.w
             for _ in range(cfg.q_hat // k + 1):
