@@ -29,13 +29,14 @@ dense X_p instead of a rating block):
   client's own L_p = (2/N_p) lambda_max(H_p H_p^T), which made the W steps of non-iid
   clients shorter (at the paper's size L_p is 1-3 times L_W on average over the clients
   and up to 10 times for a one-cluster client) and left FedMAvg 3-10 points lower after
-  500 rounds on two of three seeds (BENCHMARKS.md, issue 22). The server averages the uploads and projects onto the box (eq. 9). Partial
-  client communication: every client updates H_p each round, m upload (drawn with
-  replacement by omega_p = N_p / N, Algorithm 1, also for m = P); ``full_communication``
-  makes m >= P every client with weight N_p instead (the expectation of those draws, as
-  the authors' code does for the paper's "full participation (m = 100)"). Not the
-  default: on the paper-size seed 1 it ended lower (81.3% against 84.0% at 500 rounds),
-  as the noise of the draws makes the SNCP test fire more often;
+  500 rounds on two of three seeds (BENCHMARKS.md, issue 22). The server averages the
+  uploads and projects onto the box (eq. 9). Partial client communication: every client
+  updates H_p each round, m upload (drawn with replacement by omega_p = N_p / N,
+  Algorithm 1, also for m = P); ``full_communication`` makes m >= P every client with
+  weight N_p instead (the expectation of those draws, as the authors' code does for the
+  paper's "full participation (m = 100)"). Not the default: on the paper-size seed 1 it
+  ended lower (81.3% against 84.0% at 500 rounds), as the noise of the draws makes the
+  SNCP test fire more often;
 * FedMGS (Algorithm 2): sampled clients send the change of H_p H_p^T and X_p H_p^T
   (eq. 31); the server keeps the sums and takes Q2 projected gradient steps on
   W with grad = (2/N)(W sum H H^T - sum X H^T) (eq. 32), step 1/(d_factor L_W),
