@@ -21,9 +21,22 @@ dense X_p instead of a rating block):
   "c = 1/2 lambda_max" (the authors' code divides by 0.51 times the largest eigenvalue of
   the H-Hessian), almost twice the safe 1/L step and still a descent step (< 2/L);
 * FedMAvg (Algorithm 1): uploading clients then take Q2^k gradient steps on W_p from W^k
-  (eq. 13, no projection), step 1 / (d_factor (2/N_p) lambda_max(H_p H_p^T)); the server
-  averages the uploads and projects onto the box (eq. 9). Partial client communication:
-  every client updates H_p each round, m upload;
+  (eq. 13, no projection), step 1 / (d_factor L_W) with d_factor = 5 and the federation's
+  L_W = (2/N) lambda_max(H H^T) of this round's H, the same for every client (Sec. V-A
+  "d^s = 5 lambda_max(H^{s,Q1} (H^{s,Q1})^T)", the whole H; so does the authors' code).
+  It needs every client's H_p H_p^T after its H steps (a K x K secure sum; the
+  simulation forms it directly). ``w_lipschitz="client"`` is fedrec's earlier step, the
+  client's own L_p = (2/N_p) lambda_max(H_p H_p^T), which made the W steps of non-iid
+  clients shorter (at the paper's size L_p is 1-3 times L_W on average over the clients
+  and up to 10 times for a one-cluster client) and left FedMAvg 3-10 points lower after
+  500 rounds on two of three seeds (BENCHMARKS.md, issue 22). The server averages the
+  uploads and projects onto the box (eq. 9). Partial client communication: every client
+  updates H_p each round, m upload (drawn with replacement by omega_p = N_p / N,
+  Algorithm 1, also for m = P); ``full_communication`` makes m >= P every client with
+  weight N_p instead (the expectation of those draws, as the authors' code does for the
+  paper's "full participation (m = 100)"). Not the default: on the paper-size seed 1 it
+  ended lower (81.3% against 84.0% at 500 rounds), as the noise of the draws makes the
+  SNCP test fire more often;
 * FedMGS (Algorithm 2): sampled clients send the change of H_p H_p^T and X_p H_p^T
   (eq. 31); the server keeps the sums and takes Q2 projected gradient steps on
   W with grad = (2/N)(W sum H H^T - sum X H^T) (eq. 32), step 1/(d_factor L_W),
@@ -56,7 +69,6 @@ from algorithms._rng import (
     SAMPLING,
     SERVER,
     client_init_rng,
-    client_rng,
     derive_rng,
     sample_clients,
 )
@@ -82,6 +94,10 @@ class ClusterConfig(AlgorithmConfig):
     stop_tol: float = Field(1e-8, gt=0, description="stop when the relative change is below")
     c_factor: float = Field(0.51, gt=0, description="H step 1/(c_factor L_H) (paper: 0.51)")
     d_factor: float | None = Field(None, gt=0, description="W step 1/(d_factor L_W); 5/0.501")
+    full_communication: bool = Field(
+        False, description="FedMAvg, m >= P: all clients send, weights N_p (else m draws)")
+    w_lipschitz: Literal["federation", "client"] = Field(
+        "federation", description="FedMAvg W step 1/(d_factor L): L of the whole H or of H_p")
 
     @property
     def w_step_factor(self) -> float:
@@ -177,18 +193,29 @@ def h_steps(w: np.ndarray, h: np.ndarray, x: np.ndarray, rho: float, nu: float,
 
 
 def w_local_steps(w: np.ndarray, h: np.ndarray, x: np.ndarray, steps: int,
-                  d_factor: float) -> np.ndarray:
+                  d_factor: float, lipschitz: float | None = None) -> np.ndarray:
     """FedMAvg's Q2 gradient steps on W_p from W^k (eq. 13, no projection).
 
-    grad = (2/N_p)(W H_p H_p^T - X_p H_p^T); step 1 / (d_factor (2/N_p) lambda_max(H_p H_p^T)).
+    grad = (2/N_p)(W H_p H_p^T - X_p H_p^T); step 1 / (d_factor L). L is ``lipschitz``, the
+    federation's L_W = (2/N) lambda_max(H H^T) (:func:`w_lipschitz`), the same for every
+    client (the paper's d^s = 5 lambda_max(H^{s,Q1} H^{s,Q1 T})); without it, the client's
+    own L_p = (2/N_p) lambda_max(H_p H_p^T).
     """
     hh, xh = full_statistics(x, h)
-    top = float(np.linalg.eigvalsh(hh)[-1])
-    if top <= 0.0:
+    if lipschitz is None:  # the 2/N_p of the gradient and of L_p cancel
+        denom = d_factor * float(np.linalg.eigvalsh(hh)[-1])
+    else:
+        denom = d_factor * lipschitz * x.shape[1] / 2.0
+    if denom <= 0.0:
         return w.copy()
     for _ in range(steps):
-        w = w - (w @ hh - xh) / (d_factor * top)
+        w = w - (w @ hh - xh) / denom
     return w
+
+
+def w_lipschitz(hh: np.ndarray, n_total: int) -> float:
+    """L_W = (2/N) lambda_max(sum_p H_p H_p^T): the Lipschitz constant of grad_W of F."""
+    return 2.0 / n_total * float(np.linalg.eigvalsh(hh)[-1])
 
 
 def w_server_steps(w: np.ndarray, hh: np.ndarray, xh: np.ndarray, low: float, high: float,
@@ -266,24 +293,45 @@ def init_client(x: np.ndarray, glob: ClusterGlobal, cfg: ClusterConfig,
 
 
 def client_step(glob: ClusterGlobal, local: ClusterLocal, x: np.ndarray, cfg: ClusterConfig,
-                rng: np.random.Generator, weight: float
+                rng: np.random.Generator, weight: float, w_lip: float | None = None
                 ) -> tuple[ClusterLocal, AvgUpload | StatsUpload | None]:
     """Q1 steps on H_p; then the method's upload if this client sends (``weight`` > 0).
 
     ``weight`` is the client's weight in FedMAvg's average: N_p in round 1 (eq. 8), its
     multiplicity in the sample A^k drawn with replacement by omega_p later (eq. 9).
+    ``w_lip`` (FedMAvg with ``w_lipschitz="federation"``): the federation's L_W of this
+    round's H (:func:`w_lipschitz`), which needs every client's H_p after its H steps;
+    :class:`ClusterSteps` runs the two halves, :func:`client_h_step` and
+    :func:`client_upload`, apart for that.
     """
+    return client_upload(glob, client_h_step(glob, local, x, cfg), x, cfg, weight, w_lip)
+
+
+def client_h_step(glob: ClusterGlobal, local: ClusterLocal, x: np.ndarray,
+                  cfg: ClusterConfig) -> ClusterLocal:
+    """The client's Q1 projected gradient steps on H_p (eqs. 11, 28)."""
     nu = cfg.nu0 * glob.x_scale
-    h = h_steps(glob.w, local.h, x, glob.rho, nu, glob.n_total, cfg.q1, cfg.c_factor)
+    return local.replace(h=h_steps(glob.w, local.h, x, glob.rho, nu, glob.n_total, cfg.q1,
+                                   cfg.c_factor))
+
+
+def client_upload(glob: ClusterGlobal, local: ClusterLocal, x: np.ndarray, cfg: ClusterConfig,
+                  weight: float, w_lip: float | None = None
+                  ) -> tuple[ClusterLocal, AvgUpload | StatsUpload | None]:
+    """After the H steps (``local.h``), if ``weight`` > 0: FedMAvg's Q2^k local W steps and
+    W_p, or FedMGS's change of the statistics since the last upload."""
     if weight <= 0:
-        return local.replace(h=h), None
+        return local, None
     if cfg.method == "fedmavg":
-        w = w_local_steps(glob.w, h, x, q2_schedule(glob.round + 1, cfg),
-                          cfg.w_step_factor)
-        return local.replace(h=h), AvgUpload(w, float(weight))
-    hh_new, xh_new = full_statistics(x, h)
+        if cfg.w_lipschitz == "federation" and w_lip is None:
+            raise ValueError("w_lipschitz='federation' needs the federation's w_lip")
+        w = w_local_steps(glob.w, local.h, x, q2_schedule(glob.round + 1, cfg),
+                          cfg.w_step_factor,
+                          w_lip if cfg.w_lipschitz == "federation" else None)
+        return local, AvgUpload(w, float(weight))
+    hh_new, xh_new = full_statistics(x, local.h)
     hh_old, xh_old = full_statistics(x, local.h_sent)
-    return ClusterLocal(h, h), StatsUpload(hh_new - hh_old, xh_new - xh_old)
+    return ClusterLocal(local.h, local.h), StatsUpload(hh_new - hh_old, xh_new - xh_old)
 
 
 def server_step(server: ClusterServer, uploads: Mapping[int, AvgUpload | StatsUpload],
@@ -343,10 +391,13 @@ def _who(cfg: ClusterConfig, k: int, sizes: np.ndarray, rng: np.random.Generator
 
     Round 1: everybody, weights N_p (eq. 8, A^0 = all). Then FedMAvg (PCC): everybody
     runs, A^k is m draws with replacement by omega_p = N_p / N, weight = multiplicity
-    (Algorithm 1); FedMGS (PCP): m clients uniformly without replacement run and send.
+    (Algorithm 1), or with m >= P and ``full_communication`` everybody with weight N_p
+    (the expectation of those draws; the paper's "full participation (m = 100)");
+    FedMGS (PCP): m clients uniformly without replacement run and send.
     """
     everyone = np.arange(sizes.size)
-    if k == 1:
+    if k == 1 or (cfg.method == "fedmavg" and cfg.per_round >= sizes.size
+                  and cfg.full_communication):
         return everyone, {int(i): float(sizes[i]) for i in everyone}
     if cfg.method == "fedmgs":
         chosen = sample_clients(rng, sizes.size, cfg.per_round)
@@ -384,10 +435,19 @@ class ClusterSteps:
 
     def clients(self, k: int, state: RoundState, selected: np.ndarray
                 ) -> tuple[list[ClusterLocal], dict[int, Message]]:
-        locs, uploads = list(state.local_states), {}
-        for p in (int(i) for i in selected):
-            locs[p], up = client_step(state.global_msg, locs[p], self.xs[p], self.cfg,
-                                      client_rng(self.seed, k, p), self._senders.get(p, 0.0))
+        locs, uploads, glob = list(state.local_states), {}, state.global_msg
+        order = [int(i) for i in selected]
+        for p in order:
+            locs[p] = client_h_step(glob, locs[p], self.xs[p], self.cfg)
+        w_lip = None
+        if self.cfg.method == "fedmavg" and self.cfg.w_lipschitz == "federation":
+            # d^s of the paper from H^{s,Q1} of every client (PCC: all of them ran): a sum
+            # of the K x K Grams H_p H_p^T, which a deployment would collect by secure sum
+            w_lip = w_lipschitz(sum((lc.h @ lc.h.T for lc in locs),
+                                    np.zeros((self.cfg.k, self.cfg.k))), glob.n_total)
+        for p in order:
+            locs[p], up = client_upload(glob, locs[p], self.xs[p], self.cfg,
+                                        self._senders.get(p, 0.0), w_lip)
             if up is not None:
                 uploads[p] = up
         return locs, uploads

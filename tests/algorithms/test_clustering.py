@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -58,6 +60,12 @@ def test_w_local_and_server_steps():
     for _ in range(2):  # the 2/N_p of the gradient and of L_W cancel
         expected = expected - (expected @ h - x) @ h.T / (5.0 * top)
     np.testing.assert_allclose(cl.w_local_steps(w, h, x, 2, 5.0), expected, atol=1e-12)
+    # with the federation's L_W (here 0.7): steps 1 / (5 L_W) on the gradient (2/N_p)(...)
+    expected = w
+    for _ in range(3):
+        expected = expected - (2 / 9) * (expected @ h - x) @ h.T / (5.0 * 0.7)
+    np.testing.assert_allclose(cl.w_local_steps(w, h, x, 3, 5.0, 0.7), expected, atol=1e-12)
+    assert cl.w_lipschitz(h @ h.T, 40) == pytest.approx(2 / 40 * np.linalg.norm(h, 2) ** 2)
     expected = w
     for _ in range(2):
         expected = np.clip(expected - (expected @ h - x) @ h.T / top, 0.1, 0.6)
@@ -156,12 +164,51 @@ def test_fedmgs_server_sums_are_the_statistics_of_every_current_h():
         assert glob.w.min() >= server.low and glob.w.max() <= server.high
 
 
+@pytest.mark.parametrize("per_round,full", [(2, False), (6, True), (6, False)])
+def test_fedmavg_round_uses_the_federation_step(per_round, full):
+    """A FedMAvg round against an independent computation: every client takes its H steps,
+    L_W is that of the whole new H (the paper's d^s), each sender's W_p takes Q2^k steps
+    of 1/(5 L_W); with m = P and full_communication every client sends with weight N_p."""
+    _, _, xs, _ = _planted(4)
+    cfg = cl.ClusterConfig(method="fedmavg", k=3, per_round=per_round, rounds=3, rho0=1e-4,
+                           full_communication=full)
+    steps = cl.ClusterSteps(xs, cfg, seed=7)
+    state = steps.start()
+    for k in (1, 2):
+        selected = steps.select(k, state)
+        senders = dict(steps._senders)
+        locs, uploads = steps.clients(k, state, selected)
+        glob = state.global_msg
+        nu = cfg.nu0 * glob.x_scale
+        hs = [cl.h_steps(glob.w, lc.h, x, glob.rho, nu, glob.n_total, cfg.q1, 0.51)
+              for lc, x in zip(state.local_states, xs, strict=True)]
+        lip = 2 / glob.n_total * np.linalg.eigvalsh(sum(h @ h.T for h in hs))[-1]
+        for p, h in enumerate(hs):
+            np.testing.assert_allclose(locs[p].h, h, atol=1e-12)
+        assert sorted(uploads) == sorted(senders)
+        if k > 1:
+            full_weights = {p: float(x.shape[1]) for p, x in enumerate(xs)}
+            assert (senders == full_weights) == full
+            assert sum(senders.values()) == (sum(full_weights.values()) if full else per_round)
+        for p, up in uploads.items():
+            w = glob.w
+            for _ in range(cfg.q_hat // k + 1):
+                w = w - 2 / xs[p].shape[1] * (w @ hs[p] - xs[p]) @ hs[p].T / (5 * lip)
+            np.testing.assert_allclose(up.w, w, atol=1e-10)
+            assert up.weight == senders[p]
+        server, glob = steps.server(k, state.server_state, uploads)
+        state = dataclasses.replace(state, round=k, global_msg=glob, server_state=server,
+                                    local_states=locs)
+
+
 def test_messages_round_trip_and_runs_are_deterministic():
     _, _, xs, ls = _planted(3)
     cfg = cl.ClusterConfig(method="fedmavg", k=3, per_round=2, rounds=5)
     server, glob = cl.init_server(xs, cfg, np.random.default_rng(0))
     local = cl.init_client(xs[0], glob, cfg, np.random.default_rng(1))
-    local2, up = cl.client_step(glob, local, xs[0], cfg, np.random.default_rng(2), 2.0)
+    local2, up = cl.client_step(glob, local, xs[0], cfg, np.random.default_rng(2), 2.0, 0.5)
+    with pytest.raises(ValueError, match="needs the federation's w_lip"):
+        cl.client_step(glob, local, xs[0], cfg, np.random.default_rng(2), 2.0)
     for msg in (server, glob, local, local2, up):
         assert messages_equal(Message.from_bytes(msg.to_bytes()), msg)
     a, b = cl.run(xs, cfg, 4, ls), cl.run(xs, cfg, 4, ls)
