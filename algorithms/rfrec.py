@@ -38,11 +38,12 @@ in every client; its value H (d x n) is a function of the broadcast :math:`\bar 
 alone. The global message carries H, and a client stores V_(i) only on the columns its
 users rated: the dense V_(i) (what it uploads) is H with those columns replaced. This is
 exact when every client steps every iteration (the paper's setting, ``per_round`` 0).
-With client sampling (``per_round`` < number of clients, the dropped devices of Sec. 3.3
-and Table 3) an absent client neither steps nor uploads and the server averages the
-uploads it got; on its return its never-rated columns are the broadcast H (they carry
-nothing of its data, so adopting H is a protocol choice of ours: the paper does not say
-what a returning device does), while its rated columns and U_i are as it left them.
+With client sampling (``per_round`` < number of clients) an absent client neither steps
+nor uploads (the paper's dropped devices of Sec. 3.3 and Table 3 keep their local updates
+instead: :func:`run_batched`'s ``absent='local'``) and the server averages the uploads it
+got; on its return its never-rated columns are the broadcast H (they carry nothing of
+its data, so adopting H is a protocol choice of ours: the paper does not say what a
+returning device does), while its rated columns and U_i are as it left them.
 With ``optimizer='adam'`` its bias-correction step t stays the global count (iterations
 for RFRec, main updates for RFRecF), not the number of steps it took itself, and with
 ``momentum_on_return='restart'`` (RFRec's default) a client that missed an iteration
