@@ -96,15 +96,18 @@ def test_rank_and_lambda_are_drawn_jointly_and_inner_steps_are_searched(fed):
     assert couple_rank_and_lambda([{"rank": 20, "lam": 1.5}, {"rank": 5, "lam": 3.0},
                                    {"gamma": 0.1}], 10) == \
         [{"rank": 20, "lam": 3.0}, {"rank": 5, "lam": 1.5}, {"gamma": 0.1}]
-    assert couple_rank_and_lambda([{"rank": 20, "lam_rating": 0.1}], 10) == \
-        [{"rank": 20, "lam_rating": 0.2}]
+    # a per-rating (weighted-lambda) weight is not scaled with the rank
+    assert couple_rank_and_lambda([{"rank": 20, "lam": 1.5, "lam_rating": 0.1}], 10) == \
+        [{"rank": 20, "lam": 3.0, "lam_rating": 0.1}]
     res = tune(ALG, fed, rounds=3, per_round=3, seed=0, trials=12, budget_seconds=300)
     ridge = next(k for k in ("lam", "lam_rating") if k in ALG.config.search_space)
     lo, hi = ALG.config.search_space[ridge][1:]
     assert res.trials[1].params == {"inner_steps": 20}  # the default with 2N inner steps
+    lo_r, hi_r = ALG.config.search_space["lam_rating"][1:]
     for t in res.trials[2:]:
         per_rank_10 = t.params[ridge] * 10 / t.params["rank"]
         assert lo * 0.99 <= per_rank_10 <= hi * 1.01
+        assert lo_r * 0.99 <= t.params["lam_rating"] <= hi_r * 1.01  # as drawn, any rank
         assert t.params["inner_steps"] in (10, 20)
     assert {t.params["rank"] for t in res.trials[2:]} == set(ALG.config.search_space["rank"][1])
 
