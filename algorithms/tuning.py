@@ -14,9 +14,10 @@ gets a proportionally stronger lambda; a per-rating weight is not scaled). ``tri
 configs, the recommended default first (then the default with 2N inner steps,
 :func:`run_length_anchors`), run for ``rounds / eta^(rungs-1)`` rounds; the best
 ``1/eta`` (always with the default) *continue* their runs to ``eta`` times the rounds,
-until the last rung reaches ``rounds``, the longest run the search may choose. The choice is the config and run length (a rung)
-with the lowest validation RMSE among the finalists; the default is scored at every rung,
-so the choice beats or ties the default at each of those run lengths by construction. A
+until the last rung reaches ``rounds``, the longest run the search may choose. The choice
+is the config and run length (a rung) with the lowest validation RMSE among the
+finalists; the default is scored at every rung, so the choice beats or ties the default
+at each of those run lengths by construction. A
 wall-clock budget is planned for: a rung that would not fit is shortened, and what was
 cut is reported (``TuneResult.cuts``).
 """
