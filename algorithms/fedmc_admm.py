@@ -140,9 +140,9 @@ class FedMCADMMConfig(AlgorithmConfig):
     #: mixes them: the weighted (per-rating) weights around the defaults' 0.085 and below,
     #: and the fixed ones, lambda per user row and gamma on V (gamma acts as p gamma per
     #: item column, about 1 to 30 with the default 100 tenants). On MovieLens 1M a
-    #: centralised ALS of this model gains most from the mix (validation RMSE 0.8518 with
-    #: lambda 5, lam_rating 0.01, p gamma 10, gamma_rating 0.02 against 0.8590 weighted
-    #: alone; BENCHMARKS.md, "fedrec tune (part 4)"). A drawn lambda is scaled with the rank
+    #: centralised ALS of this model gains most from the mix (validation RMSE 0.8515 with
+    #: lambda 5, lam_rating 0.02, p gamma 10, gamma_rating 0.02 against 0.8590 for ALS-WR
+    #: alone, test 0.8447 and FedMC-ADMM's the same; BENCHMARKS.md, "fedrec tune (part 4)"). A drawn lambda is scaled with the rank
     #: (:func:`algorithms.tuning.couple_rank_and_lambda`), the per-rating weights are not:
     #: ALS's best weighted lambda is 0.06 to 0.08 at ranks 10, 20 and 40 alike. Rank 40
     #: because a round costs far less than (r + 1)^2 / 121 times rank 10's (ML-1M, CPU
