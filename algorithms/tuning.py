@@ -12,7 +12,8 @@ each config: field -> ``("log", lo, hi)`` for a log-uniform draw or ``("choice",
 rank and the fixed lambda drawn jointly (:func:`couple_rank_and_lambda`: a larger rank
 gets a proportionally stronger lambda; a per-rating weight is not scaled). ``trials``
 configs, the recommended default first (then the default with 2N inner steps,
-:func:`run_length_anchors`), run for ``rounds / eta^(rungs-1)`` rounds; the best
+:func:`run_length_anchors`, and the config's declared anchors, :func:`declared_anchors`),
+run for ``rounds / eta^(rungs-1)`` rounds; the best
 ``1/eta`` (always with the default) *continue* their runs to ``eta`` times the rounds,
 until the last rung reaches ``rounds``, the longest run the search may choose. The choice
 is the config and run length (a rung) with the lowest validation RMSE among the
@@ -108,6 +109,13 @@ def run_length_anchors(alg: Algorithm, space: dict[str, tuple], base: dict[str, 
         return []
     n = alg.config(**base).inner_steps
     return [{"inner_steps": v} for v in space["inner_steps"][1] if v != n]
+
+
+def declared_anchors(alg: Algorithm) -> list[dict[str, Any]]:
+    """The algorithm's declared extra starting points (``<Config>.search_anchors``, none if
+    absent): settings measured good on some data, tried on every search beside the
+    default and never dropped by the budget planning."""
+    return [dict(a) for a in getattr(alg.config, "search_anchors", ())]
 
 
 def couple_rank_and_lambda(points: list[dict[str, Any]], default_rank: int
@@ -248,7 +256,7 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     val = validation_federation(fed, seed)  # reads fed.train only
     rng = derive_rng(seed, 0, SEARCH)
     default_rank = alg.config(**base).rank if "rank" in alg.config.model_fields else 1
-    anchors = [{}] + run_length_anchors(alg, space, base)
+    anchors = [{}] + run_length_anchors(alg, space, base) + declared_anchors(alg)
     anchors = anchors[:trials]
     pool = [Trial(p) for p in anchors] + [
         Trial(p) for p in couple_rank_and_lambda(draws(space, trials - len(anchors), rng),
