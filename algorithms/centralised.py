@@ -76,13 +76,18 @@ def gram_sums(rows: np.ndarray, design: np.ndarray, n_rows: int) -> np.ndarray:
 
 
 def half_step(rows: np.ndarray, cols: np.ndarray, target: np.ndarray, other: np.ndarray,
-              n_rows: int, lam: float, lam_bias: float) -> np.ndarray:
+              n_rows: int, lam: float, lam_bias: float, lam_fixed: float = 0.0,
+              bias_rating: float = 0.0) -> np.ndarray:
     """One ALS half-step: for every row u, argmin over x = (p_u, b_u) of
 
     ``1/2 sum_{t: rows[t]=u} (target_t - z_t^T x)^2 + lam n_u/2 ||p_u||^2 + lam_bias/2 b_u^2``
 
     with design z_t = (other[cols[t]], 1), i.e. the ridge normal equations
     ``(Z_u^T Z_u + diag(lam n_u, ..., lam n_u, lam_bias)) x = Z_u^T y_u``, solved batched.
+    ``lam_fixed`` adds a fixed weight to the factors' (``lam n_u + lam_fixed``) and
+    ``bias_rating`` a weight per rating to the bias's (``lam_bias + bias_rating n_u``):
+    the ridge family of FedMC-ADMM, whose lambda + lam_rating n_u applies to a user's
+    factors and bias alike (``bench/tune_floor.py``).
 
     Parameters
     ----------
@@ -96,6 +101,8 @@ def half_step(rows: np.ndarray, cols: np.ndarray, target: np.ndarray, other: np.
         Number of rows being solved (rows without ratings get x = 0).
     lam, lam_bias : float
         Ridge weights (factor weight scaled by the row's rating count n_u).
+    lam_fixed, bias_rating : float
+        A fixed weight on the factors, a weight per rating on the bias (default 0: ALS-WR).
 
     Returns
     -------
@@ -111,8 +118,8 @@ def half_step(rows: np.ndarray, cols: np.ndarray, target: np.ndarray, other: np.
         rhs[:, a] = np.bincount(rows, weights=design[:, a] * target, minlength=n_rows)
     counts = np.bincount(rows, minlength=n_rows).astype(float)
     diag = np.empty((n_rows, k + 1))
-    diag[:, :k] = lam * np.maximum(counts, 1.0)[:, None]
-    diag[:, k] = max(lam_bias, 1e-12)
+    diag[:, :k] = (lam * np.maximum(counts, 1.0) + lam_fixed)[:, None]
+    diag[:, k] = np.maximum(lam_bias + bias_rating * counts, 1e-12)
     gram[:, np.arange(k + 1), np.arange(k + 1)] += diag
     x = np.linalg.solve(gram, rhs[:, :, None])[:, :, 0]
     x[counts == 0] = 0.0
@@ -132,7 +139,9 @@ def objective(model: MFModel, users: np.ndarray, items: np.ndarray, values: np.n
 
 def fit_als(users: np.ndarray, items: np.ndarray, values: np.ndarray, n_users: int,
             n_items: int, *, rank: int, lam: float, lam_bias: float, iterations: int,
-            rng: np.random.Generator, init_scale: float = 0.1) -> MFModel:
+            rng: np.random.Generator, init_scale: float = 0.1,
+            ridges: tuple[tuple[float, float, float, float],
+                          tuple[float, float, float, float]] | None = None) -> MFModel:
     """Fit mu + b_u + c_i + p_u^T q_i by ``iterations`` ALS sweeps (users, then items).
 
     Parameters
@@ -153,6 +162,9 @@ def fit_als(users: np.ndarray, items: np.ndarray, values: np.ndarray, n_users: i
         Draws the initial item factors, Normal(0, init_scale^2); nothing else is random.
     init_scale : float
         Standard deviation of the initial item factors.
+    ridges : ((lam, lam_bias, lam_fixed, bias_rating) of the users, the same of the items)
+        Each side's weights for :func:`half_step`, replacing ``lam`` and ``lam_bias`` (whose
+        objective, :func:`objective`, is the one of ALS-WR only).
     """
     if rank < 1 or iterations < 1:
         raise ValueError("rank and iterations must be at least 1")
@@ -165,10 +177,13 @@ def fit_als(users: np.ndarray, items: np.ndarray, values: np.ndarray, n_users: i
     q = rng.normal(0.0, init_scale, size=(n_items, rank))
     c = np.zeros(n_items)
     p, b = np.zeros((n_users, rank)), np.zeros(n_users)
+    user_w, item_w = ridges or ((lam, lam_bias, 0.0, 0.0),) * 2
+    if min(*user_w, *item_w) < 0:
+        raise ValueError("ridge weights must be non-negative")
     for _ in range(iterations):
-        x = half_step(users, items, values - mean - c[items], q, n_users, lam, lam_bias)
+        x = half_step(users, items, values - mean - c[items], q, n_users, *user_w)
         p, b = x[:, :rank], x[:, rank]
-        x = half_step(items, users, values - mean - b[users], p, n_items, lam, lam_bias)
+        x = half_step(items, users, values - mean - b[users], p, n_items, *item_w)
         q, c = x[:, :rank], x[:, rank]
     return MFModel(mean, p, q, b, c)
 

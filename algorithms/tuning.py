@@ -9,14 +9,16 @@ The search is successive halving with the run length as the resource, over a Lat
 hypercube of draws from the algorithm's declared space (``<Config>.search_space``, next to
 each config: field -> ``("log", lo, hi)`` for a log-uniform draw or ``("choice",
 [values])``), widened here by the inner steps per round (:func:`extended_space`) and with
-rank and lambda drawn jointly (:func:`couple_rank_and_lambda`: a larger rank gets a
-proportionally stronger lambda). ``trials`` configs, the recommended default first (then
-the default with 2N inner steps, :func:`run_length_anchors`), run
-for ``rounds / eta^(rungs-1)`` rounds; the best ``1/eta`` (always with the default)
-*continue* their runs to ``eta`` times the rounds, until the last rung reaches ``rounds``,
-the longest run the search may choose. The choice is the config and run length (a rung)
-with the lowest validation RMSE among the finalists; the default is scored at every rung,
-so the choice beats or ties the default at each of those run lengths by construction. A
+rank and the fixed lambda drawn jointly (:func:`couple_rank_and_lambda`: a larger rank
+gets a proportionally stronger lambda; a per-rating weight is not scaled). ``trials``
+configs, the recommended default first (then the default with 2N inner steps,
+:func:`run_length_anchors`, and the config's declared anchors, :func:`declared_anchors`),
+run for ``rounds / eta^(rungs-1)`` rounds; the best
+``1/eta`` (always with the default) *continue* their runs to ``eta`` times the rounds,
+until the last rung reaches ``rounds``, the longest run the search may choose. The choice
+is the config and run length (a rung) with the lowest validation RMSE among the
+finalists; the default is scored at every rung, so the choice beats or ties the default
+at each of those run lengths by construction. A
 wall-clock budget is planned for: a rung that would not fit is shortened, and what was
 cut is reported (``TuneResult.cuts``).
 """
@@ -109,12 +111,22 @@ def run_length_anchors(alg: Algorithm, space: dict[str, tuple], base: dict[str, 
     return [{"inner_steps": v} for v in space["inner_steps"][1] if v != n]
 
 
+def declared_anchors(alg: Algorithm) -> list[dict[str, Any]]:
+    """The algorithm's declared extra starting points (``<Config>.search_anchors``, none if
+    absent): settings measured good on some data, tried on every search beside the
+    default and never dropped by the budget planning."""
+    return [dict(a) for a in getattr(alg.config, "search_anchors", ())]
+
+
 def couple_rank_and_lambda(points: list[dict[str, Any]], default_rank: int
                            ) -> list[dict[str, Any]]:
-    """Rank and the user-side ridge drawn jointly: a drawn ``lam`` (or ``lam_rating``, the
-    per-rating weight) is the weight *at the default rank*, and a point of rank r gets
+    """Rank and the fixed user-side ridge drawn jointly: a drawn ``lam`` (a weight per user
+    row) is the weight *at the default rank*, and a point of rank r gets
     ``lam * r / default_rank`` (more factors need a stronger penalty to not overfit; floats
-    to 3 significant digits)."""
+    to 3 significant digits). A per-rating weight (``lam_rating``, weighted-lambda) is
+    not scaled: its best value hardly moves with the rank (a centralised ALS on MovieLens
+    1M: 0.06 at rank 10, 0.08 at 20 and 40), and scaled by r / 10 the rank-20 and rank-40
+    draws were all too strong (BENCHMARKS.md, "fedrec tune (part 4)")."""
     out = []
     for p in points:
         q = dict(p)
@@ -126,7 +138,7 @@ def couple_rank_and_lambda(points: list[dict[str, Any]], default_rank: int
 
 
 #: the user-side ridge weights that :func:`couple_rank_and_lambda` scales with the rank
-RIDGES = ("lam", "lam_rating")
+RIDGES = ("lam",)
 
 
 def rungs_of(rounds: int, eta: int, n: int) -> list[int]:
@@ -244,7 +256,7 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     val = validation_federation(fed, seed)  # reads fed.train only
     rng = derive_rng(seed, 0, SEARCH)
     default_rank = alg.config(**base).rank if "rank" in alg.config.model_fields else 1
-    anchors = [{}] + run_length_anchors(alg, space, base)
+    anchors = [{}] + run_length_anchors(alg, space, base) + declared_anchors(alg)
     anchors = anchors[:trials]
     pool = [Trial(p) for p in anchors] + [
         Trial(p) for p in couple_rank_and_lambda(draws(space, trials - len(anchors), rng),

@@ -9,7 +9,8 @@ import pytest
 from algorithms import centralised as C
 
 
-def _direct_half_step(rows, cols, target, other, n_rows, lam, lam_bias):
+def _direct_half_step(rows, cols, target, other, n_rows, lam, lam_bias, lam_fixed=0.0,
+                      bias_rating=0.0):
     """Per row, the ridge problem as an augmented least-squares system, solved by lstsq."""
     k = other.shape[1]
     out = np.zeros((n_rows, k + 1))
@@ -18,7 +19,8 @@ def _direct_half_step(rows, cols, target, other, n_rows, lam, lam_bias):
         if t.size == 0:
             continue
         z = np.hstack([other[cols[t]], np.ones((t.size, 1))])
-        penalty = np.sqrt(np.r_[np.full(k, lam * t.size), lam_bias])
+        penalty = np.sqrt(np.r_[np.full(k, lam * t.size + lam_fixed),
+                                lam_bias + bias_rating * t.size])
         a = np.vstack([z, np.diag(penalty)])
         y = np.r_[target[t], np.zeros(k + 1)]
         out[u] = np.linalg.lstsq(a, y, rcond=None)[0]
@@ -42,6 +44,27 @@ def test_half_step_equals_a_direct_least_squares_solve():
     want = _direct_half_step(rows, cols, target, other, m, 0.3, 0.7)
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
     assert np.all(got[6] == 0.0)
+    # FedMC-ADMM's ridge family: a fixed weight on the factors, one per rating on the bias
+    got = C.half_step(rows, cols, target, other, m, 0.3, 0.7, lam_fixed=2.0, bias_rating=0.5)
+    want = _direct_half_step(rows, cols, target, other, m, 0.3, 0.7, 2.0, 0.5)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+    assert not np.allclose(got, C.half_step(rows, cols, target, other, m, 0.3, 0.7))
+
+
+def test_fit_with_ridges_is_the_fit_with_lam_when_they_say_the_same():
+    rng = np.random.default_rng(5)
+    users, items = _observed(rng, 20, 15, 0.3)
+    values = rng.integers(1, 6, users.size).astype(float)
+    kw = dict(rank=2, iterations=3)
+    plain = C.fit_als(users, items, values, 20, 15, lam=0.2, lam_bias=3.0,
+                      rng=np.random.default_rng(0), **kw)
+    same = C.fit_als(users, items, values, 20, 15, lam=9.0, lam_bias=9.0,
+                     rng=np.random.default_rng(0), ridges=((0.2, 3.0, 0.0, 0.0),) * 2, **kw)
+    np.testing.assert_array_equal(plain.P, same.P)
+    np.testing.assert_array_equal(plain.item_bias, same.item_bias)
+    with pytest.raises(ValueError, match="non-negative"):
+        C.fit_als(users, items, values, 20, 15, lam=0.2, lam_bias=3.0, rng=rng,
+                  ridges=((0.2, 3.0, -1.0, 0.0), (0.2, 3.0, 0.0, 0.0)), **kw)
 
 
 def test_gram_sums_chunks_agree_with_a_loop(monkeypatch):

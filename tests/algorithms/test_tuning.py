@@ -96,17 +96,23 @@ def test_rank_and_lambda_are_drawn_jointly_and_inner_steps_are_searched(fed):
     assert couple_rank_and_lambda([{"rank": 20, "lam": 1.5}, {"rank": 5, "lam": 3.0},
                                    {"gamma": 0.1}], 10) == \
         [{"rank": 20, "lam": 3.0}, {"rank": 5, "lam": 1.5}, {"gamma": 0.1}]
-    assert couple_rank_and_lambda([{"rank": 20, "lam_rating": 0.1}], 10) == \
-        [{"rank": 20, "lam_rating": 0.2}]
+    # a per-rating (weighted-lambda) weight is not scaled with the rank
+    assert couple_rank_and_lambda([{"rank": 20, "lam": 1.5, "lam_rating": 0.1}], 10) == \
+        [{"rank": 20, "lam": 3.0, "lam_rating": 0.1}]
     res = tune(ALG, fed, rounds=3, per_round=3, seed=0, trials=12, budget_seconds=300)
     ridge = next(k for k in ("lam", "lam_rating") if k in ALG.config.search_space)
     lo, hi = ALG.config.search_space[ridge][1:]
     assert res.trials[1].params == {"inner_steps": 20}  # the default with 2N inner steps
-    for t in res.trials[2:]:
+    assert res.trials[2].params == ALG.config.search_anchors[0]  # the declared anchor
+    assert ALG.config(**res.trials[2].params).lam == 5.0
+    assert tuning.declared_anchors(registry.get("fedmavg")) == []
+    lo_r, hi_r = ALG.config.search_space["lam_rating"][1:]
+    for t in res.trials[3:]:
         per_rank_10 = t.params[ridge] * 10 / t.params["rank"]
         assert lo * 0.99 <= per_rank_10 <= hi * 1.01
+        assert lo_r * 0.99 <= t.params["lam_rating"] <= hi_r * 1.01  # as drawn, any rank
         assert t.params["inner_steps"] in (10, 20)
-    assert {t.params["rank"] for t in res.trials[2:]} == set(ALG.config.search_space["rank"][1])
+    assert {t.params["rank"] for t in res.trials[3:]} == set(ALG.config.search_space["rank"][1])
 
 
 class _Clock:
@@ -138,31 +144,35 @@ def test_plan_rounds():
 def test_configs_are_dropped_and_a_rung_shortened_to_fit_the_budget(fed, monkeypatch):
     """Budget 40 s, rounds of 1 s. The default's 3-round probe leaves 37 s; the full plan
     would need (72 - 3) x 2 s (a draw counted twice the default's cost), and so would
-    every pool down to the two anchors (default, default with 20 inner steps), on rungs
-    of 9 and 27: 18 s, then 2 configs x 1 s x 18 rounds = 36 s > the 22 s left, so the
-    last rung is shortened to 9 + 22 // 2 = 20 rounds and ends the search at 40 s."""
+    every pool down to the three anchors (default, default with 20 inner steps, the
+    declared mixed-ridge point), on rungs of 9 and 27: the default's 6 more rounds and the
+    others' 9 take 24 s, then 2 configs x 1 s x 18 rounds = 36 s > the 13 s left, so the
+    last rung is shortened to 9 + 13 // 2 = 15 rounds and ends the search at 39 s."""
     _Clock(monkeypatch)
     res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=40)
-    assert res.cuts == ["4 of 6 configs dropped before the search to fit the budget "
+    assert res.cuts == ["3 of 6 configs dropped before the search to fit the budget "
                         "(1 s per round)",
-                        "rung 2 shortened from 27 to 20 rounds to fit the budget"]
+                        "rung 2 shortened from 27 to 15 rounds to fit the budget"]
     assert res.rungs == [9, 27] and len(res.trials) == 6
-    assert [r for r, _ in res.default.history] == [3, 9, 20]
-    assert [len(t.history) for t in res.trials] == [3, 2, 0, 0, 0, 0]
+    assert [r for r, _ in res.default.history] == [3, 9, 15]
+    assert len(res.trials[0].history) == 3
+    assert sorted(len(t.history) for t in res.trials[1:3]) == [1, 2]
+    assert [len(t.history) for t in res.trials[3:]] == [0, 0, 0]
     assert res.trials[1].params == {"inner_steps": 20}
-    assert res.seconds == 40 and res.finalists == res.trials[:2]
+    assert res.seconds == 39 and res.finalists[0] is res.default
+    assert len(res.finalists) == 2 and res.finalists[1] in res.trials[1:3]
     assert res.rmse == min(v for t in res.finalists for _, v in t.history)
 
 
 def test_a_budget_spent_within_a_rung_stops_it_and_says_what_was_cut(fed, monkeypatch):
-    """The probe (3 s) fits a 7 s budget, nothing else does: the two anchors remain, the
-    default continues to the 9-round rung (9 s) and the other is never run."""
+    """The probe (3 s) fits a 7 s budget, nothing else does: the three anchors remain, the
+    default continues to the 9-round rung (9 s) and the others are never run."""
     _Clock(monkeypatch)
     res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=7)
     assert res.budget_exhausted and res.best is res.default
-    assert res.cuts == ["4 of 6 configs dropped before the search to fit the budget "
+    assert res.cuts == ["3 of 6 configs dropped before the search to fit the budget "
                         "(1 s per round)",
-                        "rung 1 (9 rounds): 1 of 2 configs not run (budget spent)",
+                        "rung 1 (9 rounds): 2 of 3 configs not run (budget spent)",
                         "rungs of 27 rounds not run"]
     assert [len(t.history) for t in res.trials] == [2, 0, 0, 0, 0, 0]
     assert res.finalists == [res.default]
@@ -206,9 +216,9 @@ def test_a_spent_budget_keeps_the_default(fed):
     res = tune(ALG, fed, rounds=9, per_round=3, seed=0, trials=5, budget_seconds=0)
     assert res.budget_exhausted and res.best is res.default
     assert [len(t.history) for t in res.trials] == [2, 0, 0, 0, 0]
-    assert res.cuts[0].startswith("3 of 5 configs dropped before the search to fit the "
+    assert res.cuts[0].startswith("2 of 5 configs dropped before the search to fit the "
                                   "budget (")
-    assert res.cuts[1:] == ["rung 1 (3 rounds): 1 of 2 configs not run (budget spent)",
+    assert res.cuts[1:] == ["rung 1 (3 rounds): 2 of 3 configs not run (budget spent)",
                             "rungs of 9 rounds not run"]
 
 
