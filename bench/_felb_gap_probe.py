@@ -9,8 +9,9 @@ tenant with its own V_i (what local training found) against F1 with the broadcas
 same slot) against the best one-to-one matching of the components (Hungarian); and the
 share of the Boolean components B(V_i) that survive in B(V_hat). ``--aggregation``
 chooses the server step: ``mean`` (fedrec's: Elb prox of the mean with kappa/C,
-lambda_t/C, the exact minimiser of eq. 10), ``alg1`` (Algorithm 1, line 16 as written:
-prox with kappa and lambda_t), ``matched`` (a diagnostic: each V_i's components are
+lambda_t/C, the exact minimiser of eq. 10), ``alg1`` (Algorithm 1, line 16 as printed:
+prox with kappa and lambda_t, ``server_prox='alg1'`` of
+:class:`algorithms.felb.FelbConfig`), ``matched`` (a diagnostic: each V_i's components are
 permuted to match V_hat's, by the Hungarian method on cosines, before eq. 10, and the
 tenant permutes U_i's columns alike). ``--pooled`` merges the tenants into one (the
 centralised fit of the same users: an upper reference for federated training).
@@ -38,7 +39,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -169,28 +169,13 @@ def _match(ref: np.ndarray, v: np.ndarray) -> np.ndarray:
     return p
 
 
-def server_variant(how: str):
-    """Felb's server step with another aggregation (see the module docstring)."""
-    def step(state, uploads, cfg, rng):
-        if how in ("mean", "matched") or not uploads:
-            return felb.server_step(state, uploads, cfg, rng)
-        vs = [uploads[i].v for i in sorted(uploads)]
-        lam_t = felb.grown_lambda(cfg.lam, cfg.lambda_growth, state.round)
-        if how == "alg1":  # Algorithm 1, line 16: prox_{kappa, lambda_t}(mean)
-            v_hat = felb.elb_prox(np.mean(vs, axis=0), cfg.kappa, lam_t)
-        else:
-            raise ValueError(how)
-        return felb.FelbServer(v_hat, state.round + 1), felb.FelbGlobal(v_hat, state.round + 1)
-    return step
-
-
 def trace(args) -> None:
     bs = blocks(args.data, args.fraction)
     if args.pooled:
         bs = [pooled(bs)]
     alg = felb.ALGORITHMS[args.method]
-    alg = dataclasses.replace(alg, server_step=server_variant(args.aggregation))
-    cfg = alg.config(rank=20, local_steps=10, proximity=args.gamma, start=args.start)
+    cfg = alg.config(rank=20, local_steps=10, proximity=args.gamma, start=args.start,
+                     server_prox="alg1" if args.aggregation == "alg1" else "eq10")
     seed = 0
     server, glob, locs = initialise(alg, cfg, bs, seed)
     perms: dict[int, np.ndarray] = {}
@@ -231,13 +216,14 @@ def trace(args) -> None:
                 f"components")
         if len(vs) > 1:
             same, best, moved = [], [], 0
-            for i in range(len(vs)):
-                for j in range(i + 1, len(vs)):
-                    c = _cos(vs[i], vs[j])
-                    same.append(np.mean(np.diag(c)))
-                    p = _match(vs[i], vs[j])
-                    best.append(np.mean(c[np.arange(len(p)), p]))
-                    moved += int((p != np.arange(len(p))).sum())
+            pairs = ([(i, j) for i in range(len(vs)) for j in range(i + 1, len(vs))]
+                     if len(vs) <= 5 else [(0, j) for j in range(1, len(vs))])
+            for i, j in pairs:  # every pair of 5 tenants, tenant 0 with each of more
+                c = _cos(vs[i], vs[j])
+                same.append(np.mean(np.diag(c)))
+                p = _match(vs[i], vs[j])
+                best.append(np.mean(c[np.arange(len(p)), p]))
+                moved += int((p != np.arange(len(p))).sum())
             # Boolean components of the uploads and how many of their 1s V_hat keeps
             kept = [(felb.boolean(v) & bv_hat).sum() / max(felb.boolean(v).sum(), 1)
                     for v in vs]
@@ -246,7 +232,7 @@ def trace(args) -> None:
                      f"{np.mean(best):.3f} ({moved} of {len(same) * cfg.rank} slots move); "
                      f"cos(V_i[l], V_hat[l]) {hat_cos:.3f}; 1s of B(V_i) kept in B(V_hat) "
                      f"{np.mean(kept):.2f}; B(V_i) sizes "
-                     f"{[int(felb.boolean(v).sum()) for v in vs]}")
+                     f"{[int(felb.boolean(v).sum()) for v in vs][:5]}")
         print(line + f" [{time.process_time() - cpu:.0f} s CPU]", flush=True)
 
 
