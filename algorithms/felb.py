@@ -19,7 +19,9 @@ element-wise on the box [0, 1] (eq. 3; the lambda/2 scaling makes eq. 6 its exac
 One round t (one "iteration" of Appendix D). Client: V_i <- V_hat, then T local steps of
 eq. 8 (a U step, then a V step; iPALM extrapolation x + beta (x - x_prev) before each)
 with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambda_t/C}(mean
-V_i), the exact minimiser of eq. 10. Steps: Felb 1/L with L = ||V V^T||_2 resp.
+V_i), the exact minimiser of eq. 10 (``server_prox='alg1'``, opt-in: prox_{kappa, lambda_t}
+as Algorithm 1, line 16 prints it; at the paper's size it closes Felb's loss to averaging,
+BENCHMARKS.md "The gap measured"). Steps: Felb 1/L with L = ||V V^T||_2 resp.
 ||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
 the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
 

@@ -26,7 +26,9 @@ users x items product has 10^10 entries. The result goes to ``felb_table1_paper.
 variants). With ``--paper-size`` Felb and Felb-MU start from V_hat^0 uniform on
 [0, 1/sqrt(n)] (``start='scaled'`` of :class:`algorithms.felb.FelbConfig`, a deviation
 from Algorithm 1's [0, 1], which learns nothing at 59,047 items); ``--start uniform`` runs
-the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``.
+the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``, and
+fedrec's server prox (kappa/C, lambda_t/C) unless ``--server-prox alg1`` (Algorithm 1, line
+16 as printed; result file ``felb_table1_alg1.json``).
 """
 
 from __future__ import annotations
