@@ -28,7 +28,7 @@ variants). With ``--paper-size`` Felb and Felb-MU start from V_hat^0 uniform on
 from Algorithm 1's [0, 1], which learns nothing at 59,047 items); ``--start uniform`` runs
 the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``, and
 fedrec's server prox (kappa/C, lambda_t/C) unless ``--server-prox alg1`` (Algorithm 1, line
-16 as printed; result file ``felb_table1_alg1.json``).
+16 as printed; adds ``_alg1`` to the result file), with or without ``--paper-size``.
 """
 
 from __future__ import annotations
@@ -99,11 +99,13 @@ _FED: Federation | None = None  # the set a forked worker of run_paper_seed read
 
 
 def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
-                   proximity: float | None, start: str | None = None) -> dict:
+                   proximity: float | None, start: str | None = None,
+                   server_prox: str | None = None) -> dict:
     """Train method ``m`` on ``_FED`` and score its Boolean reconstruction."""
     fed = _FED
     (alg, res, _), wall, cpu = _timed(lambda: S.fit(m, fed, 20, rounds, seed, baseline_iters,
-                                                    proximity=proximity, start=start))
+                                                    proximity=proximity, start=start,
+                                                    server_prox=server_prox))
     module = felb if m in felb.ALGORITHMS else binary_baseline
     pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
     (f1, rmsd), _, eval_cpu = _timed(lambda: boolean_quality(pairs, fed.train))
@@ -116,7 +118,7 @@ def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
 def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
                    fraction: float, shape: str = "ml-25m",
                    proximity: float | None = None, jobs: int = 1,
-                   start: str | None = None) -> dict:
+                   start: str | None = None, server_prox: str | None = None) -> dict:
     """F1 and RMSD of Felb, Felb-MU (and the voting baseline unless ``baseline_iters`` is
     0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part.
     ``jobs`` > 1 trains the methods in that many forked processes (they share the data
@@ -129,7 +131,8 @@ def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
     rows: dict = {"data": {"ones": ones, "users": sum(b.n_users for b in fed.train),
                            "tenants": fed.n_clients, "cpu_seconds": cpu, "wall_seconds": wall}}
     methods = ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
-    args = [(m, seed, rounds, baseline_iters, proximity, start) for m in methods]
+    args = [(m, seed, rounds, baseline_iters, proximity, start, server_prox)
+            for m in methods]
     _FED = fed
     try:
         if jobs > 1:
@@ -223,15 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-prox", choices=["eq10", "alg1"], default=None,
                     help="Felb's server prox: 'eq10' (kappa/C, lambda_t/C; the default) or "
                          "'alg1' (kappa, lambda_t, Algorithm 1 line 16 as printed); 'alg1' "
-                         "adds _alg1 to the result file (ML-1M runs only)")
+                         "adds _alg1 to the result file")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --paper-size: train the methods in this many processes")
     ap.set_defaults(seeds=None)
     args = ap.parse_args(argv)
     if args.paper_size:
-        if args.server_prox:
-            ap.error("--server-prox is for the ML-1M run (at the paper's size: "
-                     "python -m bench._felb_gap_probe trace --aggregation alg1)")
         return paper_main(args, argv)
     seeds = args.seeds or 3
     data = args.data or ("ml-100k" if args.quick else "ml-1m")
@@ -275,24 +275,29 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
     start = args.start or "scaled"
+    prox = args.server_prox or "eq10"
     runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape,
-                           args.proximity, args.jobs, start) for s in range(seeds)]
+                           args.proximity, args.jobs, start, prox) for s in range(seeds)]
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
     variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
                + ("" if fraction == 1 else f"_x{fraction:g}")
                + ("" if args.proximity is None else f"_gamma{args.proximity:g}")
-               + ("" if start == "scaled" else f"_{start}"))
+               + ("" if start == "scaled" else f"_{start}")
+               + ("" if prox == "eq10" else f"_{prox}"))
     what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
                                                        else "")
             + ("" if args.proximity is None else f", gamma {args.proximity:g}")
-            + ("" if start == "scaled" else f", {start} start"))
+            + ("" if start == "scaled" else f", {start} start")
+            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
     paper_shape = args.shape == "ml-25m" and fraction == 1  # else a diagnostic: no figure
     note = {m: (PAPER_NOTE[m] if paper_shape else SHAPE_NOTE if args.shape == "ml-1m"
                 else f"diagnostic: {fraction:g} of the users, ratings and tenants")
             + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
                f"{felb.FelbConfig().proximity:g}")
-            + ("" if start == "scaled" else f"; start {start}") for m in methods}
+            + ("" if start == "scaled" else f"; start {start}")
+            + ("" if prox == "eq10" else "; server prox kappa, lambda_t (Algorithm 1, "
+               "line 16)") for m in methods}
     comparisons = _comparisons(what, methods, runs, PAPER if paper_shape else None, note,
                                "Table 3's MovieLens RMSD is on another scale")
     E.write_result(args.out, "felb_table1", argv, args.quick, {
@@ -302,7 +307,7 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
                      "proximity": (felb.FelbConfig().proximity if args.proximity is None
                                    else args.proximity), "threshold": 3.5,
-                     "start": start},
+                     "start": start, "server_prox": prox},
         "comparisons": comparisons, "runs": runs},
         stem="felb_table1_paper" + variant)
     return 0
