@@ -19,7 +19,9 @@ element-wise on the box [0, 1] (eq. 3; the lambda/2 scaling makes eq. 6 its exac
 One round t (one "iteration" of Appendix D). Client: V_i <- V_hat, then T local steps of
 eq. 8 (a U step, then a V step; iPALM extrapolation x + beta (x - x_prev) before each)
 with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambda_t/C}(mean
-V_i), the exact minimiser of eq. 10. Steps: Felb 1/L with L = ||V V^T||_2 resp.
+V_i), the exact minimiser of eq. 10 (``server_prox='alg1'``, opt-in: prox_{kappa, lambda_t}
+as Algorithm 1, line 16 prints it; at the paper's size it closes Felb's loss to averaging,
+BENCHMARKS.md "The gap measured"). Steps: Felb 1/L with L = ||V V^T||_2 resp.
 ||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
 the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
 
@@ -77,6 +79,10 @@ class FelbConfig(AlgorithmConfig):
     start: Literal["uniform", "scaled"] = "uniform"
     """V_hat^0: 'uniform' on [0, 1] (Algorithm 1, line 1) or 'scaled' uniform on
     [0, 1/sqrt(n)] for n items (a deviation for large catalogues, see the module docstring)."""
+    server_prox: Literal["eq10", "alg1"] = "eq10"
+    """The server's Elb prox of the mean upload: 'eq10' with kappa/C and lambda_t/C (the
+    exact minimiser of eq. 10 for C uploads) or 'alg1' with kappa and lambda_t (Algorithm 1,
+    line 16 as printed); see :func:`server_step`."""
 
 
 class FelbMUConfig(FelbConfig):
@@ -273,18 +279,22 @@ def client_step(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,
 
 
 def server_step(state: FelbServer, uploads, cfg: FelbConfig, rng: np.random.Generator):
-    """V_hat <- prox_{kappa/C, lambda_t/C}(mean of the C uploaded V_i) (eq. 10).
+    """V_hat <- prox_{eta kappa, eta lambda_t}(mean of the C uploaded V_i) (Sec. 3.2).
 
-    argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2 ||Y - mean||^2 + R(Y), so the
-    exact solution of eq. 10 is the Elb prox of the mean with step eta_V_hat = 1/C
-    (Algorithm 1, line 16 leaves the step implicit). No upload: V_hat is kept.
+    The paper leaves the server's step eta_V_hat open (Algorithm 1, line 16 prints
+    prox_{kappa, lambda}). ``server_prox='eq10'`` (the default) takes eta = 1/C:
+    argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2 ||Y - mean||^2 + R(Y), the exact
+    minimiser of eq. 10 with squared norms. ``'alg1'`` takes eta = 1, line 16 as printed: a
+    C times stronger pull of V_hat towards {0, 1} (the same rounding B(V_hat), which only
+    depends on the side of 1/2). No upload: V_hat is kept.
     """
     v_hat = state.v_hat
     if uploads:
         c = len(uploads)
+        eta = 1.0 / c if cfg.server_prox == "eq10" else 1.0
         lam_t = grown_lambda(cfg.lam, cfg.lambda_growth, state.round)
         mean = np.mean(np.stack([uploads[i].v for i in sorted(uploads)]), axis=0)
-        v_hat = elb_prox(mean, cfg.kappa / c, lam_t / c)
+        v_hat = elb_prox(mean, eta * cfg.kappa, eta * lam_t)
     return FelbServer(v_hat, state.round + 1), FelbGlobal(v_hat, state.round + 1)
 
 

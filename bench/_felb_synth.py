@@ -63,16 +63,18 @@ def federation(data: np.ndarray, signal: np.ndarray, n_clients: int,
 
 def fit(method: str, fed: Federation, rank: int, rounds: int, seed: int,
         baseline_iters: int, privatizer=None, local_steps: int = 10,
-        proximity: float | None = None, start: str | None = None):
+        proximity: float | None = None, start: str | None = None,
+        server_prox: str | None = None):
     """Train one method on all tenants; returns (algorithm, result, training seconds).
-    ``proximity`` and ``start`` override Felb's gamma and start (defaults
-    :class:`algorithms.felb.FelbConfig`'s)."""
+    ``proximity``, ``start`` and ``server_prox`` override Felb's gamma, start and server
+    prox (defaults :class:`algorithms.felb.FelbConfig`'s)."""
     t0 = time.perf_counter()
     if method in felb.ALGORITHMS:
         alg = felb.ALGORITHMS[method]
         cfg = alg.config(rank=rank, local_steps=local_steps,
                          **({} if proximity is None else {"proximity": proximity}),
-                         **({} if start is None else {"start": start}))
+                         **({} if start is None else {"start": start}),
+                         **({} if server_prox is None else {"server_prox": server_prox}))
         res = simulate(alg, cfg, fed, rounds=rounds, per_round=fed.n_clients, seed=seed,
                        privatizer=privatizer, evaluate_every=rounds)
         return alg, res, sum(h.seconds for h in res.history)

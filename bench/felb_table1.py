@@ -26,7 +26,9 @@ users x items product has 10^10 entries. The result goes to ``felb_table1_paper.
 variants). With ``--paper-size`` Felb and Felb-MU start from V_hat^0 uniform on
 [0, 1/sqrt(n)] (``start='scaled'`` of :class:`algorithms.felb.FelbConfig`, a deviation
 from Algorithm 1's [0, 1], which learns nothing at 59,047 items); ``--start uniform`` runs
-the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``.
+the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``, and
+fedrec's server prox (kappa/C, lambda_t/C) unless ``--server-prox alg1`` (Algorithm 1, line
+16 as printed; adds ``_alg1`` to the result file), with or without ``--paper-size``.
 """
 
 from __future__ import annotations
@@ -97,11 +99,13 @@ _FED: Federation | None = None  # the set a forked worker of run_paper_seed read
 
 
 def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
-                   proximity: float | None, start: str | None = None) -> dict:
+                   proximity: float | None, start: str | None = None,
+                   server_prox: str | None = None) -> dict:
     """Train method ``m`` on ``_FED`` and score its Boolean reconstruction."""
     fed = _FED
     (alg, res, _), wall, cpu = _timed(lambda: S.fit(m, fed, 20, rounds, seed, baseline_iters,
-                                                    proximity=proximity, start=start))
+                                                    proximity=proximity, start=start,
+                                                    server_prox=server_prox))
     module = felb if m in felb.ALGORITHMS else binary_baseline
     pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
     (f1, rmsd), _, eval_cpu = _timed(lambda: boolean_quality(pairs, fed.train))
@@ -114,7 +118,7 @@ def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
 def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
                    fraction: float, shape: str = "ml-25m",
                    proximity: float | None = None, jobs: int = 1,
-                   start: str | None = None) -> dict:
+                   start: str | None = None, server_prox: str | None = None) -> dict:
     """F1 and RMSD of Felb, Felb-MU (and the voting baseline unless ``baseline_iters`` is
     0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part.
     ``jobs`` > 1 trains the methods in that many forked processes (they share the data
@@ -127,7 +131,8 @@ def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
     rows: dict = {"data": {"ones": ones, "users": sum(b.n_users for b in fed.train),
                            "tenants": fed.n_clients, "cpu_seconds": cpu, "wall_seconds": wall}}
     methods = ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
-    args = [(m, seed, rounds, baseline_iters, proximity, start) for m in methods]
+    args = [(m, seed, rounds, baseline_iters, proximity, start, server_prox)
+            for m in methods]
     _FED = fed
     try:
         if jobs > 1:
@@ -144,11 +149,12 @@ def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
 
 
 def run_seed(data: str, seed: int, rounds: int, baseline_iters: int, clients: int,
-             start: str | None = None) -> dict:
+             start: str | None = None, server_prox: str | None = None) -> dict:
     """F1, RMSD, P@10, R@10 and seconds of each method on one seeded split."""
     fed = binarise(build_federation(load_movielens(data), clients, seed), 3.5)
     args = argparse.Namespace(rank=20, local_steps=10, proximity=1.0, rounds=rounds,
-                              seed=seed, baseline_iters=baseline_iters, start=start)
+                              seed=seed, baseline_iters=baseline_iters, start=start,
+                              server_prox=server_prox)
     rows = {m: T._run_felb(m, fed, args) for m in ("felb", "felb-mu")}
     rows["vote"] = T._run_baselines(["vote"], fed, args)[0]
     for m, r in rows.items():
@@ -217,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                          "on ML-1M) or 'scaled' on [0, 1/sqrt(n)] (default with "
                          "--paper-size); another than the default adds _<start> to the "
                          "result file")
+    ap.add_argument("--server-prox", choices=["eq10", "alg1"], default=None,
+                    help="Felb's server prox: 'eq10' (kappa/C, lambda_t/C; the default) or "
+                         "'alg1' (kappa, lambda_t, Algorithm 1 line 16 as printed); 'alg1' "
+                         "adds _alg1 to the result file")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --paper-size: train the methods in this many processes")
     ap.set_defaults(seeds=None)
@@ -228,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (5 if args.quick else 20)
     iters = args.baseline_iters or (30 if args.quick else 200)
     start = args.start or "uniform"
-    runs = [run_seed(data, s, rounds, iters, args.clients, start) for s in range(seeds)]
-    suffix = "" if start == "uniform" else f"_{start}"
-    what = data + ("" if start == "uniform" else f", {start} start")
+    prox = args.server_prox or "eq10"
+    runs = [run_seed(data, s, rounds, iters, args.clients, start, prox) for s in range(seeds)]
+    suffix = ("" if start == "uniform" else f"_{start}") + ("" if prox == "eq10" else f"_{prox}")
+    what = (data + ("" if start == "uniform" else f", {start} start")
+            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
     comparisons = _comparisons(what, list(PAPER), runs, PAPER, NOTE,
                                "Table 3 gives RMSD on MovieLens 25M only")
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
@@ -238,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     E.write_result(args.out, "felb_table1", argv, args.quick, {**timing,
         "settings": {"data": data, "clients": args.clients, "rank": 20, "local_steps": 10,
                      "rounds": rounds, "baseline_iters": iters, "threshold": 3.5,
-                     "start": start},
+                     "start": start, "server_prox": prox},
         "comparisons": comparisons, "runs": runs}, stem="felb_table1" + suffix)
     plot(runs, args.out / f"felb_table1{suffix}.png")
     return 0
@@ -263,24 +275,29 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
     start = args.start or "scaled"
+    prox = args.server_prox or "eq10"
     runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape,
-                           args.proximity, args.jobs, start) for s in range(seeds)]
+                           args.proximity, args.jobs, start, prox) for s in range(seeds)]
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
     variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
                + ("" if fraction == 1 else f"_x{fraction:g}")
                + ("" if args.proximity is None else f"_gamma{args.proximity:g}")
-               + ("" if start == "scaled" else f"_{start}"))
+               + ("" if start == "scaled" else f"_{start}")
+               + ("" if prox == "eq10" else f"_{prox}"))
     what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
                                                        else "")
             + ("" if args.proximity is None else f", gamma {args.proximity:g}")
-            + ("" if start == "scaled" else f", {start} start"))
+            + ("" if start == "scaled" else f", {start} start")
+            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
     paper_shape = args.shape == "ml-25m" and fraction == 1  # else a diagnostic: no figure
     note = {m: (PAPER_NOTE[m] if paper_shape else SHAPE_NOTE if args.shape == "ml-1m"
                 else f"diagnostic: {fraction:g} of the users, ratings and tenants")
             + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
                f"{felb.FelbConfig().proximity:g}")
-            + ("" if start == "scaled" else f"; start {start}") for m in methods}
+            + ("" if start == "scaled" else f"; start {start}")
+            + ("" if prox == "eq10" else "; server prox kappa, lambda_t (Algorithm 1, "
+               "line 16)") for m in methods}
     comparisons = _comparisons(what, methods, runs, PAPER if paper_shape else None, note,
                                "Table 3's MovieLens RMSD is on another scale")
     E.write_result(args.out, "felb_table1", argv, args.quick, {
@@ -290,7 +307,7 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
                      "proximity": (felb.FelbConfig().proximity if args.proximity is None
                                    else args.proximity), "threshold": 3.5,
-                     "start": start},
+                     "start": start, "server_prox": prox},
         "comparisons": comparisons, "runs": runs},
         stem="felb_table1_paper" + variant)
     return 0

@@ -46,8 +46,10 @@ def _row(method, alg, result, fed, seconds, rounds, cfg) -> dict:
 def _run_felb(method: str, fed, args) -> dict:
     alg = felb.ALGORITHMS[method]
     start = getattr(args, "start", None)
+    server_prox = getattr(args, "server_prox", None)
     cfg = alg.config(rank=args.rank, local_steps=args.local_steps, proximity=args.proximity,
-                     **({} if start is None else {"start": start}))
+                     **({} if start is None else {"start": start}),
+                     **({} if server_prox is None else {"server_prox": server_prox}))
     result = simulate(alg, cfg, fed, rounds=args.rounds, per_round=fed.n_clients,
                       seed=args.seed, evaluate_every=args.rounds)
     seconds = sum(h.seconds for h in result.history)

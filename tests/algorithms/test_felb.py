@@ -177,6 +177,33 @@ def test_server_step_solves_eq10_at_lambda_t():
     assert glob.round == state.round == t + 1
 
 
+def test_server_prox_alg1_is_line_16_as_printed():
+    """server_prox='alg1': prox_{kappa, lambda_t} of the mean (Algorithm 1, line 16), the
+    brute-force minimiser of 1/2 (mean - y)^2 + R(y); the same Boolean rounding as the
+    default's 1/C prox, and the same V_hat as it for one upload."""
+    rng = np.random.default_rng(5)
+    vs = {i: FelbUpload(rng.uniform(-0.2, 1.2, (2, 3))) for i in (0, 3, 5)}
+    t = 6
+    cfg = FelbConfig(rank=2, kappa=0.05, lam=0.2, server_prox="alg1")
+    _, glob = server_step(FelbServer(np.zeros((2, 3)), t), vs, cfg, rng)
+    lam_t = 0.2 * 1.05**t
+    mean = np.mean([u.v for u in vs.values()], axis=0)
+    want = np.array([[GRID[np.argmin(0.5 * (mean[i, j] - GRID) ** 2
+                                     + elb_regulariser(GRID, 0.05, lam_t))]
+                      for j in range(3)] for i in range(2)])
+    np.testing.assert_allclose(glob.v_hat, want, atol=2e-5)
+    _, default = server_step(FelbServer(np.zeros((2, 3)), t), vs,
+                             FelbConfig(rank=2, kappa=0.05, lam=0.2), rng)
+    assert np.abs(glob.v_hat - default.v_hat).max() > 0.01
+    np.testing.assert_array_equal(glob.v_hat >= 0.5, default.v_hat >= 0.5)
+    one = {3: vs[3]}
+    _, a = server_step(FelbServer(np.zeros((2, 3)), t), one, cfg, rng)
+    _, b = server_step(FelbServer(np.zeros((2, 3)), t), one,
+                       FelbConfig(rank=2, kappa=0.05, lam=0.2), rng)
+    np.testing.assert_array_equal(a.v_hat, b.v_hat)
+    assert FelbConfig().server_prox == FelbConfig.paper_settings().server_prox == "eq10"
+
+
 def test_server_keeps_v_hat_without_uploads():
     v = np.full((2, 3), 0.3)
     state, glob = server_step(FelbServer(v, 2), {}, FelbConfig(rank=2), None)
