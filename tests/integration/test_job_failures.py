@@ -4,6 +4,8 @@ watchdog stops resuming it (it used to stay ``running`` and be re-run for ever).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
@@ -53,8 +55,10 @@ def test_a_step_that_always_raises_fails_the_job_after_three_attempts(services):
             wait_for(lambda a=attempt: _job(app, job_id).attempts >= a, 90, f"failure {attempt}")
         job = _job(app, job_id)
         assert (job.status, job.current_round) == ("failed", 0)
-        assert job.error.startswith("ValueError: could not broadcast input array")
-        assert job.error.endswith("(attempt 3 of 3; job failed)")
+        # the planted mismatch fails inside the step's kernels (which exception depends on
+        # the code path); the error names its type and message, then the attempts
+        assert re.fullmatch(r"(ValueError|IndexError): \S.* \(attempt 3 of 3; job failed\)",
+                            job.error), job.error
         assert resume_stalled(app.state.sessions, dispatch, -1.0) == []
         with app.state.sessions() as s:  # the step failed before sending: nothing charged
             assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
