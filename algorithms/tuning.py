@@ -14,7 +14,8 @@ gets a proportionally stronger lambda; a per-rating weight is not scaled). ``tri
 configs, the recommended default first (then the default with 2N inner steps,
 :func:`run_length_anchors`, and the config's declared anchors, :func:`declared_anchors`),
 run for ``rounds / eta^(rungs-1)`` rounds; the best
-``1/eta`` (always with the default) *continue* their runs to ``eta`` times the rounds,
+``1/eta`` of the others (always with the default and the declared anchors) *continue*
+their runs to ``eta`` times the rounds,
 until the last rung reaches ``rounds``, the longest run the search may choose. The choice
 is the config and run length (a rung) with the lowest validation RMSE among the
 finalists; the default is scored at every rung, so the choice beats or ties the default
@@ -114,7 +115,9 @@ def run_length_anchors(alg: Algorithm, space: dict[str, tuple], base: dict[str, 
 def declared_anchors(alg: Algorithm) -> list[dict[str, Any]]:
     """The algorithm's declared extra starting points (``<Config>.search_anchors``, none if
     absent): settings measured good on some data, tried on every search beside the
-    default and never dropped by the budget planning."""
+    default, never dropped by the budget planning and, like the default, continued to
+    every rung (a declared point is judged at the run lengths the choice is made at, not
+    cut by a draw that is ahead after a short run)."""
     return [dict(a) for a in getattr(alg.config, "search_anchors", ())]
 
 
@@ -148,14 +151,16 @@ def rungs_of(rounds: int, eta: int, n: int) -> list[int]:
     return sorted({max(1, round(rounds / eta ** (levels - 1 - i))) for i in range(levels)})
 
 
-def plan_rounds(plan: list[int], n: int, eta: int) -> int:
+def plan_rounds(plan: list[int], n: int, eta: int, protected: int = 1) -> int:
     """Rounds successive halving runs in all for ``n`` configs on the rungs ``plan``: each
-    rung continues ``1 + ceil((survivors - 1) / eta)`` configs (the default and the best
-    of the others) from the previous rung's rounds."""
+    rung continues ``p + ceil((survivors - p) / eta)`` configs (the ``p = protected``
+    ones, the default and the declared anchors, and the best of the others) from the
+    previous rung's rounds."""
     total, prev, alive = 0, 0, n
     for level, r in enumerate(plan):
         if level > 0:
-            alive = 1 + math.ceil((alive - 1) / eta)
+            p = min(protected, alive)
+            alive = p + math.ceil((alive - p) / eta)
         total += alive * (r - prev)
         prev = r
     return total
@@ -262,6 +267,9 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
         Trial(p) for p in couple_rank_and_lambda(draws(space, trials - len(anchors), rng),
                                                  default_rank)]
     default, everyone = pool[0], list(pool)
+    # the default and the declared anchors go on to every rung
+    declared = declared_anchors(alg)
+    protected = {id(default)} | {id(t) for t in pool[1:len(anchors)] if t.params in declared}
     plan = rungs_of(rounds, eta, len(pool))
     states: dict[int, RoundState | None] = {}
     cuts: list[str] = []
@@ -280,7 +288,8 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     left = budget_seconds - (time.perf_counter() - t0)
 
     def estimate(n: int, rungs: list[int]) -> float:
-        work = plan_rounds(rungs, n, eta) - rungs[0]  # the default's first rung is done
+        work = plan_rounds(rungs, n, eta, min(n, len(protected))) - rungs[0]  # the
+        # default's first rung is done
         return per_round_s * work * (DRAW_COST if n > 1 else 1.0)
 
     n_planned = len(pool)
@@ -297,7 +306,8 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     for level, planned in enumerate(plan):
         target = planned
         last = level == len(plan) - 1
-        keep = len(alive) if last else max(1, math.ceil((len(alive) - 1) / eta))
+        others = [t for t in alive if id(t) not in protected]
+        keep = len(others) if last else math.ceil(len(others) / eta)
         left = budget_seconds - (time.perf_counter() - t0)
         if level > 0 and left <= 0:
             exhausted, entering = True, alive
@@ -333,11 +343,11 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
             trial.history.append((target, trial.rmse))
             states[key] = state
             scored.append(trial)
-            # keep the states of the default and the current best `keep` only (memory)
-            leaders = {id(t) for t in sorted((t for t in scored if t is not default),
+            # keep the states of the protected and the current best `keep` only (memory)
+            leaders = {id(t) for t in sorted((t for t in scored if id(t) not in protected),
                                              key=lambda t: t.rmse)[:keep]}
             for t in scored:
-                if last or (t is not default and id(t) not in leaders):
+                if last or (id(t) not in protected and id(t) not in leaders):
                     states[id(t)] = None
             if on_trial is not None:
                 on_trial(trial)
@@ -348,9 +358,9 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
             exhausted = True
             cuts.append(f"rungs of {', '.join(map(str, plan[level + 1:]))} rounds not run")
             break
-        # the best 1/eta of the others go on, and the default with them
-        alive = [default] + sorted((t for t in alive if t is not default),
-                                   key=lambda t: t.rmse)[:keep]
+        # the best 1/eta of the others go on, and the default and declared anchors with them
+        alive = [t for t in alive if id(t) in protected] + sorted(
+            (t for t in alive if id(t) not in protected), key=lambda t: t.rmse)[:keep]
     # the configs no comparison eliminated: those that entered the last rung that started
     # (one the budget cut short keeps its unrun configs at their previous rung)
     finalists = [t for t in entering if t.history] if exhausted else alive

@@ -74,15 +74,23 @@ def test_run_length_is_the_resource_and_the_choice_is_the_best_finalist(fed):
     res = tune(ALG, fed, rounds=27, per_round=3, seed=2, trials=9, budget_seconds=300)
     assert res.rungs == [3, 9, 27] and not res.cuts
     assert [r for r, _ in res.default.history] == [3, 9, 27]  # the default at every rung
-    assert sorted(len(t.history) for t in res.trials) == [1] * 5 + [2] * 2 + [3] * 2
-    assert res.default in res.finalists and len(res.finalists) == 2
+    declared = res.trials[2]  # the declared anchor, also at every rung
+    assert declared.params == ALG.config.search_anchors[0]
+    assert [r for r, _ in declared.history] == [3, 9, 27]
+    # 7 others: the best 3 go on to 9 rounds, the best 1 of those to 27
+    assert sorted(len(t.history) for t in res.trials) == [1] * 4 + [2] * 2 + [3] * 3
+    assert res.default in res.finalists and declared in res.finalists
+    assert len(res.finalists) == 3
     assert all(t.history[-1][0] == 27 for t in res.finalists)
     every = [(v, r) for t in res.finalists for r, v in t.history]
     assert res.rmse == min(v for v, _ in every) and (res.rmse, res.rounds) in every
     assert (res.rounds, res.rmse) in res.best.history
     # the survivors of each rung are the best third of the others by validation RMSE
-    first = sorted((t for t in res.trials[1:]), key=lambda t: t.history[0][1])
-    assert {id(t) for t in first[:3]} == {id(t) for t in res.trials[1:] if len(t.history) > 1}
+    others = [t for t in res.trials[1:] if t is not declared]
+    first = sorted(others, key=lambda t: t.history[0][1])
+    assert {id(t) for t in first[:3]} == {id(t) for t in others if len(t.history) > 1}
+    second = sorted((t for t in others if len(t.history) > 1), key=lambda t: t.history[1][1])
+    assert {id(second[0])} == {id(t) for t in others if len(t.history) > 2}
     again = simulate(ALG, res.config(ALG), validation_federation(fed, 2), rounds=res.rounds,
                      per_round=3, seed=2, evaluate_every=res.rounds)
     assert again.final.test_rmse == res.rmse
@@ -139,28 +147,34 @@ def test_plan_rounds():
     # 6 configs x 3, 3 continue 6 more, 2 continue 18 more
     assert tuning.plan_rounds([3, 9, 27], 6, 3) == 18 + 18 + 36
     assert tuning.plan_rounds([9, 27], 2, 3) == 18 + 36
+    # two protected (the default, a declared anchor): 2 + ceil(4 / 3) = 4 continue, then
+    # 2 + ceil(2 / 3) = 3
+    assert tuning.plan_rounds([3, 9, 27], 6, 3, protected=2) == 18 + 24 + 54
+    assert tuning.plan_rounds([9, 27], 2, 3, protected=2) == 18 + 36
 
 
 def test_configs_are_dropped_and_a_rung_shortened_to_fit_the_budget(fed, monkeypatch):
     """Budget 40 s, rounds of 1 s. The default's 3-round probe leaves 37 s; the full plan
-    would need (72 - 3) x 2 s (a draw counted twice the default's cost), and so would
-    every pool down to the three anchors (default, default with 20 inner steps, the
-    declared mixed-ridge point), on rungs of 9 and 27: the default's 6 more rounds and the
-    others' 9 take 24 s, then 2 configs x 1 s x 18 rounds = 36 s > the 13 s left, so the
-    last rung is shortened to 9 + 13 // 2 = 15 rounds and ends the search at 39 s."""
+    would need (96 - 3) x 2 s (a draw counted twice the default's cost; the default and
+    the declared anchor go on to every rung), and so would every pool down to the three
+    anchors (default, default with 20 inner steps, the declared mixed-ridge point), on
+    rungs of 9 and 27: the default's 6 more rounds and the others' 9 take 24 s, then all
+    three (the protected two and the best other) x 1 s x 18 rounds = 54 s > the 13 s
+    left, so the last rung is shortened to 9 + 13 // 3 = 13 rounds and ends the search at
+    39 s."""
     _Clock(monkeypatch)
     res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=40)
     assert res.cuts == ["3 of 6 configs dropped before the search to fit the budget "
                         "(1 s per round)",
-                        "rung 2 shortened from 27 to 15 rounds to fit the budget"]
+                        "rung 2 shortened from 27 to 13 rounds to fit the budget"]
     assert res.rungs == [9, 27] and len(res.trials) == 6
-    assert [r for r, _ in res.default.history] == [3, 9, 15]
+    assert [r for r, _ in res.default.history] == [3, 9, 13]
     assert len(res.trials[0].history) == 3
-    assert sorted(len(t.history) for t in res.trials[1:3]) == [1, 2]
+    assert [len(t.history) for t in res.trials[1:3]] == [2, 2]
     assert [len(t.history) for t in res.trials[3:]] == [0, 0, 0]
     assert res.trials[1].params == {"inner_steps": 20}
     assert res.seconds == 39 and res.finalists[0] is res.default
-    assert len(res.finalists) == 2 and res.finalists[1] in res.trials[1:3]
+    assert len(res.finalists) == 3 and res.finalists[1] is res.trials[2]  # declared
     assert res.rmse == min(v for t in res.finalists for _, v in t.history)
 
 
@@ -179,30 +193,35 @@ def test_a_budget_spent_within_a_rung_stops_it_and_says_what_was_cut(fed, monkey
 
 
 def test_a_rung_cut_short_keeps_its_unrun_configs_at_their_last_rung(fed, monkeypatch):
-    """Budget 141 s: the plan is estimated at 3 + (72 - 3) x 2 s, so nothing is dropped;
+    """Budget 200 s: the plan is estimated at 3 + (96 - 3) x 2 s, so nothing is dropped;
     rung 1 takes 18 s, then a load spike makes rounds cost 11 s: rung 2 runs the default
-    (66 s) and one survivor (66 s), and the budget is spent before the other survivor,
-    which stays a finalist at its 3-round evaluation."""
+    and the declared anchor (66 s each) and one survivor of the others (66 s), and the
+    budget is spent before the other survivor, which stays a finalist at its 3-round
+    evaluation."""
     _Clock(monkeypatch, spike=11.0, after=18.0)
-    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=141)
-    assert res.cuts == ["rung 2 (9 rounds): 1 of 3 configs not run (budget spent)",
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=200)
+    assert res.cuts == ["rung 2 (9 rounds): 1 of 4 configs not run (budget spent)",
                         "rungs of 27 rounds not run"]
-    assert [r for r, _ in res.default.history] == [3, 9] and len(res.finalists) == 3
-    survivors = sorted(res.trials[1:], key=lambda t: t.history[0][1])[:2]
-    assert {id(t) for t in res.finalists[1:]} == {id(t) for t in survivors}
+    assert [r for r, _ in res.default.history] == [3, 9] and len(res.finalists) == 4
+    declared = res.trials[2]
+    assert res.finalists[1] is declared and [r for r, _ in declared.history] == [3, 9]
+    others = [t for t in res.trials[1:] if t is not declared]
+    survivors = sorted(others, key=lambda t: t.history[0][1])[:2]
+    assert {id(t) for t in res.finalists[2:]} == {id(t) for t in survivors}
     assert sorted(len(t.history) for t in survivors) == [1, 2]
     assert res.rmse == min(v for t in res.finalists for _, v in t.history)
 
 
 def test_a_budget_spent_before_a_rung_runs_none_of_it(fed, monkeypatch):
-    """A spike from the start of rung 1's draws (10 s a round): rung 1 ends at 3 + 5 x 30 = 153 s,
-    past the 141 s budget, so no later rung starts and the choice is among the default
-    and the two best draws at 3 rounds."""
-    _Clock(monkeypatch, spike=10.0, after=3.0)
-    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=141)
+    """A spike from the start of rung 1's draws (15 s a round): rung 1 ends at 3 + 5 x 45 =
+    228 s, past the 200 s budget, so no later rung starts and the choice is among the
+    default, the declared anchor and the two best of the others at 3 rounds."""
+    _Clock(monkeypatch, spike=15.0, after=3.0)
+    res = tune(ALG, fed, rounds=27, per_round=3, seed=0, trials=6, budget_seconds=200)
     assert res.cuts == ["rungs of 9, 27 rounds not run (budget spent)"]
     assert all(len(t.history) == 1 for t in res.trials)
-    assert len(res.finalists) == 3 and res.default in res.finalists
+    assert len(res.finalists) == 4 and res.default in res.finalists
+    assert res.trials[2] in res.finalists  # the declared anchor
     assert res.rounds == 3 and res.rmse == min(t.rmse for t in res.finalists)
 
 
