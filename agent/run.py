@@ -2,11 +2,13 @@
 tenant-placed privacy locally, send the privatised upload; serve recommendations locally.
 
 Each round the tenant is selected in goes: download the global message; run the client
-step (:func:`algorithms.simulate.client_round`, the same random streams as a hosted
-tenant's: ``client_rng(seed, round, client)``); check-privatise-charge on the agent's *own*
-ledger (:func:`privacy.wrapper.release` for the tenant unit,
-:func:`privacy.user_level.release_one` for user-level placement ``tenant``; noise from
-``client_noise_rng(seed, round, client)``); persist the charge with the pending upload
+step (:func:`algorithms.simulate.client_round`, the same public streams as a hosted
+tenant's: ``client_rng(seed, round, client)``; under user-level DP the users' caps and
+Poisson samples from the agent's own secret key, :attr:`agent.state.AgentState.
+user_draws_key`); check-privatise-charge on the agent's *own* ledger
+(:func:`privacy.wrapper.release` for the tenant unit, :func:`privacy.user_level.release_one`
+for user-level placement ``tenant``; noise from a fresh secret generator,
+:func:`privacy.randomness.fresh_noise_generator`); persist the charge with the pending upload
 (:mod:`agent.state`); send through :attr:`Agent.uploader` (the one function a secure
 aggregation wrapper replaces); adopt the new local state once the coordinator accepted it.
 A refusal of its own ledger is said on stderr and sent to the coordinator as a decline.
@@ -29,7 +31,6 @@ from agent.client import Coordinator, Refused
 from agent.secure import SecAggUploader
 from agent.state import AgentState, sync_dir
 from algorithms import Message, RatingBlock, registry
-from algorithms._rng import client_noise_rng
 from algorithms.recommend import top_k
 from algorithms.simulate import (
     client_round,
@@ -40,6 +41,7 @@ from algorithms.simulate import (
 from app.ingest import Collected, UploadRejected
 from privacy import user_level
 from privacy.distributed import charge_release
+from privacy.randomness import fresh_noise_generator, with_user_draws
 from privacy.wrapper import DPSpec, release
 
 RUNNING = ("queued", "running")
@@ -121,8 +123,8 @@ class Agent:
         alg, cfg = self._alg(manifest)
         _, glob = initialise_server(alg, cfg, len(manifest["items"]), manifest["n_clients"],
                                     manifest["seed"])
-        local = initialise_client(alg, cfg, train, glob, manifest["seed"],
-                                  manifest["client_index"])
+        local = initialise_client(alg, cfg, self._private(manifest, train, users), glob,
+                                  manifest["seed"], manifest["client_index"])
         st = self.state
         st.write(job_id, "manifest.json", json.dumps(manifest).encode())
         st.write(job_id, "users.json", json.dumps(users.tolist()).encode())
@@ -204,7 +206,7 @@ class Agent:
         local, upload = client_round(alg, cfg, round_, seed, client,
                                      Message.from_bytes(gbytes),
                                      self._load(job_id, "local.msg", Message.from_bytes),
-                                     self._load(job_id, "train.block", RatingBlock.from_bytes))
+                                     self._train(job_id, manifest))
         pending: dict[str, Any] = {"round": round_, "kind": "none", "charge": None}
         if upload is not None:
             sent, event, refused = self._release(manifest, rec, alg, cfg, upload, round_)
@@ -226,10 +228,26 @@ class Agent:
             os._exit(137)  # fault injection (tests): killed between charging and sending
         self._send_pending(job_id)
 
+    def _private(self, manifest: dict[str, Any], train: RatingBlock, users) -> RatingBlock:
+        """The training block with the tenant's secret per-user draws under user-level DP
+        (:func:`privacy.randomness.with_user_draws`, the agent's own key)."""
+        if not user_level.is_user_level(manifest["privacy"]):
+            return train
+        return with_user_draws(train, self.state.user_draws_key, self.state.account,
+                               [str(u) for u in users])
+
+    def _train(self, job_id: int, manifest: dict[str, Any]) -> RatingBlock:
+        """The job's training block as the client step uses it (parsed once)."""
+        key = (int(job_id), "train.private")
+        if key not in self._memo:
+            users = self._load(job_id, "users.json", json.loads)
+            self._memo[key] = self._private(
+                manifest, self._load(job_id, "train.block", RatingBlock.from_bytes), users)
+        return self._memo[key]
+
     def _release(self, manifest, rec, alg, cfg, upload: Message, round_: int):
         """Check the agent's own budget, privatise, charge its own ledger (privacy/)."""
-        dp, rng = manifest["privacy"], client_noise_rng(manifest["seed"], round_,
-                                                        manifest["client_index"])
+        dp, rng = manifest["privacy"], fresh_noise_generator()
         ledger, account = self.state.ledger, self.state.account
         if user_level.is_user_level(dp) and dp.get("secure_aggregation"):
             # noised and masked later, in the secure-aggregation phases (agent.secure)

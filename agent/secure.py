@@ -5,8 +5,9 @@
 for the round's release (:func:`privacy.distributed.charge_release`) and holds the bounded,
 un-noised upload locally. The uploader then advertises this round's keys, sends its
 encrypted shares once the roster is out, sends ``tenant_input`` (quantised, with its part of
-the distributed discrete Gaussian noise from ``client_noise_rng(seed, round, client)``)
-masked once its share inbox is out, and answers the unmask request. The upload itself,
+the distributed discrete Gaussian noise from a fresh secret generator,
+:func:`privacy.randomness.fresh_noise_generator`) masked once its share inbox is out, and
+answers the unmask request. The upload itself,
 noised or not, never leaves the agent.
 
 Restart-safe: before each message is posted, the protocol state (:func:`state_to_dict`)
@@ -25,8 +26,8 @@ from typing import Any
 from agent.client import Coordinator, Refused
 from agent.state import AgentState
 from algorithms import Message, registry
-from algorithms._rng import client_noise_rng
 from privacy import distributed, secagg, user_level
+from privacy.randomness import fresh_noise_generator
 
 PHASES = ("keys", "shares", "masked", "unmask")
 #: what each phase needs from the coordinator before it can be sent
@@ -105,7 +106,7 @@ class SecAggUploader:
             index = self._releases(manifest)
             stds = distributed.integer_stds(spec, bounds, upload, index, roster.threshold, fp)
             x = distributed.tenant_input(upload, bounds, stds, len(roster.members), fp,
-                                         client_noise_rng(manifest["seed"], round_, client))
+                                         fresh_noise_generator())
             message = secagg.mask_input(st, secagg.from_wire(status["inbox"]), x)
         else:
             message = secagg.unmask(st, secagg.from_wire(status["request"]))

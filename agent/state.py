@@ -3,6 +3,8 @@
 Layout of ``DIR``::
 
     agent.json                  ledger (privacy.ledger.Ledger state) and per-job records
+    user-draws.key              the secret key of the tenant's per-user privacy draws
+                                (privacy.randomness.UserPRF; owner-only, never sent)
     jobs/<id>/manifest.json     the job's manifest as the coordinator sent it
     jobs/<id>/train.block, test.block, users.json   the tenant's split (never uploaded)
     jobs/<id>/local.msg         U_i and the rest of the local state, after the last round
@@ -13,8 +15,8 @@ Every write is atomic (temporary file, fsync, rename), and ``agent.json`` is wri
 a round's charge is recorded with its round id in the same write that records the pending
 upload, *before* the upload is sent. After a crash the agent finds the pending round and
 re-sends the same bytes (the coordinator answers an identical upload as a replay), so no
-round is charged twice; a crash before that write leaves no charge, and recomputing the
-round draws the same random streams, so it produces the same bytes.
+round is charged twice; a crash before that write leaves no charge and nothing sent, and
+recomputing the round draws fresh privacy noise (:mod:`privacy.randomness`), charged once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from privacy.ledger import Budget, Ledger
+from privacy.randomness import new_key
 
 STATE_VERSION = 1
 
@@ -110,6 +113,22 @@ class AgentState:
         self._data["ledger"] = self.ledger.to_dict()
         atomic_write(self.root / "agent.json",
                      json.dumps(self._data, indent=1, sort_keys=True).encode())
+
+    @property
+    def user_draws_key(self) -> bytes:
+        """The secret key of this tenant's per-user privacy draws (its users' caps and
+        Poisson samples): created fresh on first use, kept owner-only in the state
+        directory, never sent (the agent is the tenant, so it may hold it)."""
+        path = self.root / "user-draws.key"
+        if not path.exists():
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(new_key())
+                f.flush()
+                os.fsync(f.fileno())
+            sync_dir(self.root)
+        return path.read_bytes()
 
     def job_dir(self, job_id: int | str) -> Path:
         return self.root / "jobs" / str(job_id)

@@ -1,14 +1,19 @@
-"""Deterministic random streams derived from a job seed.
+"""Deterministic random streams derived from a job seed: the public, non-private draws.
 
-Every random draw of a run comes from a generator derived from (seed, round, stream), so a
-run interrupted after round k and resumed reproduces exactly what an uninterrupted run
-draws, and the service (one Celery task per tenant per round) reproduces the simulator.
+The seed governs initialisation, the train/test split, tenant selection and the
+algorithms' non-private randomness: every such draw comes from a generator derived from
+(seed, round, stream), so a run interrupted after round k and resumed reproduces exactly
+what an uninterrupted run draws, and the service (one Celery task per tenant per round)
+reproduces the simulator. The seed is stored, returned and sent to agents, so nothing a
+privacy guarantee rests on derives from it: privacy noise and privacy sampling (the per-user
+cap and Poisson sample) come from :mod:`privacy.randomness`, which the algorithms reach only
+through a block's :class:`UserDraws`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,11 +22,9 @@ INIT_SERVER = 0
 SAMPLING = 1
 SERVER = 2
 SPLIT = 3
-NOISE = 4
 PARTITION = 5
 INIT_CLIENT = 1_000_000
 CLIENT = 2_000_000
-CLIENT_NOISE = 3_000_000
 
 
 def derive_rng(seed: int, round_: int, stream: int) -> np.random.Generator:
@@ -61,11 +64,6 @@ def deferred_client_rng(seed: int, round_: int, client: int) -> Deferred:
     return Deferred(lambda: client_rng(seed, round_, client))
 
 
-def client_noise_rng(seed: int, round_: int, client: int) -> np.random.Generator:
-    """The generator of the DP noise added to client ``client``'s upload in round ``round_``."""
-    return derive_rng(seed, round_, CLIENT_NOISE + client)
-
-
 def client_init_rng(seed: int, client: int) -> np.random.Generator:
     """The generator of client ``client``'s initial local state."""
     return derive_rng(seed, 0, INIT_CLIENT + client)
@@ -81,3 +79,16 @@ def sample_clients(rng: np.random.Generator, n_clients: int, per_round: int) -> 
     if per_round >= n_clients:
         return np.arange(n_clients)
     return np.sort(rng.choice(n_clients, size=per_round, replace=False))
+
+
+class UserDraws(Protocol):
+    """Per-user privacy draws of one tenant, keyed by user identity and a secret
+    (:class:`privacy.randomness.UserPRF`): a user's draws do not depend on the other users
+    the tenant holds. Attached to a tenant's block (:attr:`algorithms.block.RatingBlock.
+    user_draws`) by the privacy layer; without it, the DP algorithms draw from their seeded
+    stream (reproducible, for runs without privacy)."""
+
+    def user_uniforms(self, purpose: str, round_: int, n_users: int) -> np.ndarray: ...
+
+    def rating_uniforms(self, purpose: str, rows: np.ndarray, cols: np.ndarray,
+                        users: np.ndarray | None = None) -> np.ndarray: ...

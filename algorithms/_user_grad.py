@@ -12,8 +12,8 @@ Client step of tenant i, given the broadcast V^k:
 1. every user's ``[u_u, b_u]`` is solved exactly against V^k on all of the user's ratings
    (ridge; local, never released: :func:`algorithms.dpals.solve_users`);
 2. each user enters the release independently with probability q (Poisson sampling drawn
-   from the tenant's seeded client stream: the server cannot see who was drawn, so the
-   amplification by subsampling counts);
+   from the tenant's secret per-user draws, :mod:`privacy.randomness`: the server cannot
+   see or recompute who was drawn, so the amplification by subsampling counts);
 3. each drawn user's term, over at most k of its ratings (a fixed random subset drawn once
    at initialisation), is
 
@@ -61,7 +61,8 @@ from algorithms.dpals import (
     FACTOR_MIN_RATINGS,
     USER_BIAS_RIDGE,
     LocalState,
-    cap_per_user,
+    capped,
+    sample_users,
     solve_users,
     user_vectors,
 )
@@ -201,16 +202,9 @@ def init_v(n_items: int, cfg: UserGradConfig, rng: np.random.Generator) -> np.nd
 def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: UserGradConfig,
                 rng: np.random.Generator) -> LocalState:
     """U^0 = 0 (solved in the first step) and the capped subset of the block's ratings."""
-    keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
+    keep = capped(block, cfg, rng)
     return LocalState(U=np.zeros((block.n_users, cfg.rank + 1)), keep=keep, rank=cfg.rank,
                       mu=cfg.mu, bias_coordinate=cfg.bias_coordinate, scale_unit=cfg.unit)
-
-
-def sample_users(n_users: int, rate: float, rng: np.random.Generator) -> np.ndarray:
-    """Poisson sampling: each user drawn independently with probability ``rate``."""
-    if rate >= 1:
-        return np.ones(n_users, dtype=bool)
-    return rng.random(n_users) < rate
 
 
 def user_terms(u: np.ndarray, v: np.ndarray, keep: np.ndarray, block: RatingBlock,
@@ -268,7 +262,7 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     keep = state.keep
     present = np.ones(block.n_users, dtype=bool)
     if cfg.user_sample_rate < 1:
-        present = sample_users(block.n_users, cfg.user_sample_rate, rng)
+        present = sample_users(block, cfg.user_sample_rate, global_msg.round, rng)
         keep = keep[present[block.rows[keep]]]
     g, h = clipped_sums(u, global_msg.V, keep, block, cfg)
     m = (_centre.client_sums(block.rows, block.vals, block.n_users, present, cfg)

@@ -14,6 +14,8 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
+from algorithms._rng import UserDraws
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class RatingBlock:
@@ -32,6 +34,11 @@ class RatingBlock:
         ratings by it (:mod:`algorithms._scale`) so their settings mean the same on every
         scale; ``None`` (blocks stored before the field existed) falls back to the data's
         own range.
+    user_draws : UserDraws or None
+        The tenant's secret per-user draws of privacy sampling (the per-user cap and
+        Poisson sample of the user-level DP algorithms), attached by the privacy layer
+        where the block is used (:mod:`privacy.randomness`); kept by every derived block,
+        never serialised. None: those algorithms use their seeded stream.
     """
 
     rows: np.ndarray
@@ -40,6 +47,7 @@ class RatingBlock:
     n_users: int
     n_items: int
     scale: tuple[float, float] | None = None
+    user_draws: UserDraws | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rows", np.ascontiguousarray(self.rows, dtype=np.int32))
@@ -93,21 +101,31 @@ class RatingBlock:
         items = self.rated_items
         local = np.searchsorted(items, self.cols).astype(np.int32)
         return items, RatingBlock(self.rows, local, self.vals, self.n_users, items.shape[0],
-                                  self.scale)
+                                  self.scale, self.user_draws)
 
     def with_values(self, vals: np.ndarray) -> RatingBlock:
         """Same pattern, other values (e.g. centred ratings or residuals)."""
-        return RatingBlock(self.rows, self.cols, vals, self.n_users, self.n_items, self.scale)
+        return RatingBlock(self.rows, self.cols, vals, self.n_users, self.n_items, self.scale,
+                           self.user_draws)
 
     def subset(self, mask: np.ndarray) -> RatingBlock:
         """The entries selected by a boolean mask, same shape."""
         return RatingBlock(
             self.rows[mask], self.cols[mask], self.vals[mask], self.n_users, self.n_items,
-            self.scale)
+            self.scale, self.user_draws)
 
     def with_scale(self, scale: tuple[float, float] | None) -> RatingBlock:
         """Same entries, declared rating scale ``scale``."""
-        return RatingBlock(self.rows, self.cols, self.vals, self.n_users, self.n_items, scale)
+        return RatingBlock(self.rows, self.cols, self.vals, self.n_users, self.n_items, scale,
+                           self.user_draws)
+
+    def with_user_draws(self, draws: UserDraws | None) -> RatingBlock:
+        """Same entries, per-user privacy draws ``draws`` (no copy, no re-validation)."""
+        out = object.__new__(RatingBlock)
+        for f in dataclasses.fields(self):
+            object.__setattr__(out, f.name, getattr(self, f.name))
+        object.__setattr__(out, "user_draws", draws)
+        return out
 
     def to_bytes(self) -> bytes:
         """Compressed ``.npz`` of the block (how the service materialises it once per job);

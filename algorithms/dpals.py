@@ -24,9 +24,9 @@ One sweep = one round. Each tenant (client step), given V:
    ``lam_u + lam_u_count * n_u`` (weighted-lambda ALS) on the factor and ``lam_bias +
    lam_u_count * n_u`` on the bias;
 2. bounds the user: ``x_u`` as above (``||x_u||^2 <= Gamma_u^2 + c^2``), at most
-   ``k = max_ratings_per_user`` ratings (a fixed random subset, drawn once from the
-   tenant's init stream), centred ratings ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``,
-   and weights ``w_uj`` with ``sum_j w_uj^2 <= k`` (:func:`rating_weights`: a user with
+   ``k = max_ratings_per_user`` ratings (a random subset drawn once, from the tenant's
+   secret per-user draws when privacy is on, :mod:`privacy.randomness`), centred ratings
+   ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``, and weights ``w_uj`` with ``sum_j w_uj^2 <= k`` (:func:`rating_weights`: a user with
    fewer than k ratings spends the whole budget, each weight at most ``max_weight``;
    optionally tilted toward rare items);
 3. uploads, per item j over the kept ratings, ``A_j = sum_u w_uj x_u x_u^T`` and
@@ -63,6 +63,7 @@ from algorithms import _centre
 from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import map_tasks, sum_arrays, width
+from algorithms._rng import UserDraws
 from algorithms._scale import normalised, public_unit, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
@@ -275,11 +276,20 @@ def init_server(n_items: int, n_clients: int, cfg: DPALSConfig,
             GlobalModel(V=v.copy(), sweep=0, counts=zeros.copy()))
 
 
-def cap_per_user(rows: np.ndarray, n_users: int, k: int, rng: np.random.Generator
+def cap_per_user(rows: np.ndarray, n_users: int, k: int, rng: np.random.Generator,
+                 cols: np.ndarray | None = None, draws: UserDraws | None = None
                  ) -> np.ndarray:
-    """Sorted indices of at most ``k`` entries per row, uniformly at random within a row."""
-    order = np.lexsort((rng.random(rows.shape[0]), rows))  # by row, random within a row
+    """Sorted indices of at most ``k`` entries per row, uniformly at random within a row.
+
+    With ``draws`` (the tenant's secret per-user draws, :class:`algorithms._rng.
+    UserDraws`, and ``cols``) a user's kept ratings depend only on that user's own
+    ratings and the secret, not on the other users; else on ``rng``."""
     counts = np.bincount(rows, minlength=n_users)
+    if draws is None:
+        keys = rng.random(rows.shape[0])
+    else:
+        keys = draws.rating_uniforms("cap", rows, cols, np.flatnonzero(counts > k))
+    order = np.lexsort((keys, rows))  # by row, random within a row
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     position = np.arange(rows.shape[0]) - np.repeat(starts, counts)
     return np.sort(order[position < k]).astype(np.int64)
@@ -288,7 +298,7 @@ def cap_per_user(rows: np.ndarray, n_users: int, k: int, rng: np.random.Generato
 def init_client(block: RatingBlock, global_msg: GlobalModel, cfg: DPALSConfig,
                 rng: np.random.Generator) -> LocalState:
     """U^0 = 0 (solved in the first step) and the capped subset of the block's ratings."""
-    keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
+    keep = capped(block, cfg, rng)
     return LocalState(U=np.zeros((block.n_users, cfg.rank + 1)), keep=keep, rank=cfg.rank,
                       mu=cfg.mu, bias_coordinate=cfg.bias_coordinate, kept_of=block.nnz,
                       scale_unit=cfg.unit)
@@ -307,8 +317,27 @@ def kept_entries(state: LocalState, block: RatingBlock, cfg: DPALSConfig,
         stale = bool(keep.size) and (keep[-1] >= block.nnz or np.bincount(
             block.rows[keep], minlength=block.n_users).max() > cfg.max_ratings_per_user)
     if stale:
-        keep = cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
+        keep = capped(block, cfg, rng)
     return keep
+
+
+def capped(block: RatingBlock, cfg, rng: np.random.Generator) -> np.ndarray:
+    """:func:`cap_per_user` of ``block`` at ``cfg.max_ratings_per_user``, from the block's
+    secret per-user draws when it has them."""
+    return cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng,
+                        block.cols, block.user_draws)
+
+
+def sample_users(block: RatingBlock, rate: float, release: int, rng: np.random.Generator
+                 ) -> np.ndarray:
+    """Poisson sampling of release ``release``: each user in independently with
+    probability ``rate``, from the block's secret per-user draws when it has them (a
+    user's bit does not depend on the other users), else from ``rng``."""
+    if rate >= 1:
+        return np.ones(block.n_users, dtype=bool)
+    if block.user_draws is None:
+        return rng.random(block.n_users) < rate
+    return block.user_draws.user_uniforms("sample", release, block.n_users) < rate
 
 
 def _outer_flat(x: np.ndarray) -> np.ndarray:
@@ -449,7 +478,7 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     new = state.replace(U=u, keep=keep, kept_of=block.nnz, mu=cfg.mu)
     present = np.ones(block.n_users, dtype=bool)
     if cfg.user_sample_rate < 1:  # Poisson sampling of users, unseen outside the tenant
-        present = rng.random(block.n_users) < cfg.user_sample_rate
+        present = sample_users(block, cfg.user_sample_rate, global_msg.sweep, rng)
         keep = keep[present[block.rows[keep]]]
     a, b = item_sums(u, keep, block, cfg, global_msg.counts)
     m = (_centre.client_sums(block.rows, block.vals, block.n_users, present, cfg)

@@ -16,8 +16,8 @@ other 10% (``bench.fedmc_admm_targets.validation_federation``), never on the tes
 80/20 random split with ``--seed`` (build_federation); ``--clients 0`` (default) is one
 client per user, the paper's setting. ``--dp`` adds the paper's eq. (9) perturbation through
 :func:`paper_privatizer` (element-wise clip to [-delta, delta] plus Laplace(0, s) noise on
-every entry of every upload, drawn from ``client_noise_rng`` and charged to a ledger by the
-privacy layer), with the paper's (delta, s) from ``paper_dp``; the JSON reports the spend.
+every entry of every upload, drawn from a fresh secret generator and charged to a ledger by
+the privacy layer), with the paper's (delta, s) from ``paper_dp``; the JSON reports the spend.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ TABLE2 = {("ml-100k", "rfrec"): (0.9325, 0.7237), ("ml-100k", "rfrecf"): (0.9385
 
 def paper_privatizer(seed: int, clip: float, s: float, n_clients: int) -> DPPrivatizer:
     """The paper's eq. (9) through the privacy layer: entries clipped to [-clip, clip]
-    (the batched path clips), Laplace(0, s) per entry from ``client_noise_rng``, each
+    (the batched path clips), Laplace(0, s) per entry from a fresh secret generator, each
     upload checked and charged by :meth:`privacy.wrapper.DPPrivatizer.noise` (tenant unit;
     the paper states no budget, so it is unlimited and the spend is reported)."""
     spec = DPSpec(mechanism="laplace", norm="value", clip=clip, noise_scale=s)

@@ -45,9 +45,9 @@ from typing import Any
 import numpy as np
 
 from algorithms._messages import Message
-from algorithms._rng import client_noise_rng
 from algorithms.dpals import UserBounds
 from privacy import secagg
+from privacy.randomness import fresh_noise_generator
 from privacy.user_level import (
     AGGREGATE,
     UserLevelPrivatizer,
@@ -209,7 +209,8 @@ class SecureAggregationPrivatizer(UserLevelPrivatizer):
 
     As privatizer (tenant side): check the tenant can afford the round's release and charge
     it the planned event; the bounded upload stays with the tenant. As aggregator: every
-    tenant quantises, noises (``client_noise_rng``) and masks its upload, and the
+    tenant quantises, noises (a fresh generator per tenant,
+    :func:`privacy.randomness.fresh_noise_generator`) and masks its upload, and the
     coordinator's side of :func:`privacy.secagg.run_round` unmasks the sum, which is all the
     server step receives. ``drop`` (tests): tenant ids that vanish after sending shares.
     """
@@ -245,7 +246,7 @@ class SecureAggregationPrivatizer(UserLevelPrivatizer):
         template = uploads[min(uploads)]
         stds = integer_stds(self.spec, self.bounds, template, index, t, self.fp)
         inputs = {i: tenant_input(u, self.bounds, stds, n, self.fp,
-                                  client_noise_rng(self.seed, round_, i))
+                                  fresh_noise_generator())
                   for i, u in uploads.items()}
         if n == 1:  # nothing to hide the input among: the noise alone (t = 1) protects it
             total, survivors, dropped, rec = inputs[min(inputs)], (min(inputs),), (), {}

@@ -67,11 +67,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
-from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.user_bounds import UserBounds
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise
 from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
+from privacy.randomness import fresh_noise_generator
 
 UNIT_USER = ("user: all ratings of one person (add/remove one user); joint DP, each user's "
              "factor stays in the tenant and only per-user-bounded item sums are released")
@@ -412,9 +412,11 @@ class UserLevelPrivatizer:
 
     Used twice per round by :func:`algorithms.simulate.simulate`: as the ``privatizer`` of
     each upload (placement ``tenant`` noises it there) and as the ``aggregator`` of the
-    round's uploads (placement ``central`` sums them and noises the sum once). Noise comes
-    from ``client_noise_rng(seed, round, client)`` (tenant) or
-    ``derive_rng(seed, round, NOISE)`` (central), so a seed reproduces it.
+    round's uploads (placement ``central`` sums them and noises the sum once). Every
+    release's noise comes from a fresh generator (:func:`privacy.randomness.
+    fresh_noise_generator`), never from the seed: the same seed and data give unrelated
+    noise. ``seed`` is kept for the signature the callers share (secure aggregation's
+    round ids); no draw derives from it.
     """
 
     def __init__(self, spec: UserLevelSpec, bounds: UserBounds, n_clients: int, seed: int,
@@ -460,7 +462,7 @@ class UserLevelPrivatizer:
         if self.spec.placement == "central":
             return upload
         noisy, _, _ = release_one(self.spec, self.bounds, upload, client, self.ledger, index,
-                                  client_noise_rng(self.seed, round_, client), round_)
+                                  fresh_noise_generator(), round_)
         self._record(round_, [client], index)
         return noisy
 
@@ -472,8 +474,7 @@ class UserLevelPrivatizer:
             return uploads
         index = len(self.releases)
         noisy, charged, refused = release_sum(self.spec, self.bounds, uploads, self.ledger,
-                                              index, derive_rng(self.seed, round_, NOISE),
-                                              round_)
+                                              index, fresh_noise_generator(), round_)
         for c in refused:
             self.ledger.stop(c, round_)
         if noisy is None:

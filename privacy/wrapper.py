@@ -4,8 +4,9 @@ The algorithms never see it: :class:`DPPrivatizer` is the ``privatizer(upload, c
 round_)`` callable of :func:`algorithms.simulate.simulate` (and of the service's client-step
 task). For each upload it (1) checks that the tenant can afford one more transmission, else
 records the stop and returns ``None``; (2) clips every array of the upload jointly and adds
-noise drawn from ``client_noise_rng(seed, round_, client)``; (3) charges the ledger; and only
-then (4) returns the noisy upload.
+noise from a fresh generator (:func:`privacy.randomness.fresh_noise_generator`: secret,
+never derived from the job seed); (3) charges the ledger; and only then (4) returns the
+noisy upload.
 
 Unit protected: a tenant's whole rating block (all its users' ratings). Neighbouring inputs
 are *any block replaced by any other* (replace-one), because the adversary is the curious
@@ -47,7 +48,6 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from algorithms._messages import Message
-from algorithms._rng import client_noise_rng
 from privacy.accountant import NOT_PRIVATE, Event
 from privacy.bernoulli import (
     bernoulli_epsilon,
@@ -59,6 +59,7 @@ from privacy.clipping import clip_arrays
 from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
 from privacy.ledger import BudgetExceeded, Ledger, charged_release, check_plan
+from privacy.randomness import fresh_noise_generator
 
 UNIT_TENANT = ("tenant: a tenant's whole rating block; neighbouring = the block replaced "
                "by any other block (replace-one), sensitivity = diameter of the clip ball")
@@ -174,8 +175,8 @@ def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
               ) -> tuple[Message, Event]:
     """Clip all arrays of ``upload`` jointly and add noise; return (noisy copy, event).
 
-    Noise is drawn array by array in field order, so a seed reproduces it exactly.
-    Bernoulli: every entry must be 0 or 1; bits are XORed (no clipping), dtypes kept.
+    Noise is drawn from ``rng`` array by array in field order (the callers pass a fresh
+    generator, :func:`privacy.randomness.fresh_noise_generator`). Bernoulli: every entry must be 0 or 1; bits are XORed (no clipping), dtypes kept.
     """
     arrays = upload.arrays()
     if spec.mechanism == "bernoulli":
@@ -233,8 +234,9 @@ class DPPrivatizer:
     """The simulator's / service's ``privatizer(upload, client, round_)``.
 
     Stateful only through :attr:`ledger` (a :class:`Ledger`, whose state is a plain dict);
-    the ledger passed in is copied, never mutated. ``seed`` is the job seed: the noise of
-    client i in round k comes from ``client_noise_rng(seed, k, i)``.
+    the ledger passed in is copied, never mutated. Every transmission's noise comes from a
+    fresh generator (:func:`privacy.randomness.fresh_noise_generator`); ``seed`` (the job
+    seed) is kept for the callers' signature only, no draw derives from it.
     """
 
     def __init__(self, spec: DPSpec, ledger: Ledger, seed: int) -> None:
@@ -247,7 +249,7 @@ class DPPrivatizer:
         if str(client) in self.ledger.stopped():
             return None
         noisy, _, refused = release(upload, self.spec, client, self.ledger,
-                                    client_noise_rng(self.seed, round_, client), round_)
+                                    fresh_noise_generator(), round_)
         if refused is not None:
             self.ledger.stop(client, round_)
         return noisy
@@ -255,9 +257,9 @@ class DPPrivatizer:
     def noise(self, round_: int, client: int, shape: tuple[int, ...]) -> np.ndarray:
         """The noise of client ``client``'s upload (one array of ``shape``) in ``round_``,
         for a path that clips and sums the uploads itself (RFRec's batched path: the
-        engine's aggregator adds the noise to the sum): the same draw as :meth:`__call__`
-        makes, checked and charged by the same rule (:func:`privacy.ledger.
-        charged_release`). Raises :class:`privacy.ledger.BudgetExceeded` when the client
+        engine's aggregator adds the noise to the sum): noise of the same law as
+        :meth:`__call__` adds, from a fresh generator, checked and charged by the same
+        rule (:func:`privacy.ledger.charged_release`). Raises :class:`privacy.ledger.BudgetExceeded` when the client
         cannot afford it (such a path cannot leave one client out)."""
         d = int(np.prod(shape))
         event = event_for(self.spec, d)
@@ -266,8 +268,7 @@ class DPPrivatizer:
             raise ValueError(f"mechanism {self.spec.mechanism!r} has no additive noise")
         out, _, refused = charged_release(
             self.ledger, [client], event, round_,
-            lambda _: draw(shape, noise_scale(self.spec, d),
-                           client_noise_rng(self.seed, round_, client)))
+            lambda _: draw(shape, noise_scale(self.spec, d), fresh_noise_generator()))
         if refused:
             self.ledger.stop(client, round_)
             raise BudgetExceeded(str(client), self.ledger.projected(client, event).epsilon,

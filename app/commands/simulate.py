@@ -41,6 +41,7 @@ from privacy.cli import (
     sampling_plan,
     user_privatizer_from_args,
 )
+from privacy.randomness import private_federation
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
 PRESETS = ("recommended", "paper")
@@ -257,7 +258,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "or an object of config fields); options given override it "
                         "(default: none)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the split, init and sampling (default: 0)")
+                   help="seed of the split, initialisation and tenant selection "
+                        "(default: 0); privacy noise and per-user sampling never derive "
+                        "from it: two --privacy runs with one seed differ")
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of ratings held out for testing (default: 0.2)")
     p.add_argument("--threshold", type=float, default=None,
@@ -439,6 +442,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
                              "binary algorithms have no positive to learn; set --threshold")
     per_round = run_cfg["per_round"] or fed.n_clients
     if unit == "user":
+        fed = private_federation(fed)  # per-user caps and samples from a fresh secret
         privatizer = _user_privatizer(args, alg, cfg, fed, run_cfg["rounds"])
         aggregator = privatizer.aggregate
     else:

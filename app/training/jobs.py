@@ -32,6 +32,7 @@ from app.training.pipeline import item_ids_bytes, planned_transmissions
 from privacy import user_level
 from privacy.accountant import Spend
 from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan, check_schedule
+from privacy.randomness import new_key, with_user_draws
 from privacy.wrapper import DPSpec, n_entries, transmission_event
 
 
@@ -214,9 +215,13 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     cfg = _public_scale(alg, cfg, spec.config, scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
 
+    draws_key = new_key() if isinstance(dp, dict) else None  # user level: secret caps
+
     def split(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray]:
         block, keys = _tenant_block(s, tenants[i])
         train, test = tenant_split(block, i, spec.seed, spec.test_fraction, scale)
+        if draws_key is not None:  # each user's cap drawn from a secret, not the seed
+            train = with_user_draws(train, draws_key, tenants[i].id, [str(k) for k in keys])
         return train, test, keys
 
     per_round = spec.per_round or len(tenants)

@@ -6,8 +6,12 @@ charging the ledger in the same transaction; the client step that completes the 
 sends ``aggregate(k)``, which runs the server step on the uploads, evaluates, and commits
 the round (states, metrics, ``current_round``) in one transaction before sending
 ``start_round(k + 1)``. Every task takes ids only and is idempotent: running it twice, or
-after a crash, changes nothing that was committed, and every random draw derives from
-(job seed, round, client), so a resumed job ends bit-identical to an uninterrupted one.
+after a crash, changes nothing that was committed. Every non-private draw derives from
+(job seed, round, client), so a resumed job without privacy ends bit-identical to an
+uninterrupted one; privacy noise and per-user sampling come from secret, fresh randomness
+(:mod:`privacy.randomness`), and exactly-once comes from persisting each noisy release
+with its charge before it is used: a retried step whose release was committed reuses it,
+one that crashed before draws afresh and is charged once.
 
 Tasks are sent through a :class:`Dispatcher`: Celery (``worker.tasks``) when a broker is
 configured, or :class:`InlineDispatcher`, which runs them in this process.
@@ -32,7 +36,6 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from algorithms import Message, RatingBlock, registry
-from algorithms._rng import NOISE, client_noise_rng, derive_rng
 from algorithms.base import Algorithm
 from algorithms.simulate import (
     client_round,
@@ -56,6 +59,7 @@ from app.training.ledger import load_ledger
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
 from privacy import release as privacy_release
 from privacy import user_level
+from privacy.randomness import fresh_noise_generator, process_key, with_user_draws
 
 TASK_START = queue.TRAINING_START_ROUND
 TASK_CLIENT = queue.TRAINING_CLIENT_STEP
@@ -236,8 +240,8 @@ def _privatise(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id
     ledger = load_ledger(s, [tenant_id], lock=True)
     index = _job_releases(s, job.id, tenant_id) if user_level.is_user_level(job.dp) else 0
     sent, event, refused = privacy_release.release_upload(
-        job.dp, job.algorithm, cfg, upload, tenant_id, ledger,
-        client_noise_rng(job.seed, round_, client), round_, index, alg.privacy_preserving)
+        job.dp, job.algorithm, cfg, upload, tenant_id, ledger, fresh_noise_generator(),
+        round_, index, alg.privacy_preserving)
     return sent, None if event is None else event.as_list(), refused
 
 
@@ -263,12 +267,21 @@ def _release_central(s: Session, job: TrainingJob, cfg: Any, round_: int,
     ledger = load_ledger(s, tenant_of.values(), lock=True)
     received, charged, refused = privacy_release.release_round(
         job.dp, job.algorithm, cfg, {tenant_of[i]: up for i, up in uploads.items()},
-        ledger, _job_releases(s, job.id),
-        derive_rng(job.seed, round_, NOISE), round_)
+        ledger, _job_releases(s, job.id), fresh_noise_generator(), round_)
     for tenant_id, event in charged.items():  # committed with the round that uses the sum
         s.add(LedgerEntry(tenant_id=tenant_id, job_id=job.id, round=round_,
                           event={"event": event.as_list(), "dp": job.dp}))
     return received, {str(t): why for t, why in refused.items()}
+
+
+def private_block(job: TrainingJob, jc: JobClient, block: RatingBlock) -> RatingBlock:
+    """A hosted tenant's training block carrying its secret per-user draws when the job
+    protects users (their cap and Poisson sample, :mod:`privacy.randomness`), under this
+    process's key for the job (held in memory only)."""
+    if not user_level.is_user_level(job.dp):
+        return block
+    return with_user_draws(block, process_key(("training-job", job.id)), jc.tenant_id,
+                           jc.user_keys)
 
 
 def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int,
@@ -290,7 +303,8 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             started = time.perf_counter()
             gone = (forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
                     if newer_tombstone(job, jc.tenant_id, tombstone) else set())
-            train = without_forgotten(_block(jc, "train"), jc.user_keys, gone)
+            train = private_block(job, jc, without_forgotten(_block(jc, "train"),
+                                                             jc.user_keys, gone))
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, states.load_global(job),
                 states.load_locals(s, job_id, [jc])[client], train)

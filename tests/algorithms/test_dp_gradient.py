@@ -105,15 +105,23 @@ def test_removing_one_user_moves_the_upload_by_at_most_c(name, clip):
         assert max(changes) == pytest.approx(clip, rel=1e-9)
 
 
-def test_poisson_sampling_is_seeded_and_its_rate_is_q():
-    a = UG.sample_users(1000, 0.3, np.random.default_rng(4))
-    b = UG.sample_users(1000, 0.3, np.random.default_rng(4))
-    np.testing.assert_array_equal(a, b)
-    draws = np.concatenate([UG.sample_users(1000, 0.3, np.random.default_rng(s))
+def test_poisson_sampling_rate_is_q_seeded_without_privacy_keyed_with_it():
+    from privacy.randomness import UserPRF, new_key
+
+    block = RatingBlock(np.arange(1000), np.zeros(1000), np.ones(1000), 1000, 1)
+    a = UG.sample_users(block, 0.3, 1, np.random.default_rng(4))
+    b = UG.sample_users(block, 0.3, 1, np.random.default_rng(4))
+    np.testing.assert_array_equal(a, b)  # no draws attached: the seeded stream
+    draws = np.concatenate([UG.sample_users(block, 0.3, 1, np.random.default_rng(s))
                             for s in range(200)])
     # 200,000 Bernoulli(0.3) draws: standard error 0.001
     assert abs(draws.mean() - 0.3) < 0.005
-    assert UG.sample_users(7, 1.0, np.random.default_rng(0)).all()
+    assert UG.sample_users(block, 1.0, 1, np.random.default_rng(0)).all()
+    keyed = block.with_user_draws(UserPRF(new_key(), 0, np.arange(1000)))
+    bits = np.concatenate([UG.sample_users(keyed, 0.3, k, np.random.default_rng(4))
+                           for k in range(200)])
+    assert abs(bits.mean() - 0.3) < 0.005  # the keyed draws have rate q too
+    assert not np.array_equal(bits[:1000], a)  # and are not the seeded ones
 
 
 def test_the_upload_sums_exactly_the_users_drawn_from_the_tenants_client_stream():
@@ -125,7 +133,7 @@ def test_the_upload_sums_exactly_the_users_drawn_from_the_tenants_client_stream(
     _, glob = FC.init_server(block.n_items, 1, cfg, np.random.default_rng(0))
     st = FC.ALGORITHM.init_client(block, glob, cfg, np.random.default_rng(0))
     _, up = client_round(FC.ALGORITHM, cfg, 3, 9, 0, glob, st, block)
-    drawn = UG.sample_users(block.n_users, 0.4, client_rng(9, 3, 0))
+    drawn = UG.sample_users(block, 0.4, glob.round, client_rng(9, 3, 0))
     assert 0 < drawn.sum() < block.n_users
     u = UG.solve_users(glob.V, block, cfg)
     g_ref, h_ref = _reference_sums(u, glob.V, block, cfg, np.flatnonzero(drawn))
@@ -135,6 +143,14 @@ def test_the_upload_sums_exactly_the_users_drawn_from_the_tenants_client_stream(
     np.testing.assert_array_equal(again.G, up.G)  # same seed, round and client: same draw
     _, other = client_round(FC.ALGORITHM, cfg, 4, 9, 0, glob, st, block)
     assert not np.array_equal(other.G, up.G)
+    # with the tenant's secret per-user draws: exactly the users they draw, whatever the seed
+    from privacy.randomness import UserPRF, new_key
+
+    keyed = block.with_user_draws(UserPRF(new_key(), 0, np.arange(block.n_users)))
+    _, up = client_round(FC.ALGORITHM, cfg, 3, 9, 0, glob, st, keyed)
+    drawn = keyed.user_draws.user_uniforms("sample", glob.round, block.n_users) < 0.4
+    g_ref, _ = _reference_sums(u, glob.V, block, cfg, np.flatnonzero(drawn))
+    np.testing.assert_allclose(up.G, g_ref, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", NAMES)

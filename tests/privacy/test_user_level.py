@@ -162,9 +162,9 @@ def test_central_placement_noises_the_sum_once_and_charges_every_contributor():
     assert out[AGGREGATE].rhs_noise == pytest.approx(priv.stds(0)["b"])
     for t in range(4):
         assert priv.ledger.history(t) == [priv.plan[0]]
-    # reproducible from the seed
+    # issue 29: never reproducible from the seed (a second run on it draws other noise)
     again = UserLevelPrivatizer(spec, bounds, 4, seed=3).aggregate(ups, 1)
-    np.testing.assert_array_equal(again[AGGREGATE].A, out[AGGREGATE].A)
+    assert not np.array_equal(again[AGGREGATE].A, out[AGGREGATE].A)
 
 
 def test_tenant_placement_noises_each_upload_so_the_sum_has_t_times_the_variance():
