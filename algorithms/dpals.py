@@ -26,9 +26,10 @@ One sweep = one round. Each tenant (client step), given V:
 2. bounds the user: ``x_u`` as above (``||x_u||^2 <= Gamma_u^2 + c^2``), at most
    ``k = max_ratings_per_user`` ratings (a random subset drawn once, from the tenant's
    secret per-user draws when privacy is on, :mod:`privacy.randomness`), centred ratings
-   ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``, and weights ``w_uj`` with ``sum_j w_uj^2 <= k`` (:func:`rating_weights`: a user with
-   fewer than k ratings spends the whole budget, each weight at most ``max_weight``;
-   optionally tilted toward rare items);
+   ``s_uj = clip(r_uj - mu - b_u, +-rating_clip)``, and weights ``w_uj`` with
+   ``sum_j w_uj^2 <= k`` (:func:`rating_weights`: a user with fewer than k ratings spends
+   the whole budget, each weight at most ``max_weight``; optionally tilted toward rare
+   items);
 3. uploads, per item j over the kept ratings, ``A_j = sum_u w_uj x_u x_u^T`` and
    ``b_j = sum_u w_uj s_uj x_u``. The last diagonal entry of A_j is c^2 times the item's
    (weighted) count: the count is released inside A_j and covered by the same bound.

@@ -176,7 +176,8 @@ def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
     """Clip all arrays of ``upload`` jointly and add noise; return (noisy copy, event).
 
     Noise is drawn from ``rng`` array by array in field order (the callers pass a fresh
-    generator, :func:`privacy.randomness.fresh_noise_generator`). Bernoulli: every entry must be 0 or 1; bits are XORed (no clipping), dtypes kept.
+    generator, :func:`privacy.randomness.fresh_noise_generator`). Bernoulli: every entry
+    must be 0 or 1; bits are XORed (no clipping), dtypes kept.
     """
     arrays = upload.arrays()
     if spec.mechanism == "bernoulli":
@@ -259,8 +260,9 @@ class DPPrivatizer:
         for a path that clips and sums the uploads itself (RFRec's batched path: the
         engine's aggregator adds the noise to the sum): noise of the same law as
         :meth:`__call__` adds, from a fresh generator, checked and charged by the same
-        rule (:func:`privacy.ledger.charged_release`). Raises :class:`privacy.ledger.BudgetExceeded` when the client
-        cannot afford it (such a path cannot leave one client out)."""
+        rule (:func:`privacy.ledger.charged_release`). Raises
+        :class:`privacy.ledger.BudgetExceeded` when the client cannot afford it (such a
+        path cannot leave one client out)."""
         d = int(np.prod(shape))
         event = event_for(self.spec, d)
         draw = gaussian_noise if self.spec.mechanism == "gaussian" else laplace_noise

@@ -120,8 +120,9 @@ def states(app, job_id):
 @pytest.mark.parametrize("dp", [{"mechanism": "none"},
                                 {"mechanism": "gaussian", "noise_multiplier": 2.0}])
 def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
-    """All-agent job vs the same job hosted (same data, split, seed): the global V and
-    every tenant's U agree to 1e-12; with DP, every tenant's ledger agrees too."""
+    """All-agent job vs the same job hosted (same data, split, seed): without DP the global
+    V and every tenant's U agree to 1e-12; with DP the noise is fresh on each side (issue
+    29), so the models differ, and every tenant's ledger agrees."""
     app, client, hosted, agent_tenants, rows = fed
     ref = hosted_job(client, hosted, dp=dp, per_round=2)
     assert ref["status"] == "completed", ref
@@ -135,10 +136,12 @@ def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
     assert job["status"] == "completed", job
     glob_h, locals_h, _ = states(app, ref["id"])
     glob_a, _, _ = states(app, job_id)
-    assert max_diff(glob_h, glob_a) <= 1e-12
+    private = dp["mechanism"] != "none"
+    assert (max_diff(glob_h, glob_a) > 1e-6) if private else max_diff(glob_h, glob_a) <= 1e-12
     for t, a in enumerate(agents):
         mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
-        assert max_diff(Message.from_bytes(locals_h[t]), mine) <= 1e-12
+        if not private:
+            assert max_diff(Message.from_bytes(locals_h[t]), mine) <= 1e-12
         assert messages_equal(Message.from_bytes(a.state.read(job_id, "global.msg")), glob_a)
     report_h = client.get(f"/v1/admin/jobs/{ref['id']}/report").json()["privacy"]
     report_a = client.get(f"/v1/admin/jobs/{job_id}/report").json()["privacy"]
@@ -159,13 +162,13 @@ def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
 
 
 def test_an_agent_resumes_without_a_second_charge(fed, tmp_path):
-    """Killed after charging round 1 and before sending: the restarted agent sends the same
-    bytes, the round is charged once on both ledgers, and the job ends as uninterrupted."""
+    """Killed after charging round 1 and before sending: the restarted agent sends the
+    persisted noisy bytes (no second draw: the noise is fresh, so a redraw would differ),
+    the round is charged once on both ledgers, and the job completes."""
+    from agent.run import plain_upload
+
     app, client, _, agent_tenants, rows = fed
     dp = {"mechanism": "gaussian", "noise_multiplier": 2.0}
-    ref_id = agent_job(client, agent_tenants, dp=dp, seed=3).json()["id"]
-    drive([make_agent(client, key, rows[t], tmp_path / f"ref{t}")
-           for t, (_, key) in enumerate(agent_tenants)], ref_id)
 
     class Crash(Exception):
         pass
@@ -189,7 +192,15 @@ def test_an_agent_resumes_without_a_second_charge(fed, tmp_path):
     with app.state.sessions() as s:
         assert s.get(RoundUpload, (job_id, 1, 0)) is None  # nothing reached the coordinator
     spent_before = agents[0].epsilon_spent()
-    restarted = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0", budget=None)
+    persisted = agents[0].state.read(job_id, "pending-1.upload")
+    sent = {}
+
+    def record(coord, manifest, round_, data, charge):
+        sent.setdefault(round_, data)
+        return plain_upload(coord, manifest, round_, data, charge)
+
+    restarted = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0", budget=None,
+                           uploader=record)
     assert restarted.epsilon_spent() == spent_before
     drive_after = [restarted, *agents[1:]]
     live, end = list(drive_after), time.monotonic() + 60
@@ -197,9 +208,7 @@ def test_an_agent_resumes_without_a_second_charge(fed, tmp_path):
         assert time.monotonic() < end
         live = [a for a in live if a.step(job_id, wait=0.05)]
     assert wait_job(client, job_id)["status"] == "completed"
-    glob_ref, _, _ = states(app, ref_id)
-    glob, _, _ = states(app, job_id)
-    assert messages_equal(glob_ref, glob)
+    assert sent[1] == persisted  # the release persisted before the crash, not a new draw
     assert restarted.state.ledger.rounds(restarted.state.account) == [1, 2, 3, 4]
     with app.state.sessions() as s:
         rounds = s.scalars(sa.select(LedgerEntry.round).where(
@@ -473,7 +482,8 @@ def test_hosted_and_agent_tenants_mix_in_one_job(fed, tmp_path):
 
 def test_user_level_agents_match_hosted_placement_tenant(fed, tmp_path):
     """DPALS with users protected at placement tenant: agents noise and charge their own
-    releases as the hosted client steps do, so factors and every tenant's epsilon agree."""
+    releases as the hosted client steps do, so every tenant's epsilon agrees (the noise is
+    fresh and secret on each side, so the factors differ)."""
     app, client, hosted, agent_tenants, rows = fed
     body = {"algorithm": "dpals", "config": {"rank": 3}, "rounds": 3, "per_round": 0,
             "seed": 5, "privacy": {"unit": "user", "placement": "tenant",
@@ -491,14 +501,13 @@ def test_user_level_agents_match_hosted_placement_tenant(fed, tmp_path):
               for t, (_, key) in enumerate(agent_tenants)]
     drive(agents, job_id)
     assert wait_job(client, job_id)["status"] == "completed"
-    glob_h, locals_h, _ = states(app, ref["id"])
+    glob_h, _, _ = states(app, ref["id"])
     glob_a, _, _ = states(app, job_id)
-    assert max_diff(glob_h, glob_a) <= 1e-12
+    assert max_diff(glob_h, glob_a) > 1e-6
     report_h = client.get(f"/v1/admin/jobs/{ref['id']}/report").json()["privacy"]
     report_a = client.get(f"/v1/admin/jobs/{job_id}/report").json()["privacy"]
     for t, a in enumerate(agents):
-        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
-        assert max_diff(Message.from_bytes(locals_h[t]), mine) <= 1e-12
+        assert (a.state.root / "user-draws.key").stat().st_mode & 0o077 == 0  # owner only
         theirs = report_a["epsilon_per_tenant"][str(agent_tenants[t][0])]
         assert theirs == pytest.approx(
             report_h["epsilon_per_tenant"][str(hosted[t][0])], rel=1e-12)
@@ -513,8 +522,9 @@ SECAGG = {"algorithm": "dpals", "config": {"rank": 3}, "rounds": 3, "per_round":
 def test_secure_aggregation_between_agents_matches_the_simulation(fed, tmp_path):
     """All-agent DPALS with secure aggregation over HTTP: the coordinator keeps only masked
     inputs (uniform-looking mod 2^64, nothing like a fixed-point upload) and unmasks the
-    noisy sum; the factors equal fedrec simulate's SecureAggregationPrivatizer path with the
-    same seed (same noise streams, exact integer sums), and the ledgers agree."""
+    noisy sum; fedrec simulate's SecureAggregationPrivatizer path with the same seed and
+    blocks ends elsewhere (issue 29: the agents' noise is fresh and secret, nothing the
+    coordinator holds regenerates it), and the ledgers agree."""
     from algorithms import registry
     from algorithms.data import Federation
     from algorithms.simulate import simulate
@@ -567,10 +577,8 @@ def test_secure_aggregation_between_agents_matches_the_simulation(fed, tmp_path)
     ref = simulate(alg, cfg, fedn, rounds=SECAGG["rounds"], per_round=N_TENANTS,
                    seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
                    evaluate_every=0)
-    assert max_diff(ref.global_msg, glob) <= 1e-12
-    for t, a in enumerate(agents):
-        mine = Message.from_bytes(a.state.read(job_id, "local.msg"))
-        assert max_diff(ref.local_states[t], mine) <= 1e-12
+    assert max_diff(ref.global_msg, glob) > 1e-6
+    assert not any(k in json.dumps(manifest).lower() for k in ("user-draws", "prf"))
 
     # each agent charged its own ledger per release; the coordinator's view says the same
     report = client.get(f"/v1/admin/jobs/{job_id}/report").json()["privacy"]
@@ -692,7 +700,8 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
     """Agent 2 vanishes after sending its shares: the masked phase closes at its cut-off,
     the survivors reveal agent 2's mask key, the round closes at its deadline with the sum
     of the other two, as simulate's privatizer with that tenant dropped computes it; agent
-    2's charge is on its own ledger only (nothing of it reached the sum)."""
+    2's charge is on its own ledger only (nothing of it reached the sum). The noise is
+    fresh, so the model is compared in kind, not bit for bit (issue 29)."""
     from algorithms import registry
     from algorithms.data import Federation
     from algorithms.simulate import simulate
@@ -738,19 +747,18 @@ def test_secure_aggregation_survives_a_dropout_within_the_tolerance(fed, tmp_pat
     ref = simulate(alg, cfg, fedn, rounds=1, per_round=N_TENANTS, seed=5, privatizer=priv,
                    aggregator=priv.aggregate, evaluate_every=0)
     assert priv.releases[-1]["dropped"] == [2]
-    assert max_diff(ref.global_msg, glob) <= 1e-12
+    # the same release, other (fresh, secret) noise: close in scale, never equal
+    assert 0 < max_diff(ref.global_msg, glob) and all(
+        np.all(np.isfinite(x)) for x in glob.arrays().values())
 
 
 def test_an_agent_restarted_mid_protocol_resends_the_same_messages(fed, tmp_path):
     """Agent 0 is replaced by a fresh process on its state directory after sending its
     shares in round 2: it re-sends the same bytes (replays), draws no new keys or noise and
-    is charged once per release; the job ends as the uninterrupted simulation."""
+    is charged once per release; the job completes (its noise is fresh, so it is not
+    compared bit for bit with a simulation: issue 29)."""
     from algorithms import registry
-    from algorithms.data import Federation
-    from algorithms.simulate import simulate
     from app.training.models import SecAggMessage
-    from privacy import user_level
-    from privacy.distributed import SecureAggregationPrivatizer
 
     app, client, _, agent_tenants, rows = fed
     job_id = _secagg_job(client, agent_tenants)
@@ -786,16 +794,9 @@ def test_an_agent_restarted_mid_protocol_resends_the_same_messages(fed, tmp_path
     sweeps = min(cfg.sweeps, SECAGG["rounds"])
     assert agents[0].state.ledger.rounds(agents[0].state.account) == list(
         range(1, sweeps + 1))
-    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
-    fedn = Federation(train, train, [np.arange(b.n_users) for b in train],
-                      np.arange(N_ITEMS), tuple(manifest["scale"]))
-    priv = SecureAggregationPrivatizer(user_level.from_settings(job.dp),
-                                       registry.user_bounds(alg.name, cfg), N_TENANTS,
-                                       SECAGG["seed"])
-    ref = simulate(alg, cfg, fedn, rounds=SECAGG["rounds"], per_round=N_TENANTS,
-                   seed=SECAGG["seed"], privatizer=priv, aggregator=priv.aggregate,
-                   evaluate_every=0)
-    assert max_diff(ref.global_msg, glob) <= 1e-12
+    assert all(np.all(np.isfinite(x)) for x in glob.arrays().values())
+    assert sorted(r for t, r in _charges(app, job_id) if t == agent_tenants[0][0]) == list(
+        range(1, sweeps + 1))
 
 
 def test_a_masked_input_with_a_charge_not_the_jobs_is_refused(fed, tmp_path):

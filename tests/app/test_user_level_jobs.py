@@ -1,7 +1,9 @@
 """User-level DP jobs through the API (SQLite, in-process pipeline).
 
 Expected numbers come from independent computations: the simulator driving the same pure
-privatizer on the job's own data, split and seed, and Google's dp-accounting for epsilon.
+privatizer on the job's own data, split and seed (the same releases and charges; the
+noise is fresh and secret in both, so the numbers differ), and Google's dp-accounting for
+epsilon.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def test_user_level_job_equals_the_simulator_and_charges_each_release_once(env, 
     assert job["status"] == "completed", job
     assert job["dp"]["unit"] == "user" and job["dp"]["placement"] == placement
 
-    # the same pure privatizer, driven by the simulator on the job's data, split and seed
+    # the same pure privatizer, driven by the simulator on the job's data, split and seed:
+    # the same releases, but other noise (issue 29: the seed reproduces no privacy draw)
     fed, _ = federation_of(app, job["id"])
     alg = registry.get("dpals")
     cfg = alg.config(**CONFIG)
@@ -60,7 +63,8 @@ def test_user_level_job_equals_the_simulator_and_charges_each_release_once(env, 
                    privatizer=priv,
                    aggregator=priv.aggregate)
     report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
-    assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
+    curve = [c["test_rmse"] for c in report["curve"]]
+    assert len(curve) == len(sim.history) and curve != [h.test_rmse for h in sim.history]
 
     # every tenant charged once per release, with the planned event of that release
     with app.state.sessions() as s:
@@ -83,6 +87,13 @@ def test_user_level_job_equals_the_simulator_and_charges_each_release_once(env, 
         assert privacy["epsilon_per_tenant"][str(tid)] == pytest.approx(expected, rel=1e-9)
     assert expected <= 4.0 + 1e-9  # the noise was solved for the target
     assert f"epsilon {expected:.4g} at delta 0.001 for every user" in privacy["guarantee"]
+
+    # attack (b) on the service: a second job, same seed and data, releases other noise
+    again = wait_job(client, submit(client, placement).json()["id"])
+    assert again["status"] == "completed", again
+    other = client.get(f"/v1/admin/jobs/{again['id']}/report").json()
+    assert [c["test_rmse"] for c in other["curve"]] != curve
+    assert "key" not in str(again).lower().replace("idempotency_key", "")
 
 
 def test_a_user_level_job_serves_recommendations_from_the_private_model(env):
@@ -255,7 +266,9 @@ def test_gradient_methods_run_as_user_level_jobs_like_the_simulator(env, name):
     sim = simulate(alg, cfg, fed, rounds=ROUNDS, per_round=len(fed.train), seed=5,
                    privatizer=priv, aggregator=priv.aggregate)
     report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()
-    assert [c["test_rmse"] for c in report["curve"]] == [h.test_rmse for h in sim.history]
+    curve = [c["test_rmse"] for c in report["curve"]]  # fresh noise: not the simulator's
+    assert len(curve) == len(sim.history) and curve != [h.test_rmse for h in sim.history]
+    assert priv.releases and all(r["noise_multiplier"] > 0 for r in priv.releases)
     with app.state.sessions() as s:
         rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)).all()
     assert sorted(rows) == sorted((t, k) for t, _ in tenants for k in (1, 2))

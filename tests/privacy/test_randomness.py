@@ -17,7 +17,7 @@ from algorithms import RatingBlock, registry
 from algorithms import dpals as D
 from algorithms._rng import derive_rng
 from algorithms.data import build_federation
-from algorithms.simulate import initialise, simulate
+from algorithms.simulate import initialise
 from algorithms.synthetic import generate_ratings
 from app.cli import main
 from privacy import secagg
