@@ -28,6 +28,7 @@ from algorithms import dpals, registry
 from algorithms.data import Federation, build_federation, load_movielens
 from algorithms.simulate import simulate
 from bench.fedmc_admm_targets import validation_federation
+from privacy.randomness import private_federation
 from privacy.user_level import UserLevelPrivatizer, plan
 
 
@@ -58,6 +59,7 @@ def run_user_level(name: str, cfg: Any, fed: Federation, *, epsilon: float, delt
                    **({} if release_growth is None else {"release_growth": release_growth})}
         spec = plan(request, bounds, sum(b.n_users for b in fed.train), releases)
         priv = UserLevelPrivatizer(spec, bounds, fed.n_clients, seed)
+        fed = private_federation(fed)  # per-user caps and samples from a fresh secret
     res = simulate(alg, cfg, fed, rounds=releases + 1, per_round=fed.n_clients,
                    seed=seed, privatizer=priv, aggregator=priv.aggregate if priv else None,
                    evaluate_every=releases + 1)

@@ -41,6 +41,7 @@ from algorithms.simulate import simulate
 from bench._experiment import comparison, parser, write_result
 from privacy import secagg as S
 from privacy.distributed import SecureAggregationPrivatizer
+from privacy.randomness import private_federation
 from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
 
 EXPERIMENT = ("Secure aggregation (Bonawitz et al. CCS 2017): seconds and bytes per round "
@@ -196,6 +197,7 @@ def run_user(cfg, fed, *, epsilon: float, mode: str, seed: int) -> tuple[float, 
                          secure_aggregation=mode == "secagg")
     cls = SecureAggregationPrivatizer if mode == "secagg" else UserLevelPrivatizer
     priv = cls(spec, bounds, fed.n_clients, seed)
+    fed = private_federation(fed)  # per-user caps and samples from a fresh secret
     res = simulate(dpals.ALGORITHM, cfg, fed, rounds=cfg.sweeps + 1, per_round=fed.n_clients,
                    seed=seed, privatizer=priv, aggregator=priv.aggregate,
                    evaluate_every=cfg.sweeps + 1)

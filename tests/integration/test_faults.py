@@ -2,9 +2,12 @@
 (restarted here, never the system services) with real Celery worker processes.
 
 Each job is checked against an undisturbed in-process run with the same seed: it ends
-completed, bit-identical, with the same ledger charges, each once. The third fault, a
-worker killed mid-round, is ``test_killed_worker_loses_only_the_round_in_flight`` in
-test_training_pipeline.py.
+completed, bit-identical, with the same ledger charges, each once. The jobs here send
+uploads without noise (each transmission still charged, at epsilon infinity), so the
+resumed run can be bit-identical: DP noise is fresh and secret (issue 29) and never
+reproduced. The third fault, a worker killed mid-round, is
+``test_killed_worker_loses_only_the_round_in_flight`` in test_training_pipeline.py, with
+DP noise: there the persisted releases are reused and each charged once.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from tests.integration.conftest import wait_for
 from tests.training_helpers import CONFIG, assert_same_run, csv_body, job_round, make_tenants
 
 pytestmark = pytest.mark.integration
-DP = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
+DP = {"mechanism": "none"}
 ROUNDS = 16
 STALLED = 4.0  # seconds without a committed round before the operator resumes
 
