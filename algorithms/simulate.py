@@ -5,8 +5,9 @@ step, record, hooks); :class:`PerClient` is the default set of steps, and varian
 all-clients-at-once path, federated clustering) plug in their own :class:`Steps` instead of
 copying the loop. :func:`simulate` is the CLI's and the benchmarks' entry point.
 The same pure functions run one per Celery task in the service; this driver derives
-every random stream exactly as the service does (:mod:`algorithms._rng`), so a seeded
-service job and a seeded simulation give the same numbers.
+every public random stream exactly as the service does (:mod:`algorithms._rng`), so
+without privacy a seeded service job and a seeded simulation give the same numbers (privacy
+noise and per-user sampling are fresh and secret, :mod:`privacy.randomness`).
 """
 
 from __future__ import annotations

@@ -100,7 +100,8 @@ def test_dp_job_charges_each_transmission_once_and_reports_the_accountants_epsil
         n = sum(1 for t, _ in charges if t == tid)
         expected = spend([Event("gaussian", 3.0, n)], 1e-5).epsilon if n else 0.0
         assert report["epsilon_per_tenant"].get(str(tid), 0.0) == pytest.approx(expected)
-    # and the noisy numbers equal the simulator run with the same privatizer and seed
+    # the simulator with the same privatizer and seed charges the same, but its noise is
+    # fresh (issue 29): the same seed never reproduces a private model
     fed, _ = federation_of(app, job["id"])
     alg = registry.get("fedmc-admm")
     priv = DPPrivatizer(DPSpec(**dp), Ledger.open({0: Budget(1e3, 1e-5),
@@ -108,7 +109,9 @@ def test_dp_job_charges_each_transmission_once_and_reports_the_accountants_epsil
     sim = simulate(alg, alg.config(**CONFIG), fed, rounds=5, per_round=1, seed=11,
                    privatizer=priv)
     curve = client.get(f"/v1/admin/jobs/{job['id']}/report").json()["curve"]
-    assert curve[-1]["test_rmse"] == sim.final.test_rmse
+    assert curve[-1]["test_rmse"] != sim.final.test_rmse
+    assert sorted(len(priv.ledger.rounds(i)) for i in (0, 1)) == sorted(
+        sum(1 for t, _ in charges if t == tid) for tid, _ in tenants)
 
 
 def test_job_over_budget_is_refused_with_the_numbers_and_creates_nothing(env):
@@ -249,10 +252,15 @@ class _CrashingDispatcher(pipeline.InlineDispatcher):
             pipeline.TASKS[task](self.sessions, self, *args)
 
 
-def test_a_crashed_job_resumes_and_ends_bit_identical(env):
+@pytest.mark.parametrize("dp", [{"mechanism": "none"},
+                                {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}])
+def test_a_crashed_job_resumes_and_ends_bit_identical(env, monkeypatch, dp):
+    """Crashed after round 3's client step staged its (noisy) upload and charge: the
+    resumed job reuses that persisted release (no second draw, no second charge). Without
+    privacy it ends bit-identical to an uninterrupted job; with it, its noise is fresh
+    (issue 29), so the same rounds are charged, each once."""
     app, client = env
     make_tenants(client)
-    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0, "clip": 1.0}
     body = {"config": CONFIG, "rounds": 5, "per_round": 1, "dp": dp}
     straight = wait_job(client, submit_job(client, **body).json()["id"])
     from app.training.jobs import JobSpec, create_job
@@ -269,13 +277,21 @@ def test_a_crashed_job_resumes_and_ends_bit_identical(env):
         assert s.get(TrainingJob, crashed).current_round == 2
         staged = s.execute(sa.text("select count(*) from round_uploads")).scalar()
         assert staged == 1  # round 3's client step is staged, its charge already made
+    draws = []
+    real = pipeline.fresh_noise_generator
+    monkeypatch.setattr(pipeline, "fresh_noise_generator",
+                        lambda: draws.append(1) or real())
     run_inline(app.state.sessions, crashed, resume=True)
+    assert len(draws) == 2  # rounds 4 and 5 only: round 3's persisted release was reused
     with app.state.sessions() as s:
         a, b = s.get(TrainingJob, straight["id"]), s.get(TrainingJob, crashed)
         assert b.status == "completed" and b.current_round == 5
-        assert a.global_msg == b.global_msg
-        assert states.load_server(s, a).to_bytes() == states.load_server(s, b).to_bytes()
-        assert states.committed_states(s, a.id) == states.committed_states(s, b.id)
+        if dp["mechanism"] == "none":
+            assert a.global_msg == b.global_msg
+            assert states.load_server(s, a).to_bytes() == states.load_server(s, b).to_bytes()
+            assert states.committed_states(s, a.id) == states.committed_states(s, b.id)
+        else:
+            assert a.global_msg != b.global_msg
         charges = s.execute(sa.select(LedgerEntry.round).where(LedgerEntry.job_id == b.id)
                             ).scalars().all()
         assert sorted(charges) == [1, 2, 3, 4, 5]  # round 3 charged once, not twice
