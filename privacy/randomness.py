@@ -27,6 +27,7 @@ randomness come from here instead:
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import secrets
 import threading
@@ -34,6 +35,9 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 from randomgen import ChaCha
+
+from algorithms.block import RatingBlock
+from algorithms.data import Federation
 
 #: bytes of a per-user PRF key
 KEY_BYTES = 32
@@ -139,19 +143,18 @@ class UserPRF:
         return out
 
 
-def with_user_draws(block, key: bytes, tenant: Hashable, user_ids: Sequence | np.ndarray):
-    """``block`` (an :class:`algorithms.block.RatingBlock`) carrying the tenant's secret
+def with_user_draws(block: RatingBlock, key: bytes, tenant: Hashable,
+                    user_ids: Sequence | np.ndarray) -> RatingBlock:
+    """``block`` carrying the tenant's secret
     per-user draws (:class:`UserPRF` of ``key``): what the user-level DP algorithms draw
     their per-user cap and Poisson sample from."""
     return block.with_user_draws(UserPRF(key, tenant, user_ids))
 
 
-def private_federation(fed, key: bytes | None = None):
-    """A :class:`algorithms.data.Federation` whose training blocks carry secret per-user
-    draws (tenant = its index, users = their external ids), under ``key`` or a fresh one:
-    a simulation's privacy sampling then depends on no seed."""
-    import dataclasses
-
+def private_federation(fed: Federation, key: bytes | None = None) -> Federation:
+    """``fed`` with training blocks that carry secret per-user draws (tenant = its index,
+    users = their external ids), under ``key`` or a fresh one: a simulation's privacy
+    sampling then depends on no seed."""
     key = new_key() if key is None else key
     train = [with_user_draws(b, key, i, ids)
              for i, (b, ids) in enumerate(zip(fed.train, fed.user_ids, strict=True))]
