@@ -2,9 +2,10 @@ r"""User-level differential privacy for algorithms whose uploads are sums of per
 
 Unit protected: **one user account of one tenant** (add or remove all of its ratings;
 :data:`privacy.threat_model.UNIT_DETAIL`: a person with accounts in several tenants is
-several units). The model is joint DP (the billboard model): a user's own factor stays with the tenant that holds the
-user's ratings and is never released; what is released is item-side sums over users, each
-user's term bounded by the algorithm (:class:`algorithms.user_bounds.UserBounds`):
+several units). The model is joint DP (the billboard model): a user's own factor stays
+with the tenant that holds the user's ratings and is never released; what is released is
+item-side sums over users, each user's term bounded by the algorithm
+(:class:`algorithms.user_bounds.UserBounds`):
 
 * a *gram* array holds, per item, ``sum_u x_u x_u^T`` (symmetric d x d);
 * a *rhs* array holds, per item, ``sum_u s_uj x_u``;

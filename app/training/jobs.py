@@ -24,7 +24,7 @@ from algorithms.simulate import (
 )
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
-from app.models import Item, Rating, Tenant, User
+from app.models import Rating, Tenant, User
 from app.training import states
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
@@ -148,15 +148,36 @@ def _public_scale(alg: Algorithm, cfg: Any, request: dict[str, Any],
     return with_public_scale(cfg, request, scale)
 
 
-def _catalogue(s: Session) -> np.ndarray:
-    return np.fromiter(s.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
+def _catalogue(s: Session, registered_only: bool = False) -> np.ndarray:
+    return store.catalogue_ids(s, registered_only)
 
 
-def _tenant_block(s: Session, tenant: Tenant) -> tuple[RatingBlock, np.ndarray]:
-    """One tenant's ratings, sorted by (user, item) so the split is reproducible."""
-    block, user_keys = store.load_block(s, tenant.id)
+#: why a differentially private job's catalogue is the registered items only
+REGISTERED_ONLY = ("a differentially private job trains on and serves only the items an "
+                   "admin registered (PUT /v1/admin/items); items created by uploads "
+                   "(auto_create_items) are left out, with their ratings, because their "
+                   "existence is a function of a user's rating")
+
+
+def has_guarantee(alg: Algorithm, dp: Any) -> bool:
+    """Whether a job with privacy settings ``dp`` (a user-level dict or a
+    :class:`DPSpec`) gives a differential privacy guarantee: noise, and an algorithm whose
+    uploads do not reveal ratings whatever the noise."""
+    if isinstance(dp, dict):
+        return user_level.is_user_level(dp) or (
+            dp.get("mechanism") != "none" and alg.privacy_preserving)
+    return dp.mechanism != "none" and alg.privacy_preserving
+
+
+def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False
+                  ) -> tuple[RatingBlock, np.ndarray]:
+    """One tenant's ratings, sorted by (user, item) so the split is reproducible
+    (``registered_only``: of the registered items only, :data:`REGISTERED_ONLY`)."""
+    block, user_keys = store.load_block(s, tenant.id, registered_only)
     if block.nnz == 0:
-        raise JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no ratings to train on")
+        what = "ratings of registered items" if registered_only else "ratings"
+        raise JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no {what} to train "
+                              f"on" + (f" ({REGISTERED_ONLY})" if registered_only else ""))
     order = np.lexsort((block.cols, block.rows))
     return RatingBlock(block.rows[order], block.cols[order], block.vals[order],
                        block.n_users, block.n_items), user_keys
@@ -207,15 +228,17 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     agents = set(spec.agents)
     hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
     users = _rated(s, [tenants[i] for i in hosted])
-    item_ids = _catalogue(s)
+    private = has_guarantee(alg, dp)
+    item_ids = _catalogue(s, private)
     if not len(item_ids):
-        raise JobRefused(422, "the item catalogue is empty: add items before training")
+        raise JobRefused(422, "the item catalogue is empty: add items before training" if
+                         not private else f"no registered items: {REGISTERED_ONLY}")
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
 
     def split(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray]:
-        block, keys = _tenant_block(s, tenants[i])
+        block, keys = _tenant_block(s, tenants[i], private)
         train, test = tenant_split(block, i, spec.seed, spec.test_fraction, scale)
         return train, test, keys
 
