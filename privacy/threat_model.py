@@ -89,7 +89,8 @@ NOT_COVERED = (
     "upload of a tenant with auto_create_items creates the items it names, which other "
     "tenants can detect (their uploads naming them are accepted); differentially private "
     "jobs neither train on nor serve such items. Not covered: an active coordinator lying "
-    "about dropouts.")
+    "about dropouts. The tenant itself (its API key) holds its users' ratings and reads "
+    "their statistics: it is trusted with them.")
 
 
 def placement_key(placement: str, secure_aggregation: bool = False) -> str:

@@ -146,7 +146,8 @@ def release_report(spec: UserLevelSpec, ledger: Ledger,
         "placement": spec.placement, "secure_aggregation": spec.secure_aggregation,
         "adversary": adversary_of(spec),
         "guarantee": (f"differentially private: epsilon {worst:.4g} at delta "
-                      f"{spec.delta:.3g} for every {UNIT}, placement {spec.placement}"),
+                      f"{spec.delta:.3g} for every user (unit: {UNIT}), placement "
+                      f"{spec.placement}"),
         "threat_model": threat_model(spec.placement, spec.secure_aggregation, worst),
         "target_epsilon": spec.epsilon, "epsilon_max": worst, "epsilon_per_tenant": eps,
         "delta": spec.delta, "users": spec.n_users, "accounting": ACCOUNTING_USER,
