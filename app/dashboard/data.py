@@ -160,8 +160,10 @@ def plain_privacy(report: dict[str, Any]) -> list[str]:
         return out
     unit = report.get("unit") or "tenant"
     if unit == "user":
-        out.append("Protected unit: one user, i.e. all ratings of one person; adding or "
-                   "removing any one user changes what is released only within epsilon.")
+        out.append("Protected unit: one user account of one tenant, i.e. all ratings of "
+                   "that account; adding or removing any one account changes what is "
+                   "released only within epsilon (a person with accounts in k tenants is "
+                   "k units).")
     else:
         out.append("Protected unit: a tenant's whole block of ratings.")
     placement = report.get("placement")

@@ -31,7 +31,8 @@ class PrivacySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     unit: Literal["user"] = Field(
-        "user", description="Protected unit: one user (all of one person's ratings). The "
+        "user", description="Protected unit: one user account of one tenant (all of its "
+                            "ratings; a person with accounts in k tenants is k units). The "
                             "tenant unit is the 'dp' field.")
     placement: Literal["central", "tenant"] = Field(
         "central", description="central: the aggregation step noises the sum of the tenants' "

@@ -231,3 +231,26 @@ def test_a_tenant_without_the_opt_in_cannot_be_tuned_and_nothing_is_charged(env)
     assert "allow_non_private is false" in detail and f"tenant(s) {tid} (t0)" in detail
     with app.state.sessions() as s:
         assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)) == 0
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgresql",
+                                                            marks=pytest.mark.integration)])
+def test_migration_0018_takes_existing_items_as_registered_and_round_trips(
+        backend, tmp_path, request):
+    """Items created before the migration cannot be told apart: they count as registered;
+    the downgrade removes the column again."""
+    from app.db import downgrade, make_engine
+
+    url = (f"sqlite:///{tmp_path}/m.db" if backend == "sqlite"
+           else request.getfixturevalue("make_postgres_db")())
+    migrate(url, "0017")
+    engine = make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO items (key) VALUES ('old')"))
+    migrate(url, "0018_h3")
+    with engine.begin() as conn:
+        assert conn.execute(sa.text("SELECT origin FROM items")).scalar_one() == "admin"
+    downgrade(url, "0017")
+    with engine.connect() as conn:
+        assert "origin" not in {c["name"] for c in sa.inspect(conn).get_columns("items")}
+    engine.dispose()
