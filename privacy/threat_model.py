@@ -35,6 +35,13 @@ UNIT_DETAIL = (
     "person with accounts in k tenants is k units: group privacy protects them at k times "
     "the epsilon (delta grows to k e^((k-1) epsilon) delta)")
 
+#: what a tenant's lifetime epsilon (one ledger of tenant- and user-unit charges) bounds
+LEDGER_UNIT = (
+    "each tenant's ledger composes every charge made to it: a tenant-unit charge (any "
+    "block replaced by any other) also bounds each user account in the block, so once a "
+    "user-level charge is in it the lifetime epsilon is for one user account of one tenant; "
+    "a person with accounts in k tenants is k units, one in each tenant's ledger")
+
 PLACEMENTS = ("central", "tenant", "tenant+secure_aggregation")
 ADVERSARIES = ("operator/coordinator", "other tenants", "agents",
                "other users of the same tenant", "whoever sees user u's own list")

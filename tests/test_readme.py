@@ -30,4 +30,5 @@ def test_the_readme_threat_model_is_the_code_s():
     assert tm.markdown_table() in section
     assert tm.UNIT_DETAIL in section
     assert tm.NOT_COVERED in section
+    assert tm.LEDGER_UNIT in section
     assert "anyone who sees V, reports or recommendations" not in text

@@ -15,7 +15,7 @@ from app.training.models import JobRound, LedgerEntry, TrainingJob
 from app.training.schemas import JobPublic, JobReport, RoundPublic, TenantRoundPublic
 from privacy import user_level
 from privacy.accountant import Event
-from privacy.threat_model import threat_model
+from privacy.threat_model import LEDGER_UNIT, threat_model
 from privacy.wrapper import DPSpec, privacy_report
 
 
@@ -77,6 +77,7 @@ def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = 
     units = _units(s, ids)
     report["lifetime"] = {t: {**_lifetime(lifetime, t), "unit": units.get(t, "tenant")}
                           for t in lifetime.tenants()}
+    report["lifetime_unit"] = LEDGER_UNIT
     report.pop("budget_epsilon_max", None)  # the lifetime section states budgets per tenant
     return report
 

@@ -184,6 +184,8 @@ def test_a_dp_report_states_the_threat_model_for_one_user_account_of_one_tenant(
     rows = {row["adversary"]: row for row in model["adversaries"]}
     assert rows["other tenants"]["epsilon"] == report["epsilon_max"]
     assert rows["operator/coordinator"]["epsilon"] == "none (trusted)"
+    assert "one user account of one tenant" in report["lifetime_unit"]
+    assert report["lifetime"][str(tid)]["unit"] == "user"
 
 
 def test_tuning_is_charged_infinity_and_later_reports_say_not_private(env):
