@@ -18,7 +18,8 @@ What a differentially private job publishes, and why each is covered:
 * the catalogue the job trains and serves: the items an admin registered, public by
   construction; items created by an upload (``auto_create_items``) are left out;
 * a user's list: the user's own factor, solved from the user's own ratings and V, times
-  V; a cold-start list ranks items by the released model only (post-processing);
+  V; a cold-start list folds the user's own ratings into the released V the same way
+  (post-processing);
 * reports: the charged epsilons, the public inputs (:data:`privacy.user_level.
   PUBLIC_INPUTS`) and figures of the tenant's own evaluation.
 """
@@ -54,8 +55,8 @@ COALITION = "the charged epsilon, noise multiplier z sqrt((T' - c) / t) against 
 _SEES_LIST = ("u's list is computed from u's own ratings and V, so it shows u's own "
               "ratings' effect (unprotected against this viewer); about any other account: "
               "V and the catalogue only")
-_OTHER_USERS = ("their own lists (their ratings and V) and cold-start lists ranked by the "
-                "released model; nothing computed from other accounts' raw ratings")
+_OTHER_USERS = ("their own lists (their ratings and V; a cold-start list folds their own "
+                "ratings into V); nothing computed from other accounts' raw ratings")
 _OTHER_TENANTS = "V, the released centre and biases, the registered catalogue, reports"
 
 #: placement -> adversary -> (what it learns about user u, at what epsilon)

@@ -178,4 +178,15 @@ def plain_privacy(report: dict[str, Any]) -> list[str]:
     stopped = report.get("stopped_tenants") or {}
     for tenant, why in stopped.items():
         out.append(f"Tenant {tenant} stopped transmitting: {why}.")
-    return out
+    return out + threat_sentences(report)
+
+
+def threat_sentences(report: dict[str, Any]) -> list[str]:
+    """The report's threat model (privacy.threat_model) as one sentence per adversary."""
+    model = report.get("threat_model") or {}
+    def eps(value: Any) -> str:
+        numeric = isinstance(value, int | float) or value == "infinity"
+        return epsilon_text(value) if numeric else str(value)
+
+    return [f"Against {row['adversary']}: learns {row['learns']} "
+            f"(epsilon: {eps(row['epsilon'])})." for row in model.get("adversaries", [])]

@@ -52,3 +52,4 @@ def test_a_tenant_unit_report_carries_the_table_and_a_noise_free_one_says_infini
 def test_an_infinite_epsilon_is_written_as_infinity():
     model = tm.threat_model("tenant", epsilon=math.inf)
     assert _rows({"threat_model": model})["agents"]["epsilon"] == "infinity"
+
