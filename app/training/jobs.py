@@ -24,7 +24,7 @@ from algorithms.simulate import (
 )
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
-from app.models import Rating, Tenant, User
+from app.models import REGISTERED, Item, Rating, Tenant, User
 from app.training import states
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
@@ -175,9 +175,7 @@ def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False
     (``registered_only``: of the registered items only, :data:`REGISTERED_ONLY`)."""
     block, user_keys = store.load_block(s, tenant.id, registered_only)
     if block.nnz == 0:
-        what = "ratings of registered items" if registered_only else "ratings"
-        raise JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no {what} to train "
-                              f"on" + (f" ({REGISTERED_ONLY})" if registered_only else ""))
+        raise _no_ratings(tenant, registered_only)
     order = np.lexsort((block.cols, block.rows))
     return RatingBlock(block.rows[order], block.cols[order], block.vals[order],
                        block.n_users, block.n_items), user_keys
@@ -190,16 +188,26 @@ def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBloc
     return [b for b, _ in read], [k for _, k in read], _catalogue(s)
 
 
-def _rated(s: Session, tenants: list[Tenant]) -> dict[int, int]:
-    """How many users with ratings each tenant has (one query; absent: none). Refuses
-    (422) the first tenant without ratings, as reading its block would."""
-    users = dict(s.execute(
-        sa.select(User.tenant_id, sa.func.count(sa.distinct(Rating.user_id)))
-        .join(User, User.id == Rating.user_id)
-        .where(User.tenant_id.in_([t.id for t in tenants])).group_by(User.tenant_id)).all())
+def _no_ratings(tenant: Tenant, registered_only: bool) -> JobRefused:
+    what = "ratings of registered items" if registered_only else "ratings"
+    return JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no {what} to train on"
+                      + (f" ({REGISTERED_ONLY})" if registered_only else ""))
+
+
+def _rated(s: Session, tenants: list[Tenant], registered_only: bool = False
+           ) -> dict[int, int]:
+    """How many users with ratings (of registered items, with ``registered_only``) each
+    tenant has (one query; absent: none). Refuses (422) the first tenant without any, as
+    reading its block would."""
+    query = (sa.select(User.tenant_id, sa.func.count(sa.distinct(Rating.user_id)))
+             .join(User, User.id == Rating.user_id)
+             .where(User.tenant_id.in_([t.id for t in tenants])).group_by(User.tenant_id))
+    if registered_only:
+        query = query.join(Item, Item.id == Rating.item_id).where(Item.origin == REGISTERED)
+    users = dict(s.execute(query).all())
     for t in tenants:
         if not users.get(t.id):
-            raise JobRefused(422, f"tenant {t.id} ({t.name}) has no ratings to train on")
+            raise _no_ratings(t, registered_only)
     return users
 
 
@@ -227,8 +235,8 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
     agents = set(spec.agents)
     hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
-    users = _rated(s, [tenants[i] for i in hosted])
     private = has_guarantee(alg, dp)
+    users = _rated(s, [tenants[i] for i in hosted], private)
     item_ids = _catalogue(s, private)
     if not len(item_ids):
         raise JobRefused(422, "the item catalogue is empty: add items before training" if

@@ -22,7 +22,7 @@ from algorithms.recommend import fold_in
 from app.config import Settings
 from app.db import migrate
 from app.main import create_app
-from app.models import Item
+from app.models import Item, Rating
 from app.training import pipeline
 from app.training.models import FactorSnapshot, LedgerEntry, TrainingJob
 from tests.app.conftest import ADMIN_TOKEN, refusal
@@ -73,15 +73,18 @@ def job_item_keys(app, job_id) -> list[str]:
 def test_items_an_upload_created_are_left_out_of_dp_jobs_and_agent_manifests(env):
     app, client = env
     (t0, _), (t1, k1) = make_tenants(client, budget=1000.0)
-    auto_tenant(client, [("e1", "e-secret", 4.0), ("e1", "i0", 3.0)])
+    auto_tenant(client, [("e1", "e-secret", 4.0), ("e1", "i0", 3.0), ("e2", "e-other", 5.0)])
     with app.state.sessions() as s:
         origin = dict(s.execute(sa.select(Item.key, Item.origin)).all())
+        users = s.scalar(sa.select(sa.func.count(sa.distinct(Rating.user_id)))
+                         .join(Item, Item.id == Rating.item_id).where(Item.origin == "admin"))
     assert (origin["e-secret"], origin["i0"]) == ("upload", "admin")
 
     # a DP job trains on the registered catalogue
     r = client.post("/v1/admin/jobs", json=user_level())
     assert r.status_code == 202, r.text
     private_keys = job_item_keys(app, r.json()["id"])
+    assert r.json()["dp"]["n_users"] == users  # e2 rated no registered item: not counted
     assert "e-secret" not in private_keys and "i0" in private_keys
 
     # an agent of a DP job is told the registered catalogue only
