@@ -60,3 +60,26 @@ def popularity_scores(item_counts: np.ndarray, item_sums: np.ndarray,
     total = item_counts.sum()
     mean = item_sums.sum() / total if total else 0.0
     return (item_sums + prior_weight * mean) / (item_counts + prior_weight)
+
+
+def fold_in(b: np.ndarray, values: np.ndarray, lam: float = 1.0) -> np.ndarray:
+    """One user's factor from the user's own ratings against fixed item factors.
+
+    Ridge regression ``a = argmin ||values - a B||^2 + lam ||a||^2``, the user step of
+    alternating least squares (Hu, Koren and Volinsky, "Collaborative Filtering for
+    Implicit Feedback Datasets", ICDM 2008, fold-in of new users). It reads only the
+    item factors and this user's ratings, so on a differentially private model it is
+    post-processing: a list built from it tells its reader nothing about other users
+    beyond the released model.
+
+    Parameters
+    ----------
+    b : (r, s) float array
+        The item factors of the s items the user rated.
+    values : (s,) float array
+        The user's ratings of those items, in the units of ``a @ b``.
+    lam : float
+        Ridge weight (> 0, so the system is solvable for any s).
+    """
+    r = b.shape[0]
+    return np.linalg.solve(b @ b.T + lam * np.eye(r), b @ values)

@@ -97,6 +97,12 @@ class ApiKey(Base):
     revoked_at: Mapped[dt.datetime | None]
 
 
+REGISTERED = "admin"
+"""``Item.origin`` of an item an admin created (the pre-registered, public catalogue)."""
+UPLOADED = "upload"
+"""``Item.origin`` of an item an upload created (``auto_create_items``)."""
+
+
 class Item(Base):
     """The shared item catalogue; ``key`` is the external id tenants use."""
 
@@ -105,6 +111,11 @@ class Item(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     key: Mapped[str] = mapped_column(sa.String(KEY_LENGTH), unique=True)
     title: Mapped[str | None] = mapped_column(sa.Text)
+    #: ``admin`` (registered: public, what differentially private jobs train on and
+    #: serve) or ``upload`` (created by an upload with ``auto_create_items``; migration
+    #: 0018_h3)
+    origin: Mapped[str] = mapped_column(sa.String(16), default=REGISTERED,
+                                        server_default=REGISTERED)
 
 
 class User(Base):

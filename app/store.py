@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from algorithms.block import RatingBlock
 from app.ingest import NO_TIME, Batch, Collected
-from app.models import Item, Rating, RatingStats, Tenant, User, utcnow
+from app.models import REGISTERED, UPLOADED, Item, Rating, RatingStats, Tenant, User, utcnow
 from app.stats import BlockStats
 
 LOOKUP_CHUNK = 1000
@@ -49,13 +49,16 @@ def upsert_items(session: Session, items: Sequence[tuple[str, str | None]]) -> N
         return
     stmt = _insert(session, Item)
     title = sa.func.coalesce(stmt.excluded.title, Item.title)
-    stmt = stmt.on_conflict_do_update(index_elements=[Item.key], set_={"title": title})
-    session.execute(stmt, [{"key": k, "title": t} for k, t in items])
+    # an admin's upsert registers the item, also one an upload created before
+    stmt = stmt.on_conflict_do_update(index_elements=[Item.key],
+                                      set_={"title": title, "origin": REGISTERED})
+    session.execute(stmt, [{"key": k, "title": t, "origin": REGISTERED} for k, t in items])
 
 
 def create_missing_items(session: Session, keys: Iterable[str]) -> None:
-    """Add untitled catalogue items for keys not present yet (auto-create tenants)."""
-    rows = [{"key": k} for k in sorted(set(keys))]
+    """Add untitled catalogue items for keys not present yet (auto-create tenants), marked
+    as created by an upload: differentially private jobs leave them out."""
+    rows = [{"key": k, "origin": UPLOADED} for k in sorted(set(keys))]
     if rows:
         session.execute(_insert(session, Item).on_conflict_do_nothing(), rows)
 
@@ -288,18 +291,31 @@ LOAD_CHUNK = 65_536
 tuples, so only a batch of them is ever alive, never the whole tenant's."""
 
 
-def load_block(session: Session, tenant_id: int) -> tuple[RatingBlock, np.ndarray]:
+def catalogue_ids(session: Session, registered_only: bool = False) -> np.ndarray:
+    """The catalogue's item ids in id order: all, or only the items an admin registered
+    (what a differentially private job trains on: public by construction)."""
+    query = sa.select(Item.id).order_by(Item.id)
+    if registered_only:
+        query = query.where(Item.origin == REGISTERED)
+    return np.fromiter(session.scalars(query), dtype=np.int64)
+
+
+def load_block(session: Session, tenant_id: int, registered_only: bool = False
+               ) -> tuple[RatingBlock, np.ndarray]:
     """The tenant's ratings as a :class:`RatingBlock` and the user key of each row.
 
     Rows are the tenant's users (those with ratings) in key order; columns index the whole
     catalogue in item-id order, so blocks of different tenants share the item axis. Read
     in batches of :data:`LOAD_CHUNK` rows into numpy columns, so memory is the block's
-    arrays and not a Python object per rating.
+    arrays and not a Python object per rating. ``registered_only``: the catalogue is the
+    registered items (:func:`catalogue_ids`) and ratings of other items are left out.
     """
-    catalogue = np.fromiter(session.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
+    catalogue = catalogue_ids(session, registered_only)
     query = (sa.select(Rating.user_id, Rating.item_id, Rating.value)
              .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant_id)
              .execution_options(yield_per=LOAD_CHUNK))
+    if registered_only:
+        query = query.join(Item, Item.id == Rating.item_id).where(Item.origin == REGISTERED)
     # a Row is no tuple to numpy (np.array of a list of them takes the slow per-object
     # path, 25x slower): its values are chained into one flat float array instead
     parts = [np.fromiter(itertools.chain.from_iterable(part), dtype=np.float64,

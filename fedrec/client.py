@@ -357,11 +357,13 @@ class Recommendation(Model):
 class Recommendations(Model):
     schema_name = "RecommendationsPublic"
     user: str
-    source: Literal["model", "popularity"]
+    source: Literal["model", "fold_in", "popularity", "none"]
     job_id: int | None
     data: list[Recommendation]
     k: int
     offset: int
+    private: bool = False
+    privacy: str = ""
 
 
 class BatchRecommendations(Model):

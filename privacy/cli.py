@@ -120,9 +120,10 @@ DEFAULT_USER_DELTA = 1e-6
 
 def add_privacy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``--privacy`` (the unit), ``--placement``, ``--epsilon`` and ``--delta``."""
-    g = parser.add_argument_group("privacy unit (user-level DP or the tenant's whole block)")
+    g = parser.add_argument_group("privacy unit (user-level DP: one user account of one "
+                                  "tenant; or the tenant's whole block)")
     g.add_argument("--privacy", choices=["none", "user", "tenant"], default=None,
-                   help="unit protected: 'user' (add/remove one user's ratings; needs an "
+                   help="unit protected: 'user' (one user account of one tenant; needs an "
                         "algorithm with per-user bounded uploads: dpals, dp-fedmavg, "
                         "dp-fedmc-admm), 'tenant' "
                         "(a tenant's whole block: the --dp wrapper) or 'none' (default; "

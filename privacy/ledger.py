@@ -67,7 +67,8 @@ class BudgetExceeded(ValueError):
         self.spent, self.planned = spent, planned
         if math.isinf(spent):
             msg = (f"privacy budget exceeded: tenant {tenant} has spent epsilon = infinity "
-                   "(its data was sent without noise by an earlier job), so no "
+                   "(its data was sent without noise by an earlier job, or tuned on "
+                   "raw ratings by a tuning job), so no "
                    "differentially private job can include it")
         else:
             msg = (f"privacy budget exceeded: tenant {tenant} would spend epsilon "

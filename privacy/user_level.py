@@ -1,9 +1,11 @@
 r"""User-level differential privacy for algorithms whose uploads are sums of per-user terms.
 
-Unit protected: **one user** (add or remove all of one person's ratings). The model is
-joint DP (the billboard model): a user's own factor stays with the tenant that holds the
-user's ratings and is never released; what is released is item-side sums over users, each
-user's term bounded by the algorithm (:class:`algorithms.user_bounds.UserBounds`):
+Unit protected: **one user account of one tenant** (add or remove all of its ratings;
+:data:`privacy.threat_model.UNIT_DETAIL`: a person with accounts in several tenants is
+several units). The model is joint DP (the billboard model): a user's own factor stays
+with the tenant that holds the user's ratings and is never released; what is released is
+item-side sums over users, each user's term bounded by the algorithm
+(:class:`algorithms.user_bounds.UserBounds`):
 
 * a *gram* array holds, per item, ``sum_u x_u x_u^T`` (symmetric d x d);
 * a *rhs* array holds, per item, ``sum_u s_uj x_u``;
@@ -44,8 +46,9 @@ no amplification for which tenants transmit, which the server sees).
 Placement (a property of the round, not of the algorithm):
 
 * ``central``: tenants send their bounded sums; the aggregation step adds the noise once to
-  the total before the server step uses it. Protects each user against everyone who sees V,
-  reports or recommendations (other tenants included); the coordinator holds the sums.
+  the total before the server step uses it. Protects each user against other tenants and
+  what is published (V, reports, lists: :mod:`privacy.threat_model`, which states per
+  adversary what it learns); the coordinator holds the sums.
 * ``tenant``: each tenant adds the full noise to its own upload before sending; the sum
   carries T times the variance (without secure aggregation), but a curious coordinator
   sees only noisy uploads.
@@ -72,8 +75,9 @@ from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise
 from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
 from privacy.randomness import fresh_noise_generator
+from privacy.threat_model import UNIT, threat_model
 
-UNIT_USER = ("user: all ratings of one person (add/remove one user); joint DP, each user's "
+UNIT_USER = (f"user: {UNIT} (add/remove all of its ratings); joint DP, each user's "
              "factor stays in the tenant and only per-user-bounded item sums are released")
 
 #: key under which a central aggregation hands the one noisy sum to the server step
@@ -89,7 +93,9 @@ ACCOUNTING_USER = (
 ADVERSARY = {
     "central": ("the coordinator is trusted with each tenant's bounded item sums (a hosted "
                 "tenant's ratings are with the operator anyway); each user is protected "
-                "against other tenants and anyone who sees V, reports or recommendations"),
+                "against other tenants and against what they are shown (V, the registered "
+                "catalogue, reports, lists computed from V): see threat_model for what "
+                "each adversary learns"),
     "tenant": ("each tenant noises its own contribution before it leaves: each user is "
                "protected also against a curious coordinator (at T times the noise variance "
                "of central placement, without secure aggregation)"),
@@ -140,8 +146,9 @@ def release_report(spec: UserLevelSpec, ledger: Ledger,
         "placement": spec.placement, "secure_aggregation": spec.secure_aggregation,
         "adversary": adversary_of(spec),
         "guarantee": (f"differentially private: epsilon {worst:.4g} at delta "
-                      f"{spec.delta:.3g} for every user (all of one person's ratings), "
-                      f"placement {spec.placement}"),
+                      f"{spec.delta:.3g} for every user (unit: {UNIT}), placement "
+                      f"{spec.placement}"),
+        "threat_model": threat_model(spec.placement, spec.secure_aggregation, worst),
         "target_epsilon": spec.epsilon, "epsilon_max": worst, "epsilon_per_tenant": eps,
         "delta": spec.delta, "users": spec.n_users, "accounting": ACCOUNTING_USER,
         "public_inputs": PUBLIC_INPUTS,

@@ -60,6 +60,7 @@ from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
 from privacy.ledger import BudgetExceeded, Ledger, charged_release, check_plan
 from privacy.randomness import fresh_noise_generator
+from privacy.threat_model import threat_model
 
 UNIT_TENANT = ("tenant: a tenant's whole rating block; neighbouring = the block replaced "
                "by any other block (replace-one), sensitivity = diameter of the clip ball")
@@ -322,7 +323,8 @@ def privacy_report(spec: DPSpec, ledger: Ledger, n_entries: int | None = None
     """JSON-ready report of a run's privacy (see the README's privacy section)."""
     if spec.mechanism == "none":
         return {"mechanism": "none", "epsilon_per_tenant": None, "epsilon_max": None,
-                "delta": None, "unit": None,
+                "delta": None, "unit": None, "threat_model": threat_model("tenant",
+                                                                          private=False),
                 "accounting": "none: uploads are sent without noise (no DP guarantee)"}
     spends = {t: ledger.spent(t) for t in ledger.tenants()}
     eps = {t: s.epsilon for t, s in spends.items()}
@@ -334,6 +336,8 @@ def privacy_report(spec: DPSpec, ledger: Ledger, n_entries: int | None = None
         "epsilon_per_tenant": eps, "epsilon_max": max(eps.values(), default=0.0),
         "transmissions_per_tenant": {t: s.transmissions for t, s in spends.items()},
         "budget_epsilon_max": _budget_summary(ledger), "stopped": ledger.stopped(),
+        # a block's guarantee holds for every account in it: the user table applies
+        "threat_model": threat_model("tenant", epsilon=max(eps.values(), default=0.0)),
     }
     out.update(_noise_summary(spec, n_entries))
     if spec.mechanism in ("laplace", "bernoulli"):

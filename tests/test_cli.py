@@ -43,7 +43,10 @@ def test_simulate_json_matches_the_library(tmp_path, ratings_csv, capsys):
                                                                  sim.history]
     assert report["config"]["rank"] == 4 and report["clients"] == 6
     assert report["final"]["test_rmse"] == sim.final.test_rmse
-    assert report["privacy"] == {"mechanism": "none"}
+    assert report["privacy"]["mechanism"] == "none"
+    assert report["privacy"]["private"] is False
+    assert {r["epsilon"] for r in report["privacy"]["threat_model"]["adversaries"]} == {
+        "infinity"}
     table = capsys.readouterr().out
     assert f"{sim.final.test_rmse:9.4f}" in table
 

@@ -18,3 +18,17 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in test_command
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert test_command in ci_lines
+
+
+def test_the_readme_threat_model_is_the_code_s():
+    """The privacy section states the threat model of privacy/threat_model.py verbatim:
+    unit, the table of adversaries by placement, and what is not covered."""
+    from privacy import threat_model as tm
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Privacy", 1)[1].split("\n## ", 1)[0]
+    assert tm.markdown_table() in section
+    assert tm.UNIT_DETAIL in section
+    assert tm.NOT_COVERED in section
+    assert tm.LEDGER_UNIT in section
+    assert "anyone who sees V, reports or recommendations" not in text

@@ -42,6 +42,7 @@ from privacy.cli import (
     user_privatizer_from_args,
 )
 from privacy.randomness import private_federation
+from privacy.threat_model import UNIT, threat_model
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
 PRESETS = ("recommended", "paper")
@@ -475,13 +476,14 @@ def _run(args: argparse.Namespace, write_json) -> int:
     if unit == "user":
         privacy = privatizer.report()
         secure = " with secure aggregation" if privacy.get("secure_aggregation") else ""
-        print(f"privacy: unit user, placement {privacy['placement']}{secure}, epsilon max "
+        print(f"privacy: unit {UNIT}, placement {privacy['placement']}{secure}, epsilon max "
               f"{privacy['epsilon_max']:.4g} at delta {privacy['delta']:.3g} over "
               f"{len(privacy['releases'])} releases (noise multiplier "
               f"{privacy['noise_multiplier']:.4g})")
     else:
         privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer \
-            else {"mechanism": "none"}
+            else {"mechanism": "none", "private": False,
+                  "threat_model": threat_model("central", private=False)}
     if unit == "none" and aggregator is not None:
         privacy["secure_aggregation"] = {"rounds": aggregator.rounds}
         print("secure aggregation (no noise): the server step saw only each round's sum")

@@ -160,8 +160,10 @@ def plain_privacy(report: dict[str, Any]) -> list[str]:
         return out
     unit = report.get("unit") or "tenant"
     if unit == "user":
-        out.append("Protected unit: one user, i.e. all ratings of one person; adding or "
-                   "removing any one user changes what is released only within epsilon.")
+        out.append("Protected unit: one user account of one tenant, i.e. all ratings of "
+                   "that account; adding or removing any one account changes what is "
+                   "released only within epsilon (a person with accounts in k tenants is "
+                   "k units).")
     else:
         out.append("Protected unit: a tenant's whole block of ratings.")
     placement = report.get("placement")
@@ -176,4 +178,15 @@ def plain_privacy(report: dict[str, Any]) -> list[str]:
     stopped = report.get("stopped_tenants") or {}
     for tenant, why in stopped.items():
         out.append(f"Tenant {tenant} stopped transmitting: {why}.")
-    return out
+    return out + threat_sentences(report)
+
+
+def threat_sentences(report: dict[str, Any]) -> list[str]:
+    """The report's threat model (privacy.threat_model) as one sentence per adversary."""
+    model = report.get("threat_model") or {}
+    def eps(value: Any) -> str:
+        numeric = isinstance(value, int | float) or value == "infinity"
+        return epsilon_text(value) if numeric else str(value)
+
+    return [f"Against {row['adversary']}: learns {row['learns']} "
+            f"(epsilon: {eps(row['epsilon'])})." for row in model.get("adversaries", [])]

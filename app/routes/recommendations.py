@@ -60,7 +60,8 @@ def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPu
             for key, title, score in ranked.items]
     return RecommendationsPublic.model_construct(user=user, source=ranked.source,
                                                  job_id=ranked.job_id, data=data, k=k,
-                                                 offset=offset)
+                                                 offset=offset, private=ranked.private,
+                                                 privacy=ranked.privacy)
 
 
 async def _answer(request: Request, tenant: Tenant, user_key: str, k: int, offset: int,

@@ -14,7 +14,7 @@ from app.routes import API_PREFIX
 from app.routes.jobs import refused
 from app.schemas import PathId
 from app.training.jobs import JobRefused
-from app.training.models import TuningJob
+from app.training.models import LedgerEntry, TuningJob
 from app.training.runner import start_tuning
 from app.training.schemas import TuningJobCreate, TuningJobPublic
 from app.training.tuning import TuningSpec, create_tuning_job
@@ -62,7 +62,8 @@ def create(body: TuningJobCreate, request: Request, response: Response,
     try:
         start_tuning(request.app, job.id)
     except BaseException:  # not enqueued: leave nothing behind
-        session.rollback()
+        session.rollback()  # its charges go with it: it never ran
+        session.execute(sa.delete(LedgerEntry).where(LedgerEntry.tuning_job_id == job.id))
         session.execute(sa.delete(TuningJob).where(TuningJob.id == job.id))
         session.commit()
         raise

@@ -24,7 +24,7 @@ from algorithms.simulate import (
 )
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
-from app.models import Item, Rating, Tenant, User
+from app.models import REGISTERED, Item, Rating, Tenant, User
 from app.training import states
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
@@ -149,15 +149,34 @@ def _public_scale(alg: Algorithm, cfg: Any, request: dict[str, Any],
     return with_public_scale(cfg, request, scale)
 
 
-def _catalogue(s: Session) -> np.ndarray:
-    return np.fromiter(s.scalars(sa.select(Item.id).order_by(Item.id)), dtype=np.int64)
+def _catalogue(s: Session, registered_only: bool = False) -> np.ndarray:
+    return store.catalogue_ids(s, registered_only)
 
 
-def _tenant_block(s: Session, tenant: Tenant) -> tuple[RatingBlock, np.ndarray]:
-    """One tenant's ratings, sorted by (user, item) so the split is reproducible."""
-    block, user_keys = store.load_block(s, tenant.id)
+#: why a differentially private job's catalogue is the registered items only
+REGISTERED_ONLY = ("a differentially private job trains on and serves only the items an "
+                   "admin registered (PUT /v1/admin/items); items created by uploads "
+                   "(auto_create_items) are left out, with their ratings, because their "
+                   "existence is a function of a user's rating")
+
+
+def has_guarantee(alg: Algorithm, dp: Any) -> bool:
+    """Whether a job with privacy settings ``dp`` (a user-level dict or a
+    :class:`DPSpec`) gives a differential privacy guarantee: noise, and an algorithm whose
+    uploads do not reveal ratings whatever the noise."""
+    if isinstance(dp, dict):
+        return user_level.is_user_level(dp) or (
+            dp.get("mechanism") != "none" and alg.privacy_preserving)
+    return dp.mechanism != "none" and alg.privacy_preserving
+
+
+def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False
+                  ) -> tuple[RatingBlock, np.ndarray]:
+    """One tenant's ratings, sorted by (user, item) so the split is reproducible
+    (``registered_only``: of the registered items only, :data:`REGISTERED_ONLY`)."""
+    block, user_keys = store.load_block(s, tenant.id, registered_only)
     if block.nnz == 0:
-        raise JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no ratings to train on")
+        raise _no_ratings(tenant, registered_only)
     order = np.lexsort((block.cols, block.rows))
     return RatingBlock(block.rows[order], block.cols[order], block.vals[order],
                        block.n_users, block.n_items), user_keys
@@ -170,16 +189,26 @@ def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBloc
     return [b for b, _ in read], [k for _, k in read], _catalogue(s)
 
 
-def _rated(s: Session, tenants: list[Tenant]) -> dict[int, int]:
-    """How many users with ratings each tenant has (one query; absent: none). Refuses
-    (422) the first tenant without ratings, as reading its block would."""
-    users = dict(s.execute(
-        sa.select(User.tenant_id, sa.func.count(sa.distinct(Rating.user_id)))
-        .join(User, User.id == Rating.user_id)
-        .where(User.tenant_id.in_([t.id for t in tenants])).group_by(User.tenant_id)).all())
+def _no_ratings(tenant: Tenant, registered_only: bool) -> JobRefused:
+    what = "ratings of registered items" if registered_only else "ratings"
+    return JobRefused(422, f"tenant {tenant.id} ({tenant.name}) has no {what} to train on"
+                      + (f" ({REGISTERED_ONLY})" if registered_only else ""))
+
+
+def _rated(s: Session, tenants: list[Tenant], registered_only: bool = False
+           ) -> dict[int, int]:
+    """How many users with ratings (of registered items, with ``registered_only``) each
+    tenant has (one query; absent: none). Refuses (422) the first tenant without any, as
+    reading its block would."""
+    query = (sa.select(User.tenant_id, sa.func.count(sa.distinct(Rating.user_id)))
+             .join(User, User.id == Rating.user_id)
+             .where(User.tenant_id.in_([t.id for t in tenants])).group_by(User.tenant_id))
+    if registered_only:
+        query = query.join(Item, Item.id == Rating.item_id).where(Item.origin == REGISTERED)
+    users = dict(s.execute(query).all())
     for t in tenants:
         if not users.get(t.id):
-            raise JobRefused(422, f"tenant {t.id} ({t.name}) has no ratings to train on")
+            raise _no_ratings(t, registered_only)
     return users
 
 
@@ -207,10 +236,12 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
     agents = set(spec.agents)
     hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
-    users = _rated(s, [tenants[i] for i in hosted])
-    item_ids = _catalogue(s)
+    private = has_guarantee(alg, dp)
+    users = _rated(s, [tenants[i] for i in hosted], private)
+    item_ids = _catalogue(s, private)
     if not len(item_ids):
-        raise JobRefused(422, "the item catalogue is empty: add items before training")
+        raise JobRefused(422, "the item catalogue is empty: add items before training" if
+                         not private else f"no registered items: {REGISTERED_ONLY}")
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
@@ -218,7 +249,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     draws_key = new_key() if isinstance(dp, dict) else None  # user level: secret caps
 
     def split(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray]:
-        block, keys = _tenant_block(s, tenants[i])
+        block, keys = _tenant_block(s, tenants[i], private)
         train, test = tenant_split(block, i, spec.seed, spec.test_fraction, scale)
         if draws_key is not None:  # each user's cap drawn from a secret, not the seed
             train = with_user_draws(train, draws_key, tenants[i].id, [str(k) for k in keys])

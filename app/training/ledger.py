@@ -11,8 +11,11 @@ from sqlalchemy.orm import Session
 
 from app.models import Tenant
 from app.training.models import LedgerEntry
-from privacy.accountant import Event, compose
-from privacy.ledger import Budget, Ledger, rebudget
+from privacy.accountant import NOT_PRIVATE, Event, compose
+from privacy.ledger import Budget, Ledger, charged_release, rebudget
+
+TUNING_NOT_PRIVATE = "not private: tuning used raw ratings"
+"""What every later report of a tuned tenant says (its spend is epsilon = infinity)."""
 
 
 def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None,
@@ -50,6 +53,36 @@ _CHARGES = (sa.select(LedgerEntry.tenant_id, LedgerEntry.round, LedgerEntry.even
             .order_by(LedgerEntry.id))
 
 
+def charge_tuning(s: Session, tuning_job_id: int, tenant_ids: list[int]) -> dict[int, str]:
+    """Charge a tuning job to every tenant it reads, as epsilon = infinity (its search
+    trains and scores on raw ratings), through :func:`privacy.ledger.charged_release`:
+    a tenant without the ``allow_non_private`` opt-in is refused and nobody is charged.
+    The charges are added to the session (committed with the job by the caller); returns
+    {tenant id: refusal} (empty when every tenant was charged)."""
+    ledger = load_ledger(s, tenant_ids, lock=True)
+    _, charged, refused = charged_release(ledger, tenant_ids, NOT_PRIVATE, 0,
+                                          lambda _: None, "tuning job")
+    if refused:  # all or nothing: the in-memory charges of the others are dropped
+        return refused
+    for tenant_id, event in charged.items():
+        s.add(LedgerEntry(tenant_id=tenant_id, tuning_job_id=tuning_job_id, round=0,
+                          event={"event": event.as_list(), "tuning": True,
+                                 "reason": TUNING_NOT_PRIVATE}))
+    return refused
+
+
+def tuned_tenants(s: Session, tenant_ids: Iterable[int]) -> dict[str, list[int]]:
+    """Tenant id -> the tuning jobs charged to it (each spent epsilon = infinity)."""
+    rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.tuning_job_id)
+                     .where(LedgerEntry.tenant_id.in_(list(tenant_ids)),
+                            LedgerEntry.tuning_job_id.is_not(None))
+                     .order_by(LedgerEntry.tuning_job_id)).all()
+    out: dict[str, list[int]] = {}
+    for tenant_id, tuning_id in rows:
+        out.setdefault(str(tenant_id), []).append(int(tuning_id))
+    return out
+
+
 def change_budget(s: Session, tenant: Tenant, epsilon_max: float) -> Budget:
     """Set the tenant's ``privacy_budget`` through :func:`privacy.ledger.rebudget` (raises
     :class:`privacy.ledger.BudgetChangeRefused` below its spend); not committed."""
@@ -63,8 +96,9 @@ def spend_summary(s: Session, tenant: Tenant) -> dict:
     charged it (epsilon composed at the budget's delta; infinity after a noise-free job)."""
     ledger = load_ledger(s, [tenant.id])
     spent, budget = ledger.spent(tenant.id), ledger.budget(tenant.id)
-    job_ids = s.scalars(sa.select(LedgerEntry.job_id).where(LedgerEntry.tenant_id == tenant.id)
-                        .distinct().order_by(LedgerEntry.job_id)).all()
+    job_ids = s.scalars(sa.select(LedgerEntry.job_id).where(
+        LedgerEntry.tenant_id == tenant.id, LedgerEntry.job_id.is_not(None))
+        .distinct().order_by(LedgerEntry.job_id)).all()
     jobs = []
     for job_id in job_ids:
         job_spend = load_ledger(s, [tenant.id], job_id=job_id).spent(tenant.id)

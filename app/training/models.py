@@ -201,13 +201,22 @@ class LedgerEntry(Base):
     id: Mapped[int] = mapped_column(primary_key=True)
     tenant_id: Mapped[int] = mapped_column(sa.ForeignKey("tenants.id", ondelete="CASCADE"),
                                            index=True)
-    job_id: Mapped[int] = mapped_column(sa.ForeignKey("training_jobs.id", ondelete="CASCADE"))
+    job_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("training_jobs.id", ondelete="CASCADE"))
+    #: a tuning job's charge (epsilon = infinity) instead of a training job's (0018_h3)
+    tuning_job_id: Mapped[int | None] = mapped_column(
+        sa.ForeignKey("tuning_jobs.id", ondelete="CASCADE",
+                      name="fk_privacy_ledger_tuning_job"))
     round: Mapped[int]
     event: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (sa.UniqueConstraint("tenant_id", "job_id", "round",
-                                          name="uq_privacy_ledger_charge"),)
+                                          name="uq_privacy_ledger_charge"),
+                      sa.UniqueConstraint("tenant_id", "tuning_job_id",
+                                          name="uq_privacy_ledger_tuning_charge"),
+                      sa.CheckConstraint("(job_id IS NULL) <> (tuning_job_id IS NULL)",
+                                         name="ck_privacy_ledger_one_job"))
 
 
 class FactorSnapshot(Base):

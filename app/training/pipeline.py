@@ -474,6 +474,7 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
             clients: list[JobClient], locals_: dict[int, Message]) -> None:
     """Mark the job completed and publish every tenant's serving factors (or fail it,
     publishing nothing, when any factor is not finite)."""
+    from app.training.reports import is_private
     from app.training.snapshots import non_finite_factors, write_snapshot
 
     remote = agent_clients(job)  # an agent serves its own users from its own factors
@@ -485,9 +486,12 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
         job.status, job.error = "failed", problem
         return
     job.status = "completed"
+    private = is_private(job)
     for jc in clients:
         a, b = factors[jc.tenant_id]
-        trained = np.unique(_block(jc, "train").cols)  # the tenant's own rated items
+        # a DP job serves its whole (registered, public) catalogue: which items the
+        # tenant's users rated is not released; otherwise the tenant's own rated items
+        trained = None if private else np.unique(_block(jc, "train").cols)
         link = None if alg.serving_link is None else alg.serving_link(
             glob, locals_[jc.client_index])
         write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained, link)

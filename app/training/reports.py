@@ -10,11 +10,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from algorithms import registry
-from app.training.ledger import load_ledger
+from app.training.ledger import TUNING_NOT_PRIVATE, load_ledger, tuned_tenants
 from app.training.models import JobRound, LedgerEntry, TrainingJob
 from app.training.schemas import JobPublic, JobReport, RoundPublic, TenantRoundPublic
 from privacy import user_level
 from privacy.accountant import Event
+from privacy.threat_model import LEDGER_UNIT, threat_model
 from privacy.wrapper import DPSpec, privacy_report
 
 
@@ -44,7 +45,9 @@ def _eps(value: float) -> float | str:
 def is_private(job: TrainingJob) -> bool:
     """Whether the job's uploads carry a DP guarantee: noise, and an algorithm whose uploads
     do not reveal ratings whatever the noise."""
-    return job.dp.get("mechanism") != "none" and registry.get(job.algorithm).privacy_preserving
+    from app.training.jobs import has_guarantee
+
+    return has_guarantee(registry.get(job.algorithm), job.dp)
 
 
 def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = None
@@ -67,14 +70,36 @@ def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = 
                                f"at delta {spec.delta:.3g} for each tenant's whole rating block")
     else:
         report = _not_private_report(DPSpec(**job.dp), job, ledger)
+    _tuned(report, tuned_tenants(s, ids))
     report["stopped_tenants"] = {t: why for t, why in (job.stopped_tenants or {}).items()
                                  if int(t) in ids}
     lifetime = load_ledger(s, ids)
     units = _units(s, ids)
     report["lifetime"] = {t: {**_lifetime(lifetime, t), "unit": units.get(t, "tenant")}
                           for t in lifetime.tenants()}
+    report["lifetime_unit"] = LEDGER_UNIT
     report.pop("budget_epsilon_max", None)  # the lifetime section states budgets per tenant
     return report
+
+
+def _tuned(report: dict[str, Any], tuned: dict[str, list[int]]) -> None:
+    """A report of tenants a tuning job read (charged epsilon = infinity): not private,
+    whatever this job's own releases spent; the job's own guarantee is kept apart."""
+    if not tuned:
+        return
+    which = "; ".join(f"tenant {t}: tuning job(s) {', '.join(map(str, ids))}"
+                      for t, ids in sorted(tuned.items()))
+    report["job_guarantee"] = report.get("guarantee")
+    report["guarantee"] = f"{TUNING_NOT_PRIVATE} ({which}): epsilon = infinity"
+    report["private"] = False
+    report["tuning"] = tuned
+    per = report.get("epsilon_per_tenant") or {}
+    report["epsilon_per_tenant"] = {t: INFINITY if t in tuned else e for t, e in per.items()}
+    report["epsilon_max"] = INFINITY
+    if "threat_model" in report:
+        model = report["threat_model"]
+        report["threat_model"] = threat_model(model["placement"].split("+")[0],
+                                              "+" in model["placement"], private=False)
 
 
 def _charges(s: Session, job_id: int, tenant_ids: list[int]) -> list[tuple[int, int, Event]]:
@@ -92,6 +117,7 @@ def _not_private_report(spec: DPSpec, job: TrainingJob, ledger) -> dict[str, Any
     spends = {t: ledger.spent(t) for t in ledger.tenants()}
     return {"mechanism": spec.mechanism, "private": False, "guarantee": NOT_PRIVATE,
             "reason": why, "accounting": NOT_PRIVATE_ACCOUNTING, "delta": None, "unit": None,
+            "threat_model": threat_model("tenant", private=False),
             "epsilon_per_tenant": {t: _eps(sp.epsilon) for t, sp in spends.items()},
             "epsilon_max": _eps(max((sp.epsilon for sp in spends.values()), default=0.0)),
             "transmissions_per_tenant": {t: sp.transmissions for t, sp in spends.items()}}

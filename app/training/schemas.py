@@ -31,7 +31,8 @@ class PrivacySettings(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     unit: Literal["user"] = Field(
-        "user", description="Protected unit: one user (all of one person's ratings). The "
+        "user", description="Protected unit: one user account of one tenant (all of its "
+                            "ratings; a person with accounts in k tenants is k units). The "
                             "tenant unit is the 'dp' field.")
     placement: Literal["central", "tenant"] = Field(
         "central", description="central: the aggregation step noises the sum of the tenants' "
@@ -190,13 +191,21 @@ class Recommendation(BaseModel):
 
 class RecommendationsPublic(BaseModel):
     user: str
-    source: Literal["model", "popularity"] = Field(
-        description="'model': the tenant's learned factors; 'popularity': cold-start "
-                    "fallback (user unknown to the model), the damped mean rating.")
+    source: Literal["model", "fold_in", "popularity", "none"] = Field(
+        description="'model': the tenant's learned factors; for a user unknown to the "
+                    "model (cold start): 'fold_in', the user's own ratings folded into a "
+                    "differentially private model's released item factors; 'popularity', "
+                    "the damped mean rating of the tenant's raw ratings (not private: only "
+                    "without a differentially private model); 'none', an empty list where "
+                    "a differentially private model cannot fold the user in.")
     job_id: int | None
     data: list[Recommendation]
     k: int
     offset: int
+    private: bool = Field(False, description="Whether the list is differentially private "
+                                             "for the tenant's other users (see privacy).")
+    privacy: str = Field("", description="Which model and which privacy status produced "
+                                         "the list, in words.")
 
 
 class BatchRecommendationsRequest(BaseModel):

@@ -1,4 +1,11 @@
-"""Top-k recommendations from the cached factors, with a popularity fallback."""
+"""Top-k recommendations from the cached factors, with a cold-start fallback.
+
+Every list says which model and which privacy status produced it (:class:`Ranked`). A user
+the model has no factor for gets, from a differentially private model, the user's own
+ratings folded into the released item factors (post-processing) or nothing; the tenant's
+popularity ranking (exact counts and means of other users' raw ratings) only from a
+model without a guarantee, or before any model, labelled not private.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from algorithms.recommend import popularity_scores, top_k
+from algorithms.recommend import fold_in, popularity_scores, top_k
 from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item, Rating, Tenant, User
 from app.training.snapshots import FactorCache, ServingFactors
@@ -21,9 +28,27 @@ class UnknownUser(LookupError):
 
 @dataclasses.dataclass(frozen=True)
 class Ranked:
-    source: str  # "model" | "popularity"
+    source: str  # "model" | "fold_in" | "popularity" | "none"
     job_id: int | None
     items: list[tuple[str, str | None, float]]  # (item key, title, score)
+    #: whether what produced the list is differentially private for the other users
+    private: bool = False
+    privacy: str = ""  # in words: which model and which privacy status produced it
+
+
+def _model_privacy(f: ServingFactors) -> str:
+    if f.private:
+        return (f"differentially private: job {f.job_id}'s released item factors and this "
+                "user's own factor (see the job's report for the epsilon)")
+    return f"not private: job {f.job_id} has no differential privacy guarantee"
+
+
+FOLD_IN = ("differentially private: cold start, this user's own ratings folded into job "
+           "{}'s released item factors (post-processing of the released model)")
+NO_COLD_START = ("omitted: job {} is differentially private and {}; a popularity list "
+                 "counted from other users' raw ratings would not be, so none is served")
+POPULARITY = ("not private: cold-start popularity counted from this tenant's raw ratings "
+              "(exact counts and means of other users' ratings)")
 
 
 class RatingsCache:
@@ -152,7 +177,7 @@ def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Ten
     due = factors_due or ratings_due
     if not known or factors is None or rated is None or user_key not in factors.user_index:
         return None, due
-    return _from_model(factors, factors.user_index[user_key], rated, k, offset,
+    return _from_model(factors, factors.a[factors.user_index[user_key]], rated, k, offset,
                        include_rated, _scale(tenant)), due
 
 
@@ -171,28 +196,59 @@ def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Ten
     rated = ratings.rated(s, tenant.id, user_key)
     row = None if factors is None else factors.user_index.get(user_key)
     if row is not None:
-        return _from_model(factors, row, rated, k, offset, include_rated, _scale(tenant))
+        return _from_model(factors, factors.a[row], rated, k, offset, include_rated,
+                           _scale(tenant))
     if rated.size == 0:
         raise UnknownUser(user_key)
+    if factors is not None and factors.private:
+        return _cold_start_private(s, factors, tenant, user_key, k, offset, include_rated)
     ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
     labels = item_labels(s, ids[idx].tolist())
     vals = np.clip(vals, *_scale(tenant))
     return Ranked("popularity", None, [(*labels[i], v) for i, v in
-                                       zip(ids[idx].tolist(), vals.tolist(), strict=True)])
+                                       zip(ids[idx].tolist(), vals.tolist(), strict=True)],
+                  False, POPULARITY)
+
+
+def _cold_start_private(s: Session, f: ServingFactors, tenant: Tenant, user_key: str,
+                        k: int, offset: int, include_rated: bool) -> Ranked:
+    """A user the DP model has no factor for (rated after the job): the user's own
+    ratings folded into the released item factors (:func:`algorithms.recommend.fold_in`),
+    never a ranking counted from other users' raw ratings. Omitted (an empty list, source
+    "none") when the model's scores go through a link (no linear fold-in) or none of the
+    user's rated items is in the model's catalogue."""
+    ids, values = _user_ratings(s, tenant.id, user_key)
+    hit, pos = f.matched(ids)
+    why = ("its scores go through a sigmoid link" if f.link is not None else
+           "none of this user's rated items is in its catalogue" if not pos.size else None)
+    if why is not None:
+        return Ranked("none", f.job_id, [], True, NO_COLD_START.format(f.job_id, why))
+    a = fold_in(f.b[:, pos], values[hit])
+    ranked = _from_model(f, a, ids, k, offset, include_rated, _scale(tenant))
+    return dataclasses.replace(ranked, source="fold_in", privacy=FOLD_IN.format(f.job_id))
+
+
+def _user_ratings(s: Session, tenant_id: int, user_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(item ids, values) of the user's ratings."""
+    rows = s.execute(sa.select(Rating.item_id, Rating.value).join(User, User.id == Rating.user_id)
+                     .where(User.tenant_id == tenant_id, User.key == user_key)).all()
+    return (np.fromiter((i for i, _ in rows), dtype=np.int64, count=len(rows)),
+            np.fromiter((v for _, v in rows), dtype=np.float64, count=len(rows)))
 
 
 def _scale(tenant: Tenant) -> tuple[float, float]:
     return tenant.rating_min, tenant.rating_max
 
 
-def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: int,
+def _from_model(f: ServingFactors, user: np.ndarray, rated: np.ndarray, k: int, offset: int,
                 include_rated: bool, scale: tuple[float, float]) -> Ranked:
-    """Ranked by the raw score ``A[row] @ B``; the scores reported are the model's
+    """Ranked by the raw score ``user @ B`` (``user``: the user's row of A); the scores
+    reported are the model's
     predictions (through its link, which is monotone, so the ranking is the same) clamped
     to the tenant's rating scale (a raw score of 102 on a 1-5 scale means "5 at most")."""
-    scores = f.a[row] @ f.b
+    scores = user @ f.b
     exclude = None
     if not include_rated and rated.size:
         exclude = f.positions(rated)
@@ -202,7 +258,8 @@ def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: 
         vals = shift + spread / (1.0 + np.exp(-vals))
     vals = np.clip(vals, *scale)
     return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
-                                      zip(idx.tolist(), vals.tolist(), strict=True)])
+                                      zip(idx.tolist(), vals.tolist(), strict=True)],
+                  f.private, _model_privacy(f))
 
 
 def item_labels(s: Session, ids: list[int]) -> dict[int, tuple[str, str | None]]:

@@ -19,6 +19,7 @@ from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item
 from app.training.forget import FORGOTTEN
 from app.training.models import FactorSnapshot, TrainingJob
+from app.training.reports import is_private
 
 
 def non_finite_factors(factors: dict[int, tuple[np.ndarray, np.ndarray]]) -> str | None:
@@ -39,11 +40,13 @@ def write_snapshot(s: Session, tenant_id: int, job: TrainingJob, user_keys: list
                    link: tuple[float, float] | None = None) -> None:
     """Upsert the tenant's snapshot from ``job`` (one row per tenant and job).
 
-    Only the item ``columns`` of the job's item axis (default: all) that the tenant's own
-    training ratings covered are published: an item nobody rated has only its initial (or
-    noise) factors, and an item only other tenants rated would tell this tenant, outside
-    the privacy guarantee, that someone rated it. Users forgotten meanwhile (key
-    ``FORGOTTEN``) are left out too. ``link`` = (offset, spread): the served score is
+    Only the item ``columns`` of the job's item axis (default: all) are published. A
+    differentially private job publishes all of them (its item axis is the registered
+    catalogue, public; :func:`app.training.pipeline._finish`). A job without a guarantee
+    publishes those the tenant's own training ratings covered: an item nobody rated has
+    only its initial (or noise) factors, and an item only other tenants rated would tell
+    this tenant, outside the privacy guarantee, that someone rated it. Users forgotten
+    meanwhile (key ``FORGOTTEN``) are left out too. ``link`` = (offset, spread): the served score is
     ``offset + spread * sigmoid(A @ B)`` (RFRec's sigmoid link), kept in the blob.
     """
     keep = [i for i, key in enumerate(user_keys) if key != FORGOTTEN]
@@ -78,6 +81,9 @@ class ServingFactors:
     item_keys: list[str]
     titles: list[str | None]
     link: tuple[float, float] | None = None  # (offset, spread) of a sigmoid link
+    #: whether the job that produced the factors is differentially private (its released
+    #: item factors may then be post-processed for a cold-start list, nothing else)
+    private: bool = False
     #: the item ids sorted, and where each sorted id is in ``item_ids``
     _sorted: np.ndarray = dataclasses.field(init=False, repr=False)
     _order: np.ndarray = dataclasses.field(init=False, repr=False)
@@ -90,10 +96,15 @@ class ServingFactors:
     def positions(self, ids: np.ndarray) -> np.ndarray:
         """Indices into ``item_ids`` of those of ``ids`` it holds (by binary search: a
         user's few rated items against the whole catalogue, on every request)."""
+        return self.matched(ids)[1]
+
+    def matched(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(which of ``ids`` it holds, their indices into ``item_ids``)."""
         if not ids.size or not self._sorted.size:
-            return np.empty(0, dtype=np.int64)
+            return np.zeros(ids.size, dtype=bool), np.empty(0, dtype=np.int64)
         at = np.minimum(np.searchsorted(self._sorted, ids), self._sorted.size - 1)
-        return self._order[at[self._sorted[at] == ids]]
+        hit = self._sorted[at] == ids
+        return hit, self._order[at[hit]]
 
 
 def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFactors:
@@ -102,12 +113,14 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
         item_ids = np.load(io.BytesIO(z["item_ids"].tobytes()), allow_pickle=False)
         a, b = z["A"], np.ascontiguousarray(z["B"])
         link = tuple(float(x) for x in z["link"]) if "link" in z.files else None
+    job = s.get(TrainingJob, job_id)
     labels = dict((i, (k, t)) for i, k, t in s.execute(
         sa.select(Item.id, Item.key, Item.title).where(Item.id.in_(item_ids.tolist()))))
     return ServingFactors(row.job_id, row.round, version,
                           {k: i for i, k in enumerate(row.user_keys)}, a, b, item_ids,
                           [labels[int(i)][0] for i in item_ids],
-                          [labels[int(i)][1] for i in item_ids], link)
+                          [labels[int(i)][1] for i in item_ids], link,
+                          job is not None and is_private(job))
 
 
 class FactorCache:

@@ -10,9 +10,12 @@ The chosen config is stored in the form a training job's ``config`` takes.
 Privacy: the search trains and scores without noise on the hosted tenants' raw training
 ratings, and its answer (a config and validation errors) is a function of them. It is not
 differentially private, so, like a noise-free training job, it needs every tenant's
-``allow_non_private`` opt-in (else 409 ``not_private_refused``); it is not entered in the
-privacy ledger (whose rows are training jobs' charges), so a tenant's reported spend does
-not include it. Agent tenants' ratings are not in this database: they cannot be tuned on.
+``allow_non_private`` opt-in (else 409 ``not_private_refused``) and is charged to every
+tenant's ledger as epsilon = infinity when it is created
+(:func:`app.training.ledger.charge_tuning`, through the ledger's one charge path): every
+later report of those tenants says "not private: tuning used raw ratings", and no later
+differentially private job can include them. Agent tenants' ratings are not in this
+database: they cannot be tuned on.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from algorithms.tuning import Trial, search_space, tune
 from app import store
 from app.models import Tenant, utcnow
 from app.training.jobs import JobRefused, _snapshot_blocks
+from app.training.ledger import charge_tuning
 from app.training.models import TuningJob
 
 log = logging.getLogger("fedrec.training")
@@ -75,12 +79,6 @@ def create_tuning_job(s: Session, spec: TuningSpec) -> TuningJob:
     missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
     if missing:
         raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
-    refused = [t for t in tenants if not t.allow_non_private]
-    if refused:
-        who = ", ".join(f"{t.id} ({t.name})" for t in refused)
-        raise JobRefused(409, f"tenant(s) {who} did not opt in to non-private training "
-                              "(allow_non_private is false): a tuning job trains and scores "
-                              "on their ratings without noise")
     for t in tenants:
         if store.count_ratings(s, t.id) == 0:
             raise JobRefused(422, f"tenant {t.id} ({t.name}) has no ratings to tune on")
@@ -91,7 +89,16 @@ def create_tuning_job(s: Session, spec: TuningSpec) -> TuningJob:
                     seed=spec.seed, test_fraction=spec.test_fraction, trials=spec.trials,
                     eta=spec.eta, budget_seconds=spec.budget_seconds, scored=[])
     s.add(job)
-    s.commit()
+    s.flush()
+    refused = charge_tuning(s, job.id, list(spec.tenant_ids))
+    if refused:
+        s.rollback()
+        names = {t.id: t.name for t in tenants}
+        who = ", ".join(f"{t} ({names[t]})" for t in sorted(refused))
+        raise JobRefused(409, f"tenant(s) {who} did not opt in to non-private training "
+                              "(allow_non_private is false): a tuning job trains and scores "
+                              "on their ratings without noise")
+    s.commit()  # the job and its charges together
     return job
 
 

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from algorithms.recommend import popularity_scores, top_k
+from algorithms.recommend import fold_in, popularity_scores, top_k
 
 
 def _reference(scores, k, exclude=(), offset=0):
@@ -35,3 +35,15 @@ def test_popularity_damps_rare_items():
     mean = 5305.0 / 1501.0
     assert s[0] == pytest.approx((5 + 10 * mean) / 11)
     assert s[1] > s[0] and s[3] == pytest.approx(mean)
+
+
+def test_fold_in_recovers_a_users_factor_from_its_ratings():
+    """Ratings that are exactly a @ B_S give back a (up to the ridge), and the ridge
+    solution is the one of the normal equations."""
+    rng = np.random.default_rng(0)
+    b = rng.normal(size=(4, 30))
+    a = rng.normal(size=4)
+    np.testing.assert_allclose(fold_in(b, a @ b, lam=1e-9), a, atol=1e-8)
+    got = fold_in(b[:, :3], (a @ b)[:3], lam=2.0)  # fewer ratings than factors: solvable
+    want = np.linalg.solve(b[:, :3] @ b[:, :3].T + 2.0 * np.eye(4), b[:, :3] @ (a @ b)[:3])
+    np.testing.assert_allclose(got, want)

@@ -108,8 +108,8 @@ def test_an_opted_in_noise_free_job_is_charged_infinity_and_ends_dp_for_the_tena
     assert refusal(r)[:2] == (409, "budget_exceeded"), r.text
     assert r.json()["detail"] == (
         f"privacy budget exceeded: tenant {a} has spent epsilon = infinity (its data was "
-        "sent without noise by an earlier job), so no differentially private job can "
-        "include it; 1 other tenant(s) too")
+        "sent without noise by an earlier job, or tuned on raw ratings by a tuning job), so "
+        "no differentially private job can include it; 1 other tenant(s) too")
     assert _count(app, TrainingJob) == 1
 
 

@@ -65,8 +65,8 @@ def _delete_during_job_creation(monkeypatch, other_client, path, auth) -> list:
     answers = []
     original = jobs._tenant_block
 
-    def racing(s, tenant):
-        out = original(s, tenant)
+    def racing(s, tenant, *args):
+        out = original(s, tenant, *args)
         if not answers:  # once the first tenant's ratings are read
             answers.append(other_client.delete(path, headers=auth))
         return out

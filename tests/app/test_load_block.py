@@ -80,3 +80,20 @@ def test_a_user_forgotten_between_the_two_reads_is_left_out(api, database_url, t
     with Session(engine) as s:  # and the deletion itself happened
         assert not s.scalar(sa.select(sa.func.count()).select_from(Rating).join(
             User, User.id == Rating.user_id).where(User.tenant_id == tid, User.key == gone))
+
+
+def test_the_registered_block_leaves_out_items_an_upload_created(api, database_url):
+    """``registered_only`` (a DP job's read): the catalogue is the registered items, and
+    ratings of items an upload created are dropped, with users left without any."""
+    api.items("reg-a", "reg-b")
+    tid, auth = api.tenant(auto_create_items=True)
+    text = "user,item,rating\nx,reg-a,4\nx,made-up,5\ny,made-up,2\n"
+    assert api.upload_csv(tid, auth, text).status_code == 200
+    with Session(engine_for(database_url)) as s:
+        block, user_keys = store.load_block(s, tid, registered_only=True)
+        registered = s.scalars(sa.select(Item.key).where(Item.origin == "admin")
+                               .order_by(Item.id)).all()
+        full, _ = store.load_block(s, tid)
+    assert "made-up" not in registered and block.n_items == len(registered)
+    assert user_keys.tolist() == ["x"] and block.nnz == 1
+    assert registered[int(block.cols[0])] == "reg-a" and full.nnz == 3

@@ -1,5 +1,7 @@
-"""What a model recommendation may contain: only items the tenant's own training ratings
-gave factors, scored on the tenant's scale (ranking by the raw score)."""
+"""What a model recommendation may contain, scored on the tenant's scale (ranking by the
+raw score): from a differentially private job, the registered catalogue (public), never
+an item an upload created; from a job without a guarantee, only items the tenant's own
+training ratings gave factors."""
 
 from __future__ import annotations
 
@@ -37,9 +39,10 @@ def _tenant_e(client) -> tuple[int, dict[str, str]]:
     return tid, auth
 
 
-def _expected(app, job_id: int, tid: int, user: str):
-    """(item keys ranked by raw score among the tenant's trained columns, raw scores),
-    computed from the job's stored state, independently of the serving code."""
+def _expected(app, job_id: int, tid: int, user: str, trained_only: bool = False):
+    """(item keys ranked by raw score among the job's columns, or the tenant's trained
+    columns only, raw scores), computed from the job's stored state, independently of the
+    serving code."""
     with app.state.sessions() as s:
         job = s.get(TrainingJob, job_id)
         jc = s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id,
@@ -49,13 +52,16 @@ def _expected(app, job_id: int, tid: int, user: str):
                                                        s, job_id, jc.client_index)))
         key_of = dict(s.execute(sa.select(Item.id, Item.key)).all())
         columns = [key_of[int(i)] for i in pipeline.item_ids_from_bytes(job.item_ids)]
-        trained = np.unique(RatingBlock.from_bytes(jc.train_block).cols)
+        trained = (np.unique(RatingBlock.from_bytes(jc.train_block).cols) if trained_only
+                   else np.arange(len(columns)))
         raw = a[jc.user_keys.index(user)] @ b
     order = sorted(trained.tolist(), key=lambda j: (-raw[j], j))
     return [columns[j] for j in order], [float(raw[j]) for j in order], columns
 
 
-def test_model_recommends_only_the_tenants_trained_items_with_clamped_scores(env):
+def test_a_dp_model_serves_the_registered_catalogue_with_clamped_scores(env):
+    """A DP job's item axis is the registered catalogue: the items tenant E's upload
+    created are not in it, and every registered item is served, whoever rated it."""
     app, client = env
     (tid, key), _ = make_tenants(client, budget=1000.0)
     _tenant_e(client)
@@ -67,12 +73,14 @@ def test_model_recommends_only_the_tenants_trained_items_with_clamped_scores(env
         user = s.scalars(sa.select(JobClient.user_keys).where(
             JobClient.job_id == job["id"], JobClient.tenant_id == tid)).one()[0]
     keys, raw, columns = _expected(app, job["id"], tid, user)
-    assert {"e-secret", "e-orphan"} <= set(columns)  # in the job's item axis...
+    assert not {"e-secret", "e-orphan"} & set(columns)  # not in the job's item axis
+    assert len(keys) == len(columns)  # and every registered item is served
     assert any(v > 5.0 for v in raw) or any(v < 1.0 for v in raw)  # precondition
     r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations",
                    params={"k": 1000, "include_rated": True}, headers=auth).json()
     assert r["source"] == "model" and r["job_id"] == job["id"]
-    assert [x["item"] for x in r["data"]] == keys  # ...but never recommended to A
+    assert [x["item"] for x in r["data"]] == keys
+    assert r["private"] is True and "differentially private" in r["privacy"]
     assert [x["score"] for x in r["data"]] == [min(5.0, max(1.0, v)) for v in raw]
     batch = client.post(f"/v1/tenants/{tid}/recommendations",
                         json={"users": [user], "k": 1000, "include_rated": True},
@@ -82,6 +90,24 @@ def test_model_recommends_only_the_tenants_trained_items_with_clamped_scores(env
         snap = s.get(FactorSnapshot, (tid, job["id"]))
         with np.load(io.BytesIO(snap.factors), allow_pickle=False) as z:
             assert z["B"].shape[1] == len(keys)
+
+
+def test_a_model_without_a_guarantee_serves_only_the_tenants_trained_items(env):
+    app, client = env
+    (tid, key), (other, _) = make_tenants(client, budget=1000.0)
+    _tenant_e(client)  # not opted in to a job without a guarantee: not in this one
+    job = wait_job(client, submit_job(client, tenant_ids=[tid, other]).json()["id"])
+    assert job["status"] == "completed", job
+    with app.state.sessions() as s:
+        user = s.scalars(sa.select(JobClient.user_keys).where(
+            JobClient.job_id == job["id"], JobClient.tenant_id == tid)).one()[0]
+    keys, _, columns = _expected(app, job["id"], tid, user, trained_only=True)
+    assert {"e-secret", "e-orphan"} <= set(columns)  # in the job's item axis...
+    r = client.get(f"/v1/tenants/{tid}/users/{user}/recommendations",
+                   params={"k": 1000, "include_rated": True},
+                   headers={"Authorization": f"Bearer {key}"}).json()
+    assert [x["item"] for x in r["data"]] == keys  # ...but never recommended to A
+    assert r["private"] is False and r["privacy"].startswith("not private")
 
 
 def test_a_sigmoid_link_model_is_served_with_its_predictions(env):

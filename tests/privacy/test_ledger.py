@@ -146,7 +146,8 @@ def test_a_transmission_without_a_guarantee_needs_the_opt_in_and_spends_infinity
         check_plan(led, {"in": 1}, G)
     assert str(err.value) == (
         "privacy budget exceeded: tenant in has spent epsilon = infinity (its data was sent "
-        "without noise by an earlier job), so no differentially private job can include it")
+        "without noise by an earlier job, or tuned on raw ratings by a tuning job), so no "
+        "differentially private job can include it")
     # the state stays JSON (the opt-in round-trips, the event is ["none", 0.0, 1])
     again = Ledger.from_dict(json.loads(json.dumps(led.to_dict(), allow_nan=False)))
     assert again.budget("in").allow_not_private and math.isinf(again.spent("in").epsilon)
