@@ -33,7 +33,7 @@ from app.routes import (
     tenants,
     tuning,
 )
-from app.security import KeyCache
+from app.security import FailedSignIns, KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
 from worker.celery_app import create_celery_app
@@ -85,6 +85,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.state.celery = create_celery_app(settings)
     app.state.factor_cache = FactorCache(settings.serving_cache_seconds)
     app.state.key_cache = KeyCache(settings.serving_cache_seconds)
+    app.state.sign_ins = FailedSignIns(settings.max_failed_sign_ins)
     app.state.background_tasks = set()
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)

@@ -38,7 +38,7 @@ from privacy.ledger import BudgetChangeRefused
 
 log = logging.getLogger("fedrec")
 router = APIRouter(prefix=API_PREFIX + "/admin/tenants", tags=["admin: tenants"],
-                   dependencies=[Depends(require_admin)], responses=errors(401))
+                   dependencies=[Depends(require_admin)], responses=errors(401, 429))
 
 
 def _tenant(session: SessionDep, tenant_id: int) -> Tenant:

@@ -20,7 +20,7 @@ from app.training.schemas import TuningJobCreate, TuningJobPublic
 from app.training.tuning import TuningSpec, create_tuning_job
 
 router = APIRouter(prefix=API_PREFIX + "/admin/tuning-jobs", tags=["admin: training"],
-                   responses=errors(401))
+                   responses=errors(401, 429))
 log = logging.getLogger("fedrec.training")
 
 

@@ -1,0 +1,163 @@
+"""Hardening at the edge (the third outside attack): NUL characters are a 422 naming the
+field on every backend, every response carries the security headers, wrong admin tokens
+and dashboard secrets are rate limited, signing out revokes the session, plots and the
+jobs page render whatever a tenant is called and whatever state a job is in."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import sqlalchemy as sa
+from fastapi.testclient import TestClient
+
+from app.dashboard import auth
+from app.models import Item, Tenant
+from app.security import FailedSignIns
+from app.training.models import TrainingJob
+from tests.app.conftest import ADMIN_TOKEN, make_api
+from tests.training_helpers import make_tenants, submit_job, wait_job
+
+
+def _field(response) -> list[str]:
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] == "validation_error"
+    return [e["field"] for e in response.json()["errors"]]
+
+
+def test_nul_characters_are_a_422_naming_the_field_and_nothing_is_stored(database_url):
+    api = make_api(database_url)
+    client = TestClient(api.client.app, raise_server_exceptions=False)
+    tid, headers = api.tenant(auto_create_items=True)
+    assert api.upload_csv(tid, headers, "alice,a,3\n").status_code == 200
+    base = f"/v1/tenants/{tid}"
+    cases = [
+        (client.get(f"{base}/users/a%00b/recommendations", headers=headers), ["path"]),
+        (client.delete(f"{base}/users/a%00b", headers=headers), ["path"]),
+        (client.get(f"{base}/ratings", params={"user": "a\x00b"}, headers=headers), ["user"]),
+        (client.post(f"{base}/recommendations", json={"users": ["alice", "b\x00"]},
+                     headers=headers), ["users"]),
+        (client.post("/v1/admin/tenants", json={"name": "x\x00y", "privacy_budget": 1},
+                     headers=api.admin), ["name"]),
+        (client.patch(f"/v1/admin/tenants/{tid}", json={"name": "x\x00y"},
+                      headers=api.admin), ["name"]),
+        (client.put("/v1/admin/items", json={"items": [{"key": "ok"}, {"key": "k\x00"}]},
+                    headers=api.admin), ["items.1.key"]),
+        (client.put("/v1/admin/items", json={"items": [{"key": "ok2", "title": "t\x00"}]},
+                    headers=api.admin), ["items.0.title"]),
+        (client.post("/v1/admin/jobs", json={"config": {"n\x00": 1}}, headers=api.admin),
+         ["config"]),
+    ]
+    for response, fields in cases:
+        assert _field(response) == fields, response.request.url
+        assert "NUL" in response.json()["detail"]
+    with api.client.app.state.sessions() as s:
+        assert s.scalar(sa.select(sa.func.count()).select_from(Tenant)) == 1
+        assert s.scalar(sa.select(Tenant.name)) != "x\x00y"
+        assert {k for (k,) in s.execute(sa.select(Item.key))} == {"a"}
+
+
+def test_every_response_carries_the_security_headers(sqlite_api):
+    for path, inline_scripts in (("/v1/health", False), ("/dashboard/login", False),
+                                 ("/docs", True), ("/no/such/route", False)):
+        response = sqlite_api.client.get(path)
+        assert response.headers["x-frame-options"] == "DENY"
+        assert response.headers["x-content-type-options"] == "nosniff"
+        policy = response.headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in policy and "default-src 'self'" in policy
+        assert ("script-src 'self' 'unsafe-inline'" in policy) == inline_scripts, path
+
+
+def test_wrong_admin_tokens_lock_the_client_out_even_with_the_right_one(sqlite_url):
+    api = make_api(sqlite_url, max_failed_sign_ins=5)
+    wrong = {"Authorization": "Bearer " + "w" * 43}
+    for _ in range(5):
+        assert api.client.get("/v1/admin/tenants", headers=wrong).status_code == 401
+    refused = api.client.get("/v1/admin/tenants", headers=api.admin)
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "too_many_failed_sign_ins"
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+
+
+def test_failed_sign_ins_leave_the_window_after_a_minute():
+    limiter = FailedSignIns(limit=2, window=60.0)
+    limiter.failed("a", now=0.0)
+    limiter.failed("a", now=10.0)
+    assert limiter.wait("a", now=11.0) == 49 and limiter.wait("b", now=11.0) == 0
+    assert limiter.wait("a", now=60.5) == 0  # the first failure left the window
+
+
+def _sign_in(client: TestClient, secret: str):
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/dashboard/login").text)[1]
+    return client.post("/dashboard/login", data={"secret": secret, "csrf": csrf},
+                       follow_redirects=False)
+
+
+def test_dashboard_sign_in_is_rate_limited(sqlite_url):
+    client = make_api(sqlite_url, max_failed_sign_ins=3).client
+    for _ in range(3):
+        assert _sign_in(client, "fk_000000000000_wrong").status_code == 401
+    locked = _sign_in(client, ADMIN_TOKEN)
+    assert locked.status_code == 429 and "retry in" in locked.text
+    assert auth.COOKIE not in client.cookies
+
+
+def test_signing_out_revokes_the_session_cookie_everywhere(sqlite_url):
+    client = make_api(sqlite_url).client
+    assert _sign_in(client, ADMIN_TOKEN).status_code == 303
+    cookie = client.cookies[auth.COOKIE]
+    page = client.get("/dashboard/tenants")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text)[1]
+    assert client.post("/dashboard/logout", data={"csrf": csrf},
+                       follow_redirects=False).status_code == 303
+    client.cookies.set(auth.COOKIE, cookie)  # a copy kept by whoever stole it
+    replay = client.get("/dashboard/tenants", follow_redirects=False)
+    assert (replay.status_code, replay.headers["location"]) == (303, "/dashboard/login")
+
+
+def test_session_cookie_is_secure_in_production(sqlite_url):
+    """Behind a TLS-terminating proxy the app sees http: production cookies are Secure."""
+    for env, secure in (("production", True), ("development", False)):
+        form = make_api(sqlite_url, env=env).client.get("/dashboard/login")
+        assert ("secure" in form.headers["set-cookie"].lower()) == secure, env
+
+
+@pytest.fixture
+def admin(sqlite_url):
+    api = make_api(sqlite_url, broker_url=None)
+    return TestClient(api.client.app, headers=api.admin)
+
+
+def test_plots_render_a_tenant_name_with_mathematical_markup(admin):
+    tenants = make_tenants(admin, 2, seed=3)
+    renamed = admin.patch(f"/v1/admin/tenants/{tenants[0][0]}",
+                          json={"name": "$\\notacommand{$"})
+    assert renamed.status_code == 200, renamed.text
+    job = submit_job(admin, tenant_ids=[t for t, _ in tenants], rounds=2)
+    assert wait_job(admin, job.json()["id"])["status"] == "completed"
+    png = admin.get(f"/v1/admin/jobs/{job.json()['id']}/plot.png")
+    assert png.status_code == 200 and png.content[:4] == b"\x89PNG"
+    tenant_png = admin.get(f"/v1/tenants/{tenants[0][0]}/report/plot.png",
+                           headers={"Authorization": f"Bearer {tenants[0][1]}"})
+    assert tenant_png.status_code == 200 and tenant_png.content[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("state", [
+    {"status": "running", "current_round": 0, "latest_metrics": {"round_started": 1.0}},
+    {"status": "cancelled", "current_round": 0, "latest_metrics": {"round_started": 1.0}},
+    {"status": "failed", "current_round": 0, "latest_metrics": None},
+    {"status": "completed", "current_round": 2,
+     "latest_metrics": {"round": 2, "test_rmse": None}},
+])
+def test_the_jobs_page_renders_a_job_in_any_state(admin, state):
+    tenants = make_tenants(admin, 2, seed=4)
+    job = submit_job(admin, tenant_ids=[t for t, _ in tenants], rounds=2)
+    wait_job(admin, job.json()["id"])
+    with admin.app.state.sessions() as s:
+        s.execute(sa.update(TrainingJob).where(TrainingJob.id == job.json()["id"])
+                  .values(**state))
+        s.commit()
+    assert _sign_in(admin, ADMIN_TOKEN).status_code == 303
+    page = admin.get("/dashboard/jobs")
+    assert page.status_code == 200, page.text
+    assert f"job {job.json()['id']}" in page.text
