@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock
 from app import store
-from app.models import ForgottenUser, Tenant, utcnow
+from app.models import ForgottenUser, RatingStats, Tenant, utcnow
 from app.training.models import FactorSnapshot, JobClient, TrainingJob
 
 FORGOTTEN = ""
@@ -53,6 +53,9 @@ def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
             tomb = ForgottenUser(tenant_id=tenant_id, user_key=user_key)
             s.add(tomb)
         tomb.version, tomb.forgotten_at = version, utcnow()
+        # the last computed statistics counted the user: gone with the ratings (the route
+        # has them recomputed once this commits)
+        s.execute(sa.delete(RatingStats).where(RatingStats.tenant_id == tenant_id))
         s.flush()
     rows = s.execute(sa.select(JobClient.job_id, JobClient.client_index, JobClient.user_keys,
                                TrainingJob.ratings_version)
