@@ -44,6 +44,26 @@ def nul_at(value: Any, where: str = "") -> str | None:
     return None
 
 
+NO_NUL = "^[^\\u0000]*$"
+"""The JSON Schema ``pattern`` of a string without NUL characters."""
+
+
+def _declare_no_nul(schema: dict[str, Any]) -> None:
+    """Add :data:`NO_NUL` to every string ``schema`` declares (array items, dict keys and
+    values, ``anyOf`` branches included), so the documented schema says what is refused."""
+    if schema.get("type") == "string" and "pattern" not in schema and "enum" not in schema:
+        schema["pattern"] = NO_NUL
+    for branch in schema.get("anyOf", ()):
+        _declare_no_nul(branch)
+    if isinstance(schema.get("items"), dict):
+        _declare_no_nul(schema["items"])
+    extra = schema.get("additionalProperties")
+    if schema.get("type") == "object" and extra not in (None, False):
+        schema.setdefault("propertyNames", {"pattern": NO_NUL})
+    if isinstance(extra, dict):
+        _declare_no_nul(extra)
+
+
 class Input(BaseModel):
     """Base of every request body: no field may carry a NUL character (422 naming it)."""
 
@@ -54,6 +74,13 @@ class Input(BaseModel):
         if found is not None:
             raise ValueError(f"{found} {NUL_MESSAGE}" if found else NUL_MESSAGE)
         return value
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema, handler):  # noqa: ANN001, ANN206
+        schema = handler(core_schema)
+        for prop in handler.resolve_ref_schema(schema).get("properties", {}).values():
+            _declare_no_nul(prop)
+        return schema
 
 
 def nul_errors(path: str, query_string: bytes) -> list[dict[str, Any]]:

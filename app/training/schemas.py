@@ -260,7 +260,7 @@ class TuningTrial(BaseModel):
 
 class TuningJobPublic(BaseModel):
     id: int
-    status: Literal["queued", "running", "completed", "failed"]
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
     algorithm: str
     tenant_ids: list[int]
     rounds: int
@@ -287,3 +287,11 @@ class TuningJobPublic(BaseModel):
     error: str | None = None
     created_at: UtcDatetime
     finished_at: UtcDatetime | None = None
+    heartbeat_at: UtcDatetime | None = Field(None, description="Last sign of life of the "
+                                             "running search (stale: its worker died; the "
+                                             "watchdog sends it again).")
+
+
+class TuningJobsPublic(BaseModel):
+    data: list[TuningJobPublic]
+    count: int

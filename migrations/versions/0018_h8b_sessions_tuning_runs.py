@@ -1,4 +1,5 @@
-"""Dashboard sessions ended by signing out (``revoked_sessions``).
+"""Dashboard sessions ended by signing out (``revoked_sessions``); tuning jobs' run
+ownership and heartbeat (``attempt``, ``heartbeat_at``) for their watchdog.
 
 Revision ID: 0018_h8b
 Revises: 0017
@@ -23,8 +24,15 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     )
     op.create_index("ix_revoked_sessions_expires_at", "revoked_sessions", ["expires_at"])
+    with op.batch_alter_table("tuning_jobs") as batch:
+        batch.add_column(sa.Column("attempt", sa.Integer(), nullable=False,
+                                   server_default="0"))
+        batch.add_column(sa.Column("heartbeat_at", sa.DateTime(timezone=True)))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("tuning_jobs") as batch:
+        batch.drop_column("heartbeat_at")
+        batch.drop_column("attempt")
     op.drop_index("ix_revoked_sessions_expires_at", table_name="revoked_sessions")
     op.drop_table("revoked_sessions")
