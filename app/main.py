@@ -26,6 +26,7 @@ from app.routes import (
     items,
     jobs,
     metrics,
+    model,
     ratings,
     recommendations,
     stats,
@@ -94,7 +95,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # recommendations first: routes are matched in order, and it is the hot path
     # (each resource router carries the /v1 prefix itself: API_PREFIX in app.routes)
     for module in (recommendations, health, tenants, items, ratings, stats, jobs,
-                   tenant_privacy, metrics, agents, tuning):
+                   tenant_privacy, metrics, agents, tuning, model):
         app.include_router(module.router)
     app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
     problems.install(app)  # every error as problem+json, documented in the OpenAPI

@@ -203,3 +203,30 @@ def test_a_500_keeps_the_kept_alive_connection(sqlite_url):
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_tenant_downloads_its_own_model_and_scores_like_the_service(admin):
+    from fedrec.client import ApiError as ClientError
+    from fedrec.client import Client
+
+    tenants = make_tenants(admin, 2, seed=5)
+    (mine, key), (_, other_key) = tenants
+    own = Client("http://testserver", token=key, http=TestClient(admin.app))
+    with pytest.raises(ClientError) as before:
+        own.model(mine)
+    assert before.value.status == 404 and before.value.code == "no_model"
+    job = submit_job(admin, tenant_ids=[t for t, _ in tenants], rounds=3)
+    assert wait_job(admin, job.json()["id"])["status"] == "completed"
+
+    model = own.model(mine)
+    assert model.meta["job_id"] == job.json()["id"] and model.meta["algorithm"] == "fedmc-admm"
+    assert model.user_factors.shape == (len(model.user_keys), model.item_factors.shape[0])
+    assert all(u.startswith("u") for u in model.user_keys)
+    user = model.user_keys[0]
+    served = own.recommendations(mine, user, k=5, include_rated=True)
+    scores = dict(zip(model.item_keys, model.scores(user), strict=True))
+    assert [r.item for r in served.data] == sorted(scores, key=scores.get, reverse=True)[:5]
+    # another tenant's key cannot read it
+    other = TestClient(admin.app).get(f"/v1/tenants/{mine}/model",
+                                      headers={"Authorization": f"Bearer {other_key}"})
+    assert other.status_code == 404
