@@ -260,6 +260,13 @@ class UploadResult(BaseModel):
     stored: int = Field(description="Rows inserted or updated (exact duplicates counted once).")
 
 
+class TenantDeleted(BaseModel):
+    id: int
+    name: str
+    ratings: int = Field(description="Ratings deleted with the tenant.")
+    users: int = Field(description="Users deleted with the tenant.")
+
+
 class UserRatingsDeleted(BaseModel):
     user: str
     deleted: int

@@ -349,6 +349,14 @@ class UploadResult(Model):
     stored: int
 
 
+class TenantDeleted(Model):
+    schema_name = "TenantDeleted"
+    id: int
+    name: str
+    ratings: int
+    users: int
+
+
 class UserForgotten(Model):
     schema_name = "UserRatingsDeleted"
     user: str
@@ -534,6 +542,11 @@ class Client:
 
     def tenant(self, tenant_id: int) -> TenantDetail:
         return self._get(TenantDetail, f"/admin/tenants/{tenant_id}")
+
+    def delete_tenant(self, tenant_id: int) -> TenantDeleted:
+        """``DELETE``: the tenant with its keys, users, ratings, job data, snapshots and
+        ledger (409 while an unfinished job includes it)."""
+        return self._send(TenantDeleted, "DELETE", f"/admin/tenants/{tenant_id}")
 
     def update_tenant(self, tenant_id: int, *, actor: str | None = None,
                       **changes: Any) -> TenantDetail:

@@ -21,12 +21,13 @@ import io
 import json
 
 import numpy as np
-from fastapi import APIRouter, Request, Response, status
+from fastapi import APIRouter, Response, status
 
 from app.deps import OwnTenantDep, SessionDep, errors
 from app.problems import ApiError
 from app.routes import API_PREFIX
 from app.training.models import TrainingJob
+from app.training.snapshots import latest_factors
 
 router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: recommendations"],
                    responses=errors(401, 404))
@@ -59,9 +60,9 @@ def model_npz(factors, job: TrainingJob | None) -> bytes:
                                             "user_keys, item_keys, user_factors, "
                                             "item_factors, meta (JSON) and, for a sigmoid "
                                             "link, link."}})
-def read_model(request: Request, tenant: OwnTenantDep, session: SessionDep) -> Response:
+def read_model(tenant: OwnTenantDep, session: SessionDep) -> Response:
     """Download this tenant's latest trained model (its users' and the items' factors)."""
-    factors = request.app.state.factor_cache.get(session, tenant.id)
+    factors = latest_factors(session, tenant.id)  # as of now, not the serving cache's
     if factors is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "no_model", NO_MODEL)
     body = model_npz(factors, session.get(TrainingJob, factors.job_id))

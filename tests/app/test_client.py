@@ -130,6 +130,7 @@ def test_every_answer_model_is_the_documented_answer_of_its_routes(openapi):
 CALLS = {  # every method that makes one call: its arguments
     "create_tenant": (("acme", 1.0), {}), "tenants": ((), {}), "tenant": ((1,), {}),
     "update_tenant": ((1,), {"name": "x"}), "tenant_audit": ((1,), {}),
+    "delete_tenant": ((1,), {}),
     "create_api_key": ((1,), {}), "api_keys": ((1,), {}), "revoke_api_key": ((1, 2), {}),
     "put_items": (([{"key": "a"}],), {}), "items": ((), {}), "create_job": ((), {}),
     "plan_job": ((), {}), "jobs": ((), {}), "job": ((1,), {}), "cancel_job": ((1,), {}),

@@ -230,3 +230,47 @@ def test_a_tenant_downloads_its_own_model_and_scores_like_the_service(admin):
     other = TestClient(admin.app).get(f"/v1/tenants/{mine}/model",
                                       headers={"Authorization": f"Bearer {other_key}"})
     assert other.status_code == 404
+
+
+def test_deleting_a_tenant_removes_its_data_and_leaves_the_others_jobs_readable(admin):
+    from app.models import ApiKey, Rating, User
+    from app.training.models import FactorSnapshot, JobClient, LedgerEntry
+
+    tenants = make_tenants(admin, 2, seed=6)
+    (gone, gone_key), (kept, kept_key) = tenants
+    running = submit_job(admin, tenant_ids=[gone, kept], rounds=5000).json()["id"]
+    busy = admin.delete(f"/v1/admin/tenants/{gone}")
+    assert busy.status_code == 409 and busy.json()["code"] == "tenant_in_job"
+    assert str(running) in busy.json()["detail"]
+    admin.post(f"/v1/admin/jobs/{running}/cancel")
+    wait_job(admin, running)
+    done = submit_job(admin, tenant_ids=[gone, kept], rounds=2).json()["id"]
+    assert wait_job(admin, done)["status"] == "completed"
+
+    deleted = admin.delete(f"/v1/admin/tenants/{gone}")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json()["ratings"] > 0 and deleted.json()["users"] > 0
+    with admin.app.state.sessions() as s:
+        for model in (ApiKey, User, JobClient, FactorSnapshot, LedgerEntry):
+            left = s.scalar(sa.select(sa.func.count()).select_from(model)
+                            .where(model.tenant_id == gone))
+            assert left == 0, model.__name__
+        orphans = s.scalar(sa.select(sa.func.count()).select_from(Rating).where(
+            ~Rating.user_id.in_(sa.select(User.id))))
+        assert orphans == 0
+    assert admin.get(f"/v1/admin/tenants/{gone}").status_code == 404
+    assert admin.delete(f"/v1/admin/tenants/{gone}").status_code == 404
+    refused = TestClient(admin.app).get(f"/v1/tenants/{gone}/report",
+                                        headers={"Authorization": f"Bearer {gone_key}"})
+    assert refused.status_code == 401
+    # the other tenant and the jobs it shared still read
+    own = {"Authorization": f"Bearer {kept_key}"}
+    for path in (f"/v1/tenants/{kept}/report", f"/v1/tenants/{kept}/report/plot.png",
+                 f"/v1/tenants/{kept}/users/u1/recommendations"):
+        assert TestClient(admin.app).get(path, headers=own).status_code == 200, path
+    for path in (f"/v1/admin/jobs/{done}", f"/v1/admin/jobs/{done}/report",
+                 f"/v1/admin/jobs/{done}/plot.png", "/v1/admin/jobs"):
+        assert admin.get(path).status_code == 200, path
+    assert _sign_in(admin, ADMIN_TOKEN).status_code == 303
+    for page in ("/dashboard/jobs", f"/dashboard/jobs/{done}", "/dashboard/tenants"):
+        assert admin.get(page).status_code == 200, page
