@@ -14,6 +14,8 @@ pytest internals that pytest 9.2 removed.
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 import schemathesis
 from fastapi.testclient import TestClient
@@ -65,6 +67,11 @@ class Env:
         """Pin the path to existing rows; the credentials of the operation."""
         params = case.path_parameters or {}
         fixed = {"tenant_id": self.victim, "job_id": self.job, "key_id": self.spare_key_id}
+        if (case.method.upper(), case.operation.path) == ("DELETE",
+                                                          "/v1/admin/tenants/{tenant_id}"):
+            # deleting pins a throwaway tenant: the others' rows must outlive the case
+            fixed["tenant_id"] = self.client.post("/v1/admin/tenants", json={
+                "name": f"throwaway-{uuid.uuid4().hex[:8]}", "privacy_budget": 1}).json()["id"]
         for name, value in fixed.items():
             if name in params:
                 params[name] = value
