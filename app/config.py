@@ -7,6 +7,8 @@ call :func:`get_settings` (cached) or build ``Settings(...)`` explicitly in test
 
 from __future__ import annotations
 
+import collections
+import math
 import secrets
 from functools import lru_cache
 from typing import Literal
@@ -15,6 +17,7 @@ from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_ADMIN_TOKEN_LENGTH = 32
+MIN_ADMIN_TOKEN_BITS = 128
 TOKEN_RECIPE = "python -c 'import secrets; print(secrets.token_urlsafe(32))'"
 WEAK_TOKENS = {"changeme", "change-me", "admin", "secret", "password", "token", "test"}
 
@@ -59,6 +62,10 @@ class Settings(BaseSettings):
     """At most this many offending rows are listed in a 422; the rest are counted."""
     max_page_size: int = Field(1000, gt=0)
     """Largest ``limit`` accepted by list endpoints."""
+    max_failed_sign_ins: int = Field(10, gt=0)
+    """Wrong admin tokens or dashboard sign-ins one client may send per minute to one API
+    process; after that every attempt from it gets 429 with ``Retry-After`` until a
+    minute has passed since the oldest of them."""
     stats_refresh_seconds: float = Field(3600.0, gt=0)
     """Beat period of the refresh of every tenant's rating statistics."""
     serving_cache_seconds: float = Field(1.0, ge=0)
@@ -97,7 +104,28 @@ def admin_token_problem(token: SecretStr | None) -> str | None:
         return f"must be at least {MIN_ADMIN_TOKEN_LENGTH} characters"
     if value.lower() in WEAK_TOKENS or len(set(value)) < 8:
         return "is too weak (too few distinct characters or a well-known word)"
+    bits = estimated_bits(value)
+    if bits < MIN_ADMIN_TOKEN_BITS:
+        return (f"is too weak (about {bits:.0f} bits by its character frequencies; at least "
+                f"{MIN_ADMIN_TOKEN_BITS} needed)")
     return None
+
+
+def estimated_bits(value: str) -> float:
+    """An upper estimate of a secret's entropy: the length of its shortest repeating unit
+    times the empirical Shannon entropy of that unit's characters. A repeated pattern
+    (``"abcdefgh" * 4``: 24 bits) or a small alphabet scores low; 32 random bytes in
+    URL-safe base64 score about 215."""
+    value = value[:_period(value)]
+    n = len(value)
+    counts = collections.Counter(value).values()
+    return -n * sum(c / n * math.log2(c / n) for c in counts)
+
+
+def _period(value: str) -> int:
+    """The length of the shortest unit whose repetition spells ``value``."""
+    n = len(value)
+    return next(p for p in range(1, n + 1) if value == (value[:p] * (n // p + 1))[:n])
 
 
 def resolve_admin_token(settings: Settings) -> tuple[str, bool]:

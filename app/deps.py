@@ -39,6 +39,8 @@ ERROR_DESCRIPTIONS = {
     401: "Missing or invalid credentials.",
     404: "Not found (for a tenant route: any tenant but the key's own).",
     409: "Conflicts with the current state.",
+    429: "Too many wrong admin tokens from this client (FEDREC_MAX_FAILED_SIGN_INS a "
+         "minute); retry after ``Retry-After`` seconds.",
 }
 
 
@@ -121,11 +123,32 @@ SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
 Credentials = HTTPAuthorizationCredentials | None
 
 
+TOO_MANY_FAILURES = ("Too many wrong secrets from this client (FEDREC_MAX_FAILED_SIGN_INS "
+                     "a minute); retry in {} s")
+
+
+def client_of(request: Request) -> str:
+    """The address a request came from (the proxy's, unless uvicorn trusts its headers)."""
+    return request.client.host if request.client else "unknown"
+
+
+def refuse_if_locked_out(request: Request) -> None:
+    """429 with ``Retry-After`` while the client is over its wrong-secret bound
+    (:class:`app.security.FailedSignIns`), whatever secret it presents now."""
+    wait = request.app.state.sign_ins.wait(client_of(request))
+    if wait:
+        raise ApiError(status.HTTP_429_TOO_MANY_REQUESTS, "too_many_failed_sign_ins",
+                       TOO_MANY_FAILURES.format(wait), headers={"Retry-After": str(wait)})
+
+
 def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_bearer)]) -> None:
-    """401 unless the request carries the admin token."""
+    """401 unless the request carries the admin token; 429 for a client that sent too many
+    wrong ones."""
     if creds is None:
         raise _unauthorized("admin_token_required", "Admin token required")
+    refuse_if_locked_out(request)
     if not same_secret(creds.credentials, request.app.state.admin_token, hashed=False):
+        request.app.state.sign_ins.failed(client_of(request))
         raise _unauthorized("invalid_admin_token", "Invalid admin token")
 
 

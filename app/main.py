@@ -26,6 +26,7 @@ from app.routes import (
     items,
     jobs,
     metrics,
+    model,
     ratings,
     recommendations,
     stats,
@@ -33,7 +34,7 @@ from app.routes import (
     tenants,
     tuning,
 )
-from app.security import KeyCache
+from app.security import FailedSignIns, KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
 from worker.celery_app import create_celery_app
@@ -85,6 +86,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.state.celery = create_celery_app(settings)
     app.state.factor_cache = FactorCache(settings.serving_cache_seconds)
     app.state.key_cache = KeyCache(settings.serving_cache_seconds)
+    app.state.sign_ins = FailedSignIns(settings.max_failed_sign_ins)
     app.state.background_tasks = set()
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
@@ -93,7 +95,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     # recommendations first: routes are matched in order, and it is the hot path
     # (each resource router carries the /v1 prefix itself: API_PREFIX in app.routes)
     for module in (recommendations, health, tenants, items, ratings, stats, jobs,
-                   tenant_privacy, metrics, agents, tuning):
+                   tenant_privacy, metrics, agents, tuning, model):
         app.include_router(module.router)
     app.state.openapi_hooks = [lambda schema: document_limits(schema, settings)]
     problems.install(app)  # every error as problem+json, documented in the OpenAPI

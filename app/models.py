@@ -206,3 +206,13 @@ class ForgottenUser(Base):
     forgotten_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (sa.Index("ix_forgotten_users_tenant_version", "tenant_id", "version"),)
+
+
+class RevokedSession(Base):
+    """A dashboard session ended by signing out: its cookie (by SHA-256) is refused by every
+    API process until it would have expired anyway (then the row may be pruned)."""
+
+    __tablename__ = "revoked_sessions"
+
+    digest: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(index=True)

@@ -1,4 +1,6 @@
-"""Request and response bodies (``XCreate`` / ``XPublic`` / ``XsPublic(data, count)``)."""
+"""Request and response bodies (``XCreate`` / ``XPublic`` / ``XsPublic(data, count)``).
+
+Request bodies derive from :class:`app.inputs.Input` (no NUL characters, 422 naming the field)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Path, Query
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from app.inputs import Input
 
 Key = Field(min_length=1, max_length=255)
 
@@ -44,7 +48,7 @@ RatingBound = Annotated[float, Field(ge=-MAX_RATING_MAGNITUDE, le=MAX_RATING_MAG
                                      allow_inf_nan=False)]
 
 
-class TenantCreate(BaseModel):
+class TenantCreate(Input):
     """A new tenant. Besides the bounds of each field, ``rating_min`` must be smaller than
     ``rating_max`` and ``rating_max - rating_min`` at most 1e6 (JSON Schema cannot state
     a rule between two fields; the API answers 422 naming them)."""
@@ -98,7 +102,7 @@ class TenantPublic(BaseModel):
     created_at: UtcDatetime
 
 
-class TenantUpdate(BaseModel):
+class TenantUpdate(Input):
     """A change of a tenant's settings (PATCH): only the fields given change. The rating
     scale cannot change (stored ratings were checked against it)."""
 
@@ -166,7 +170,7 @@ class TenantsPublic(BaseModel):
     count: int
 
 
-class ApiKeyCreate(BaseModel):
+class ApiKeyCreate(Input):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = Field(None, max_length=255)
@@ -192,14 +196,14 @@ class ApiKeysPublic(BaseModel):
     count: int
 
 
-class ItemIn(BaseModel):
+class ItemIn(Input):
     model_config = ConfigDict(extra="forbid")
 
     key: str = Key
     title: str | None = None
 
 
-class ItemsUpsert(BaseModel):
+class ItemsUpsert(Input):
     model_config = ConfigDict(extra="forbid")
 
     items: list[ItemIn] = Field(min_length=1)
@@ -222,7 +226,7 @@ class ItemsUpserted(BaseModel):
     upserted: int
 
 
-class RatingIn(BaseModel):
+class RatingIn(Input):
     """One rating of an upload (documentation of the JSON body)."""
 
     user: str
@@ -231,7 +235,7 @@ class RatingIn(BaseModel):
     timestamp: float | str | None = Field(None, description="Unix seconds or ISO 8601.")
 
 
-class RatingsUpload(BaseModel):
+class RatingsUpload(Input):
     ratings: list[RatingIn]
 
 
@@ -254,6 +258,13 @@ class RatingsCount(BaseModel):
 
 class UploadResult(BaseModel):
     stored: int = Field(description="Rows inserted or updated (exact duplicates counted once).")
+
+
+class TenantDeleted(BaseModel):
+    id: int
+    name: str
+    ratings: int = Field(description="Ratings deleted with the tenant.")
+    users: int = Field(description="Users deleted with the tenant.")
 
 
 class UserRatingsDeleted(BaseModel):

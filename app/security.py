@@ -7,9 +7,13 @@ entropy, so a fast hash is enough (no password-stretching needed).
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
+import math
 import secrets
+import threading
+import time
 
 KEY_PREFIX = "fk"
 PREFIX_LENGTH = 12
@@ -39,6 +43,24 @@ def same_secret(given: str, expected_hash_or_token: str, hashed: bool = True) ->
     """Constant-time comparison of a presented secret with a stored hash or token."""
     candidate = hash_key(given) if hashed else given
     return hmac.compare_digest(candidate.encode(), expected_hash_or_token.encode())
+
+
+#: headers on every response: no framing (clickjacking), no content sniffing, no referrer
+#: beyond the origin, and a content policy that loads nothing from another host
+BASE_HEADERS = [(b"x-frame-options", b"DENY"), (b"x-content-type-options", b"nosniff"),
+                (b"referrer-policy", b"same-origin")]
+PAGE_POLICY = (b"default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+               b"frame-ancestors 'none'; base-uri 'none'; form-action 'self'; object-src 'none'")
+#: the offline Swagger UI and ReDoc pages start themselves with an inline script
+DOCS_POLICY = PAGE_POLICY.replace(b"default-src 'self';",
+                                  b"default-src 'self'; script-src 'self' 'unsafe-inline';")
+DOCS_PATHS = ("/docs", "/redoc")
+
+
+def security_headers(path: str) -> list[tuple[bytes, bytes]]:
+    """The security headers of a response to ``path`` (ASGI header pairs)."""
+    policy = DOCS_POLICY if path in DOCS_PATHS else PAGE_POLICY
+    return [*BASE_HEADERS, (b"content-security-policy", policy)]
 
 
 class KeyCache:
@@ -93,3 +115,38 @@ class KeyCache:
 
     def forget(self) -> None:
         self._entries.clear()
+
+
+class FailedSignIns:
+    """Per-process bound on wrong secrets from one client: after ``limit`` failures within
+    ``window`` seconds, every further attempt from that client (right or wrong) is refused
+    until the oldest failure leaves the window. Guards the admin token and the dashboard
+    sign-in against guessing; API keys carry 256 bits and are not limited this way."""
+
+    def __init__(self, limit: int, window: float = 60.0) -> None:
+        self.limit, self.window = limit, window
+        self._lock = threading.Lock()
+        self._failures: dict[str, collections.deque[float]] = {}
+
+    def wait(self, client: str, now: float | None = None) -> int:
+        """Seconds ``client`` must wait before its next attempt (0: it may try now)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            recent = self._recent(client, now)
+            if len(recent) < self.limit:
+                return 0
+            return max(1, math.ceil(recent[0] + self.window - now))
+
+    def failed(self, client: str, now: float | None = None) -> None:
+        """Count one wrong secret from ``client``."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if len(self._failures) > 100_000:
+                self._failures.clear()
+            self._recent(client, now).append(now)
+
+    def _recent(self, client: str, now: float) -> collections.deque[float]:
+        recent = self._failures.setdefault(client, collections.deque())
+        while recent and recent[0] <= now - self.window:
+            recent.popleft()
+        return recent

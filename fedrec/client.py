@@ -22,6 +22,7 @@ any operator's machine can use it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import mimetypes
@@ -224,7 +225,7 @@ class TuningTrial(Model):
 class TuningJob(Model):
     schema_name = "TuningJobPublic"
     id: int
-    status: Literal["queued", "running", "completed", "failed"]
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
     algorithm: str
     tenant_ids: list[int]
     rounds: int
@@ -246,10 +247,17 @@ class TuningJob(Model):
     error: str | None = None
     created_at: dt.datetime
     finished_at: dt.datetime | None = None
+    heartbeat_at: dt.datetime | None = None
 
     @property
     def finished(self) -> bool:
         return self.status not in RUNNING
+
+
+class TuningJobs(Model):
+    schema_name = "TuningJobsPublic"
+    data: list[TuningJob]
+    count: int
 
 
 class TenantPlan(Model):
@@ -339,6 +347,14 @@ class RatingsCount(Model):
 class UploadResult(Model):
     schema_name = "UploadResult"
     stored: int
+
+
+class TenantDeleted(Model):
+    schema_name = "TenantDeleted"
+    id: int
+    name: str
+    ratings: int
+    users: int
 
 
 class UserForgotten(Model):
@@ -438,6 +454,42 @@ def _progress_bar(total: int, label: str):
 
 # -- the client ---------------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class TrainedModel:
+    """A tenant's exported model (``GET /tenants/{id}/model``, a NumPy ``.npz``): a user's
+    scores for ``item_keys`` are ``user_factors[u] @ item_factors`` (through
+    ``offset + spread * sigmoid(.)`` when ``link`` is set)."""
+
+    user_keys: list[str]
+    item_keys: list[str]
+    user_factors: Any
+    item_factors: Any
+    meta: dict[str, Any]
+    link: tuple[float, float] | None = None
+
+    @classmethod
+    def from_npz(cls, data: bytes) -> TrainedModel:
+        import io
+
+        import numpy as np
+
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            link = tuple(float(x) for x in z["link"]) if "link" in z.files else None
+            return cls([str(k) for k in z["user_keys"]], [str(k) for k in z["item_keys"]],
+                       z["user_factors"], z["item_factors"], json.loads(str(z["meta"])),
+                       link)
+
+    def scores(self, user: str) -> Any:
+        """The user's score for every item of ``item_keys``."""
+        import numpy as np
+
+        raw = self.user_factors[self.user_keys.index(user)] @ self.item_factors
+        if self.link is None:
+            return raw
+        offset, spread = self.link
+        return offset + spread / (1.0 + np.exp(-raw))
+
+
 class Client:
     """The fedrec API with one credential (the admin token or a tenant's API key).
 
@@ -492,6 +544,11 @@ class Client:
 
     def tenant(self, tenant_id: int) -> TenantDetail:
         return self._get(TenantDetail, f"/admin/tenants/{tenant_id}")
+
+    def delete_tenant(self, tenant_id: int) -> TenantDeleted:
+        """``DELETE``: the tenant with its keys, users, ratings, job data, snapshots and
+        ledger (409 while an unfinished job includes it)."""
+        return self._send(TenantDeleted, "DELETE", f"/admin/tenants/{tenant_id}")
 
     def update_tenant(self, tenant_id: int, *, actor: str | None = None,
                       **changes: Any) -> TenantDetail:
@@ -573,6 +630,19 @@ class Client:
     def tuning_job(self, job_id: int) -> TuningJob:
         return self._get(TuningJob, f"/admin/tuning-jobs/{job_id}")
 
+    def tuning_jobs(self, *, limit: int | None = None, offset: int | None = None
+                    ) -> TuningJobs:
+        """Tuning jobs, newest first."""
+        return self._get(TuningJobs, "/admin/tuning-jobs", limit=limit, offset=offset)
+
+    def cancel_tuning_job(self, job_id: int) -> TuningJob:
+        """Stop a queued or running search (a running one after its current trial)."""
+        return self._send(TuningJob, "POST", f"/admin/tuning-jobs/{job_id}/cancel")
+
+    def resume_tuning_job(self, job_id: int) -> TuningJob:
+        """Start a failed, cancelled or stuck search again, from its first trial."""
+        return self._send(TuningJob, "POST", f"/admin/tuning-jobs/{job_id}/resume")
+
     def wait_tuning_job(self, job_id: int, *, poll: float = 0.5,
                         timeout: float | None = None) -> TuningJob:
         """Poll the tuning job until it ends; TimeoutError after ``timeout`` seconds."""
@@ -646,6 +716,14 @@ class Client:
 
     def tenant_report(self, tenant_id: int) -> TenantReport:
         return self._get(TenantReport, f"/tenants/{tenant_id}/report")
+
+    def model(self, tenant_id: int, path: str | Path | None = None) -> TrainedModel:
+        """``GET /tenants/{id}/model``: the tenant's latest trained model; with ``path``,
+        the ``.npz`` file is also written there."""
+        data = self.request("GET", f"/tenants/{tenant_id}/model").content
+        if path is not None:
+            Path(path).write_bytes(data)
+        return TrainedModel.from_npz(data)
 
     def privacy(self, tenant_id: int) -> Privacy:
         return self._get(Privacy, f"/tenants/{tenant_id}/privacy")

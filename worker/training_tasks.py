@@ -72,12 +72,17 @@ def retrain(self) -> int | None:
 
 @shared_task(name=pipeline.TASK_WATCHDOG, bind=True)
 def resume_stalled(self) -> list[int]:
-    """Beat: resume jobs whose round made no progress for FEDREC_STALLED_JOB_SECONDS."""
-    return schedule.resume_stalled(_sessions(self), CeleryDispatcher(self.app),
-                                   self.app.conf.fedrec_stalled_job_seconds)
+    """Beat: resume training jobs whose round made no progress, and tuning jobs whose
+    search stopped beating, for FEDREC_STALLED_JOB_SECONDS."""
+    sessions, dispatch = _sessions(self), CeleryDispatcher(self.app)
+    stalled = self.app.conf.fedrec_stalled_job_seconds
+    schedule.resume_stalled_tuning(sessions, dispatch, stalled)
+    return schedule.resume_stalled(sessions, dispatch, stalled)
 
 
 @shared_task(name=TUNING_RUN, **_OPTIONS)
 def run_tuning(self, tuning_id: int) -> None:
-    """A tuning job's whole search (:mod:`app.training.tuning`)."""
-    tuning.run_tuning(_sessions(self), tuning_id)
+    """A tuning job's whole search (:mod:`app.training.tuning`), beating four times per
+    FEDREC_STALLED_JOB_SECONDS so the watchdog tells a live search from a dead worker's."""
+    tuning.run_tuning(_sessions(self), tuning_id,
+                      heartbeat_seconds=self.app.conf.fedrec_stalled_job_seconds / 4)

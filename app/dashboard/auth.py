@@ -5,6 +5,8 @@ The cookie holds the presented secret encrypted and authenticated (Fernet) under
 derived from the admin token, with its issue time: every page re-checks the secret exactly
 as the API checks a bearer token, so a revoked key or a changed admin token ends the
 session, and a tampered or stale cookie (older than :data:`SESSION_SECONDS`) is refused.
+Signing out revokes the cookie in the database (:func:`revoke`), so a copy of it is
+refused by every API process too.
 Every form carries a CSRF token bound to the session cookie (an HMAC of it).
 """
 
@@ -12,16 +14,18 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime as dt
 import hashlib
 import hmac
 import secrets
 
+import sqlalchemy as sa
 from cryptography.fernet import Fernet, InvalidToken
 from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
 
 from app.deps import _verified_tenant
-from app.models import Tenant
+from app.models import RevokedSession, Tenant
 from app.security import key_prefix, same_secret
 
 COOKIE = "fedrec_session"
@@ -80,6 +84,10 @@ def session_cookie(request: Request, secret: str) -> str:
     return _fernet(request).encrypt(secret.encode()).decode()
 
 
+def _digest(cookie: str) -> str:
+    return hashlib.sha256(cookie.encode()).hexdigest()
+
+
 def viewer(request: Request, session: Session) -> Viewer:
     """The signed-in viewer; :class:`SignInRequired` when there is none."""
     cookie = request.cookies.get(COOKIE)
@@ -89,11 +97,28 @@ def viewer(request: Request, session: Session) -> Viewer:
         secret = _fernet(request).decrypt(cookie.encode(), ttl=SESSION_SECONDS).decode()
     except InvalidToken:
         raise SignInRequired from None
+    if session.get(RevokedSession, _digest(cookie)) is not None:
+        raise SignInRequired
     try:
         tenant = check_secret(request, session, secret)
     except HTTPException:
         raise SignInRequired from None
     return Viewer(tenant, _csrf_for(request, cookie))
+
+
+def revoke(request: Request, session: Session) -> None:
+    """End the request's session for every API process (signing out): its cookie is
+    refused from now on, not only deleted from this browser. Expired revocations go."""
+    cookie = request.cookies.get(COOKIE)
+    if not cookie:
+        return
+    issued = _fernet(request).extract_timestamp(cookie.encode())
+    now = dt.datetime.now(dt.UTC)
+    session.execute(sa.delete(RevokedSession).where(RevokedSession.expires_at < now))
+    if session.get(RevokedSession, _digest(cookie)) is None:
+        session.add(RevokedSession(digest=_digest(cookie), expires_at=dt.datetime.fromtimestamp(
+            issued + SESSION_SECONDS, dt.UTC)))
+    session.commit()
 
 
 def check_csrf(viewer_: Viewer, token: str | None) -> None:
@@ -107,5 +132,8 @@ def new_login_csrf() -> str:
 
 
 def cookie_options(request: Request) -> dict:
-    return {"httponly": True, "samesite": "strict", "path": "/",
-            "secure": request.url.scheme == "https"}
+    """HttpOnly, SameSite=Strict; Secure over https and always in production (behind a
+    TLS-terminating proxy the app itself may see plain http)."""
+    secure = (request.url.scheme == "https"
+              or request.app.state.settings.env == "production")
+    return {"httponly": True, "samesite": "strict", "path": "/", "secure": secure}

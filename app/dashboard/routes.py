@@ -24,8 +24,9 @@ from sqlalchemy.orm import Session
 
 from algorithms import registry
 from app.dashboard import auth, charts, data
-from app.deps import get_session
+from app.deps import client_of, get_session, refuse_if_locked_out
 from app.models import Tenant, User
+from app.problems import ApiError
 from app.routes import health as health_routes
 from app.routes import jobs as job_routes
 from app.training import reports
@@ -122,8 +123,15 @@ def login(request: Request, session: Db, secret: Annotated[str, Form()] = "",
     if not expected or not csrf or not hmac.compare_digest(expected, csrf):
         return _login_page(request, "The form expired; please sign in again.", 403)
     try:
+        refuse_if_locked_out(request)
+    except ApiError as exc:
+        page = _login_page(request, exc.detail, exc.status_code)
+        page.headers.update(exc.headers)
+        return page
+    try:
         tenant = auth.check_secret(request, session, secret.strip())
     except HTTPException as exc:
+        request.app.state.sign_ins.failed(client_of(request))
         return _login_page(request, exc.detail, 401)
     target = "/dashboard/tenants" if tenant is None else f"/dashboard/tenants/{tenant.id}"
     response = RedirectResponse(target, status_code=303)
@@ -134,9 +142,10 @@ def login(request: Request, session: Db, secret: Annotated[str, Form()] = "",
 
 
 @router.post("/logout")
-def logout(request: Request, viewer: ViewerDep,
+def logout(request: Request, viewer: ViewerDep, session: Db,
            csrf: Annotated[str, Form()] = "") -> RedirectResponse:
     auth.check_csrf(viewer, csrf)
+    auth.revoke(request, session)
     response = RedirectResponse("/dashboard/login", status_code=303)
     response.delete_cookie(auth.COOKIE, path="/")
     return response

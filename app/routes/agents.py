@@ -14,9 +14,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from app.deps import UNPROCESSABLE, OwnTenantDep, errors
+from app.inputs import Input
 from app.problems import ApiError
 from app.routes import API_PREFIX
 from app.schemas import MAX_DB_INT, PathId
@@ -32,7 +33,7 @@ MAX_WAIT = 60.0
 DECLINED = "declined by the tenant's agent"
 
 
-class Decline(BaseModel):
+class Decline(Input):
     reason: str = Field(min_length=1, max_length=2000)
 
 

@@ -12,7 +12,7 @@ from app.routes import API_PREFIX
 from app.schemas import ItemPublic, ItemsPublic, ItemsUpsert, ItemsUpserted, Limit, Offset
 
 router = APIRouter(prefix=API_PREFIX + "/admin/items", tags=["admin: items"],
-                   dependencies=[Depends(require_admin)], responses=errors(401))
+                   dependencies=[Depends(require_admin)], responses=errors(401, 429))
 
 
 @router.put("", response_model=ItemsUpserted, responses=errors(400))

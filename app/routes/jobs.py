@@ -33,7 +33,7 @@ from app.training.runner import start_job
 from app.training.schemas import JobCreate, JobPlanPublic, JobPublic, JobReport, JobsPublic
 
 router = APIRouter(prefix=API_PREFIX + "/admin/jobs", tags=["admin: training"],
-                   responses=errors(401))
+                   responses=errors(401, 429))
 JOB_NOT_FOUND = "Training job not found"
 log = logging.getLogger("fedrec.training")
 

@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from app.deps import errors, require_admin
 
 router = APIRouter(tags=["operations"], dependencies=[Depends(require_admin)],
-                   responses=errors(401))
+                   responses=errors(401, 429))
 
 
 @router.get("/metrics", response_class=Response, responses={200: {

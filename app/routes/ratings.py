@@ -15,6 +15,7 @@ from app.idempotency import IdempotencyKey
 from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
 from app.problems import ApiError
+from app.queue import RECOMPUTE_RATING_STATS, enqueue
 from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.routes import API_PREFIX
 from app.schemas import (
@@ -178,12 +179,15 @@ def count_ratings(tenant: OwnTenantDep, session: SessionDep) -> RatingsCount:
 
 
 @router.delete("/users/{user}/ratings", response_model=UserRatingsDeleted)
-def delete_user_ratings(tenant: OwnTenantDep, session: SessionDep,
+def delete_user_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                         user: str) -> UserRatingsDeleted:
-    """Forget a user: their ratings, and their rows in trained snapshots and job data
-    (repeatable: 0 deleted when the user was forgotten before)."""
+    """Forget a user: their ratings, and their rows in trained snapshots, job data and
+    rating statistics (recomputed in the background; repeatable: 0 deleted when the user
+    was forgotten before)."""
     deleted = forget_user(session, tenant.id, user)
     if deleted is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "user_not_found", "User not found")
     session.commit()
+    if deleted:
+        enqueue(request.app.state.celery, RECOMPUTE_RATING_STATS, [tenant.id])
     return UserRatingsDeleted(user=user, deleted=deleted)

@@ -26,6 +26,7 @@ from app.schemas import (
     TenantAuditLog,
     TenantAuditPublic,
     TenantCreate,
+    TenantDeleted,
     TenantDetail,
     TenantPrivacy,
     TenantPublic,
@@ -33,12 +34,13 @@ from app.schemas import (
     TenantUpdate,
 )
 from app.security import generate_key
+from app.training.forget import TenantInJob, forget_tenant
 from app.training.ledger import change_budget, spend_summary
 from privacy.ledger import BudgetChangeRefused
 
 log = logging.getLogger("fedrec")
 router = APIRouter(prefix=API_PREFIX + "/admin/tenants", tags=["admin: tenants"],
-                   dependencies=[Depends(require_admin)], responses=errors(401))
+                   dependencies=[Depends(require_admin)], responses=errors(401, 429))
 
 
 def _tenant(session: SessionDep, tenant_id: int) -> Tenant:
@@ -221,6 +223,26 @@ def read_api_key(session: SessionDep, tenant_id: PathId, key_id: PathId) -> ApiK
         raise ApiError(status.HTTP_404_NOT_FOUND, "api_key_revoked",
                        f"API key {key_id} was revoked")
     return key
+
+
+@router.delete("/{tenant_id}", response_model=TenantDeleted, responses=errors(404, 409))
+def delete_tenant(request: Request, session: SessionDep, tenant_id: PathId) -> TenantDeleted:
+    """Delete a tenant with its keys, users, ratings, job data, snapshots and ledger
+    (409 while a queued or running job includes it). Items stay, and so do the item
+    factors jobs it took part in already released to the other tenants."""
+    tenant = _tenant(session, tenant_id)
+    name = tenant.name
+    try:
+        counted = forget_tenant(session, tenant)
+    except TenantInJob as exc:
+        raise ApiError(status.HTTP_409_CONFLICT, "tenant_in_job",
+                       f"Tenant {tenant_id} takes part in unfinished jobs {exc.job_ids}; "
+                       "cancel them first") from None
+    session.commit()
+    request.app.state.key_cache.forget()  # its keys are refused by this process at once
+    request.app.state.factor_cache.forget(tenant_id)
+    log.info("tenant %s (%s) deleted: %s", tenant_id, name, counted)
+    return TenantDeleted(id=tenant_id, name=name, **counted)
 
 
 @router.delete("/{tenant_id}/api-keys/{key_id}", response_model=ApiKeyPublic,

@@ -12,15 +12,20 @@ from app.models import Tenant
 from app.problems import ApiError
 from app.routes import API_PREFIX
 from app.routes.jobs import refused
-from app.schemas import PathId
+from app.schemas import Limit, Offset, PathId
 from app.training.jobs import JobRefused
 from app.training.models import LedgerEntry, TuningJob
 from app.training.runner import start_tuning
-from app.training.schemas import TuningJobCreate, TuningJobPublic
-from app.training.tuning import TuningSpec, create_tuning_job
+from app.training.schemas import TuningJobCreate, TuningJobPublic, TuningJobsPublic
+from app.training.tuning import (
+    TuningSpec,
+    cancel_tuning_job,
+    create_tuning_job,
+    reopen_tuning_job,
+)
 
 router = APIRouter(prefix=API_PREFIX + "/admin/tuning-jobs", tags=["admin: training"],
-                   responses=errors(401))
+                   responses=errors(401, 429))
 log = logging.getLogger("fedrec.training")
 
 
@@ -74,11 +79,53 @@ def create(body: TuningJobCreate, request: Request, response: Response,
     return _public(job)
 
 
-@router.get("/{job_id}", response_model=TuningJobPublic, responses=errors(404))
-def read(job_id: PathId, session: SessionDep, _: AdminDep) -> TuningJobPublic:
-    """Status, the trials scored so far and, once completed, the chosen config."""
+@router.get("", response_model=TuningJobsPublic)
+def read_tuning_jobs(session: SessionDep, settings: SettingsDep, _: AdminDep,
+                     limit: Limit = 100, offset: Offset = 0) -> TuningJobsPublic:
+    """Tuning jobs, newest first."""
+    check_limit(("query", "limit"), limit, settings.max_page_size, "FEDREC_MAX_PAGE_SIZE")
+    jobs = session.scalars(sa.select(TuningJob).order_by(TuningJob.id.desc())
+                           .limit(limit).offset(offset)).all()
+    count = session.scalar(sa.select(sa.func.count()).select_from(TuningJob))
+    return TuningJobsPublic(data=[_public(j) for j in jobs], count=count)
+
+
+def _tuning_job(session, job_id: int) -> TuningJob:
     job = session.get(TuningJob, job_id)
     if job is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "tuning_job_not_found",
                        "Tuning job not found")
+    return job
+
+
+@router.get("/{job_id}", response_model=TuningJobPublic, responses=errors(404))
+def read(job_id: PathId, session: SessionDep, _: AdminDep) -> TuningJobPublic:
+    """Status, the trials scored so far and, once completed, the chosen config."""
+    return _public(_tuning_job(session, job_id))
+
+
+@router.post("/{job_id}/cancel", response_model=TuningJobPublic, responses=errors(404, 409))
+def cancel_tuning(job_id: PathId, session: SessionDep, _: AdminDep) -> TuningJobPublic:
+    """Stop a queued or running search (a running one stops after its current trial);
+    409 when it has finished."""
+    job = _tuning_job(session, job_id)
+    if not cancel_tuning_job(session, job):
+        raise ApiError(status.HTTP_409_CONFLICT, "tuning_job_finished",
+                       f"Tuning job {job_id} is already {job.status}")
+    return _public(job)
+
+
+@router.post("/{job_id}/resume", response_model=TuningJobPublic, status_code=202,
+             responses=errors(404, 409))
+def resume_tuning(job_id: PathId, request: Request, response: Response,
+                  session: SessionDep, _: AdminDep) -> TuningJobPublic:
+    """Start a failed, cancelled or stuck search again (from its first trial: the search
+    is deterministic given the seed); 409 for a completed one."""
+    job = _tuning_job(session, job_id)
+    if not reopen_tuning_job(session, job):
+        raise ApiError(status.HTTP_409_CONFLICT, "tuning_job_finished",
+                       f"Tuning job {job_id} is completed; nothing to resume")
+    start_tuning(request.app, job.id)
+    session.refresh(job)
+    response.headers["Location"] = f"{router.prefix}/{job.id}"
     return _public(job)

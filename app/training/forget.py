@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock
 from app import store
-from app.models import ForgottenUser, Tenant, utcnow
+from app.models import ForgottenUser, Rating, RatingStats, Tenant, User, utcnow
 from app.training.models import FactorSnapshot, JobClient, TrainingJob
 
 FORGOTTEN = ""
@@ -53,6 +53,9 @@ def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
             tomb = ForgottenUser(tenant_id=tenant_id, user_key=user_key)
             s.add(tomb)
         tomb.version, tomb.forgotten_at = version, utcnow()
+        # the last computed statistics counted the user: gone with the ratings (the route
+        # has them recomputed once this commits)
+        s.execute(sa.delete(RatingStats).where(RatingStats.tenant_id == tenant_id))
         s.flush()
     rows = s.execute(sa.select(JobClient.job_id, JobClient.client_index, JobClient.user_keys,
                                TrainingJob.ratings_version)
@@ -156,3 +159,33 @@ def _scrub_snapshot(snap: FactorSnapshot, user_key: str) -> None:
     snap.factors = buf.getvalue()
     snap.user_keys = [k for k in snap.user_keys if k != user_key]
 
+
+
+class TenantInJob(Exception):
+    """The tenant takes part in jobs still queued or running (their ids)."""
+
+    def __init__(self, job_ids: list[int]) -> None:
+        super().__init__(job_ids)
+        self.job_ids = job_ids
+
+
+def forget_tenant(s: Session, tenant: Tenant) -> dict[str, int]:
+    """Delete a tenant and everything stored for it (caller commits): API keys, users,
+    ratings, statistics, tombstones, audit log, its blocks and local state in every job,
+    its serving snapshots and privacy ledger. Items (the shared catalogue) stay, and so
+    do the item factors other tenants received from jobs it took part in: they are a
+    release (DP for private jobs) that has already left. Raises :class:`TenantInJob`
+    while a queued or running job includes it (cancel those first). Returns what went."""
+    active = [job.id for job in s.scalars(sa.select(TrainingJob).where(
+        TrainingJob.status.in_(("queued", "running")))) if tenant.id in job.tenant_ids]
+    if active:
+        raise TenantInJob(active)
+    # the tenant's row, then its users, locked as store.delete_user locks one user: an
+    # upload in flight (FOR KEY SHARE on its users) finishes first, a new one waits
+    s.execute(sa.select(Tenant.id).where(Tenant.id == tenant.id).with_for_update())
+    users = list(s.scalars(sa.select(User.id).where(User.tenant_id == tenant.id)
+                           .with_for_update()))
+    ratings = s.execute(sa.delete(Rating).where(Rating.user_id.in_(users))).rowcount
+    s.delete(tenant)  # the rest goes by the foreign keys' ON DELETE CASCADE
+    s.flush()
+    return {"ratings": ratings, "users": len(users)}

@@ -35,7 +35,8 @@ def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None
         rows = s.execute(_CHARGES, {"ids": ids}).all()
     else:
         rows = s.execute(_CHARGES.where(LedgerEntry.job_id == job_id), {"ids": ids}).all()
-    events: dict[str, list[Event]] = {str(t): [] for t in ids}
+    # a deleted tenant's budget and charges went with it: the ledger holds those that exist
+    events: dict[str, list[Event]] = {str(t): [] for t, *_ in tenants}
     for tenant_id, round_, event in rows:
         events[str(tenant_id)].append(Event.from_list(event["event"]))
         state["tenants"][str(tenant_id)]["rounds"].append(int(round_))

@@ -261,3 +261,7 @@ class TuningJob(Base):
     error: Mapped[str | None] = mapped_column(sa.Text)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[dt.datetime | None]
+    attempt: Mapped[int] = mapped_column(default=0, server_default="0")
+    """How many runs have claimed the job; only the latest may store progress or a result."""
+    heartbeat_at: Mapped[dt.datetime | None]
+    """Stamped by the running search every few seconds; stale means its worker died."""

@@ -159,6 +159,12 @@ def job_report(s: Session, job: TrainingJob, public: JobPublic) -> JobReport:
                             if int(t) in job.tenant_ids})
 
 
+def _plain(text: str) -> str:
+    """``text`` shown as written: matplotlib reads ``$...$`` as mathematical markup, and
+    a tenant named ``$\\notacommand{$`` would otherwise fail the whole plot."""
+    return text.replace("$", r"\$")
+
+
 def plot_png(s: Session, job: TrainingJob, tenant_id: int | None = None) -> bytes:
     """Test RMSE per round: overall plus each tenant by name (or one tenant only), with the
     noise-free reference job and the mean-prediction baseline drawn in, epsilon in the
@@ -178,7 +184,7 @@ def plot_png(s: Session, job: TrainingJob, tenant_id: int | None = None) -> byte
              "reference": {"color": "tab:green", "lw": 2, "ls": "--"}}
     for series in chart.series:
         ax.plot([p[0] for p in series.points], [p[1] for p in series.points],
-                label=series.label, **style[series.kind])
+                label=_plain(series.label), **style[series.kind])
     if chart.baseline is not None:
         ax.axhline(chart.baseline, color="tab:red", lw=1.2, ls=":",
                    label=f"predict the mean ({chart.baseline:.3f})")
@@ -186,7 +192,7 @@ def plot_png(s: Session, job: TrainingJob, tenant_id: int | None = None) -> byte
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel(chart.y_label)
-    ax.set_title(chart.title, fontsize=10)
+    ax.set_title(_plain(chart.title), fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     buf = io.BytesIO()

@@ -19,9 +19,9 @@ import logging
 import sqlalchemy as sa
 
 from app.models import Tenant, utcnow
-from app.training import pipeline
+from app.training import pipeline, tuning
 from app.training.jobs import JobRefused, JobSpec, create_job, discard_job
-from app.training.models import TrainingJob
+from app.training.models import TrainingJob, TuningJob
 
 log = logging.getLogger("fedrec.training")
 
@@ -107,3 +107,19 @@ def resume_stalled(sessions, dispatch: pipeline.Dispatcher, stalled_after: float
         ids = list(s.scalars(sa.select(TrainingJob.id).where(
             TrainingJob.status.in_(("queued", "running")), TrainingJob.updated_at < cutoff)))
     return [j for j in ids if pipeline.resume(sessions, dispatch, j)]
+
+
+def resume_stalled_tuning(sessions, dispatch: pipeline.Dispatcher, stalled_after: float
+                          ) -> list[int]:
+    """Re-send tuning jobs whose search has not beaten for ``stalled_after`` seconds (its
+    worker died, or its message was lost with the broker); returns their ids."""
+    from app.queue import TUNING_RUN
+
+    with sessions() as s:
+        ids = tuning.stalled_tuning_jobs(s, stalled_after)
+        for tuning_id in ids:
+            tuning.reopen_tuning_job(s, s.get(TuningJob, tuning_id))
+    for tuning_id in ids:
+        log.warning("tuning job %s stalled: sent again", tuning_id)
+        dispatch.send(TUNING_RUN, tuning_id)
+    return ids

@@ -6,10 +6,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.inputs import Input
 from app.schemas import MAX_DB_INT, DbId, UtcDatetime
 
 
-class DPSettings(BaseModel):
+class DPSettings(Input):
     """Differential privacy of every upload (see the README's privacy section)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -24,7 +25,7 @@ class DPSettings(BaseModel):
     delta: float = Field(1e-5, ge=1e-12, lt=1)
 
 
-class PrivacySettings(BaseModel):
+class PrivacySettings(Input):
     """User-level differential privacy (see the README's privacy section): the service
     solves the noise for ``target_epsilon`` at ``delta`` over the job's releases."""
 
@@ -55,7 +56,7 @@ class PrivacySettings(BaseModel):
                                        "agents that may drop out after sending their shares.")
 
 
-class JobCreate(BaseModel):
+class JobCreate(Input):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     algorithm: str = Field("dpals", description="dpals, dp-fedmavg or dp-fedmc-admm "
@@ -208,7 +209,7 @@ class RecommendationsPublic(BaseModel):
                                          "the list, in words.")
 
 
-class BatchRecommendationsRequest(BaseModel):
+class BatchRecommendationsRequest(Input):
     model_config = ConfigDict(extra="forbid")
 
     users: list[str] = Field(min_length=1, max_length=1000)
@@ -230,7 +231,7 @@ class TenantReport(BaseModel):
         None, description="this tenant's ranking metrics at the job's final round")
 
 
-class TuningJobCreate(BaseModel):
+class TuningJobCreate(Input):
     """A hyper-parameter search on a validation carve-out of the tenants' training ratings
     (``fedrec tune`` on the stored ratings)."""
 
@@ -268,7 +269,7 @@ class TuningTrial(BaseModel):
 
 class TuningJobPublic(BaseModel):
     id: int
-    status: Literal["queued", "running", "completed", "failed"]
+    status: Literal["queued", "running", "completed", "failed", "cancelled"]
     algorithm: str
     tenant_ids: list[int]
     rounds: int
@@ -295,3 +296,11 @@ class TuningJobPublic(BaseModel):
     error: str | None = None
     created_at: UtcDatetime
     finished_at: UtcDatetime | None = None
+    heartbeat_at: UtcDatetime | None = Field(None, description="Last sign of life of the "
+                                             "running search (stale: its worker died; the "
+                                             "watchdog sends it again).")
+
+
+class TuningJobsPublic(BaseModel):
+    data: list[TuningJobPublic]
+    count: int

@@ -166,19 +166,31 @@ class FactorCache:
             finally:
                 self._flight.done(tenant_id)
 
+    def forget(self, tenant_id: int) -> None:
+        """Drop the tenant's entry (the tenant was deleted)."""
+        self._by_tenant.pop(tenant_id, None)
+
     def _refresh(self, s: Session, tenant_id: int, limit: float) -> ServingFactors | None:
         now = time.monotonic()  # before the query: the entry is as old as this read
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
         if now - checked < limit:
             return cached
-        head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
-                         .where(FactorSnapshot.tenant_id == tenant_id)
-                         .order_by(FactorSnapshot.updated_at.desc(),
-                                   FactorSnapshot.job_id.desc()).limit(1)).first()
-        fresh = None
-        if head is not None:
-            version = f"{head.job_id}:{head.updated_at.isoformat()}"
-            fresh = cached if cached is not None and cached.version == version else \
-                _load(s, tenant_id, head.job_id, version)
+        fresh = latest_factors(s, tenant_id, cached)
         self._by_tenant[tenant_id] = (fresh, now)
         return fresh
+
+
+def latest_factors(s: Session, tenant_id: int, cached: ServingFactors | None = None
+                   ) -> ServingFactors | None:
+    """The tenant's newest snapshot as read now (``cached`` when it is still that one);
+    None before any."""
+    head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
+                     .where(FactorSnapshot.tenant_id == tenant_id)
+                     .order_by(FactorSnapshot.updated_at.desc(),
+                               FactorSnapshot.job_id.desc()).limit(1)).first()
+    if head is None:
+        return None
+    version = f"{head.job_id}:{head.updated_at.isoformat()}"
+    if cached is not None and cached.version == version:
+        return cached
+    return _load(s, tenant_id, head.job_id, version)

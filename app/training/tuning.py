@@ -20,9 +20,13 @@ database: they cannot be tuned on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import math
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -122,46 +126,149 @@ def _trial(t: Trial) -> dict[str, Any]:
     return {"params": t.params, "rounds": t.rounds, "validation_rmse": _finite(t.rmse)}
 
 
-def run_tuning(sessions, tuning_id: int) -> None:
-    """Run a queued (or interrupted) tuning job to the end and store its choice; a failure
-    is stored on the job. A redelivered task repeats the whole search (it is
-    deterministic given the job's seed, unless the time budget cut it)."""
+class _Stopped(Exception):
+    """The search was cancelled, or another run of the same tuning job took it over."""
+
+
+def claim(sessions, tuning_id: int) -> int | None:
+    """Take a queued or running tuning job for this run: its new ``attempt`` number (a run
+    that started earlier and is still going notices at its next trial and stops), or None
+    when the job is finished, cancelled or gone."""
     with sessions() as s:
-        job = s.get(TuningJob, tuning_id)
+        job = s.get(TuningJob, tuning_id, with_for_update=True)
         if job is None or job.status not in ("queued", "running"):
-            return
-        job.status, job.scored = "running", []
+            return None
+        job.status, job.scored, job.error = "running", [], None
+        job.attempt, job.heartbeat_at = job.attempt + 1, utcnow()
         s.commit()
+        return job.attempt
+
+
+def _owned(s: Session, tuning_id: int, attempt: int) -> None:
+    """Raise :class:`_Stopped` unless this run still owns a running job."""
+    row = s.execute(sa.select(TuningJob.status, TuningJob.attempt)
+                    .where(TuningJob.id == tuning_id)).one_or_none()
+    if row is None or row.attempt != attempt or row.status != "running":
+        raise _Stopped
+
+
+@contextlib.contextmanager
+def heartbeat(sessions, tuning_id: int, attempt: int, every: float) -> Iterator[None]:
+    """While the block runs, stamp ``heartbeat_at`` every ``every`` seconds: the watchdog
+    (:func:`stalled_tuning_jobs`) re-sends a running job whose stamp has gone stale, i.e.
+    whose worker died, instead of waiting for the broker's visibility timeout."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(every):
+            try:
+                with sessions() as s:
+                    s.execute(sa.update(TuningJob).where(TuningJob.id == tuning_id,
+                                                         TuningJob.attempt == attempt)
+                              .values(heartbeat_at=utcnow()))
+                    s.commit()
+            except Exception:  # noqa: BLE001 - a missed beat only makes the job look stale
+                log.warning("tuning job %s: heartbeat failed", tuning_id, exc_info=True)
+
+    thread = threading.Thread(target=beat, name=f"fedrec-tuning-beat-{tuning_id}",
+                              daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+HEARTBEAT_SECONDS = 15.0
+
+
+def run_tuning(sessions, tuning_id: int, heartbeat_seconds: float = HEARTBEAT_SECONDS
+               ) -> None:
+    """Run a queued (or interrupted) tuning job to the end and store its choice; a failure
+    is stored on the job. A redelivered or resumed run repeats the whole search (it is
+    deterministic given the job's seed, unless the time budget cut it). A cancelled job,
+    or one another run has claimed since, stops at its next trial."""
+    attempt = claim(sessions, tuning_id)
+    if attempt is None:
+        return
+    with heartbeat(sessions, tuning_id, attempt, heartbeat_seconds), sessions() as s:
         try:
-            alg = registry.get(job.algorithm)
-            fed = training_federation(s, job)
-            scored: list[dict[str, Any]] = []
-
-            def record(t: Trial) -> None:  # progress visible to GET while it runs
-                scored.append(_trial(t))
-                s.execute(sa.update(TuningJob).where(TuningJob.id == tuning_id)
-                          .values(scored=list(scored)))
-                s.commit()
-
-            res = tune(alg, fed, rounds=job.rounds,
-                       per_round=job.per_round or fed.n_clients, seed=job.seed,
-                       trials=job.trials, eta=job.eta, budget_seconds=job.budget_seconds,
-                       base=dict(job.base_config), on_trial=record)
-            job = s.get(TuningJob, tuning_id, populate_existing=True)
-            job.result = {
-                "config": res.config(alg).model_dump(mode="json"),
-                "changed": res.best.params, "chosen_rounds": res.rounds,
-                "validation_rmse": _finite(res.rmse),
-                "default_validation_rmse": _finite(dict(res.default.history).get(
-                    res.rounds, res.default.best[1])),
-                "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
-                "trials": [{**_trial(t), "history": [[r, _finite(v)] for r, v in t.history]}
-                           for t in res.trials]}
-            job.status = "completed"
+            _search(s, tuning_id, attempt)
+        except _Stopped:
+            log.info("tuning job %s: run %s stopped (cancelled or superseded)", tuning_id,
+                     attempt)
+            return
         except Exception as exc:  # noqa: BLE001 - stored on the job for GET
             log.exception("tuning job %s failed", tuning_id)
             s.rollback()
-            job = s.get(TuningJob, tuning_id, populate_existing=True)
-            job.status, job.error = "failed", f"{type(exc).__name__}: {exc}"
-        job.finished_at = utcnow()
+            _finish(s, tuning_id, attempt, status="failed",
+                    error=f"{type(exc).__name__}: {exc}")
+
+
+def _finish(s: Session, tuning_id: int, attempt: int, **values: Any) -> None:
+    """Store the run's outcome, unless the job was cancelled or claimed by another run."""
+    s.execute(sa.update(TuningJob).where(TuningJob.id == tuning_id,
+                                         TuningJob.attempt == attempt,
+                                         TuningJob.status == "running")
+              .values(finished_at=utcnow(), **values))
+    s.commit()
+
+
+def _search(s: Session, tuning_id: int, attempt: int) -> None:
+    job = s.get(TuningJob, tuning_id)
+    alg = registry.get(job.algorithm)
+    fed = training_federation(s, job)
+    scored: list[dict[str, Any]] = []
+
+    def record(t: Trial) -> None:  # progress visible to GET while it runs
+        _owned(s, tuning_id, attempt)
+        scored.append(_trial(t))
+        s.execute(sa.update(TuningJob).where(TuningJob.id == tuning_id)
+                  .values(scored=list(scored)))
         s.commit()
+
+    res = tune(alg, fed, rounds=job.rounds, per_round=job.per_round or fed.n_clients,
+               seed=job.seed, trials=job.trials, eta=job.eta,
+               budget_seconds=job.budget_seconds, base=dict(job.base_config),
+               on_trial=record)
+    result = {
+        "config": res.config(alg).model_dump(mode="json"),
+        "changed": res.best.params, "chosen_rounds": res.rounds,
+        "validation_rmse": _finite(res.rmse),
+        "default_validation_rmse": _finite(dict(res.default.history).get(
+            res.rounds, res.default.best[1])),
+        "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
+        "trials": [{**_trial(t), "history": [[r, _finite(v)] for r, v in t.history]}
+                   for t in res.trials]}
+    _finish(s, tuning_id, attempt, status="completed", result=result)
+
+
+def cancel_tuning_job(s: Session, job: TuningJob) -> bool:
+    """Stop a queued or running tuning job (a running search stops at its next trial);
+    False when it has already finished."""
+    if job.status not in ("queued", "running"):
+        return False
+    job.status, job.finished_at = "cancelled", utcnow()
+    s.commit()
+    return True
+
+
+def reopen_tuning_job(s: Session, job: TuningJob) -> bool:
+    """Queue a failed or cancelled tuning job again (the search starts over); also a
+    running one, whose worker may be gone (a live run stops at its next trial). False for
+    a completed job."""
+    if job.status == "completed":
+        return False
+    # stamped as sent: the watchdog waits another period for a worker to claim it
+    job.status, job.finished_at, job.heartbeat_at = "queued", None, utcnow()
+    s.commit()
+    return True
+
+
+def stalled_tuning_jobs(s: Session, stalled_after: float) -> list[int]:
+    """Queued or running tuning jobs with no heartbeat for ``stalled_after`` seconds."""
+    cutoff = utcnow() - dt.timedelta(seconds=stalled_after)
+    stamp = sa.func.coalesce(TuningJob.heartbeat_at, TuningJob.created_at)
+    return list(s.scalars(sa.select(TuningJob.id).where(
+        TuningJob.status.in_(("queued", "running")), stamp < cutoff)))

@@ -40,6 +40,9 @@ def test_development_generates_a_token_when_none_is_set():
     (None, "FEDREC_ADMIN_TOKEN must be set"),
     ("short", "FEDREC_ADMIN_TOKEN must be at least 32 characters"),
     ("a" * 40, "FEDREC_ADMIN_TOKEN is too weak"),
+    ("abcdefgh" * 4, "FEDREC_ADMIN_TOKEN is too weak \\(about 24 bits"),
+    ("0123456789abcdef" * 3, "FEDREC_ADMIN_TOKEN is too weak \\(about 64 bits"),
+    ("0123456789abcdef" * 2 + "0", "FEDREC_ADMIN_TOKEN is too weak \\(about 64 bits"),
 ])
 def test_production_refuses_missing_or_weak_tokens(token, problem):
     with pytest.raises(ValidationError, match=f"FEDREC_ENV=production: {problem}"):

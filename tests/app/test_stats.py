@@ -57,3 +57,17 @@ def test_beat_refresh_recomputes_every_tenant(sqlite_api):
     for n, (tenant_id, key) in enumerate(tenants):
         stats = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key).json()
         assert (stats["n_ratings"], stats["histogram"]) == (n + 1, {str(n + 1): n + 1})
+
+
+def test_forgetting_a_user_takes_them_out_of_the_statistics_at_once(api):
+    api.items("m1", "m2")
+    tenant_id, key = api.tenant()
+    api.upload_csv(tenant_id, key, "a,m1,5\na,m2,3\nb,m1,1\n")
+    assert api.client.post(f"/v1/tenants/{tenant_id}/stats", headers=key).status_code == 202
+    before = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key).json()
+    assert (before["n_users"], before["n_ratings"]) == (2, 3)
+    forgot = api.client.delete(f"/v1/tenants/{tenant_id}/users/b/ratings", headers=key)
+    assert forgot.json() == {"user": "b", "deleted": 1}
+    after = api.client.get(f"/v1/tenants/{tenant_id}/stats", headers=key).json()
+    assert (after["n_users"], after["n_ratings"], after["histogram"]) == (1, 2,
+                                                                         {"3": 1, "5": 1})

@@ -91,3 +91,29 @@ def test_a_boolean_is_no_number(env):
         r = client.post("/v1/admin/tuning-jobs", json={**SEARCH, field: True})
         assert r.status_code == 422, (field, r.text)
         assert [e["loc"] for e in r.json()["errors"]] == [["body", field]], r.text
+
+
+def test_tuning_jobs_are_listed_cancelled_and_resumed(env):
+    app, client = env
+    make_tenants(client, n=2)
+    slow = {**SEARCH, "rounds": 400, "trials": 8}
+    first = client.post("/v1/admin/tuning-jobs", json=slow).json()["id"]
+    second = client.post("/v1/admin/tuning-jobs", json=SEARCH).json()["id"]
+    listed = client.get("/v1/admin/tuning-jobs").json()
+    assert listed["count"] == 2 and [j["id"] for j in listed["data"]] == [second, first]
+
+    cancelled = client.post(f"/v1/admin/tuning-jobs/{first}/cancel")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    time.sleep(1.0)  # the search stops at its next trial and stores nothing more
+    seen = len(client.get(f"/v1/admin/tuning-jobs/{first}").json()["scored"])
+    time.sleep(1.0)
+    stopped = client.get(f"/v1/admin/tuning-jobs/{first}").json()
+    assert stopped["status"] == "cancelled" and len(stopped["scored"]) == seen
+    assert client.post(f"/v1/admin/tuning-jobs/{first}/cancel").status_code == 409
+
+    resumed = client.post(f"/v1/admin/tuning-jobs/{first}/resume")
+    assert resumed.status_code == 202, resumed.text
+    assert wait_tuning(client, first, timeout=300)["status"] == "completed"
+    assert client.post(f"/v1/admin/tuning-jobs/{first}/resume").status_code == 409
+    assert wait_tuning(client, second)["status"] == "completed"
+    assert client.get("/v1/admin/tuning-jobs/999").status_code == 404

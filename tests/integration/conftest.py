@@ -107,8 +107,8 @@ def service_factory(pg_url: str, redis_url: str):
                         admin_token=token)
     workers: list[Worker] = []
 
-    def worker() -> Worker:
-        w = Worker(env, queue).start()
+    def worker(**extra_env: str) -> Worker:
+        w = Worker({**env, **extra_env}, queue).start()
         workers.append(w)
         return w
 

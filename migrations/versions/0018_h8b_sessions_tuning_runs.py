@@ -1,0 +1,38 @@
+"""Dashboard sessions ended by signing out (``revoked_sessions``); tuning jobs' run
+ownership and heartbeat (``attempt``, ``heartbeat_at``) for their watchdog.
+
+Revision ID: 0018_h8b
+Revises: 0017
+Create Date: 2026-11-28
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0018_h8b"
+down_revision = "0017"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "revoked_sessions",
+        sa.Column("digest", sa.String(64), primary_key=True),
+        sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_index("ix_revoked_sessions_expires_at", "revoked_sessions", ["expires_at"])
+    with op.batch_alter_table("tuning_jobs") as batch:
+        batch.add_column(sa.Column("attempt", sa.Integer(), nullable=False,
+                                   server_default="0"))
+        batch.add_column(sa.Column("heartbeat_at", sa.DateTime(timezone=True)))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("tuning_jobs") as batch:
+        batch.drop_column("heartbeat_at")
+        batch.drop_column("attempt")
+    op.drop_index("ix_revoked_sessions_expires_at", table_name="revoked_sessions")
+    op.drop_table("revoked_sessions")
