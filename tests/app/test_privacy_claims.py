@@ -252,7 +252,7 @@ def test_migration_0018_takes_existing_items_as_registered_and_round_trips(
     engine = make_engine(url)
     with engine.begin() as conn:
         conn.execute(sa.text("INSERT INTO items (key) VALUES ('old')"))
-    migrate(url, "0018_h3")
+    migrate(url, "0018")
     with engine.begin() as conn:
         assert conn.execute(sa.text("SELECT origin FROM items")).scalar_one() == "admin"
     downgrade(url, "0017")

@@ -11,7 +11,7 @@ charged epsilon = infinity to every tenant it reads, in the same ledger as train
 such a row has ``job_id`` NULL and ``tuning_job_id`` set (exactly one of the two is set).
 Downgrade drops the tuning charges with the column.
 
-Revision ID: 0018_h3
+Revision ID: 0018
 Revises: 0017
 Create Date: 2026-11-28
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0018_h3"
+revision = "0018"
 down_revision = "0017"
 branch_labels = None
 depends_on = None

@@ -1,8 +1,8 @@
 """Dashboard sessions ended by signing out (``revoked_sessions``); tuning jobs' run
 ownership and heartbeat (``attempt``, ``heartbeat_at``) for their watchdog.
 
-Revision ID: 0018_h8b
-Revises: 0017
+Revision ID: 0019
+Revises: 0018
 Create Date: 2026-11-28
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0018_h8b"
-down_revision = "0017"
+revision = "0019"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 
