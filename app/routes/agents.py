@@ -41,10 +41,13 @@ def _session(request: Request):
 
 
 _CODES = {404: "job_not_found", 409: "round_conflict", 422: "invalid_upload"}
+_DROPPED = {409: "budget_exceeded", 422: "upload_out_of_bounds"}
 
 
 def _refused(exc: agents.AgentRefused) -> HTTPException:
     """The refusal as a problem with a stable code (late and duplicate uploads by name)."""
+    if isinstance(exc, agents.AgentDropped):
+        return ApiError(exc.status, _DROPPED[exc.status], exc.detail)
     prefix = exc.detail.split(":", 1)[0]
     code = {"late": "late_upload", "duplicate": "duplicate_upload"}.get(
         prefix, _CODES.get(exc.status, "agent_refused"))
@@ -57,6 +60,10 @@ def _accept(request: Request, job_id: int, round_: int, step, *args) -> dict[str
     with _session(request) as s:
         try:
             out = step(s, *args)
+        except agents.AgentDropped as exc:  # the round goes on without this tenant
+            if exc.complete:
+                dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
+            raise _refused(exc) from None
         except agents.AgentRefused as exc:
             raise _refused(exc) from None
     if out.pop("complete"):

@@ -327,11 +327,15 @@ def _stand_in(n_items: int, scale: tuple[float, float]) -> RatingBlock:
 
 
 def upload_schema(upload) -> dict[str, Any]:
-    """What an agent's upload must look like: message type, array names, shapes, dtypes."""
+    """What an agent's upload must look like: message type, array names, shapes, dtypes,
+    and its scalar fields as round 1 gave them (their JSON types are the ones accepted)."""
     cls = type(upload)
+    arrays = upload.arrays()
     return {"type": f"{cls.__module__}.{cls.__qualname__}",
             "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
-                       for k, v in upload.arrays().items()}}
+                       for k, v in arrays.items()},
+            "scalars": {f.name: getattr(upload, f.name) for f in dataclasses.fields(upload)
+                        if f.name not in arrays}}
 
 
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
