@@ -210,6 +210,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     item_ids = _catalogue(s)
     if not len(item_ids):
         raise JobRefused(422, "the item catalogue is empty: add items before training")
+    _check_size(s, alg, cfg, len(item_ids), [tenants[i] for i in hosted[:1]])
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
@@ -283,6 +284,47 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         s.flush()  # written: the session keeps no strong reference to the bytes
     s.commit()
     return job
+
+
+#: config fields that size the model (factor rows) and that multiply a round's work
+RANK_FIELDS = ("rank", "k")
+STEP_FIELDS = ("inner_steps", "q1", "q2", "q_hat", "iterations")
+#: what one job's model may take in memory (its global model, server state and a round's
+#: copies of them), and the work of its dry round: (ratings + items) x d^2 x steps
+MAX_MODEL_BYTES = 2 << 30
+MAX_ROUND_WORK = 2e11
+
+
+def _check_size(s: Session, alg: Algorithm, cfg: Any, n_items: int,
+                first: list[Tenant]) -> None:
+    """422 naming the config field before anything is allocated or run: the model must fit
+    in :data:`MAX_MODEL_BYTES` (n_items x d, x d again for per-item Gram blocks, 4 copies)
+    and the dry round's estimated work in :data:`MAX_ROUND_WORK`, with d = rank + 2 and
+    the first hosted tenant's ratings (the block the dry round trains on)."""
+    values = cfg.model_dump()
+    rank = next((f for f in RANK_FIELDS if isinstance(values.get(f), int)), None)
+    d = values[rank] + 2 if rank else 2
+    bounds = registry.user_bounds(alg.name, cfg)
+    model = 4 * 8 * n_items * d * (d if bounds is not None and bounds.gram else 1)
+    if rank and model > MAX_MODEL_BYTES:
+        raise JobRefused(422, f"invalid config.{rank}: {values[rank]} over {n_items} items "
+                              f"needs about {model / 2**30:.3g} GiB for the model; at most "
+                              f"{MAX_MODEL_BYTES / 2**30:g} GiB")
+    nnz = _n_ratings(s, first[0]) if first else 4
+    steps = {f: values[f] for f in STEP_FIELDS if isinstance(values.get(f), int)
+             and values[f] > 0}
+    work = (nnz + n_items) * d * d * max(1, sum(steps.values()))
+    if work > MAX_ROUND_WORK:
+        field = (rank if rank and (nnz + n_items) * d * d > MAX_ROUND_WORK or not steps
+                 else max(steps, key=steps.get))
+        raise JobRefused(422, f"invalid config.{field}: a round would do about {work:.3g} "
+                              f"units of work ((ratings + items) x (rank + 2)^2 x steps); "
+                              f"at most {MAX_ROUND_WORK:.3g}")
+
+
+def _n_ratings(s: Session, tenant: Tenant) -> int:
+    return int(s.scalar(sa.select(sa.func.count()).select_from(Rating).join(
+        User, User.id == Rating.user_id).where(User.tenant_id == tenant.id)) or 0)
 
 
 @dataclasses.dataclass(frozen=True)
