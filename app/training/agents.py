@@ -284,7 +284,7 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
     event = expected_charge(s, job, tenant_id, upload)
     _check_reported(job, reported, event)
     _check_noise_fields(s, job, tenant_id, upload)
-    problem = _bound_problem(job, upload)
+    problem = _bound_problem(s, job, tenant_id, upload)
     refused = charge_received(s, job.id, tenant_id, round_, event, {
         "dp": job.dp, "by": "agent", **({"refused": problem} if problem else {})})
     if refused is not None:  # its data is discarded unread; nothing was charged
@@ -336,9 +336,7 @@ def _check_noise_fields(s: Session, job: TrainingJob, tenant_id: int, upload: Me
     never added) would poison the model."""
     if not user_level.is_user_level(job.dp):
         return
-    spec = user_level.from_settings(job.dp)
-    bounds = registry.user_bounds(job.algorithm, registry.get(job.algorithm).config(
-        **job.config))
+    spec, bounds = _user_bounds(job)
     index = pipeline._job_releases(s, job.id, tenant_id)
     for name, std in user_level.release_stds(spec, bounds, index).items():
         field = bounds.noise_fields[name]
@@ -348,12 +346,27 @@ def _check_noise_fields(s: Session, job: TrainingJob, tenant_id: int, upload: Me
                                     f"standard deviation {std!r} to {name} in this release")
 
 
-def _bound_problem(job: TrainingJob, upload: Message) -> str | None:
-    """Why a tenant-unit upload lies outside what clip plus noise allow
-    (:func:`privacy.wrapper.bound_problem`); None when it does not, or for other jobs."""
-    if user_level.is_user_level(job.dp) or not registry.get(job.algorithm).privacy_preserving:
+def _bound_problem(s: Session, job: TrainingJob, tenant_id: int, upload: Message
+                   ) -> str | None:
+    """Why an upload's values lie outside what the job's bounds plus its noise allow:
+    the clip of a tenant-unit job (:func:`privacy.wrapper.bound_problem`), the per-user
+    bounds of a user-level one (:func:`privacy.user_level.bound_problem`); None when
+    they do not, or the job declares no bound."""
+    if user_level.is_user_level(job.dp):
+        spec, bounds = _user_bounds(job)
+        index = pipeline._job_releases(s, job.id, tenant_id)
+        return user_level.bound_problem(upload, bounds,
+                                        user_level.release_stds(spec, bounds, index))
+    if not registry.get(job.algorithm).privacy_preserving:
         return None
     return bound_problem(upload, DPSpec(**job.dp))
+
+
+def _user_bounds(job: TrainingJob):
+    """(spec, bounds) of a user-level job."""
+    alg = registry.get(job.algorithm)
+    return (user_level.from_settings(job.dp),
+            registry.user_bounds(job.algorithm, alg.config(**job.config)))
 
 
 def _drop(s: Session, job: TrainingJob, client: int, round_: int, reason: str,

@@ -13,11 +13,13 @@ import tracemalloc
 import zipfile
 
 import numpy as np
+import pytest
 import sqlalchemy as sa
 
 from agent.client import Refused
 from algorithms import Message
 from app.training.models import LedgerEntry, RoundUpload
+from privacy.ledger import Budget
 from tests.app import test_agents
 from tests.app.test_agents import _put, agent_job, drive, make_agent, new_tenant, states
 from tests.training_helpers import wait_job
@@ -139,14 +141,22 @@ def held_upload(client, key, rows, tmp_path, job_id):
     return sent[0]
 
 
-def test_an_upload_past_clip_and_noise_drops_its_tenant_and_the_round_goes_on(fed,
-                                                                            tmp_path):
-    """Tenant-unit Gaussian job of three agents: one multiplies its round-1 upload by 1e6.
+USER_LEVEL = {"algorithm": "dpals", "config": {"rank": 3}, "dp": None,
+              "privacy": {"unit": "user", "placement": "tenant", "target_epsilon": 8.0,
+                          "delta": 1e-6}}
+
+
+@pytest.mark.parametrize("body, poisoned, says", [
+    ({"dp": {"mechanism": "gaussian", "noise_multiplier": 1.0}}, None, "l2 norm"),
+    (USER_LEVEL, "b", "b["),  # the user-level DPALS attack: b = 1e6 x the honest sums
+])
+def test_an_upload_past_its_bound_drops_its_tenant_and_the_round_goes_on(fed, tmp_path,
+                                                                      body, poisoned, says):
+    """Three agents; one multiplies its round-1 upload (all arrays, or DPALS's b) by 1e6.
     It is refused (422, charge stated and recorded), the tenant sits round 1 out, and the
     job completes for the others with a finite model."""
     app, client, _, tenants, rows = fed
-    res = agent_job(client, tenants, dp={"mechanism": "gaussian", "noise_multiplier": 1.0},
-                    rounds=2)
+    res = agent_job(client, tenants, rounds=2, **body)
     assert res.status_code == 202, res.text
     job_id = res.json()["id"]
     answers = []
@@ -154,15 +164,17 @@ def test_an_upload_past_clip_and_noise_drops_its_tenant_and_the_round_goes_on(fe
     def poison(coord, manifest, round_, data, charge):
         if round_ == 1:
             msg = Message.from_bytes(data)
-            big = msg.replace(**{k: v * 1e6 for k, v in msg.arrays().items()})
+            big = msg.replace(**{k: v * 1e6 for k, v in msg.arrays().items()
+                                 if poisoned in (None, k)})
             try:
                 return coord.upload(manifest["job_id"], round_, big.to_bytes(), charge)
             except Refused as exc:
                 answers.append(exc)
                 raise Refused(409, exc.detail) from None  # the agent goes on
-        return coord.upload(manifest["job_id"], round_, data, charge)
+        return coord.decline(manifest["job_id"], round_, "gave up")  # charges nothing
 
-    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}",
+    budget = {"budget": Budget(100.0, 1e-6)} if "privacy" in body else {}
+    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}", **budget,
                          **({"uploader": poison} if t == 0 else {}))
               for t, (_, key) in enumerate(tenants)]
     drive(agents, job_id)
@@ -170,13 +182,15 @@ def test_an_upload_past_clip_and_noise_drops_its_tenant_and_the_round_goes_on(fe
     assert job["status"] == "completed", job
     (exc,) = answers
     assert exc.status == 422 and exc.code == "upload_out_of_bounds", exc.detail
-    assert "l2 norm" in exc.detail and "its charge" in exc.detail
+    assert says in exc.detail and "its charge" in exc.detail
     assert f"tenant {tenants[0][0]} sits out round 1" in exc.detail
-    assert "l2 norm" in job["stopped_tenants"][str(tenants[0][0])]
+    assert says in job["stopped_tenants"][str(tenants[0][0])]
     with app.state.sessions() as s:
         charged = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.round)
                             .where(LedgerEntry.job_id == job_id)).all()
-    assert sorted(charged) == sorted((t, r) for t, _ in tenants for r in (1, 2))
+    # the refused upload's charge stands; the honest tenants are charged every round
+    assert sorted(charged) == sorted([(tenants[0][0], 1)] + [
+        (t, r) for t, _ in tenants[1:] for r in (1, 2)])
     glob, _, _ = states(app, job_id)
     assert all(np.isfinite(a).all() for a in glob.arrays().values())
 
