@@ -226,3 +226,38 @@ def test_an_agent_upload_past_its_tenants_budget_is_refused(fed, tmp_path):
                         .where(LedgerEntry.job_id == job_id)) == 0
         staged = s.get(RoundUpload, (job_id, round_, 0))
     assert staged.upload is None and "budget" in staged.refused
+
+
+def test_a_masked_input_past_its_tenants_budget_is_refused_and_the_round_goes_on(fed,
+                                                                               tmp_path):
+    """Secure aggregation: the coordinator checks each masked input's release against
+    the tenant's budget under its lock (the same check-and-charge as any release); past
+    it the input is 409 and never unmasked, nothing is charged at the coordinator, and
+    the round completes with the others (a dropout within the tolerance)."""
+    app, client, _, agent_tenants, rows = fed
+    job_id = test_agents._secagg_job(client, agent_tenants, rounds=1, round_seconds=12.0,
+                                     privacy={"dropout_tolerance": 0.4})
+    poor = agent_tenants[0][0]
+    client.patch(f"/v1/admin/tenants/{poor}", json={"privacy_budget": 0.01}
+                 ).raise_for_status()
+    agents = test_agents._secure_agents(client, agent_tenants, rows, tmp_path)
+    for a in agents:
+        a.setup(job_id)
+    live, refused, end = list(agents), [], time.monotonic() + 60
+    while live:  # the refused agent stops (it would rejoin with fresh keys: a duplicate)
+        assert time.monotonic() < end, "agents did not finish"
+        for a in list(live):
+            try:
+                if not a.step(job_id, wait=0.05):
+                    live.remove(a)
+            except Refused as exc:
+                refused.append(exc)
+                live.remove(a)
+    assert all(exc.status == 409 for exc in refused), refused
+    job = wait_job(client, job_id)
+    assert job["status"] == "completed", job
+    with app.state.sessions() as s:
+        charged = s.execute(sa.select(LedgerEntry.tenant_id)
+                            .where(LedgerEntry.job_id == job_id)).scalars().all()
+    assert poor not in charged and sorted(charged) == sorted(
+        t for t, _ in agent_tenants[1:])
