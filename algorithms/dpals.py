@@ -205,7 +205,8 @@ def user_bounds(cfg: DPALSConfig) -> UserBounds:
     """The per-user bounds of a DPALS upload under ``cfg`` (with the centre sums ``m``
     when the centre is released)."""
     bounds = UserBounds(cfg.max_ratings_per_user, cfg.x_norm, cfg.r_clip, ("A",), ("b",),
-                        {"A": "gram_noise", "b": "rhs_noise"}, cfg.user_sample_rate)
+                        {"A": "gram_noise", "b": "rhs_noise"}, cfg.user_sample_rate,
+                        count_coordinate=cfg.bias_coordinate)
     if _centre.released(cfg):
         bounds = bounds.with_centre(("m",), {"m": "centre_noise"}, cfg.centre_share)
     return bounds

@@ -64,6 +64,10 @@ class UserBounds:
     centre: tuple[str, ...] = ()
     centre_norm: float = 0.0
     centre_share: float = 0.0
+    #: a constant last coordinate every ``x`` carries (0: none): a gram array's last
+    #: diagonal entry is then ``count_coordinate^2`` times the (weighted) count of terms,
+    #: which bounds what the matching rhs array can hold (the privacy layer's value check)
+    count_coordinate: float = 0.0
 
     def __post_init__(self) -> None:
         if self.clipped and (self.gram or self.rhs):

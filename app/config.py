@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     max_concurrent_uploads: int = Field(2, gt=0)
     """Most rating uploads of one tenant in progress at once in one API process; more get
     429 with ``Retry-After`` (each upload may hold up to about 200 MB while it is checked)."""
+    max_agent_polls: int = Field(8, gt=0)
+    """Most round and secure-aggregation status requests (long-polls) of one tenant's agents
+    in progress at once in one API process; more get 429 with ``Retry-After``."""
+    database_pool_timeout: float = Field(10.0, gt=0)
+    """Seconds a request waits for a PostgreSQL connection from the pool before it is
+    answered 503 with ``Retry-After`` (the pool is busy, not broken)."""
     max_job_tenants: int = Field(1000, gt=0)
     """Most tenants in one training job (explicit ``tenant_ids`` or, when omitted, all
     tenants); more get 422."""

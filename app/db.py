@@ -36,14 +36,15 @@ def _enable_sqlite_foreign_keys(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
-    """A new engine; SQLite gets foreign keys on and may be shared across threads."""
+def make_engine(url: str, pool_timeout: float = 30.0) -> Engine:
+    """A new engine; SQLite gets foreign keys on and may be shared across threads;
+    PostgreSQL's pool raises ``sqlalchemy.exc.TimeoutError`` after ``pool_timeout`` s."""
     url = normalise_url(url)
     if url.startswith("sqlite"):
         engine = sa.create_engine(url, connect_args={"check_same_thread": False})
         sa.event.listen(engine, "connect", _enable_sqlite_foreign_keys)
         return engine
-    return sa.create_engine(url, pool_pre_ping=True)
+    return sa.create_engine(url, pool_pre_ping=True, pool_timeout=pool_timeout)
 
 
 @lru_cache(maxsize=8)

@@ -39,13 +39,17 @@ def declared_length(scope: Scope) -> int | None:
 TOO_MANY_UPLOADS = ("{} uploads of this tenant are already in progress "
                     "(FEDREC_MAX_CONCURRENT_UPLOADS); retry when one has finished")
 UPLOAD_RETRY_SECONDS = 5
+TOO_MANY_POLLS = ("{} round requests of this tenant's agents are already in progress "
+                  "(FEDREC_MAX_AGENT_POLLS); retry when one has answered")
 
 
 class UploadSlots:
-    """At most ``limit`` uploads per tenant at once in this process (429 beyond)."""
+    """At most ``limit`` uploads (or other requests: ``code`` and ``detail``, a format of
+    the limit) per tenant at once in this process (429 beyond)."""
 
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
+    def __init__(self, limit: int, code: str = "too_many_uploads",
+                 detail: str = TOO_MANY_UPLOADS) -> None:
+        self.limit, self.code, self.detail = limit, code, detail
         self._lock = threading.Lock()
         self._active: collections.Counter[int] = collections.Counter()
 
@@ -54,8 +58,8 @@ class UploadSlots:
         """Hold one of the tenant's slots for the duration of the block."""
         with self._lock:
             if self._active[tenant_id] >= self.limit:
-                raise ApiError(status.HTTP_429_TOO_MANY_REQUESTS, "too_many_uploads",
-                               TOO_MANY_UPLOADS.format(self.limit),
+                raise ApiError(status.HTTP_429_TOO_MANY_REQUESTS, self.code,
+                               self.detail.format(self.limit),
                                headers={"Retry-After": str(UPLOAD_RETRY_SECONDS)})
             self._active[tenant_id] += 1
         try:

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerDown
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app import problems
 from app.cache import Coalesced
@@ -17,7 +18,7 @@ from app.dashboard import install_dashboard
 from app.db import DATABASE_DOWN, make_engine, session_factory
 from app.deps import document_limits
 from app.edge import RequestEdge
-from app.limits import UploadSlots
+from app.limits import TOO_MANY_POLLS, UploadSlots
 from app.logs import configure_logging
 from app.metrics import Metrics
 from app.routes import (
@@ -52,6 +53,16 @@ async def unavailable(request: Request, exc: Exception) -> JSONResponse:
                             headers={"Retry-After": "5"})
 
 
+async def busy(request: Request, exc: Exception) -> JSONResponse:
+    """503 with ``Retry-After`` (not a 500) when every pooled database connection stayed
+    taken for FEDREC_DATABASE_POOL_TIMEOUT: the request changed nothing and can be retried."""
+    log.warning("database pool exhausted during %s %s: %s", request.method, request.url.path,
+                exc)
+    return problems.problem(request, 503, "database_busy",
+                            "Every database connection is in use; retry the request later",
+                            headers={"Retry-After": "2"})
+
+
 def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -> FastAPI:
     """Build the API from ``settings`` (default: the environment). Does not migrate.
 
@@ -68,7 +79,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     if generated:
         log.warning("FEDREC_ADMIN_TOKEN is not set; development admin token for this "
                     "process: %s", token)
-    engine = make_engine(settings.database_url)
+    engine = make_engine(settings.database_url, settings.database_pool_timeout)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -89,6 +100,8 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     app.state.sign_ins = FailedSignIns(settings.max_failed_sign_ins)
     app.state.background_tasks = set()
     app.state.upload_slots = UploadSlots(settings.max_concurrent_uploads)
+    app.state.agent_polls = UploadSlots(settings.max_agent_polls, "too_many_requests",
+                                        TOO_MANY_POLLS)
     app.state.ratings_cache = RatingsCache(settings.serving_cache_seconds)
     app.state.coalesced = Coalesced()  # one re-check at a time per key (app.cache)
     app.state.agent_closes = {}  # (job, round) -> when its deadline aggregate was sent
@@ -101,6 +114,7 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     problems.install(app)  # every error as problem+json, documented in the OpenAPI
     for exc in (*DATABASE_DOWN, BrokerDown):
         app.add_exception_handler(exc, unavailable)
+    app.add_exception_handler(PoolTimeout, busy)
     install_dashboard(app)  # /docs, /redoc and the /dashboard pages
     # X-Request-ID, FEDREC_MAX_UPLOAD_BYTES on every route (413), the request metrics
     # and the access line, as one layer (app.edge)

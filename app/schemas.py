@@ -31,6 +31,9 @@ from float overflow however many tenants train together."""
 MAX_RATING_SPAN = 1e6
 """Largest ``rating_max - rating_min``."""
 MAX_PRIVACY_BUDGET = 1e6
+#: the longest minimum retraining interval: 100 years (a larger one would overflow the
+#: date arithmetic of every beat tick; "never" is scheduled_retraining off)
+MAX_RETRAIN_SECONDS = 100 * 365.25 * 86400
 """Largest ``privacy_budget`` (epsilon); anything near it already means no privacy."""
 
 DbInt = Annotated[int, Field(ge=0, le=MAX_DB_INT)]
@@ -74,7 +77,7 @@ class TenantCreate(Input):
         False, description="Consent to scheduled retraining (beat), which charges this "
                            "tenant's budget. Off: beat never retrains a job including it.")
     retrain_min_seconds: float = Field(
-        86400.0, ge=0, allow_inf_nan=False,
+        86400.0, ge=0, le=MAX_RETRAIN_SECONDS, allow_inf_nan=False,
         description="Least time between two scheduled retrainings including this tenant.")
 
     @model_validator(mode="after")
@@ -117,7 +120,8 @@ class TenantUpdate(Input):
     auto_create_items: bool = Field(None)
     allow_non_private: bool = Field(None)
     scheduled_retraining: bool = Field(None)
-    retrain_min_seconds: float = Field(None, ge=0, allow_inf_nan=False, strict=True)
+    retrain_min_seconds: float = Field(None, ge=0, le=MAX_RETRAIN_SECONDS,
+                                       allow_inf_nan=False, strict=True)
 
 
 Epsilon = float | Literal["infinity"]

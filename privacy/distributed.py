@@ -47,6 +47,7 @@ import numpy as np
 from algorithms._messages import Message
 from algorithms.dpals import UserBounds
 from privacy import secagg
+from privacy.ledger import charged_release
 from privacy.randomness import fresh_noise_generator
 from privacy.user_level import (
     AGGREGATE,
@@ -233,8 +234,9 @@ class SecureAggregationPrivatizer(UserLevelPrivatizer):
         event = self.event(index)
         if not self._affordable(client, round_, event):
             return None
-        self.ledger.charge(client, event, round_)  # before the noisy, masked input leaves
-        return upload
+        kept, _, _ = charged_release(self.ledger, [client], event, round_,  # before the
+                                     lambda _: upload, "user-level release")  # input leaves
+        return kept
 
     def aggregate(self, uploads: Mapping[int, Message], round_: int
                   ) -> Mapping[int, Message]:
@@ -289,8 +291,6 @@ def charge_release(spec: UserLevelSpec, upload: Message, account: Any, ledger: A
     (:func:`privacy.ledger.charged_release`) before anything noisy leaves; the bounded
     upload stays with the tenant, to be noised by :func:`tenant_input` and masked. Returns
     (upload, event charged, refusal reason), as :func:`privacy.user_level.release_one`."""
-    from privacy.ledger import charged_release
-
     kept, charged, refused = charged_release(ledger, [account], release_event(spec, index),
                                              round_, lambda _: upload, "user-level release")
     if refused:

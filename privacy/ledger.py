@@ -176,6 +176,17 @@ class Ledger:
         acc["rounds"].append(int(round_))
         return after
 
+    def with_reserved(self, reserved: Mapping[Hashable, Sequence[Event]]) -> Ledger:
+        """A copy in which each tenant has also spent the events ``reserved`` for it
+        (what other accepted runs still plan to charge), for checking a new run's plan
+        against the budget those runs leave; the copy is never charged."""
+        out = self.to_dict()
+        for tenant, events in reserved.items():
+            acc = out["tenants"][_key(tenant)]
+            acc["history"] = [e.as_list() for e in compose(
+                [Event.from_list(e) for e in acc["history"]] + list(events))]
+        return Ledger.from_dict(out)
+
     def stop(self, tenant: Hashable, round_: int) -> None:
         """Record that the tenant stopped transmitting in ``round_`` (first stop is kept)."""
         acc = self._account(tenant)

@@ -518,3 +518,38 @@ class UserLevelPrivatizer:
             "stopped": self.ledger.stopped(),
         })
         return out
+
+
+#: standard deviations of slack in :func:`bound_problem` (an honest item exceeds it with
+#: probability below exp(-TAIL^2 / 2) per item and array)
+TAIL = 10.0
+
+
+def bound_problem(upload: Message, bounds: UserBounds, stds: Mapping[str, float]
+                  ) -> str | None:
+    """Why a noisy gram/rhs release ``upload`` (noise ``stds``) cannot be sums of bounded
+    users' terms (None: it can, or ``bounds`` declare no count coordinate).
+
+    With ``x``'s last coordinate the constant c, item j's gram sum A_j has
+    ``A_j[-1, -1] = c^2 sum_u w_uj`` and its rhs ``b_j = sum_u w_uj s_u x_u``, so
+    ``||b_j|| <= rating_bound x_norm A_j[-1, -1] / c^2`` whatever the users. With the
+    noise: ``A_j[-1, -1]`` is read at most ``TAIL`` standard deviations low and ``b_j``'s
+    noise norm is at most ``sigma (sqrt(d) + TAIL)``. An rhs beyond this was not built
+    from bounded users: receiving it would let one tenant move the items' factors
+    without limit (norm bounding, "Can You Really Backdoor Federated Learning?", Sun et
+    al., 2019, at the bound the user-level sensitivity already implies)."""
+    c = bounds.count_coordinate
+    if not c or not bounds.gram or len(bounds.gram) != len(bounds.rhs):
+        return None
+    for gram, rhs in zip(bounds.gram, bounds.rhs, strict=True):
+        a, b = getattr(upload, gram), getattr(upload, rhs)
+        weight = np.maximum(a[:, -1, -1] + TAIL * stds[gram], 0.0) / c ** 2
+        allowed = (bounds.rating_bound * bounds.x_norm * weight
+                   + stds[rhs] * (math.sqrt(b.shape[-1]) + TAIL))
+        over = np.flatnonzero(np.linalg.norm(b, axis=-1) > allowed)
+        if over.size:
+            j = int(over[0])
+            return (f"{rhs}[{j}] has norm {np.linalg.norm(b[j]):.6g}, more than {gram}[{j}] "
+                    f"allows for bounded users plus the declared noise ({allowed[j]:.6g}); "
+                    f"{over.size} item(s) over")
+    return None

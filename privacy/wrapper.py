@@ -55,7 +55,7 @@ from privacy.bernoulli import (
     flip_prob_for_epsilon,
     is_boolean,
 )
-from privacy.clipping import clip_arrays
+from privacy.clipping import clip_arrays, joint_norm
 from privacy.gaussian import gaussian_noise
 from privacy.laplace import laplace_noise, rfrec_entry_epsilon
 from privacy.ledger import BudgetExceeded, Ledger, charged_release, check_plan
@@ -194,6 +194,42 @@ def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
     noisy = {k: (v + draw(v.shape, scale, rng)).astype(arrays[k].dtype)
              for k, v in clipped.items()}
     return upload.replace(**noisy), event
+
+
+#: standard deviations of slack in :func:`bound_problem`: an honest upload is refused
+#: with probability below exp(-TAIL^2 / 2) (Gaussian) / exp(-TAIL) (Laplace)
+TAIL = 10.0
+
+
+def bound_problem(upload: Message, spec: DPSpec) -> str | None:
+    """Why ``upload`` cannot be a :func:`privatize` output under ``spec`` (None: it can).
+
+    A privatised upload is a clipped upload plus the declared noise, so its norm is at
+    most the clip ball's radius plus the noise's norm, which concentrates: Gaussian
+    ``||N||_2 <= sigma (sqrt(d) + TAIL)``, Laplace ``||N||_1 <= b (d + 4 TAIL sqrt(d) +
+    4 TAIL^2)``; Bernoulli bits stay bits. An upload past that bound was not clipped:
+    receiving it would let one tenant move the model without limit, so the server refuses
+    it (norm bounding, as in "Can You Really Backdoor Federated Learning?", Sun et al.,
+    2019, here at the bound the privacy guarantee already implies)."""
+    arrays = upload.arrays()
+    if spec.mechanism == "none":
+        return None
+    if spec.mechanism == "bernoulli":
+        bad = [k for k, a in arrays.items() if not np.isin(a, (0, 1)).all()]
+        return f"{bad[0]} has entries other than 0 and 1" if bad else None
+    d, c, norm = n_entries(upload), spec.clip, spec.clip_norm
+    scale = noise_scale(spec, d)
+    if spec.mechanism == "gaussian":  # measured in L2
+        radius = c * math.sqrt(d) if norm == "value" else c
+        bound, which = radius + scale * (math.sqrt(d) + TAIL), "l2"
+    else:  # Laplace, measured in L1
+        radius = {"l1": c, "l2": c * math.sqrt(d), "value": c * d}[norm]
+        bound, which = radius + scale * (d + 4 * TAIL * math.sqrt(d) + 4 * TAIL ** 2), "l1"
+    got = joint_norm({k: np.asarray(a, dtype=np.float64) for k, a in arrays.items()}, which)
+    if not got <= bound:
+        return (f"has {which} norm {got:.6g}, more than clip {c:g} plus the declared noise "
+                f"allow ({bound:.6g})")
+    return None
 
 
 def _privatize_bits(upload: Message, spec: DPSpec, rng: np.random.Generator

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 
-from app.deps import UNPROCESSABLE, OwnTenantDep, errors
+from app.deps import UNPROCESSABLE, OwnTenantDep, ServingTenantDep, errors
 from app.inputs import Input
 from app.problems import ApiError
 from app.routes import API_PREFIX
@@ -42,10 +42,13 @@ def _session(request: Request):
 
 
 _CODES = {404: "job_not_found", 409: "round_conflict", 422: "invalid_upload"}
+_DROPPED = {409: "budget_exceeded", 422: "upload_out_of_bounds"}
 
 
 def _refused(exc: agents.AgentRefused) -> HTTPException:
     """The refusal as a problem with a stable code (late and duplicate uploads by name)."""
+    if isinstance(exc, agents.AgentDropped):
+        return ApiError(exc.status, _DROPPED[exc.status], exc.detail)
     prefix = exc.detail.split(":", 1)[0]
     code = {"late": "late_upload", "duplicate": "duplicate_upload"}.get(
         prefix, _CODES.get(exc.status, "agent_refused"))
@@ -58,6 +61,10 @@ def _accept(request: Request, job_id: int, round_: int, step, *args) -> dict[str
     with _session(request) as s:
         try:
             out = step(s, *args)
+        except agents.AgentDropped as exc:  # the round goes on without this tenant
+            if exc.complete:
+                dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job_id, round_)
+            raise _refused(exc) from None
         except agents.AgentRefused as exc:
             raise _refused(exc) from None
     if out.pop("complete"):
@@ -99,8 +106,27 @@ def read_manifest(tenant: OwnTenantDep, job_id: PathId, request: Request) -> dic
         return agents.manifest(s, job, client)
 
 
-@router.get(JOBS + "/{job_id}/round")
-async def read_round(tenant: OwnTenantDep, job_id: PathId, request: Request,
+POLL_SECONDS = 0.25
+POLLED = {429: {"description": "Too many round requests of this tenant in progress "
+                               "(FEDREC_MAX_AGENT_POLLS); see Retry-After."}}
+
+
+async def _poll(request: Request, tenant_id: int, look, done, wait: float
+                ) -> dict[str, Any]:
+    """``look()`` (one short session in the threadpool) until ``done(status)`` or ``wait``
+    seconds passed, holding one of the tenant's poll slots (429 beyond
+    FEDREC_MAX_AGENT_POLLS) and no database connection between looks."""
+    end = time.monotonic() + wait
+    with request.app.state.agent_polls.slot(tenant_id):
+        while True:
+            status = await run_in_threadpool(look)
+            if done(status) or time.monotonic() >= end:
+                return status
+            await asyncio.sleep(min(POLL_SECONDS, max(0.0, end - time.monotonic())))
+
+
+@router.get(JOBS + "/{job_id}/round", responses=POLLED)
+async def read_round(tenant: ServingTenantDep, job_id: PathId, request: Request,
                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description=(
                          "Long-poll: answer as soon as this tenant has something to do "
                          "or the job moved past round 'after', within this many seconds."))]
@@ -109,7 +135,6 @@ async def read_round(tenant: OwnTenantDep, job_id: PathId, request: Request,
                      ) -> dict[str, Any]:
     """The open round for this tenant: ``phase`` upload (selected: send before
     ``deadline``), wait, or closed (the job ended)."""
-    end = time.monotonic() + wait
 
     def look() -> dict[str, Any]:
         with _session(request) as s:
@@ -120,12 +145,8 @@ async def read_round(tenant: OwnTenantDep, job_id: PathId, request: Request,
             _close_if_due(request, job)
             return agents.round_status(s, job, client)
 
-    while True:
-        status = await run_in_threadpool(look)
-        if (status["phase"] != "wait" or status["completed_rounds"] > after
-                or time.monotonic() >= end):
-            return status
-        await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+    return await _poll(request, tenant.id, look, lambda status: (
+        status["phase"] != "wait" or status["completed_rounds"] > after), wait)
 
 
 @router.get(JOBS + "/{job_id}/global", response_class=Response,
@@ -171,8 +192,9 @@ def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: 
                    body.reason if body else DECLINED)
 
 
-@router.get(JOBS + "/{job_id}/rounds/{round_}/secagg", responses=errors(409))
-async def read_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
+@router.get(JOBS + "/{job_id}/rounds/{round_}/secagg", responses={**errors(409), **POLLED})
+async def read_secagg(tenant: ServingTenantDep, job_id: PathId, round_: PathId,
+                      request: Request,
                       wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description=(
                           "Long-poll: answer as soon as the open phase is not 'after', "
                           "within this many seconds."))] = 0.0,
@@ -181,7 +203,6 @@ async def read_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, requ
     """Secure aggregation of round ``round_``: the open ``phase`` (keys, shares, masked,
     unmask, done or failed), the key roster, this tenant's share inbox and the unmask
     request once their phases closed, and the phases this tenant has posted."""
-    end = time.monotonic() + wait
 
     def look() -> dict[str, Any]:
         with _session(request) as s:
@@ -190,11 +211,8 @@ async def read_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, requ
             except agents.AgentRefused as exc:
                 raise _refused(exc) from None
 
-    while True:
-        status = await run_in_threadpool(look)
-        if status["phase"] != after or time.monotonic() >= end:
-            return status
-        await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+    return await _poll(request, tenant.id, look, lambda status: status["phase"] != after,
+                       wait)
 
 
 @router.post(JOBS + "/{job_id}/rounds/{round_}/secagg/{phase}",

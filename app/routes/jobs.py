@@ -114,9 +114,9 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
     (e.g. 503: the broker is down) leaves no job behind, so retrying it is safe.
     """
     digest = request_hash(body.model_dump(mode="json"))
-    try:
-        if idempotency_key is not None and (done := job_for_key(session, idempotency_key,
-                                                                  digest)):
+    try:  # a dry run is a plan, never a stored job (whatever key it carries)
+        if idempotency_key is not None and not dry_run and (
+                done := job_for_key(session, idempotency_key, digest)):
             return _replayed(response, done)
     except JobRefused as exc:
         raise refused(exc) from None

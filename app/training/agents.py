@@ -34,6 +34,7 @@ could read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -45,13 +46,14 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from algorithms import Message, registry
-from algorithms._messages import messages_equal
+from algorithms._messages import MessageRefused, messages_equal, read_expected
 from app.models import Item, Tenant
 from app.training import pipeline, secure
-from app.training.models import LedgerEntry, RoundUpload, TrainingJob
+from app.training.ledger import charge_received
+from app.training.models import RoundUpload, TrainingJob
 from privacy import user_level
 from privacy.accountant import Event
-from privacy.wrapper import DPSpec, n_entries, transmission_event
+from privacy.wrapper import DPSpec, bound_problem, n_entries, transmission_event
 
 PROTOCOL = 1
 PHASES = ("upload",)
@@ -163,7 +165,7 @@ def _open_round(s: Session, job: TrainingJob, client: int, round_: int) -> None:
         raise AgentRefused(409, f"late: round {round_} is closed (job {job.id} has "
                                 f"completed {job.current_round} rounds)")
     deadline = pipeline.round_deadline(job, round_)
-    if round_ > job.current_round + 1 or deadline is None:
+    if round_ > job.current_round + 1 or round_ > job.rounds or deadline is None:
         raise AgentRefused(409, f"round {round_} has not started (job {job.id} has completed "
                                 f"{job.current_round} rounds)")
     if client not in _selected(job, round_):
@@ -176,37 +178,59 @@ def _open_round(s: Session, job: TrainingJob, client: int, round_: int) -> None:
 
 
 def parse_upload(job: TrainingJob, data: bytes) -> Message:
-    """The upload as the job's message type with float64 arrays; 422 naming what is wrong."""
+    """The upload as the job's message type with float64 arrays; 422 naming what is wrong.
+
+    Names, shapes and dtypes are checked against the job's upload schema from the
+    archive's headers before any array is inflated, and each array is read up to the size
+    its schema allows (:func:`algorithms._messages.read_expected`): a compressed body
+    cannot make the coordinator allocate more than one expected upload. Every scalar field
+    must be one the message declares, of the type the job's own round 1 produced, and
+    finite (:func:`_checked_scalars`)."""
     schema = job.agents.get("upload")
     if schema is None:
         raise AgentRefused(422, f"job {job.id}'s algorithm sends no uploads")
-    try:
-        msg = Message.from_bytes(data)
-    except Exception as exc:  # noqa: BLE001 - whatever the bytes are, they are not a message
-        raise AgentRefused(422, f"upload is not a fedrec message ({type(exc).__name__}: "
-                                f"{exc})") from None
-    got = f"{type(msg).__module__}.{type(msg).__qualname__}"
-    if got != schema["type"]:
-        raise AgentRefused(422, f"upload is a {got}; job {job.id} expects a {schema['type']}")
-    arrays = msg.arrays()
-    if set(arrays) != set(schema["arrays"]):
-        raise AgentRefused(422, f"upload has arrays {sorted(arrays)}; expected "
-                                f"{sorted(schema['arrays'])}")
     wire = {"float64"} if job.agents.get("wire") == "float64" else {"float64", "float32"}
+    want = {name: (w["shape"], {w["dtype"]} | (wire if w["dtype"] == "float64" else set()))
+            for name, w in schema["arrays"].items()}
+    try:
+        cls, scalars, arrays = read_expected(data, schema["type"], want)
+    except MessageRefused as exc:
+        where = "upload" if exc.field is None else f"upload.{exc.field}"
+        raise AgentRefused(422, f"{where} {exc.problem}") from None
     cast = {}
-    for name, want in schema["arrays"].items():
-        a = arrays[name]
-        if list(a.shape) != want["shape"]:
-            raise AgentRefused(422, f"upload.{name} has shape {list(a.shape)}; expected "
-                                    f"{want['shape']}")
-        ok = {want["dtype"]} | (wire if want["dtype"] == "float64" else set())
-        if str(a.dtype) not in ok:
-            raise AgentRefused(422, f"upload.{name} has dtype {a.dtype}; expected "
-                                    f"{' or '.join(sorted(ok))}")
+    for name, a in arrays.items():
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             raise AgentRefused(422, f"upload.{name} has non-finite values")
-        cast[name] = a.astype(want["dtype"], copy=False)
-    return msg.replace(**cast)
+        cast[name] = a.astype(schema["arrays"][name]["dtype"])
+    try:
+        return cls(**cast, **_checked_scalars(cls, schema, scalars))
+    except TypeError as exc:
+        raise AgentRefused(422, f"upload is not a {schema['type']} ({exc})") from None
+
+
+def _checked_scalars(cls: type[Message], schema: dict[str, Any], got: dict[str, Any]
+                     ) -> dict[str, Any]:
+    """The upload's scalar fields: exactly the message's non-array fields, each of the
+    JSON type the job's round 1 gave it (a job stored before the schema kept them: any
+    scalar type) and finite; 422 naming the first that is not."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(schema["arrays"])
+    if set(got) != names:
+        raise AgentRefused(422, f"upload has scalar fields {sorted(got)}; expected "
+                                f"{sorted(names)}")
+    expected = schema.get("scalars", {})
+    for name, value in got.items():
+        kinds = _SCALAR_KINDS.get(type(expected.get(name, value)), ())
+        if type(value) not in kinds:
+            raise AgentRefused(422, f"upload.{name} is {value!r}; expected a "
+                                    f"{type(expected.get(name, value)).__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise AgentRefused(422, f"upload.{name} is {value!r}; expected a finite number")
+    return got
+
+
+#: the JSON types a scalar field may arrive as, by the type round 1 gave it
+_SCALAR_KINDS = {float: (float, int), int: (int,), bool: (bool,), str: (str,),
+                 type(None): (type(None),)}
 
 
 def expected_charge(s: Session, job: TrainingJob, tenant_id: int, upload: Message) -> Event:
@@ -241,7 +265,9 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
 
     Returns ``{"round", "replayed", "charged", "complete"}``; ``complete`` means the round
     has every selected tenant's result and its aggregate must be sent. Raises
-    :class:`AgentRefused` (nothing written) for a late, duplicate or malformed upload.
+    :class:`AgentRefused` (nothing written) for a late, duplicate or malformed upload, and
+    :class:`AgentDropped` (the tenant staged as sitting the round out) for an upload the
+    tenant's budget cannot pay for or whose values are outside the job's bound.
     """
     job, client = agent_job(s, job_id, tenant_id, lock=True)
     _open_round(s, job, client, round_)
@@ -256,19 +282,17 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
     if prior is not None:
         return _replay(s, job, client, round_, prior, upload)
     event = expected_charge(s, job, tenant_id, upload)
-    if reported is not None:
-        try:
-            theirs = Event.from_list(json.loads(reported))
-        except (TypeError, ValueError, IndexError) as exc:
-            raise AgentRefused(422, f"Fedrec-Charge is not an event [mechanism, z, count]: "
-                                    f"{exc}") from None
-        if not _same_event(theirs, event):
-            raise AgentRefused(422, f"Fedrec-Charge {theirs.as_list()} is not what job "
-                                    f"{job_id} charges this upload ({event.as_list()})")
+    _check_reported(job, reported, event)
+    _check_noise_fields(s, job, tenant_id, upload)
+    problem = _bound_problem(s, job, tenant_id, upload)
+    refused = charge_received(s, job.id, tenant_id, round_, event, {
+        "dp": job.dp, "by": "agent", **({"refused": problem} if problem else {})})
+    if refused is not None:  # its data is discarded unread; nothing was charged
+        _drop(s, job, client, round_, f"refused: {refused}", None)
+    if problem is not None:  # charged (it was released), never used
+        _drop(s, job, client, round_, f"refused: upload {problem}", event)
     s.add(RoundUpload(job_id=job_id, round=round_, client_index=client,
                       upload=upload.to_bytes(), refused=None))
-    s.add(LedgerEntry(tenant_id=tenant_id, job_id=job_id, round=round_,
-                      event={"event": event.as_list(), "dp": job.dp, "by": "agent"}))
     try:
         s.commit()
     except IntegrityError:  # the same upload raced in first
@@ -280,6 +304,85 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
         return _replay(s, job, client, round_, prior, upload)
     return {"round": round_, "replayed": False, "charged": event.as_list(),
             "complete": _complete(s, job, round_)}
+
+
+class AgentDropped(AgentRefused):
+    """The upload was refused and the tenant sits the round out (staged as refused, so the
+    round completes for the others); ``complete``: the round's aggregate is now due."""
+
+    def __init__(self, status: int, detail: str, complete: bool) -> None:
+        super().__init__(status, detail)
+        self.complete = complete
+
+
+def _check_reported(job: TrainingJob, reported: str | None, event: Event) -> None:
+    """422 unless the agent's ``Fedrec-Charge`` (when sent) is the job's ``event``."""
+    if reported is None:
+        return
+    try:
+        theirs = Event.from_list(json.loads(reported))
+    except (TypeError, ValueError, IndexError) as exc:
+        raise AgentRefused(422, f"Fedrec-Charge is not an event [mechanism, z, count]: "
+                                f"{exc}") from None
+    if not _same_event(theirs, event):
+        raise AgentRefused(422, f"Fedrec-Charge {theirs.as_list()} is not what job "
+                                f"{job.id} charges this upload ({event.as_list()})")
+
+
+def _check_noise_fields(s: Session, job: TrainingJob, tenant_id: int, upload: Message
+                        ) -> None:
+    """422 unless a user-level upload states the noise the job adds to this release: the
+    server step weighs the sums by these fields, so a wrong one (NaN, or noise that was
+    never added) would poison the model."""
+    if not user_level.is_user_level(job.dp):
+        return
+    spec, bounds = _user_bounds(job)
+    index = pipeline._job_releases(s, job.id, tenant_id)
+    for name, std in user_level.release_stds(spec, bounds, index).items():
+        field = bounds.noise_fields[name]
+        got = getattr(upload, field)
+        if not math.isclose(got, std, rel_tol=1e-9):
+            raise AgentRefused(422, f"upload.{field} is {got!r}; job {job.id} adds noise of "
+                                    f"standard deviation {std!r} to {name} in this release")
+
+
+def _bound_problem(s: Session, job: TrainingJob, tenant_id: int, upload: Message
+                   ) -> str | None:
+    """Why an upload's values lie outside what the job's bounds plus its noise allow:
+    the clip of a tenant-unit job (:func:`privacy.wrapper.bound_problem`), the per-user
+    bounds of a user-level one (:func:`privacy.user_level.bound_problem`); None when
+    they do not, or the job declares no bound."""
+    if user_level.is_user_level(job.dp):
+        spec, bounds = _user_bounds(job)
+        index = pipeline._job_releases(s, job.id, tenant_id)
+        return user_level.bound_problem(upload, bounds,
+                                        user_level.release_stds(spec, bounds, index))
+    if not registry.get(job.algorithm).privacy_preserving:
+        return None
+    return bound_problem(upload, DPSpec(**job.dp))
+
+
+def _user_bounds(job: TrainingJob):
+    """(spec, bounds) of a user-level job."""
+    alg = registry.get(job.algorithm)
+    return (user_level.from_settings(job.dp),
+            registry.user_bounds(job.algorithm, alg.config(**job.config)))
+
+
+def _drop(s: Session, job: TrainingJob, client: int, round_: int, reason: str,
+          charged: Event | None) -> None:
+    """Stage the tenant as sitting round ``round_`` out (``reason``), commit (with the
+    charge already added, if any), and raise :class:`AgentDropped` stating both."""
+    tenant_id = job.tenant_ids[client]
+    s.add(RoundUpload(job_id=job.id, round=round_, client_index=client, upload=None,
+                      refused=reason[:2000]))
+    s.commit()
+    status = 409 if charged is None else 422
+    charge = ("nothing was charged" if charged is None else
+              f"its charge {charged.as_list()} stands (the release was sent)")
+    raise AgentDropped(status, f"upload {reason.removeprefix('refused: ')}; tenant "
+                               f"{tenant_id} sits out round {round_} and {charge}",
+                       _complete(s, job, round_))
 
 
 def _replay(s: Session, job: TrainingJob, client: int, round_: int, prior: RoundUpload,

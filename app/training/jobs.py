@@ -29,6 +29,7 @@ from app.training import states
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
+from app.training.reservations import as_reserved, budget_ledger, over_budget
 from privacy import user_level
 from privacy.accountant import Spend
 from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan, check_schedule
@@ -242,6 +243,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     if not len(item_ids):
         raise JobRefused(422, "the item catalogue is empty: add items before training" if
                          not private else f"no registered items: {REGISTERED_ONLY}")
+    _check_size(s, alg, cfg, len(item_ids), [tenants[i] for i in hosted[:1]])
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
@@ -271,10 +273,11 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     if isinstance(dp, dict):
         # agents' users are not counted here (their number is theirs to keep)
         n_users = sum(users[tenants[i].id] for i in hosted)
-        settings, projected = _check_user_level(s, alg, cfg, spec, dp, n_users, glob,
-                                                per_round, len(tenants))
+        settings, projected, reserve = _check_user_level(s, alg, cfg, spec, dp, n_users,
+                                                         glob, per_round, len(tenants))
     else:
-        projected = _check_budgets(s, alg, spec, dp, size, glob, per_round, tenants)
+        projected, reserve = _check_budgets(s, alg, spec, dp, size, glob, per_round,
+                                            tenants)
         settings = dp.model_dump()
     if dry_run:
         s.rollback()  # nothing was written; end the snapshot transaction
@@ -288,6 +291,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         parent_job_id=spec.parent_job_id,
         ratings_version={str(t.id): t.ratings_version for t in tenants},
         idempotency_key=key, request_hash=digest, max_attempts=spec.max_attempts,
+        reserved=as_reserved(reserve),
         agents=None if not agents else {
             "tenants": [t for t in spec.tenant_ids if t in agents],
             "round_seconds": float(spec.round_seconds), "wire": spec.wire,
@@ -318,7 +322,62 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
                         transmissions=0))
         s.flush()  # written: the session keeps no strong reference to the bytes
     s.commit()
+    _confirm(s, job)
     return job
+
+
+def _confirm(s: Session, job: TrainingJob) -> None:
+    """Settle a race with another creation on the same tenants (see
+    :mod:`app.training.reservations`): withdraw this job (409) when its reservation no
+    longer fits next to the others committed meanwhile."""
+    why = over_budget(s, job)
+    if why is None:
+        s.commit()  # releases the tenants' lock
+        return
+    s.execute(sa.delete(TrainingJob).where(TrainingJob.id == job.id))  # under the lock
+    s.commit()
+    raise JobRefused(409, why)
+
+
+#: config fields that size the model (factor rows) and that multiply a round's work
+RANK_FIELDS = ("rank", "k")
+STEP_FIELDS = ("inner_steps", "q1", "q2", "q_hat", "iterations")
+#: what one job's model may take in memory (its global model, server state and a round's
+#: copies of them), and the work of its dry round: (ratings + items) x d^2 x steps
+MAX_MODEL_BYTES = 2 << 30
+MAX_ROUND_WORK = 2e11
+
+
+def _check_size(s: Session, alg: Algorithm, cfg: Any, n_items: int,
+                first: list[Tenant]) -> None:
+    """422 naming the config field before anything is allocated or run: the model must fit
+    in :data:`MAX_MODEL_BYTES` (n_items x d, x d again for per-item Gram blocks, 4 copies)
+    and the dry round's estimated work in :data:`MAX_ROUND_WORK`, with d = rank + 2 and
+    the first hosted tenant's ratings (the block the dry round trains on)."""
+    values = cfg.model_dump()
+    rank = next((f for f in RANK_FIELDS if isinstance(values.get(f), int)), None)
+    d = values[rank] + 2 if rank else 2
+    bounds = registry.user_bounds(alg.name, cfg)
+    model = 4 * 8 * n_items * d * (d if bounds is not None and bounds.gram else 1)
+    if rank and model > MAX_MODEL_BYTES:
+        raise JobRefused(422, f"invalid config.{rank}: {values[rank]} over {n_items} items "
+                              f"needs about {model / 2**30:.3g} GiB for the model; at most "
+                              f"{MAX_MODEL_BYTES / 2**30:g} GiB")
+    nnz = _n_ratings(s, first[0]) if first else 4
+    steps = {f: values[f] for f in STEP_FIELDS if isinstance(values.get(f), int)
+             and values[f] > 0}
+    work = (nnz + n_items) * d * d * max(1, sum(steps.values()))
+    if work > MAX_ROUND_WORK:
+        field = (rank if rank and (nnz + n_items) * d * d > MAX_ROUND_WORK or not steps
+                 else max(steps, key=steps.get))
+        raise JobRefused(422, f"invalid config.{field}: a round would do about {work:.3g} "
+                              f"units of work ((ratings + items) x (rank + 2)^2 x steps); "
+                              f"at most {MAX_ROUND_WORK:.3g}")
+
+
+def _n_ratings(s: Session, tenant: Tenant) -> int:
+    return int(s.scalar(sa.select(sa.func.count()).select_from(Rating).join(
+        User, User.id == Rating.user_id).where(User.tenant_id == tenant.id)) or 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,11 +422,15 @@ def _stand_in(n_items: int, scale: tuple[float, float]) -> RatingBlock:
 
 
 def upload_schema(upload) -> dict[str, Any]:
-    """What an agent's upload must look like: message type, array names, shapes, dtypes."""
+    """What an agent's upload must look like: message type, array names, shapes, dtypes,
+    and its scalar fields as round 1 gave them (their JSON types are the ones accepted)."""
     cls = type(upload)
+    arrays = upload.arrays()
     return {"type": f"{cls.__module__}.{cls.__qualname__}",
             "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
-                       for k, v in upload.arrays().items()}}
+                       for k, v in arrays.items()},
+            "scalars": {f.name: getattr(upload, f.name) for f in dataclasses.fields(upload)
+                        if f.name not in arrays}}
 
 
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
@@ -395,11 +458,12 @@ def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: Ra
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
                       request: dict[str, Any], n_users: int, glob, per_round: int,
-                      n_clients: int) -> tuple[dict[str, Any], dict[str, Spend]]:
+                      n_clients: int) -> tuple[dict[str, Any], dict[str, Spend], dict]:
     """Plan a user-level job: solve its noise for the target over the releases each user
     takes part in, and refuse it (409) unless every tenant can afford that schedule.
 
-    Returns the settings the job stores and each tenant's projection. A release is one
+    Returns the settings the job stores, each tenant's projection and its planned events
+    (the job's reservation). A release is one
     round's upload of a tenant's users; a user takes part in at most as many as its tenant
     transmits (and DPALS and the gradient methods stop uploading after their sweeps /
     releases)."""
@@ -418,22 +482,26 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
         field = {"epsilon": "target_epsilon"}.get(name, name)
         raise JobRefused(422, f"invalid privacy.{field}: {msg}") from None
     try:
-        projected = check_schedule(load_ledger(s, spec.tenant_ids), spec.tenant_ids, events)
+        projected = check_schedule(budget_ledger(s, spec.tenant_ids), spec.tenant_ids,
+                                   events)
     except BudgetExceeded as exc:
         raise JobRefused(409, str(exc)) from None
-    return user_level.to_settings(planned), projected
+    return user_level.to_settings(planned), projected, {t: events for t in spec.tenant_ids}
 
 
 def _check_budgets(s: Session, alg: Algorithm, spec: JobSpec, dp: DPSpec, size: int, glob,
-                   per_round: int, tenants: list[Tenant]) -> dict[str, Spend]:
-    """409 unless every tenant can afford its planned transmissions (on top of past jobs);
+                   per_round: int, tenants: list[Tenant]) -> tuple[dict[str, Spend], dict]:
+    """409 unless every tenant can afford its planned transmissions on top of past jobs'
+    charges and what other accepted jobs reserved (:mod:`app.training.reservations`);
     a job without a DP guarantee needs every transmitting tenant's opt-in instead, and
-    is charged as epsilon = infinity. Returns each transmitting tenant's projection."""
+    is charged as epsilon = infinity. Returns each transmitting tenant's projection and
+    its planned events (the job's reservation)."""
     plan = planned_transmissions(alg, spec.rounds, per_round, spec.seed, len(tenants), glob)
     tenant_plan = {spec.tenant_ids[i]: n for i, n in plan.items() if n}
+    event = transmission_event(dp, size, alg.privacy_preserving)
     try:
-        return check_plan(load_ledger(s, spec.tenant_ids), tenant_plan,
-                          transmission_event(dp, size, alg.privacy_preserving))
+        return (check_plan(budget_ledger(s, spec.tenant_ids), tenant_plan, event),
+                {t: [event.times(n)] for t, n in tenant_plan.items()})
     except BudgetExceeded as exc:
         raise JobRefused(409, str(exc)) from None
     except NotPrivateRefused as exc:

@@ -110,3 +110,19 @@ def spend_summary(s: Session, tenant: Tenant) -> dict:
             "epsilon_remaining": max(0.0, budget.epsilon_max - spent.epsilon),
             "delta": budget.delta, "private": math.isfinite(spent.epsilon),
             "transmissions": spent.transmissions, "jobs": jobs}
+
+
+def charge_received(s: Session, job_id: int, tenant_id: int, round_: int, event: Event,
+                    record: dict) -> str | None:
+    """Charge a release a tenant privatised itself (an agent's upload or masked input)
+    through :func:`privacy.ledger.charged_release`, under the tenant's lock
+    (:func:`load_ledger`), as a hosted tenant's release is charged: the entry (``record``
+    plus the event) is added, not committed. Returns why the tenant's budget refuses it
+    (nothing added; the caller must not use the release), or None."""
+    ledger = load_ledger(s, [tenant_id], lock=True)
+    _, charged, refused = charged_release(ledger, [tenant_id], event, round_, lambda _: None)
+    if refused:
+        return refused[tenant_id]
+    s.add(LedgerEntry(tenant_id=tenant_id, job_id=job_id, round=round_,
+                      event={"event": charged[tenant_id].as_list(), **record}))
+    return None

@@ -75,6 +75,10 @@ class TrainingJob(Base):
     round, "wire": "float64"|"float32", "upload": schema of an upload}``; None: all hosted.
     An agent tenant's ratings are not in this database: its client step runs in
     ``fedrec agent`` on the tenant's machine (:mod:`app.training.agents`)."""
+    reserved: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON(none_as_null=True))
+    """tenant id -> the events the job planned to charge it (migration 0018_h8), counted
+    against the tenant's budget while the job is queued or running
+    (:mod:`app.training.reservations`); None: stored before reservations."""
 
     __table_args__ = (sa.UniqueConstraint("idempotency_key",
                                           name="uq_training_jobs_idempotency_key"),)

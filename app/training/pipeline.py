@@ -163,7 +163,7 @@ def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
     if lock:
         q = q.options(orm.undefer(TrainingJob.server_state))
     job = s.execute(q.with_for_update() if lock else q).scalar_one_or_none()
-    if job is None or job.status not in ("queued", "running"):
+    if job is None or job.status not in ("queued", "running") or round_ > job.rounds:
         return None
     return job if job.current_round == round_ - 1 else None
 
@@ -178,7 +178,8 @@ def _client_of(s: Session, job_id: int, round_: int, client: int
     if row is None:
         return None
     job, jc, done, tombstone = row
-    if job.status not in ("queued", "running") or job.current_round != round_ - 1:
+    if (job.status not in ("queued", "running") or job.current_round != round_ - 1
+            or round_ > job.rounds):
         return None
     return job, jc, bool(done), tombstone
 
@@ -558,8 +559,24 @@ def resume(sessions: Sessions, dispatch: Dispatcher, job_id: int) -> bool:
             job.status, job.error, job.attempts = "running", None, 0
             s.commit()
         next_round = job.current_round + 1
+        if next_round > job.rounds:  # every round ran (and was charged): publish only
+            _publish(s, job)
+            return True
     dispatch.send(TASK_START, job_id, next_round)
     return True
+
+
+def _publish(s: Session, job: TrainingJob) -> None:
+    """Finish a job whose rounds are all committed (it failed at publication): evaluate
+    nothing and charge nothing again, only :func:`_finish` on the committed states."""
+    alg, _ = algorithm_of(job)
+    remote = agent_clients(job)
+    clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job.id)
+                             .order_by(JobClient.client_index)))
+    locals_ = states.load_locals(s, job.id, [jc for jc in clients
+                                             if jc.client_index not in remote])
+    _finish(s, job, alg, states.load_global(job), clients, locals_)
+    s.commit()
 
 
 def planned_transmissions(alg: Algorithm, job_rounds: int, per_round: int, seed: int,

@@ -42,13 +42,22 @@ def _not_consenting(s, tenant_ids: list[int]) -> str | None:
     no = [f"{t.id} ({t.name})" for t in tenants if not t.scheduled_retraining]
     if no:
         return f"tenant(s) {', '.join(no)} did not consent to scheduled retraining"
-    due = {t.id: _aware(t.last_retrained_at) + dt.timedelta(seconds=t.retrain_min_seconds)
+    due = {t.id: _due(t.last_retrained_at, t.retrain_min_seconds)
            for t in tenants if t.last_retrained_at is not None}
     early = [f"{t.id} ({t.name}) until {due[t.id].isoformat()}" for t in tenants
              if t.id in due and due[t.id] > now]
     if early:
         return f"tenant(s) {', '.join(early)} within their minimum retraining interval"
     return None
+
+
+def _due(last: dt.datetime, seconds: float) -> dt.datetime:
+    """When the interval after ``last`` ends; a stored interval beyond the calendar (rows
+    written before the API bounded it) never ends, instead of failing every beat tick."""
+    try:
+        return _aware(last) + dt.timedelta(seconds=seconds)
+    except OverflowError:
+        return dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
 def _aware(at: dt.datetime) -> dt.datetime:

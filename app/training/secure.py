@@ -47,7 +47,8 @@ from sqlalchemy.orm import Session
 from algorithms import Message, registry
 from algorithms.simulate import AGGREGATE
 from app.training import pipeline
-from app.training.models import LedgerEntry, RoundUpload, SecAggMessage, TrainingJob
+from app.training.ledger import charge_received
+from app.training.models import RoundUpload, SecAggMessage, TrainingJob
 from privacy import distributed, secagg, user_level
 
 PHASES = ("keys", "shares", "masked", "unmask")
@@ -268,9 +269,11 @@ def accept(s: Session, job: TrainingJob, client: int, round_: int, phase: str,
         if reported is not None and not agents.same_reported(reported, event):
             raise Refused(422, f"charge {reported} is not what job {job.id} charges this "
                                f"release ({event.as_list()})")
-        s.add(LedgerEntry(tenant_id=tenant_id, job_id=job.id, round=round_,
-                          event={"event": event.as_list(), "dp": job.dp, "by": "agent",
-                                 "secure_aggregation": True}))
+        why = charge_received(s, job.id, tenant_id, round_, event, {
+            "dp": job.dp, "by": "agent", "secure_aggregation": True})
+        if why is not None:  # never unmasked: the tenant drops out of the round
+            raise Refused(409, f"budget exceeded: tenant {tenant_id}'s masked input is "
+                               f"refused ({why})")
         charged = event.as_list()
     if phase == "unmask":  # the tenant's part of the round is done
         s.add(RoundUpload(job_id=job.id, round=round_, client_index=client,

@@ -5,6 +5,7 @@ watchdog stops resuming it (it used to stay ``running`` and be re-run for ever).
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -65,3 +66,48 @@ def test_a_step_that_always_raises_fails_the_job_after_three_attempts(services):
                             .where(LedgerEntry.job_id == job_id)) == 0
         shown = client.get(f"/v1/admin/jobs/{job_id}").json()
         assert shown["status"] == "failed" and shown["error"] == job.error
+
+
+def test_resuming_a_job_that_failed_at_publication_runs_no_further_round(services):
+    """A 2-round job whose rounds all committed but whose publication failed (as
+    ``_finish`` leaves it when a factor is not finite): resume publishes only, on the real
+    worker, PostgreSQL and Redis; no round 3 runs and nobody is charged again (it used to
+    run round 3 and charge every tenant on each resume)."""
+    settings, worker = services
+    app = create_app(settings)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {settings.admin_token.get_secret_value()}"
+        with app.state.sessions() as s:
+            for table in ("training_jobs", "ratings", "users", "items", "tenants"):
+                s.execute(sa.text(f"DELETE FROM {table}"))
+            s.commit()
+        tenants = make_tenants(client)
+        worker()
+        res = client.post("/v1/admin/jobs", json={
+            "algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 2, "per_round": 0,
+            "seed": 3, "tenant_ids": [t for t, _ in tenants],
+            "dp": {"mechanism": "gaussian", "noise_multiplier": 2.0}})
+        assert res.status_code == 202, res.text
+        job_id = res.json()["id"]
+        wait_for(lambda: _job(app, job_id).status == "completed", 90, "the job")
+        with app.state.sessions() as s:
+            job = s.get(TrainingJob, job_id)
+            job.status, job.error = "failed", "publication failed (planted)"
+            s.commit()
+            charges = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
+                               .where(LedgerEntry.job_id == job_id))
+        assert charges == 2 * len(tenants)
+        for _ in range(2):
+            res = client.post(f"/v1/admin/jobs/{job_id}/resume")
+            assert res.status_code == 202, res.text
+            wait_for(lambda: _job(app, job_id).status == "completed", 90, "publication")
+            with app.state.sessions() as s:
+                job = s.get(TrainingJob, job_id)
+                job.status = "failed"
+                s.commit()
+        time.sleep(3.0)  # a round 3, had one been sent, runs on the worker by now
+        job = _job(app, job_id)
+        assert job.current_round == 2
+        with app.state.sessions() as s:
+            assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
+                            .where(LedgerEntry.job_id == job_id)) == charges

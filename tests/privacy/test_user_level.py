@@ -19,6 +19,7 @@ from privacy.user_level import (
     UserLevelPrivatizer,
     UserLevelSpec,
     add_noise,
+    bound_problem,
     gram_sensitivity,
     noise_stds,
     rhs_sensitivity,
@@ -276,3 +277,32 @@ def test_the_report_names_the_data_dependent_inputs_it_treats_as_public():
     # the noise does not depend on the user count: only the check does
     other = UserLevelSpec(epsilon=4.0, delta=1e-6, n_users=5000, releases=2)
     assert other.noise_multiplier() == spec.noise_multiplier()
+
+
+@pytest.mark.parametrize("seed,max_weight,power", [(0, 1.0, 0.0), (3, 10.0, 0.5)])
+def test_honest_noisy_sums_lie_within_the_value_bound_and_a_scaled_rhs_does_not(
+        seed, max_weight, power):
+    """:func:`bound_problem` (norm bounding at the per-user bounds): bounded sums plus the
+    declared noise pass, noise-free and at z = 1 over 100 draws, with the weights active;
+    b scaled by 1e6 (an agent's poisoning) is named, and so is b alone at 1.01 x the
+    noise-free bound of its gram's last diagonal entry."""
+    rng = np.random.default_rng(seed)
+    cfg = D.DPALSConfig(rank=3, max_ratings_per_user=4, user_factor_clip=0.7,
+                        bias_coordinate=0.5, rating_clip=1.2, max_weight=max_weight,
+                        rare_item_power=power, release_centre=False)
+    block = _random_block(rng)
+    v = rng.normal(0, 2.0, size=(cfg.d, block.n_items))
+    keep = D.cap_per_user(block.rows, block.n_users, cfg.max_ratings_per_user, rng)
+    u = D.solve_users(v, block, cfg)
+    a, b = D.item_sums(u, keep, block, cfg, rng.uniform(0, 30, size=block.n_items))
+    bounds, clean = D.user_bounds(cfg), D.Upload(A=a, b=b)
+    zero = {name: 0.0 for name in bounds.arrays}
+    assert bound_problem(clean, bounds, zero) is None
+    stds = noise_stds(bounds, 1.0)
+    for _ in range(100):
+        assert bound_problem(add_noise(clean, bounds, stds, rng), bounds, stds) is None
+    assert "b[" in bound_problem(clean.replace(b=b * 1e6), bounds, stds)
+    edge = cfg.r_clip * cfg.x_norm * a[:, -1, -1] / cfg.bias_coordinate ** 2
+    past = b / np.maximum(np.linalg.norm(b, axis=1, keepdims=True), 1e-300) * (
+        1.01 * edge[:, None])
+    assert "b[" in bound_problem(clean.replace(b=past), bounds, zero)

@@ -13,6 +13,7 @@ from privacy.ledger import Budget, BudgetExceeded, Ledger, worst_case_plan
 from privacy.wrapper import (
     DPPrivatizer,
     DPSpec,
+    bound_problem,
     event_for,
     privacy_report,
     privatize,
@@ -189,3 +190,40 @@ def test_report_gives_rfrecs_figure_labelled_per_entry_per_transmission():
     rep = privacy_report(spec, _ledger(), n_entries=7)
     assert rep["rfrec_entry_epsilon_per_transmission"] == pytest.approx(10.0)
     assert rep["noise_multiplier"] == pytest.approx(event_for(spec, 7).noise_multiplier)
+
+
+@pytest.mark.parametrize("spec", [
+    DPSpec(mechanism="gaussian", noise_multiplier=1.0, clip=2.0),
+    DPSpec(mechanism="gaussian", noise_scale=0.01, clip=2.0, norm="value"),
+    DPSpec(mechanism="laplace", noise_multiplier=0.5, clip=2.0),
+    DPSpec(mechanism="laplace", noise_scale=0.1, clip=1.0, norm="l2"),
+])
+def test_privatised_uploads_lie_within_the_bound_and_scaled_ones_do_not(spec):
+    """Norm bounding ("Can You Really Backdoor Federated Learning?"): every privatised
+    upload passes :func:`bound_problem` (200 draws, the upload far past the clip), and the
+    same upload sent unclipped, or privatised and scaled by 1e6, is refused."""
+    big = TinyUpload(W=np.full((2, 2), 5e3), Y=np.full(3, -5e3), tag=7)
+    for seed in range(200):
+        sent, _ = privatize(big, spec, np.random.default_rng(seed))
+        assert bound_problem(sent, spec) is None
+    assert "norm" in bound_problem(big, spec)
+    scaled = sent.replace(W=sent.W * 1e6, Y=sent.Y * 1e6)
+    assert "more than clip" in bound_problem(scaled, spec)
+
+
+def test_bernoulli_uploads_must_stay_bits():
+    spec = DPSpec(mechanism="bernoulli", flip_prob=0.1)
+    bits = TinyUpload(W=np.array([[1.0, 0.0], [0.0, 1.0]]), Y=np.array([0.0, 1.0, 1.0]), tag=1)
+    assert bound_problem(bits, spec) is None
+    assert "other than 0 and 1" in bound_problem(bits.replace(Y=np.array([0.0, 1.0, 2.0])),
+                                                  spec)
+
+
+def test_reserved_spend_counts_as_spent_in_a_copy_only():
+    ledger = Ledger.open({"a": Budget(5.0, 1e-5)})
+    event = Event("gaussian", 1.0, 1)
+    ledger.charge("a", event, 1)
+    held = ledger.with_reserved({"a": [event.times(3)]})
+    assert held.spent("a").transmissions == 4 and ledger.spent("a").transmissions == 1
+    assert held.spent("a").epsilon == pytest.approx(
+        spend([event.times(4)], 1e-5).epsilon, rel=1e-12)
