@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -719,3 +720,76 @@ def test_simulate_refuses_constant_ratings_and_notes_duplicates(tmp_path, capsys
     assert main(["simulate", "--data", str(dup), "--clients", "4", "--rounds", "1",
                  "--quiet"]) == 0
     assert "1 (user, item) pair(s) rated more than once" in capsys.readouterr().err
+
+
+# --- habits: --version, global options anywhere, suggestions, --json alone ---------------------
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedrec {version('fedrec')}"
+
+
+@pytest.mark.parametrize("argv", [
+    ["admin", "--url", "http://x:1", "--token", "T", "tenants", "list"],
+    ["--url", "http://x:1", "admin", "tenants", "--token=T", "list"],
+    ["admin", "tenants", "list", "--url", "http://x:1", "--token", "T"],
+    ["--token", "T", "jobs", "--url=http://x:1", "list"],
+])
+def test_the_api_commands_options_are_accepted_anywhere(argv):
+    from app.cli import parse
+
+    args = parse(argv)
+    assert (args.url, args.token, args.json) == ("http://x:1", "T", None)
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["admin", "--json", "tenants", "show", "3"], "-"),
+    (["admin", "tenants", "show", "3", "--json"], "-"),
+    (["admin", "--json", "out.json", "tenants", "show", "3"], "out.json"),
+    (["admin", "tenants", "show", "3", "--json", "-"], "-"),
+    (["doctor", "--json"], "-"),
+    (["doctor", "--json", "--timeout", "1"], "-"),
+])
+def test_json_alone_means_stdout(argv, want):
+    from app.cli import parse
+
+    assert str(parse(argv).json) == want
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["simulate", "--roundz", "3"], "fedrec simulate", "--roundz (did you mean --rounds?)"),
+    (["admin", "jobs", "create", "--epsilonn", "2"], "fedrec admin jobs create",
+     "(did you mean --epsilon?)"),
+    (["admin", "tenents", "list"], "fedrec admin", "(did you mean tenants?)"),
+    (["simulat"], "fedrec", "(did you mean simulate?)"),
+])
+def test_mistakes_get_the_subcommands_usage_and_a_suggestion(argv, usage, hint, capsys):
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {usage} "), err
+    assert hint in err
+
+
+def test_every_readme_command_of_the_api_cli_parses():
+    """The README's `fedrec admin|jobs|doctor` lines are accepted as written (parsed, not
+    run): the README and the parsers agree on the options."""
+    import shlex
+
+    from app.cli import parse
+
+    text = README.read_text().replace("\\\n", " ")
+    commands = [line.strip().split("#")[0] for line in text.splitlines()
+                if re.match(r"\s*fedrec (admin|jobs|doctor)\b", line)]
+    assert len(commands) >= 10
+    for command in commands:
+        assert parse(shlex.split(command)[1:]).func, command

@@ -26,14 +26,16 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def _common() -> argparse.ArgumentParser:
-    """--url, --token and --json, accepted after every action."""
+    """--url, --token and --json, accepted after every action (and, through
+    :func:`app.cli.arrange`, anywhere on the line)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--url", default=None,
                    help=f"the service (default: FEDREC_URL, else {DEFAULT_URL})")
     p.add_argument("--token", default=None,
                    help="the admin token (default: FEDREC_ADMIN_TOKEN)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write the answer as JSON to FILE ('-': stdout, instead of the table)")
+    p.add_argument("--json", metavar="FILE", default=None, nargs="?", const="-",
+                   help="write the answer as JSON to FILE (alone or '-': stdout, instead of "
+                        "the table)")
     return p
 
 
