@@ -95,15 +95,23 @@ class Tenant(Model):
 
 
 class JobSpend(Model):
+    """A job's spend: what it asked for (``requested_epsilon`` at ``requested_delta``), its
+    epsilon at that delta, and ``epsilon``, its charge at the budget's delta."""
+
     schema_name = "JobSpend"
     job_id: int
+    requested_epsilon: float | None = None
+    requested_delta: float | None = None
+    epsilon_at_requested_delta: Epsilon | None = None
     epsilon: Epsilon
+    budget_delta: float | None = None
     transmissions: int
 
 
 class Privacy(Model):
     schema_name = "TenantPrivacy"
     tenant_id: int
+    note: str = ""
     epsilon_spent: Epsilon
     epsilon_max: float
     epsilon_remaining: float

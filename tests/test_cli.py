@@ -178,7 +178,18 @@ def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "6000 ratings for 2 tenants" in out
-    assert out.count("epsilon spent    5.000, budget remaining") == 2  # each real tenant
+    # each real tenant: the job's request, the same spend at the budget's delta, and the
+    # budget, which reconciles (remaining = budget - spent at the budget's delta)
+    import re as re_
+
+    lines = re_.findall(r"requested 5, spent 5\.000 at delta 1e-06 = ([\d.]+) at the "
+                        r"budget's delta 1e-05; budget 10\.000: spent ([\d.]+), remaining "
+                        r"([\d.]+)", out)
+    assert len(lines) == 2, out
+    for charged, spent, remaining in lines:
+        assert charged == spent and float(charged) < 5.0
+        assert abs(float(spent) + float(remaining) - 10.0) < 2e-3
+    assert "the same noise has a smaller epsilon at a larger delta" in out
     assert "unit: user; placement: central" in out
     assert "Sample recommendations (from the private model):" in out and "(model)" in out
     assert "(from job 1, the most recent snapshot)" in out  # the private job is job 1

@@ -135,7 +135,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                    dp=dp, test_fraction=body.test_fraction,
                    allow_not_private=body.allow_not_private,
                    max_attempts=settings.job_max_attempts, agents=list(body.agents),
-                   round_seconds=body.round_seconds, wire=body.wire)
+                   round_seconds=body.round_seconds, wire=body.wire,
+                   rounds_given="rounds" in body.model_fields_set)
     if dry_run:
         try:
             plan = create_job(session, spec, dry_run=True)
