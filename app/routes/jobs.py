@@ -235,7 +235,8 @@ def read_job_report(job_id: PathId, session: SessionDep, _: AdminDep) -> JobRepo
 
 
 @router.get("/{job_id}/plot.png", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}, **errors(404)})
+            responses={200: {"content": {"image/png": {"schema": {
+                "type": "string", "format": "binary"}}}}, **errors(404)})
 def read_job_plot(job_id: PathId, session: SessionDep, _: AdminDep) -> Response:
     """PNG plot of the test RMSE per round, overall and per tenant."""
     job = _job(session, job_id)
