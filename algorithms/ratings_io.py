@@ -246,8 +246,9 @@ def text_rows(chunks: Iterable[bytes], delimiter: str | None = "",
               extra_columns: bool = False, what: str = "CSV") -> Iterator[RawRow | RowError]:
     """The rows of delimited text ``user,item,rating[,timestamp]``; ``line`` is the line
     number (a header line counts); blank lines are skipped. ``delimiter`` "" finds it on
-    the first line (:func:`sniff`). With ``extra_columns`` fields after the fourth are
-    ignored (files such as ``u.item`` exports), else a row must have 3 or 4 fields."""
+    the first line (:func:`sniff`), which is read at once (an unreadable one raises here).
+    With ``extra_columns`` fields after the fourth are ignored, else a row must have 3 or
+    4 fields."""
     lines = _lines(_decoded(chunks, what))
     first = next(lines, "")
     if delimiter == "":
@@ -258,7 +259,7 @@ def text_rows(chunks: Iterable[bytes], delimiter: str | None = "",
         reader = (_split(line, delimiter) for line in body)
     else:
         reader = csv.reader(body, delimiter=delimiter)
-    yield from _rows(reader, delimiter, decimal_comma, extra_columns)
+    return _rows(reader, delimiter, decimal_comma, extra_columns)
 
 
 def _rows(reader: Iterator[list[str]], delimiter: str | None, decimal_comma: bool,
@@ -272,18 +273,17 @@ def _rows(reader: Iterator[list[str]], delimiter: str | None, decimal_comma: boo
             return
         except csv.Error as exc:  # a field over the csv module's size limit
             raise UploadRejected([RowError(number, "row", f"unreadable CSV: {exc}")]) from None
-        if not fields or (len(fields) == 1 and not fields[0].strip()) or (
-                number == 1 and _is_header(fields)):
+        width = len(fields)
+        if number == 1 and _is_header(fields):
             continue
-        if len(fields) < 3 or (len(fields) > 4 and not extra_columns):
-            yield _field_count_error(number, delimiter.join(fields) if delimiter else
-                                     " ".join(fields), fields, delimiter, extra_columns)
-            continue
-        rating = fields[2]
-        if decimal_comma and "," in rating and _DECIMAL_COMMA.fullmatch(rating):
-            rating = rating.replace(",", ".")
-        stamp = fields[3] if len(fields) >= 4 and fields[3] != "" else None
-        yield number, fields[0], fields[1], rating, stamp
+        if width == 3 or width == 4 or (width > 4 and extra_columns):
+            rating = fields[2]
+            if decimal_comma and "," in rating and _DECIMAL_COMMA.fullmatch(rating):
+                rating = rating.replace(",", ".")
+            yield number, fields[0], fields[1], rating, fields[3] or None if width > 3 else None
+        elif width and (width > 1 or fields[0].strip()):  # not a blank line
+            line = delimiter.join(fields) if delimiter else " ".join(fields)
+            yield _field_count_error(number, line, fields, delimiter, extra_columns)
 
 
 # -- JSON -----------------------------------------------------------------------------------

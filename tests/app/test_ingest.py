@@ -117,7 +117,8 @@ def test_json_of_the_wrong_shape(body, message):
 def test_unknown_json_fields_and_invalid_utf8_are_rejected():
     assert errors_of(lambda: parse_json(b'{"ratings": [{"user": 1, "score": 2}]}')) == [
         RowError(1, "row", "unknown field(s): score")]
-    with pytest.raises(UploadRejected, match=r"^CSV body is not valid UTF-8 \(byte 2\); it looks like Latin-1"):
+    with pytest.raises(UploadRejected,
+                       match=r"^CSV body is not valid UTF-8 \(byte 2\); it looks like Latin-1"):
         parse_csv(b"u,\xff,1\n")
 
 
