@@ -15,20 +15,26 @@ from algorithms.data import tenant_split
 from app.ingest import Collected, Collector, RowError, UploadRejected, collect
 
 TSV = "text/tab-separated-values"
-MEDIA = {".csv": "text/csv", ".tsv": TSV, ".data": TSV, ".json": "application/json"}
+MEDIA = {".csv": "text/csv", ".tsv": TSV, ".data": TSV, ".dat": "text/csv", ".txt": "text/csv",
+         ".json": "application/json", ".parquet": "application/vnd.apache.parquet"}
 
 
 def media_of(path: Path) -> str:
-    """The upload media type a file is read as, from its suffix (``u.data``: tab)."""
+    """The upload media type a file is read as, from its suffix, ``.gz`` dropped
+    (``u.data``: tab; ``.dat``/``.csv``: the delimiter found on the first line)."""
+    name = path.name.lower().removesuffix(".gz")
+    suffix = name[name.rfind("."):] if "." in name else ""
     try:
-        return MEDIA[path.suffix.lower()]
+        return MEDIA[suffix]
     except KeyError:
-        raise ValueError(f"{path}: unknown ratings format {path.suffix!r}; use .csv, .tsv "
-                         "(or MovieLens u.data) or .json") from None
+        raise ValueError(f"{path}: unknown ratings format {suffix!r}; use .csv, .dat, .tsv "
+                         "(or MovieLens u.data), .json or .parquet, gzip-compressed or "
+                         "not") from None
 
 
 def read_file(path: Path | str, scale: tuple[float, float]) -> Collected:
-    """A ratings file validated with the upload API's rules (:func:`app.ingest.collect`)."""
+    """A ratings file read by the one ratings reader and validated with the upload API's
+    rules (:func:`app.ingest.collect`)."""
     path = Path(path)
     with path.open("rb") as f:
         return collect(f, media_of(path), scale)

@@ -7,11 +7,7 @@ Used by the simulator, the CLI and the benchmarks; the service builds the same
 from __future__ import annotations
 
 import dataclasses
-import gzip
-import io
 import os
-import re
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -46,31 +42,13 @@ class Ratings:
         return int(self.values.shape[0])
 
 
-def _open_text(path: Path) -> str:
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    if raw[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte-order mark (spreadsheet exports)
-        raw = raw[3:]
-    return raw.decode("latin-1")
-
-
-#: field separators tried on the first line, in order ("::" first; None: whitespace)
-SEPARATORS = ("::", "\t", ";", ",", None)
-
-
-def _separator(first: str) -> str | None:
-    """The first of :data:`SEPARATORS` that splits ``first`` into 3 or more fields."""
-    for sep in SEPARATORS:
-        if len(first.split(sep)) >= 3:
-            return sep
-    raise ValueError("line 1 has fewer than 3 fields (user, item, rating); fields may be "
-                     "separated by ',', ';', tab, '::' or spaces")
-
-
-def _unquote(field: str) -> str:
-    field = field.strip()
-    return field[1:-1] if len(field) >= 2 and field[0] == field[-1] == '"' else field
+def _ids(column: np.ndarray) -> np.ndarray:
+    """int64 ids when every id is an integer (``"007"`` is 7), else the stripped strings."""
+    column = np.char.strip(column.astype(str))
+    try:
+        return column.astype(np.int64)
+    except (ValueError, OverflowError):
+        return column
 
 
 def _is_number(text: str) -> bool:
@@ -81,120 +59,67 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def _line_of(text: str, skip: int, row: int) -> int:
-    """The 1-based line number of data row ``row`` (blank lines are not rows)."""
-    count = -1
-    for number, line in enumerate(text.splitlines(), start=1):
-        if number <= skip or not line.strip():
-            continue
-        count += 1
-        if count == row:
-            return number
-    return -1
-
-
-def _ids(column: np.ndarray) -> np.ndarray:
-    """int64 ids when every id is an integer (``"007"`` is 7), else the stripped strings."""
-    column = np.char.strip(column)
-    try:
-        return column.astype(np.int64)
-    except (ValueError, OverflowError):
-        return column
-
-
 def load_ratings(path: str | os.PathLike) -> Ratings:
-    """Read MovieLens ``u.data`` (tab), ML-1M/10M ``::`` or delimited text
-    ``user,item,rating[,more columns]``: comma, semicolon (then ``3,5`` is 3.5), tab or
-    whitespace separated, the separator found on line 1.
+    """Read a ratings file with the one ratings reader (:mod:`algorithms.ratings_io`, as
+    the API reads an upload): MovieLens ``u.data`` (tab), ML-1M/10M ``::``, delimited text
+    ``user,item,rating[,more columns]`` (comma, semicolon, tab or spaces, found on line 1;
+    then ``3,5`` is 3.5 unless the delimiter is a comma), JSON ``{"ratings": [...]}``
+    (``.json``) or Parquet, gzip-compressed or not.
 
-    Gzip is detected from the magic bytes, a UTF-8 byte-order mark dropped and fields may
-    be quoted (``"276725";"034545104X";"5"``). A header line is skipped when its third
-    field is not a number; columns after the third (a timestamp) are ignored. Ids may be
-    any integers or strings. A (user, item) pair rated more than once keeps its last
-    rating (``Ratings.duplicates`` counts the others). A rating that is not a finite
+    A header line is recognised by its names; columns after the third are ignored here.
+    Ids may be any integers or strings. A (user, item) pair rated more than once keeps its
+    last rating (``Ratings.duplicates`` counts the others). A rating that is not a finite
     number, or a line with fewer than 3 fields, is a ``ValueError`` naming the line.
     """
     path = Path(path)
-    text = _open_text(path)
-    first = text.lstrip("\r\n").split("\n", 1)[0].rstrip("\r")
-    if not first.strip():
-        raise ValueError(f"{path}: no ratings (the file is empty)")
-    try:
-        sep = _separator(first)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
-    rating = _unquote(first.split(sep)[2])
-    header = not _is_number(rating.replace(",", ".") if sep == ";" else rating)
-    if sep == "::":
-        text, sep = text.replace("::", "\t"), "\t"
-    blank = len(text) - len(text.lstrip("\r\n"))  # leading blank lines are skipped too
-    skip = text[:blank].count("\n") + int(header)
-    fast = _numeric(text, sep, skip)
-    if fast is not None:
-        users, items, values = fast
-    else:
-        users, items, values = _textual(text, sep, skip, path)
-    if values.shape[0] == 0:
+    lines, users, items, ratings = _rows_of(path)
+    if not ratings:
         raise ValueError(f"{path}: no ratings")
-    keep = _last_of_each_pair(users, items)
+    users_a, items_a = _ids(np.array(users, dtype=object)), _ids(np.array(items, dtype=object))
+    values = _values(ratings, lines, path)
+    keep = _last_of_each_pair(users_a, items_a)
     duplicates = len(values) - keep.size
     if duplicates:
-        users, items, values = users[keep], items[keep], values[keep]
-    return Ratings(users, items, values, duplicates)
+        users_a, items_a, values = users_a[keep], items_a[keep], values[keep]
+    return Ratings(users_a, items_a, values, duplicates)
 
 
-def _loadtxt(text: str, sep: str | None, skip: int, dtype) -> np.ndarray:
-    with warnings.catch_warnings():  # numpy's note that blank lines are not rows
-        warnings.simplefilter("ignore", UserWarning)
-        return np.loadtxt(io.StringIO(text), delimiter=sep, skiprows=skip, usecols=(0, 1, 2),
-                          dtype=dtype, quotechar='"', comments=None, ndmin=2)
+def _rows_of(path: Path) -> tuple[list[int], list, list, list]:
+    """The file's rows as columns (line numbers, users, items, ratings, unvalidated); the
+    first structural error is a ``ValueError`` naming its line."""
+    from algorithms.ratings_io import RowError, UploadRejected, read_rows
 
-
-def _numeric(text: str, sep: str | None, skip: int
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """Integer ids and finite ratings read as numbers (8 bytes a field, as MovieLens
-    files are), or None when the file has anything else (string ids, a bad rating...)."""
+    name = path.name.lower().removesuffix(".gz")
+    media = "application/json" if name.endswith(".json") else "text/csv"
+    lines, users, items, ratings = [], [], [], []
     try:
-        arr = _loadtxt(text, sep, skip, np.float64)
-    except ValueError:
-        return None
-    ids = arr[:, :2]
-    if not (np.all(np.isfinite(arr)) and np.all(np.abs(ids) < 2.0 ** 53)
-            and np.all(ids == np.round(ids))):
-        return None
-    return arr[:, 0].astype(np.int64), arr[:, 1].astype(np.int64), arr[:, 2].copy()
+        with path.open("rb") as f:
+            for row in read_rows(f, media, extra_columns=True):
+                if isinstance(row, RowError):
+                    raise ValueError(f"{path}: line {row.line}: {row.reason}")
+                lines.append(row[0])
+                users.append(row[1])
+                items.append(row[2])
+                ratings.append(row[3])
+    except UploadRejected as exc:
+        first = exc.errors[0] if exc.errors else None
+        raise ValueError(f"{path}: " + (f"line {first.line}: {first.reason}" if first
+                                        else str(exc))) from None
+    return lines, users, items, ratings
 
 
-def _textual(text: str, sep: str | None, skip: int, path: Path
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ids as strings (integers when they all are) and ratings parsed one by one, naming
-    the line of the first that is not a finite number."""
-    try:
-        arr = _loadtxt(text, sep, skip, str)
-    except ValueError as exc:
-        found = re.search(r"at row (\d+)", str(exc))  # 1-based, blank lines not counted
-        where = f"line {_line_of(text, skip, int(found.group(1)) - 1)}: " if found else ""
-        raise ValueError(f"{path}: {where}fewer than 3 fields (user, item, rating) "
-                         f"separated by {sep or 'spaces'!r}") from None
-    return _ids(arr[:, 0]), _ids(arr[:, 1]), _values(arr[:, 2], sep, path, text, skip)
-
-
-def _values(column: np.ndarray, sep: str | None, path: Path, text: str, skip: int
-            ) -> np.ndarray:
+def _values(column: list, lines: list[int], path: Path) -> np.ndarray:
     """The ratings as float64; the first that is not a finite number is named by line."""
-    column = np.char.strip(column)
-    if sep == ";":
-        column = np.char.replace(column, ",", ".")  # decimal commas go with semicolons
     try:
-        values = column.astype(np.float64)
-    except ValueError:
-        values = np.array([float(v) if _is_number(v) else np.nan for v in column.tolist()])
+        values = np.array(column, dtype=np.float64)
+    except (ValueError, TypeError):
+        values = np.array([float(v) if isinstance(v, int | float) or (
+            isinstance(v, str) and _is_number(v)) else np.nan for v in column])
     bad = np.flatnonzero(~np.isfinite(values))
     if bad.size:
         row = int(bad[0])
-        raise ValueError(f"{path}: line {_line_of(text, skip, row)}: rating "
-                         f"{str(column[row])!r} is not a finite number ({bad.size} such "
-                         f"rating(s) in the file)")
+        raise ValueError(f"{path}: line {lines[row]}: rating {str(column[row]).strip()!r} "
+                         f"is not a finite number ({bad.size} such rating(s) in the file)")
     return values
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
+import re
 import sys
 
 # One module per sub-command; each exposes register(subparsers) and sets func=run(args)->int.
@@ -30,7 +32,37 @@ COMMANDS = {
 ALL = "*"
 
 
-class CommandParser(argparse.ArgumentParser):
+GLOBAL_OPTIONS = {"--url": "1", "--token": "1", "--json": "?"}
+"""Options a command shares with its siblings (the API commands' service, credential and
+JSON output): accepted anywhere on the line, before or after the sub-commands; "?": the
+value is optional (``--json`` alone means stdout)."""
+_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<choices>.*)\)")
+
+
+def suggestion(word: str, candidates) -> str:
+    """" (did you mean X?)" for the closest of ``candidates`` to ``word``, else ""."""
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+class FedrecParser(argparse.ArgumentParser):
+    """A parser whose errors suggest the closest sub-command or option."""
+
+    def error(self, message: str):
+        found = _CHOICE.search(message)
+        if found:
+            choices = re.findall(r"'([^']*)'", found["choices"])
+            message += suggestion(found["word"], choices)
+        super().error(message)
+
+    def unrecognized(self, extras: list[str]):
+        """Refuse ``extras`` with this (sub-)command's usage, suggesting close options."""
+        options = [o for a in self._actions for o in a.option_strings]
+        hints = [f"{e}{suggestion(e.split('=', 1)[0], options)}" for e in extras]
+        self.error("unrecognized arguments: " + " ".join(hints))
+
+
+class CommandParser(FedrecParser):
     """A sub-command's parser. A command whose options depend on an earlier choice sets
     ``late_options(parser, args)``: it runs on the command's own arguments just before they
     are parsed, so ``fedrec simulate --algorithm X --help`` lists X's options only."""
@@ -43,11 +75,24 @@ class CommandParser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
 
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("fedrec")
+    except PackageNotFoundError:  # a source tree that was not installed
+        return "unknown (not installed)"
+
+
 def build_parser(command: str = ALL) -> argparse.ArgumentParser:
     """The whole command line (``command`` ALL), or one whose only full sub-command is
     ``command``: the others are listed by name and help line, their modules not imported."""
-    parser = argparse.ArgumentParser(
-        prog="fedrec", description="Privacy-focused federated recommender.")
+    parser = FedrecParser(
+        prog="fedrec", description="Privacy-focused federated recommender. The API "
+        "commands' --url, --token and --json may be given anywhere on the line; --json "
+        "alone writes JSON to stdout.")
+    parser.add_argument("--version", action="version", version=f"fedrec {version()}")
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
                         help="log lines as text or JSON objects (default: FEDREC_LOG_FORMAT, "
                              "else text); applies to serve and to the commands' own logs")
@@ -72,7 +117,73 @@ def chosen_command(argv: list[str]) -> str | None:
         option = rest.pop(0)
         if option == "--log-format" and rest:
             rest.pop(0)
+        elif GLOBAL_OPTIONS.get(option) == "1" and rest:
+            rest.pop(0)
+        elif GLOBAL_OPTIONS.get(option) == "?" and rest and rest[0] not in COMMANDS \
+                and not rest[0].startswith("-"):
+            rest.pop(0)
     return rest[0] if rest else None
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> argparse._SubParsersAction | None:
+    return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)),
+                None)
+
+
+def _takes_value(parser: argparse.ArgumentParser, option: str) -> bool:
+    action = parser._option_string_actions.get(option)
+    return action is not None and action.nargs not in (0, "?") and "=" not in option
+
+
+def _global(argv: list[str], i: int, sub) -> list[str]:
+    """The global option at ``argv[i]`` with its value, if it has one."""
+    token = argv[i]
+    if "=" in token or i + 1 >= len(argv):
+        return [token]
+    following = argv[i + 1]
+    if GLOBAL_OPTIONS[token] == "?" and (following.startswith("-") or following in sub.choices):
+        return [token]
+    return [token, following]
+
+
+def arrange(parser: argparse.ArgumentParser, argv: list[str]
+            ) -> tuple[list[str], argparse.ArgumentParser]:
+    """``argv`` with the :data:`GLOBAL_OPTIONS` given before the last sub-command moved
+    after it (where argparse reads them), and the parser of that last sub-command."""
+    out, moved, current, i = [], [], parser, 0
+    while i < len(argv):
+        token, sub = argv[i], _subcommands(current)
+        if sub is None:  # the leaf: the rest is its own
+            out += argv[i:]
+            break
+        if token.split("=", 1)[0] in GLOBAL_OPTIONS:
+            taken = _global(argv, i, sub)
+            moved += taken
+            i += len(taken)
+            continue
+        out.append(token)
+        i += 1
+        if token.startswith("-"):
+            if _takes_value(current, token) and i < len(argv):
+                out.append(argv[i])
+                i += 1
+        elif token in sub.choices:
+            current = sub.choices[token]
+        else:
+            out += argv[i:]
+            break
+    return out + moved, current
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The command line parsed: global options anywhere, unknown options refused by the
+    sub-command they were given to, with the closest option suggested."""
+    parser = build_parser(chosen_command(argv) or "")
+    argv, leaf = arrange(parser, argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        leaf.unrecognized(extras)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         from agent.cli import main as agent_main
 
         return agent_main(argv)
-    args = build_parser(chosen_command(argv) or "").parse_args(argv)
+    args = parse(argv)
     if args.log_format is not None:  # before any command reads the settings
         os.environ["FEDREC_LOG_FORMAT"] = args.log_format
         from app.config import get_settings

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     """Bearer token of the admin endpoints. Development: generated at start-up if unset."""
     max_upload_bytes: int = Field(64 * 1024 * 1024, gt=0)
     """Largest accepted upload body (bytes); larger bodies get 413."""
+    max_decompressed_bytes: int = Field(256 * 1024 * 1024, gt=0)
+    """Largest decompressed size of a gzip upload (or uncompressed size of a Parquet one);
+    larger get 413, however small the body (a gzip bomb stops here)."""
     max_upload_rows: int = Field(2_000_000, gt=0)
     """Most rating rows in one upload (CSV data lines or JSON ``ratings`` entries); more
     get 413. The default fits MovieLens 1M (1,000,209 ratings) in one upload."""

@@ -25,6 +25,13 @@ from typing import BinaryIO
 
 import numpy as np
 
+from algorithms.ratings_io import (  # noqa: F401 - the reader's errors, re-exported
+    BodyTooLarge,
+    RowError,
+    UnsupportedMediaType,
+    UploadRejected,
+)
+
 MAX_KEY_LENGTH = 255
 CHUNK_ROWS = 512
 """Rows validated together (vectorised when they are all plain). Kept under the garbage
@@ -33,26 +40,6 @@ before a collection sees them: with 8192-row chunks, full collections of the ser
 heap took a third of the CPU time of a 1M-row upload."""
 NO_TIME = -1
 """The microsecond column's "no timestamp" (every accepted time is at or after 1970)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RowError:
-    """One offending row of an upload."""
-
-    line: int
-    field: str
-    reason: str
-
-
-class UploadRejected(Exception):
-    """The upload is invalid; nothing may be stored."""
-
-    def __init__(self, errors: list[RowError], message: str | None = None,
-                 total: int | None = None):
-        self.errors = sorted(errors, key=lambda e: e.line)
-        self.total = len(errors) if total is None else total
-        """How many errors there were; ``errors`` may list only the first of them."""
-        super().__init__(message or f"{self.total} invalid row(s); nothing was stored")
 
 
 class TooManyRows(Exception):
@@ -466,15 +453,18 @@ class Collected:
 
 
 def collect(stream: BinaryIO, content_type: str, scale: tuple[float, float],
-            max_rows: int | None = None, keep_errors: int | None = None) -> Collected:
-    """Read, validate and de-duplicate an upload body from ``stream`` in bounded memory.
+            max_rows: int | None = None, keep_errors: int | None = None,
+            content_encoding: str | None = None, max_bytes: int | None = None) -> Collected:
+    """Read, validate and de-duplicate an upload body from ``stream`` in bounded memory
+    (gzip undone, its decompressed size capped at ``max_bytes``).
 
-    Raises :class:`UploadRejected` (unreadable body), :class:`TooManyRows` and
-    :class:`UnsupportedMediaType`; offending rows are in the result's errors.
+    Raises :class:`UploadRejected` (unreadable body), :class:`TooManyRows`,
+    :class:`BodyTooLarge` and :class:`UnsupportedMediaType`; offending rows are in the
+    result's errors.
     """
-    from app.readers import read_rows
+    from algorithms.ratings_io import read_rows
 
-    rows = read_rows(stream, content_type)
+    rows = read_rows(stream, content_type, content_encoding, max_bytes)
     return Collector(scale, keep_errors, max_rows).add_all(rows).finish()
 
 
@@ -548,12 +538,3 @@ def validate(raw: RawRows, scale: tuple[float, float]) -> Batch:
     if errors:
         raise UploadRejected(errors)
     return batch
-
-
-class UnsupportedMediaType(Exception):
-    """The upload is not JSON, CSV, TSV or multipart."""
-
-    def __init__(self, media: str):
-        self.media = media
-        super().__init__(f"unsupported Content-Type {media!r}; use application/json, "
-                         "text/csv, text/tab-separated-values or multipart/form-data")

@@ -128,8 +128,20 @@ Epsilon = float | Literal["infinity"]
 
 
 class JobSpend(BaseModel):
+    """One job's spend, side by side: what it asked for, its epsilon at the delta it asked
+    for, and its charge to the budget (the same noise at the budget's delta)."""
+
     job_id: int
-    epsilon: Epsilon = Field(description="Epsilon this job spent (at the budget's delta).")
+    requested_epsilon: float | None = Field(
+        None, description="The job's target epsilon (user-level jobs; null for the tenant "
+                          "unit, whose noise is given, not solved for a target).")
+    requested_delta: float | None = Field(
+        None, description="The delta the job's guarantee is stated at (null: no noise).")
+    epsilon_at_requested_delta: Epsilon | None = Field(
+        None, description="Epsilon this job spent, at requested_delta.")
+    epsilon: Epsilon = Field(description="Epsilon this job spent at the budget's delta: "
+                                         "what the budget is charged.")
+    budget_delta: float | None = Field(None, description="The budget's delta.")
     transmissions: int
 
 
@@ -137,6 +149,8 @@ class TenantPrivacy(BaseModel):
     """A tenant's privacy spend: lifetime against its budget, and per job."""
 
     tenant_id: int
+    note: str = Field("", description="Why a job's requested epsilon and its charge to the "
+                                      "budget differ.")
     epsilon_spent: Epsilon = Field(description="Lifetime epsilon spent; \"infinity\" after "
                                                "a job that sent its data without noise.")
     epsilon_max: float = Field(description="The budget (total epsilon).")

@@ -58,9 +58,9 @@ def _replay(session: Session, tenant_id: int, key: str, digest: str) -> Outcome 
 
 
 def _store(session: Session, tenant: Tenant, body: BinaryIO, content_type: str,
-           max_rows: int | None, keep_errors: int | None) -> int:
+           max_rows: int | None, keep_errors: int | None, reading: dict) -> int:
     collected = collect(body, content_type, (tenant.rating_min, tenant.rating_max),
-                        max_rows, keep_errors)
+                        max_rows, keep_errors, **reading)
     items = collected.used_items()
     ids = store.item_ids(session, items)
     if tenant.auto_create_items and len(ids) < len(items):
@@ -76,13 +76,17 @@ def _store(session: Session, tenant: Tenant, body: BinaryIO, content_type: str,
 
 def upload_ratings(session: Session, tenant: Tenant, body: bytes | BinaryIO, content_type: str,
                    idempotency_key: str | None, max_rows: int | None = None,
-                   digest: str | None = None, keep_errors: int | None = None) -> Outcome:
+                   digest: str | None = None, keep_errors: int | None = None,
+                   content_encoding: str | None = None,
+                   max_bytes: int | None = None) -> Outcome:
     """Store an upload atomically, or replay the stored outcome of the same keyed request.
 
     ``body`` is the bytes or a binary file positioned at their start (then ``digest`` is
     their :func:`request_hash`); it is read as a stream. More than ``max_rows`` rows raise
     :class:`app.ingest.TooManyRows` and store nothing; a rejection lists the first
-    ``keep_errors`` offending rows (all when None) and counts the others."""
+    ``keep_errors`` offending rows (all when None) and counts the others. A gzip body
+    (``content_encoding`` or its magic bytes) is decompressed to at most ``max_bytes``
+    (:class:`app.ingest.BodyTooLarge` beyond)."""
     if idempotency_key is not None:
         check_key(idempotency_key)
     if isinstance(body, bytes):
@@ -90,7 +94,8 @@ def upload_ratings(session: Session, tenant: Tenant, body: bytes | BinaryIO, con
     if idempotency_key and (done := _replay(session, tenant.id, idempotency_key, digest)):
         return done
     try:
-        stored = _store(session, tenant, body, content_type, max_rows, keep_errors)
+        stored = _store(session, tenant, body, content_type, max_rows, keep_errors,
+                        {"content_encoding": content_encoding, "max_bytes": max_bytes})
         outcome = Outcome(200, {"stored": stored})
         if idempotency_key:
             session.add(IdempotencyRecord(tenant_id=tenant.id, key=idempotency_key,

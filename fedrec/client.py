@@ -96,15 +96,23 @@ class Tenant(Model):
 
 
 class JobSpend(Model):
+    """A job's spend: what it asked for (``requested_epsilon`` at ``requested_delta``), its
+    epsilon at that delta, and ``epsilon``, its charge at the budget's delta."""
+
     schema_name = "JobSpend"
     job_id: int
+    requested_epsilon: float | None = None
+    requested_delta: float | None = None
+    epsilon_at_requested_delta: Epsilon | None = None
     epsilon: Epsilon
+    budget_delta: float | None = None
     transmissions: int
 
 
 class Privacy(Model):
     schema_name = "TenantPrivacy"
     tenant_id: int
+    note: str = ""
     epsilon_spent: Epsilon
     epsilon_max: float
     epsilon_remaining: float
@@ -414,14 +422,19 @@ MODELS: tuple[type[Model], ...] = tuple(
 # -- uploads ------------------------------------------------------------------------------
 
 MEDIA_TYPES = {".csv": "text/csv", ".tsv": "text/tab-separated-values",
-               ".data": "text/tab-separated-values", ".json": "application/json"}
-"""The upload's Content-Type by file extension (MovieLens ``u.data`` is TSV)."""
+               ".data": "text/tab-separated-values", ".dat": "text/csv",
+               ".json": "application/json", ".parquet": "application/vnd.apache.parquet"}
+"""The upload's Content-Type by file extension, a ``.gz`` suffix dropped (MovieLens
+``u.data`` is TSV; ``.dat``, as ML-1M's ``ratings.dat``, is delimited text whose delimiter
+the server finds). The file is sent as it is: the server recognises gzip and Parquet by
+their magic bytes and reads every format with one reader."""
 CHUNK = 1 << 16
 
 
 def _media_type(path: Path) -> str:
-    return MEDIA_TYPES.get(path.suffix.lower()) or mimetypes.guess_type(path.name)[0] \
-        or "text/csv"
+    name = path.name.lower().removesuffix(".gz")
+    suffix = name[name.rfind("."):] if "." in name else ""
+    return MEDIA_TYPES.get(suffix) or mimetypes.guess_type(name)[0] or "text/csv"
 
 
 def _chunks(path: Path, on_bytes: Callable[[int], None] | None) -> Iterator[bytes]:
@@ -660,8 +673,9 @@ class Client:
                        media_type: str | None = None, idempotency_key: str | None = None,
                        progress: bool = True) -> UploadResult:
         """Upload ratings: ``rows`` (``{"user", "item", "rating"[, "timestamp"]}``) as
-        JSON, ``csv`` text, or a file at ``path`` (CSV, TSV such as MovieLens ``u.data``,
-        or JSON; by extension unless ``media_type`` says) streamed in chunks, with a
+        JSON, ``csv`` text, or a file at ``path`` (delimited text such as MovieLens
+        ``u.data`` or ML-1M's ``::``, JSON or Parquet, gzip-compressed or not; by extension
+        unless ``media_type`` says) sent unchanged, streamed in chunks, with a
         progress bar on a terminal. All rows are stored or none (422 lists the rows)."""
         if sum(x is not None for x in (rows, csv, path)) != 1:
             raise ValueError("give exactly one of rows, csv or path")

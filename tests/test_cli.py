@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -180,7 +181,18 @@ def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "6000 ratings for 2 tenants" in out
-    assert out.count("epsilon spent    5.000, budget remaining") == 2  # each real tenant
+    # each real tenant: the job's request, the same spend at the budget's delta, and the
+    # budget, which reconciles (remaining = budget - spent at the budget's delta)
+    import re as re_
+
+    lines = re_.findall(r"requested 5, spent 5\.000 at delta 1e-06 = ([\d.]+) at the "
+                        r"budget's delta 1e-05; budget 10\.000: spent ([\d.]+), remaining "
+                        r"([\d.]+)", out)
+    assert len(lines) == 2, out
+    for charged, spent, remaining in lines:
+        assert charged == spent and float(charged) < 5.0
+        assert abs(float(spent) + float(remaining) - 10.0) < 2e-3
+    assert "the same noise has a smaller epsilon at a larger delta" in out
     assert "unit: user; placement: central" in out
     assert "Sample recommendations (from the private model):" in out and "(model)" in out
     assert "(from job 1, the most recent snapshot)" in out  # the private job is job 1
@@ -728,3 +740,76 @@ def test_simulate_refuses_constant_ratings_and_notes_duplicates(tmp_path, capsys
     assert main(["simulate", "--data", str(dup), "--clients", "4", "--rounds", "1",
                  "--quiet"]) == 0
     assert "1 (user, item) pair(s) rated more than once" in capsys.readouterr().err
+
+
+# --- habits: --version, global options anywhere, suggestions, --json alone ---------------------
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedrec {version('fedrec')}"
+
+
+@pytest.mark.parametrize("argv", [
+    ["admin", "--url", "http://x:1", "--token", "T", "tenants", "list"],
+    ["--url", "http://x:1", "admin", "tenants", "--token=T", "list"],
+    ["admin", "tenants", "list", "--url", "http://x:1", "--token", "T"],
+    ["--token", "T", "jobs", "--url=http://x:1", "list"],
+])
+def test_the_api_commands_options_are_accepted_anywhere(argv):
+    from app.cli import parse
+
+    args = parse(argv)
+    assert (args.url, args.token, args.json) == ("http://x:1", "T", None)
+
+
+@pytest.mark.parametrize("argv, want", [
+    (["admin", "--json", "tenants", "show", "3"], "-"),
+    (["admin", "tenants", "show", "3", "--json"], "-"),
+    (["admin", "--json", "out.json", "tenants", "show", "3"], "out.json"),
+    (["admin", "tenants", "show", "3", "--json", "-"], "-"),
+    (["doctor", "--json"], "-"),
+    (["doctor", "--json", "--timeout", "1"], "-"),
+])
+def test_json_alone_means_stdout(argv, want):
+    from app.cli import parse
+
+    assert str(parse(argv).json) == want
+
+
+@pytest.mark.parametrize("argv, usage, hint", [
+    (["simulate", "--roundz", "3"], "fedrec simulate", "--roundz (did you mean --rounds?)"),
+    (["admin", "jobs", "create", "--epsilonn", "2"], "fedrec admin jobs create",
+     "(did you mean --epsilon?)"),
+    (["admin", "tenents", "list"], "fedrec admin", "(did you mean tenants?)"),
+    (["simulat"], "fedrec", "(did you mean simulate?)"),
+])
+def test_mistakes_get_the_subcommands_usage_and_a_suggestion(argv, usage, hint, capsys):
+    from app.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {usage} "), err
+    assert hint in err
+
+
+def test_every_readme_command_of_the_api_cli_parses():
+    """The README's `fedrec admin|jobs|doctor` lines are accepted as written (parsed, not
+    run): the README and the parsers agree on the options."""
+    import shlex
+
+    from app.cli import parse
+
+    text = README.read_text().replace("\\\n", " ")
+    commands = [line.strip().split("#")[0] for line in text.splitlines()
+                if re.match(r"\s*fedrec (admin|jobs|doctor)\b", line)]
+    assert len(commands) >= 10
+    for command in commands:
+        assert parse(shlex.split(command)[1:]).func, command

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -91,3 +92,31 @@ def test_json_dash_writes_the_checks_to_stdout_only(tmp_path, monkeypatch, capsy
     assert "is at migration 0004" in database["message"]
     assert (broker["name"], broker["ok"]) == ("broker", True)
     assert "FAIL database: " + database["message"] in out.err  # the lines went to stderr
+
+
+@pytest.mark.integration
+def test_beat_in_its_first_minute_is_starting_not_failing(monkeypatch, capsys, redis_test_url):
+    """Before the watchdog's first run (one period after beat starts) doctor said "FAIL
+    beat: never run"; beat now records its start and doctor says it is starting."""
+    import types
+
+    import redis
+
+    from worker.celery_app import _beat_started, create_celery_app
+
+    settings = Settings(broker_url=redis_test_url, stalled_job_seconds=60)
+    client = redis.Redis.from_url(redis_test_url)
+    client.delete(doctor.BEAT_KEY, doctor.BEAT_STARTED_KEY)
+    _beat_started(sender=types.SimpleNamespace(app=create_celery_app(settings)))
+    assert abs(float(client.get(doctor.BEAT_STARTED_KEY)) - time.time()) < 5
+    ok, message = doctor.check_beat(settings, 1)
+    assert ok and re.match(r"starting: beat started \d+ s ago", message), message
+    client.set(doctor.BEAT_STARTED_KEY, time.time() - 1000)  # started, never ran: stuck
+    ok, message = doctor.check_beat(settings, 1)
+    assert not ok and message.startswith("beat has never run the job watchdog")
+    client.set(doctor.BEAT_STARTED_KEY, time.time() - 5)  # restarted after an old run
+    client.set(doctor.BEAT_KEY, time.time() - 1000)
+    assert doctor.check_beat(settings, 1)[1].startswith("starting: ")
+    client.set(doctor.BEAT_KEY, time.time())
+    assert doctor.check_beat(settings, 1) == (True, "beat alive: the job watchdog ran 0 s ago")
+    client.delete(doctor.BEAT_KEY, doctor.BEAT_STARTED_KEY)

@@ -140,6 +140,26 @@ def _beat_heartbeat(sender=None, **_: object) -> None:
         pass  # doctor will report beat as silent
 
 
+@signals.beat_init.connect
+def _beat_started(sender=None, **_: object) -> None:
+    """Record beat's start for ``fedrec doctor``: until the watchdog's first run, one
+    period later, doctor says beat is starting rather than failing (best effort)."""
+    url = getattr(getattr(sender, "app", None), "conf", {}).get("broker_url") or ""
+    if not url.startswith(("redis://", "rediss://")):
+        return
+    import time
+
+    import redis
+
+    from app.commands.doctor import BEAT_STARTED_KEY
+
+    try:
+        with redis.Redis.from_url(url, socket_timeout=2) as client:
+            client.set(BEAT_STARTED_KEY, time.time())
+    except redis.RedisError:
+        pass
+
+
 @lru_cache
 def get_celery_app() -> Celery:
     """The process-wide app built from :func:`app.config.get_settings`."""

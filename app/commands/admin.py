@@ -26,14 +26,16 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 def _common() -> argparse.ArgumentParser:
-    """--url, --token and --json, accepted after every action."""
+    """--url, --token and --json, accepted after every action (and, through
+    :func:`app.cli.arrange`, anywhere on the line)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--url", default=None,
                    help=f"the service (default: FEDREC_URL, else {DEFAULT_URL})")
     p.add_argument("--token", default=None,
                    help="the admin token (default: FEDREC_ADMIN_TOKEN)")
-    p.add_argument("--json", metavar="FILE", default=None,
-                   help="write the answer as JSON to FILE ('-': stdout, instead of the table)")
+    p.add_argument("--json", metavar="FILE", default=None, nargs="?", const="-",
+                   help="write the answer as JSON to FILE (alone or '-': stdout, instead of "
+                        "the table)")
     return p
 
 
@@ -296,7 +298,25 @@ def _show_tenant(tenant) -> None:
     print_fields(fields)
     if p.jobs:
         print()
-        print_table([dict(j) for j in p.jobs], ["job_id", "epsilon", "transmissions"])
+        print_table([spend_row(j) for j in p.jobs],
+                    ["job_id", "requested", "spent_at_requested_delta",
+                     "charged_at_budget_delta", "transmissions"])
+        print(f"budget: epsilon {_cell(p.epsilon_max)} at delta {_cell(p.delta)}; "
+              f"spent {_cell(p.epsilon_spent)}, remaining {_cell(p.epsilon_remaining)}")
+        if p.note:
+            print(p.note)
+
+
+def spend_row(job) -> dict[str, Any]:
+    """A job's spend as a table row: requested (epsilon at delta) beside the same spend at
+    the delta asked for and at the budget's delta."""
+    asked = "-" if job.requested_epsilon is None else f"{job.requested_epsilon:g}"
+    delta = "-" if job.requested_delta is None else f"{job.requested_delta:g}"
+    budget_delta = "" if job.budget_delta is None else f" (delta {job.budget_delta:g})"
+    return {"job_id": job.job_id, "requested": f"{asked} at delta {delta}",
+            "spent_at_requested_delta": job.epsilon_at_requested_delta,
+            "charged_at_budget_delta": f"{_cell(job.epsilon)}{budget_delta}",
+            "transmissions": job.transmissions}
 
 
 def _tenants_show(client, args) -> None:
@@ -494,7 +514,15 @@ def _jobs_report(client, args) -> None:
         privacy = report.privacy
         print(f"\nprivacy: {privacy.get('guarantee', privacy.get('mechanism'))}")
         for tenant, eps in (privacy.get("epsilon_per_tenant") or {}).items():
-            print(f"  tenant {tenant}: epsilon {_cell(eps)}")
+            lifetime = (privacy.get("lifetime") or {}).get(tenant)
+            if lifetime and lifetime.get("this_job", {}).get("requested_delta") is not None:
+                from app.commands.output import spend_line
+
+                print(f"  tenant {tenant}: {spend_line(lifetime)}")
+            else:
+                print(f"  tenant {tenant}: epsilon {_cell(eps)}")
+        if privacy.get("note") and privacy.get("private"):
+            print(f"  ({privacy['note']})")
     emit(args, report, show)
 
 

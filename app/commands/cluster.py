@@ -9,7 +9,6 @@ clustering accuracy under the best label matching.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--q-hat", type=int, default=50, help="fedmavg diminishing Q2 (0: constant)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--every", type=int, default=10, help="print every this many rounds")
-    p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--json", type=Path, metavar="FILE", nargs="?", const="-",
+                   help="write the report to FILE (alone or '-': stdout)")
     p.set_defaults(func=run)
 
 
@@ -54,6 +54,16 @@ def _data(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, list[np.nda
 
 
 def run(args: argparse.Namespace) -> int:
+    from app.commands.output import json_output
+
+    with json_output(args.json) as write_json:
+        report = _run(args)
+        if args.json:
+            write_json(report)
+    return 0
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     x, labels, parts = _data(args)
     setup = time.perf_counter() - t0
@@ -84,6 +94,4 @@ def run(args: argparse.Namespace) -> int:
                       history=[vars(r) for r in result.history])
     print(f"{args.algorithm} accuracy {100 * report['accuracy']:.1f}% "
           f"({report['clients']} clients, {args.partition})")
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=1))
-    return 0
+    return report

@@ -26,6 +26,7 @@ import numpy as np
 
 from algorithms.data import Ratings, load_ratings
 from algorithms.synthetic import generate_ratings
+from app.commands.output import spend_line
 from fedrec.client import ApiError, Client, Job, JobReport
 
 TENANT_NAMES = ["northwind", "contoso", "fabrikam", "globex", "initech", "umbrella",
@@ -193,9 +194,8 @@ def _print_privacy(report: JobReport, tenants: list[dict[str, Any]]) -> None:
         print(f"  adversary: {priv['adversary']}")
     print(f"  delta {priv['delta']}, accounting: {priv['accounting']}")
     for t in tenants:
-        spent = priv["epsilon_per_tenant"].get(str(t["id"]), 0.0)
-        left = priv["lifetime"][str(t["id"])]["epsilon_remaining"]
-        print(f"  {t['name']:<10} epsilon spent {spent:8.3f}, budget remaining {left:8.3f}")
+        print(f"  {t['name']:<10} {spend_line(priv['lifetime'][str(t['id'])])}")
+    print(f"  ({priv['note']})")
 
 
 def _print_recommendations(base_url: str, tenants: list[dict[str, Any]]) -> None:

@@ -2,8 +2,9 @@
 
 Checks, in order: the database answers; its schema is at the latest migration; the broker
 answers; at least one Celery worker answers a ping; beat has run its watchdog recently
-(the worker records each run in the broker's Redis, :data:`BEAT_KEY`). Exit status 1 when
-any check fails, 0 otherwise.
+(the worker records each run in the broker's Redis, :data:`BEAT_KEY`), or beat started
+less than a watchdog period ago (``wait beat: ...``, not a failure: beat records its start,
+:data:`BEAT_STARTED_KEY`). Exit status 1 when any check fails, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from app.config import Settings, get_settings
 
 BEAT_KEY = "fedrec:beat:watchdog_last_run"
 """Unix time of the watchdog's last run (a beat-scheduled task, written by the worker)."""
+BEAT_STARTED_KEY = "fedrec:beat:started"
+"""Unix time beat last started (written by beat itself): until the watchdog's first run,
+one period later, doctor says beat is starting instead of failing."""
+STARTING = "starting: "
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,10 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "alive. Prints each problem in plain words; exit status 1 if any.")
     parser.add_argument("--timeout", type=float, default=3.0,
                         help="seconds to wait for each service (default 3)")
-    parser.add_argument("--json", metavar="FILE", default=None,
+    parser.add_argument("--json", metavar="FILE", default=None, nargs="?", const="-",
                         help="also write the checks as JSON ({\"ok\", \"problems\", "
                              "\"checks\": [{\"name\", \"ok\", \"message\"}]}) to FILE; "
-                             "'-': to stdout, the lines going to stderr")
+                             "alone or '-': to stdout, the lines going to stderr")
     parser.set_defaults(func=run)
 
 
@@ -96,15 +101,21 @@ def check_beat(settings: Settings, timeout: float, now: float | None = None
     period = min(60.0, settings.stalled_job_seconds)
     client = redis.Redis.from_url(settings.broker_url, socket_timeout=timeout)
     try:
-        last = client.get(BEAT_KEY)
+        last, started = client.get(BEAT_KEY), client.get(BEAT_STARTED_KEY)
     finally:
         client.close()
+    now = time.time() if now is None else now
+    if started is not None and (last is None or float(last) < float(started)):
+        since = now - float(started)
+        if since <= period + 30:
+            return True, (f"{STARTING}beat started {since:.0f} s ago; its job watchdog "
+                          f"first runs {period:g} s after the start")
     if last is None:
         return False, ("beat has never run the job watchdog: scheduled retraining, the "
                        "statistics refresh and the resumption of stalled jobs are not "
                        "happening. Start it: `celery -A worker.celery_app beat` (one "
                        "instance only).")
-    age = (time.time() if now is None else now) - float(last)
+    age = now - float(last)
     if age > 3 * period + 30:
         return False, (f"beat's job watchdog last ran {age:.0f} s ago (it should run every "
                        f"{period:g} s): beat, or every worker, has stopped.")
@@ -146,6 +157,7 @@ def _run(args: argparse.Namespace, results: list[dict]) -> int:
                 ok, message = check()
                 failed += not ok
                 results.append({"name": name, "ok": ok, "message": message})
-                print(f"{'ok  ' if ok else 'FAIL'} {name}: {message}")
+                label = "wait" if message.startswith(STARTING) else "ok  " if ok else "FAIL"
+                print(f"{label} {name}: {message.removeprefix(STARTING)}")
     print(f"{failed} problem(s) found" if failed else "everything looks fine")
     return 1 if failed else 0

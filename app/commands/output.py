@@ -103,3 +103,20 @@ def runs_bar(label: str) -> Iterator[None]:
             yield
     finally:
         bar.close()
+
+
+def _num(value: Any) -> str:
+    return value if isinstance(value, str) else f"{value:.3f}"
+
+
+def spend_line(lifetime: dict[str, Any]) -> str:
+    """A tenant's spend side by side: the job's epsilon at the delta it asked for, the same
+    spend at the budget's delta, and the budget (spent and remaining at its delta)."""
+    job = lifetime["this_job"]
+    asked = "" if job["requested_epsilon"] is None else \
+        f"requested {job['requested_epsilon']:g}, "
+    return (f"{asked}spent {_num(job['epsilon_at_requested_delta'])} at delta "
+            f"{job['requested_delta']:g} = {_num(job['epsilon'])} at the budget's delta "
+            f"{job['budget_delta']:g}; budget {_num(lifetime['epsilon_max'])}: spent "
+            f"{_num(lifetime['epsilon_spent'])}, remaining "
+            f"{_num(lifetime['epsilon_remaining'])}")

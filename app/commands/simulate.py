@@ -269,8 +269,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "62.5%% up the data's rating scale: 3.5 on 1-5 stars as in the "
                         "paper, 1 on 0/1 data, every rating of implicit (all-1) data)")
     add_evaluation_arguments(p)
-    p.add_argument("--json", type=Path, metavar="FILE",
-                   help="write config, per-round figures and results to FILE; '-': to "
+    p.add_argument("--json", type=Path, metavar="FILE", nargs="?", const="-",
+                   help="write config, per-round figures and results to FILE; alone or '-': to "
                         "stdout, the table going to stderr (default: none)")
     p.add_argument("--quiet", action="store_true", help="no per-round table")
     add_privacy_arguments(p)

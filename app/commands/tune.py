@@ -66,8 +66,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--test-fraction", type=float, default=0.2,
                    help="share of ratings held out for testing, never read (default: 0.2)")
     add_partition_argument(p)
-    p.add_argument("--json", type=Path, metavar="FILE",
-                   help="write the chosen config and every trial to FILE; '-': to stdout, "
+    p.add_argument("--json", type=Path, metavar="FILE", nargs="?", const="-",
+                   help="write the chosen config and every trial to FILE; alone or '-': to "
+                        "stdout, "
                         "the other lines going to stderr")
     p.add_argument("--quiet", action="store_true", help="no line per trial")
     p.set_defaults(func=run)

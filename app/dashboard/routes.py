@@ -342,8 +342,9 @@ def tenant_page(request: Request, tenant_id: int, viewer: ViewerDep,
     spends = []
     for job in jobs[:20]:
         rep = reports.privacy_of_job(session, job, [tenant.id])
-        spends.append((job, rep.get("epsilon_per_tenant", {}).get(str(tenant.id)),
-                       charged.get(job.id, 0)))
+        this_job = rep.get("lifetime", {}).get(str(tenant.id), {}).get("this_job", {})
+        spends.append((job, (rep.get("epsilon_per_tenant") or {}).get(str(tenant.id)),
+                       this_job.get("epsilon"), charged.get(job.id, 0)))
     latest = jobs[0] if jobs else None
     chart = sentences = None
     if latest is not None:

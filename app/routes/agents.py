@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.deps import UNPROCESSABLE, OwnTenantDep, ServingTenantDep, errors
 from app.inputs import Input
@@ -35,6 +35,96 @@ DECLINED = "declined by the tenant's agent"
 
 class Decline(Input):
     reason: str = Field(min_length=1, max_length=2000)
+
+
+class _Answer(BaseModel):
+    """An answer of the agent protocol; fields a newer server adds pass through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class AgentJob(_Answer):
+    id: int
+    status: str
+    completed_rounds: int
+    rounds: int
+
+
+class AgentJobs(_Answer):
+    data: list[AgentJob]
+
+
+class AgentUploadSchema(_Answer):
+    type: str = Field(description="The message class the upload must be.")
+    arrays: dict[str, dict[str, Any]] = Field(description="name -> {shape, dtype}.")
+
+
+class AgentManifest(_Answer):
+    """Everything an agent needs to run its client step as a hosted tenant would."""
+
+    protocol: int
+    job_id: int
+    algorithm: str
+    config: dict[str, Any]
+    privacy: dict[str, Any] = Field(description="The job's privacy settings, as stored.")
+    privacy_preserving: bool
+    seed: int
+    rounds: int
+    per_round: int
+    n_clients: int
+    client_index: int
+    tenant_id: int
+    test_fraction: float
+    scale: list[float] = Field(description="[min, max] over the job's tenants.")
+    tenant_scale: list[float]
+    items: list[str] = Field(description="The item catalogue in column order.")
+    titles: list[str | None]
+    round_seconds: float
+    wire: str
+    upload: AgentUploadSchema | None
+    phases: list[str]
+    secure_aggregation: bool
+
+
+class AgentRound(_Answer):
+    """Where the job is for this agent."""
+
+    job_id: int
+    status: str
+    completed_rounds: int
+    rounds: int
+    round: int | None
+    selected: bool
+    uploaded: bool
+    deadline: float | None = Field(description="Unix time the open round closes.")
+    phase: str = Field(description="upload, wait or closed.")
+
+
+class AgentAccepted(_Answer):
+    """An upload or decline staged (or replayed)."""
+
+    round: int
+    replayed: bool
+    charged: list[Any] | None = Field(description="The event charged: [mechanism, z, count].")
+
+
+class SecaggStatus(_Answer):
+    round: int
+    phase: str
+    reason: str | None
+    round_id: Any
+    frac_bits: int
+    posted: list[str]
+    roster: Any
+    inbox: Any
+    request: Any
+
+
+class SecaggAccepted(_Answer):
+    round: int
+    phase: str
+    replayed: bool
+    charged: Any
 
 
 def _session(request: Request):
@@ -85,7 +175,7 @@ def _close_if_due(request: Request, job) -> None:
     dispatch_from_api(request.app, pipeline.TASK_AGGREGATE, job.id, job.current_round + 1)
 
 
-@router.get(JOBS)
+@router.get(JOBS, response_model=AgentJobs)
 def list_agent_jobs(tenant: OwnTenantDep, request: Request) -> dict[str, Any]:
     """The jobs this tenant takes part in as an agent, newest first."""
     with _session(request) as s:
@@ -94,7 +184,7 @@ def list_agent_jobs(tenant: OwnTenantDep, request: Request) -> dict[str, Any]:
                           "rounds": j.rounds} for j in jobs]}
 
 
-@router.get(JOBS + "/{job_id}")
+@router.get(JOBS + "/{job_id}", response_model=AgentManifest)
 def read_manifest(tenant: OwnTenantDep, job_id: PathId, request: Request) -> dict[str, Any]:
     """The job's manifest: algorithm, config, privacy, seed, this tenant's client index,
     the scales and the item catalogue in column order (the columns of V)."""
@@ -125,7 +215,7 @@ async def _poll(request: Request, tenant_id: int, look, done, wait: float
             await asyncio.sleep(min(POLL_SECONDS, max(0.0, end - time.monotonic())))
 
 
-@router.get(JOBS + "/{job_id}/round", responses=POLLED)
+@router.get(JOBS + "/{job_id}/round", response_model=AgentRound, responses=POLLED)
 async def read_round(tenant: ServingTenantDep, job_id: PathId, request: Request,
                      wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description=(
                          "Long-poll: answer as soon as this tenant has something to do "
@@ -150,7 +240,9 @@ async def read_round(tenant: ServingTenantDep, job_id: PathId, request: Request,
 
 
 @router.get(JOBS + "/{job_id}/global", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+            responses={200: {"content": {"application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"}}},
+                "description": "The global message's bytes."}})
 def read_global(tenant: OwnTenantDep, job_id: PathId, request: Request) -> Response:
     """The current global message (input of round ``Fedrec-Round`` + 1), as message bytes."""
     with _session(request) as s:
@@ -163,7 +255,7 @@ def read_global(tenant: OwnTenantDep, job_id: PathId, request: Request) -> Respo
                                  "Fedrec-Status": job.status})
 
 
-@router.put(JOBS + "/{job_id}/rounds/{round_}/upload", responses={
+@router.put(JOBS + "/{job_id}/rounds/{round_}/upload", response_model=AgentAccepted, responses={
     **errors(409), **UNPROCESSABLE,
     413: {"description": "The upload is too large."}})
 async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
@@ -181,7 +273,7 @@ async def put_upload(tenant: OwnTenantDep, job_id: PathId, round_: PathId, reque
                                    job_id, tenant.id, round_, data, fedrec_charge)
 
 
-@router.post(JOBS + "/{job_id}/rounds/{round_}/decline",
+@router.post(JOBS + "/{job_id}/rounds/{round_}/decline", response_model=AgentAccepted,
              responses={**errors(409), **UNPROCESSABLE})
 def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: Request,
                  body: Decline | None = None) -> dict[str, Any]:
@@ -192,7 +284,8 @@ def post_decline(tenant: OwnTenantDep, job_id: PathId, round_: PathId, request: 
                    body.reason if body else DECLINED)
 
 
-@router.get(JOBS + "/{job_id}/rounds/{round_}/secagg", responses={**errors(409), **POLLED})
+@router.get(JOBS + "/{job_id}/rounds/{round_}/secagg", response_model=SecaggStatus,
+            responses={**errors(409), **POLLED})
 async def read_secagg(tenant: ServingTenantDep, job_id: PathId, round_: PathId,
                       request: Request,
                       wait: Annotated[float, Query(ge=0, le=MAX_WAIT, description=(
@@ -215,7 +308,7 @@ async def read_secagg(tenant: ServingTenantDep, job_id: PathId, round_: PathId,
                        wait)
 
 
-@router.post(JOBS + "/{job_id}/rounds/{round_}/secagg/{phase}",
+@router.post(JOBS + "/{job_id}/rounds/{round_}/secagg/{phase}", response_model=SecaggAccepted,
              responses={**errors(409), **UNPROCESSABLE})
 async def post_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, phase: str,
                       request: Request) -> dict[str, Any]:

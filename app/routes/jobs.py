@@ -135,7 +135,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                    dp=dp, test_fraction=body.test_fraction,
                    allow_not_private=body.allow_not_private,
                    max_attempts=settings.job_max_attempts, agents=list(body.agents),
-                   round_seconds=body.round_seconds, wire=body.wire)
+                   round_seconds=body.round_seconds, wire=body.wire,
+                   rounds_given="rounds" in body.model_fields_set)
     if dry_run:
         try:
             plan = create_job(session, spec, dry_run=True)
@@ -234,7 +235,8 @@ def read_job_report(job_id: PathId, session: SessionDep, _: AdminDep) -> JobRepo
 
 
 @router.get("/{job_id}/plot.png", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}, **errors(404)})
+            responses={200: {"content": {"image/png": {"schema": {
+                "type": "string", "format": "binary"}}}}, **errors(404)})
 def read_job_plot(job_id: PathId, session: SessionDep, _: AdminDep) -> Response:
     """PNG plot of the test RMSE per round, overall and per tenant."""
     job = _job(session, job_id)

@@ -55,7 +55,8 @@ def model_npz(factors, job: TrainingJob | None) -> bytes:
 
 
 @router.get("/model", response_class=Response,
-            responses={200: {"content": {NPZ: {}},
+            responses={200: {"content": {NPZ: {"schema": {"type": "string",
+                                                          "format": "binary"}}},
                              "description": "The tenant's model as a NumPy .npz file: "
                                             "user_keys, item_keys, user_factors, "
                                             "item_factors, meta (JSON) and, for a sigmoid "

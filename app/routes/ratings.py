@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from app import store
 from app.deps import OwnTenantDep, SessionDep, SettingsDep, check_limit, errors
 from app.idempotency import IdempotencyKey
-from app.ingest import TooManyRows, UnsupportedMediaType, UploadRejected
+from app.ingest import BodyTooLarge, TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
 from app.problems import ApiError
 from app.queue import RECOMPUTE_RATING_STATS, enqueue
@@ -42,12 +42,14 @@ UPLOAD_BODY = {"requestBody": {"required": True, "content": {
     "text/tab-separated-values": {"schema": {"type": "string",
                                              "example": "196\t242\t3\t881250949\n"
                                                         "186\t302\t3\t891717742\n"}},
+    "application/vnd.apache.parquet": {"schema": {"type": "string", "format": "binary"}},
     "multipart/form-data": {"schema": {
         "type": "object", "required": ["file"],
         "properties": {"file": {"type": "string", "format": "binary", "description":
-                                "CSV, TSV or JSON ratings, read by the part's Content-Type, "
-                                "else its filename's extension (.csv, .tsv, .data, .json), "
-                                "else its first character."}}}},
+                                "CSV, TSV, JSON or Parquet ratings (gzip-compressed or "
+                                "not), read by the part's Content-Type, else its filename's "
+                                "extension (.csv, .tsv, .data, .dat, .json, .parquet), else "
+                                "its first character."}}}},
 }}}
 
 
@@ -86,33 +88,41 @@ def rejection(exc: UploadRejected, cap: int) -> ApiError:
 
 
 @router.post("/ratings", response_model=UploadResult, openapi_extra=UPLOAD_BODY, responses={
-    413: {"description": "Body over the size limit or more rows than allowed."},
-    415: {"description": "Not JSON, CSV, TSV or multipart."},
+    413: {"description": "Body over the size limit (decompressed: "
+                         "FEDREC_MAX_DECOMPRESSED_BYTES) or more rows than allowed."},
+    415: {"description": "Not JSON, CSV, TSV, Parquet or multipart; an unknown "
+                         "Content-Encoding; Parquet on a server without pyarrow."},
     429: {"description": "Too many uploads of this tenant in progress; see Retry-After."},
     422: {"description": "Offending rows (``errors``: line, field, message; nothing "
                          "stored), a bad Idempotency-Key, or an invalid path."}})
 async def create_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
                          settings: SettingsDep,
                          idempotency_key: IdempotencyKey = None) -> JSONResponse:
-    """Upload ratings as JSON, CSV, TSV (MovieLens ``u.data`` as it is) or a multipart
-    form's ``file`` (``curl -F file=@u.data``); all rows are stored or none.
+    """Upload ratings as JSON, delimited text (``,`` ``;`` tab or ``::``, found on the first
+    line: MovieLens ``u.data`` and ML-1M ``ratings.dat`` as they are; decimal commas when
+    the delimiter is not a comma), Parquet, or a multipart form's ``file`` (``curl -F
+    file=@u.data``), gzip-compressed or not (magic bytes or ``Content-Encoding: gzip``);
+    all rows are stored or none.
 
     The body is read as a stream in bounded memory; at most FEDREC_MAX_CONCURRENT_UPLOADS
     uploads of one tenant run at once in a process (429 with Retry-After beyond)."""
     content_type = request.headers.get("content-type", "")
+    reading = {"content_encoding": request.headers.get("content-encoding"),
+               "max_bytes": settings.max_decompressed_bytes}
     with request.app.state.upload_slots.slot(tenant.id):
         body, digest = await spool_body(request, settings.max_upload_bytes, content_type)
         with body:
             if media_type(content_type) != MULTIPART:
                 return await _upload(session, settings, tenant, body, digest, content_type,
-                                     idempotency_key, request.app.state.metrics)
+                                     idempotency_key, request.app.state.metrics, reading)
             with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as part:
                 try:
                     media, digest = await run_in_threadpool(_unwrap, body, content_type, part)
                 except UploadRejected as exc:
                     raise rejection(exc, settings.max_reported_errors) from None
                 return await _upload(session, settings, tenant, part, digest, media,
-                                     idempotency_key, request.app.state.metrics)
+                                     idempotency_key, request.app.state.metrics,
+                                     dict(reading, content_encoding=None))
 
 
 def _unwrap(body: BinaryIO, content_type: str, part: BinaryIO) -> tuple[str, str]:
@@ -127,28 +137,31 @@ def _unwrap(body: BinaryIO, content_type: str, part: BinaryIO) -> tuple[str, str
 
 
 async def _upload(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
-                  idempotency_key: str | None, metrics) -> JSONResponse:
+                  idempotency_key: str | None, metrics, reading: dict) -> JSONResponse:
     """Parse, check and store the spooled body in the threadpool; domain errors to HTTP."""
     try:
         return await _store(session, settings, tenant, body, digest, content_type,
-                            idempotency_key, metrics)
+                            idempotency_key, metrics, reading)
     except ApiError as exc:
         metrics.uploads.labels(exc.code).inc()
         raise
 
 
 async def _store(session, settings, tenant, body: BinaryIO, digest: str, content_type: str,
-                 idempotency_key: str | None, metrics) -> JSONResponse:
+                 idempotency_key: str | None, metrics, reading: dict) -> JSONResponse:
     try:
         outcome = await run_in_threadpool(upload_ratings, session, tenant, body, content_type,
                                           idempotency_key, settings.max_upload_rows, digest,
-                                          settings.max_reported_errors)
+                                          settings.max_reported_errors, **reading)
     except UploadRejected as exc:
         raise rejection(exc, settings.max_reported_errors) from None
     except IdempotencyConflict as exc:
         raise ApiError(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.code, str(exc)) from None
     except TooManyRows as exc:
         raise ApiError(status.HTTP_413_CONTENT_TOO_LARGE, "too_many_rows", str(exc)) from None
+    except BodyTooLarge as exc:
+        raise ApiError(status.HTTP_413_CONTENT_TOO_LARGE, "decompressed_too_large",
+                       str(exc)) from None
     except UnsupportedMediaType as exc:
         raise ApiError(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type",
                        str(exc)) from None

@@ -231,7 +231,8 @@ def read_tenant_report(tenant: OwnTenantDep, session: SessionDep) -> TenantRepor
 
 
 @router.get("/report/plot.png", response_class=Response,
-            responses={200: {"content": {"image/png": {}}}})
+            responses={200: {"content": {"image/png": {"schema": {
+                "type": "string", "format": "binary"}}}}})
 def read_tenant_plot(tenant: OwnTenantDep, session: SessionDep) -> Response:
     """PNG plot of this tenant's test RMSE per round in its latest job."""
     job = _latest_job(session, tenant)

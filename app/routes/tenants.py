@@ -110,7 +110,7 @@ def privacy_public(session, tenant: Tenant) -> TenantPrivacy:
     """The tenant's spend (app/training/ledger.py) with infinity spelt "infinity"."""
     summary = spend_summary(session, tenant)
     for record in (summary, *summary["jobs"]):
-        for name in ("epsilon_spent", "epsilon"):
+        for name in ("epsilon_spent", "epsilon", "epsilon_at_requested_delta"):
             if name in record and math.isinf(record[name]):
                 record[name] = "infinity"
     return TenantPrivacy(**summary)

@@ -43,8 +43,8 @@ def _public(job: TuningJob) -> TuningJobPublic:
              responses={**errors(404, 409), **UNPROCESSABLE,
                         503: {"description": "Broker or database unavailable; no tuning "
                                              "job was created."}})
-def create(body: TuningJobCreate, request: Request, response: Response,
-           session: SessionDep, settings: SettingsDep, _: AdminDep) -> TuningJobPublic:
+def create_tuning(body: TuningJobCreate, request: Request, response: Response,
+                  session: SessionDep, settings: SettingsDep, _: AdminDep) -> TuningJobPublic:
     """Queue a search for the algorithm's hyper-parameters on a validation carve-out of
     the tenants' *training* ratings (split as a training job with the same seed and
     test_fraction; the test part is never read). Not differentially private: every tenant
@@ -99,7 +99,7 @@ def _tuning_job(session, job_id: int) -> TuningJob:
 
 
 @router.get("/{job_id}", response_model=TuningJobPublic, responses=errors(404))
-def read(job_id: PathId, session: SessionDep, _: AdminDep) -> TuningJobPublic:
+def read_tuning(job_id: PathId, session: SessionDep, _: AdminDep) -> TuningJobPublic:
     """Status, the trials scored so far and, once completed, the chosen config."""
     return _public(_tuning_job(session, job_id))
 

@@ -68,6 +68,34 @@ class JobSpec:
     """An agent's upload deadline, counted from the round's start."""
     wire: str = "float64"
     """dtype of the agents' uploads on the wire: float64 (exact) or float32 (half the bytes)."""
+    rounds_given: bool = True
+    """Whether ``rounds`` was asked for: a default is cut to the rounds a release-bounded
+    algorithm uses, an explicit larger number is refused (:func:`fit_rounds`)."""
+
+
+def useful_rounds(cfg: Any) -> int | None:
+    """Rounds an algorithm that stops uploading after a set number of releases uses: those
+    releases (DPALS's ``sweeps``, the user-gradient methods' ``releases``) and one round
+    re-solving the users against the final model; None when every round uploads."""
+    releases = registry.user_releases(cfg, 0)
+    return releases + 1 if releases else None
+
+
+def fit_rounds(alg: Algorithm, cfg: Any, spec: JobSpec) -> JobSpec:
+    """``spec`` whose rounds the algorithm uses: a default cut to :func:`useful_rounds`; an
+    explicit larger number refused (422 naming ``rounds``): its extra rounds would send
+    nothing and change nothing, silently."""
+    useful = useful_rounds(cfg)
+    if useful is None or spec.rounds <= useful:
+        return spec
+    if not spec.rounds_given:
+        return dataclasses.replace(spec, rounds=useful)
+    field = "sweeps" if hasattr(cfg, "sweeps") else "releases"
+    raise JobRefused(422, f"invalid rounds: {spec.rounds} is more than {alg.name} uses: its "
+                          f"{useful - 1} {field} (config.{field}) upload in rounds 1-"
+                          f"{useful - 1} and round {useful} re-solves the users against the "
+                          f"final model, so rounds {useful + 1}-{spec.rounds} would send "
+                          f"nothing; give rounds <= {useful}, or raise config.{field}")
 
 
 def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
@@ -227,6 +255,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     nothing.
     """
     alg, cfg, dp = _validated(spec)
+    spec = fit_rounds(alg, cfg, spec)
     if s.get_bind().dialect.name == "postgresql":
         if s.in_transaction():  # the isolation level can only be chosen as one begins
             s.commit()

@@ -10,8 +10,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from app.models import Tenant
-from app.training.models import LedgerEntry
-from privacy.accountant import NOT_PRIVATE, Event, compose
+from app.training.models import LedgerEntry, TrainingJob
+from privacy.accountant import NOT_PRIVATE, Event, compose, spend
 from privacy.ledger import Budget, Ledger, charged_release, rebudget
 
 TUNING_NOT_PRIVATE = "not private: tuning used raw ratings"
@@ -92,20 +92,46 @@ def change_budget(s: Session, tenant: Tenant, epsilon_max: float) -> Budget:
     return budget
 
 
+SPEND_NOTE = ("A job's epsilon is stated at the delta it asked for; the budget is kept at "
+              "the tenant's own delta, and the same noise has a smaller epsilon at a larger "
+              "delta, so the budget is charged the job's epsilon at the budget's delta.")
+"""Why a job's requested epsilon and its charge to the budget differ (shown with both)."""
+
+
+def job_spend(s: Session, tenant_id: int, job_id: int, job_dp: dict | None) -> dict:
+    """One job's spend of one tenant, side by side (:func:`spend_figures`)."""
+    ledger = load_ledger(s, [tenant_id], job_id=job_id)
+    return {"job_id": job_id, **spend_figures(ledger, tenant_id, job_dp)}
+
+
+def spend_figures(job_ledger: Ledger, tenant: int | str, job_dp: dict | None) -> dict:
+    """A job's spend of a tenant (``job_ledger``: its charges of that job), side by side:
+    what the job asked for (``requested_epsilon``: a user-level job's target, None for the
+    tenant unit; ``requested_delta``), its epsilon at that delta, and the charge to the
+    budget (``epsilon``, at ``budget_delta``)."""
+    charged = job_ledger.spent(tenant)
+    dp = job_dp or {}
+    delta = dp.get("delta")
+    at_request = charged.epsilon if delta is None or not charged.transmissions else \
+        spend(job_ledger.history(tenant), float(delta)).epsilon
+    return {"requested_epsilon": dp.get("epsilon") if dp.get("unit") == "user" else None,
+            "requested_delta": delta, "epsilon_at_requested_delta": at_request,
+            "epsilon": charged.epsilon, "budget_delta": job_ledger.budget(tenant).delta,
+            "transmissions": charged.transmissions}
+
+
 def spend_summary(s: Session, tenant: Tenant) -> dict:
     """The tenant's lifetime spend against its budget and its spend in each job that
     charged it (epsilon composed at the budget's delta; infinity after a noise-free job)."""
     ledger = load_ledger(s, [tenant.id])
     spent, budget = ledger.spent(tenant.id), ledger.budget(tenant.id)
-    job_ids = s.scalars(sa.select(LedgerEntry.job_id).where(
+    job_ids = s.scalars(sa.select(LedgerEntry.job_id).where(  # tuning rows have no job
         LedgerEntry.tenant_id == tenant.id, LedgerEntry.job_id.is_not(None))
         .distinct().order_by(LedgerEntry.job_id)).all()
-    jobs = []
-    for job_id in job_ids:
-        job_spend = load_ledger(s, [tenant.id], job_id=job_id).spent(tenant.id)
-        jobs.append({"job_id": job_id, "epsilon": job_spend.epsilon,
-                     "transmissions": job_spend.transmissions})
-    return {"tenant_id": tenant.id, "epsilon_spent": spent.epsilon,
+    dps = dict(s.execute(sa.select(TrainingJob.id, TrainingJob.dp)
+                         .where(TrainingJob.id.in_(job_ids))).all()) if job_ids else {}
+    jobs = [job_spend(s, tenant.id, job_id, dps.get(job_id)) for job_id in job_ids]
+    return {"tenant_id": tenant.id, "note": SPEND_NOTE, "epsilon_spent": spent.epsilon,
             "epsilon_max": budget.epsilon_max,
             "epsilon_remaining": max(0.0, budget.epsilon_max - spent.epsilon),
             "delta": budget.delta, "private": math.isfinite(spent.epsilon),

@@ -10,7 +10,13 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from algorithms import registry
-from app.training.ledger import TUNING_NOT_PRIVATE, load_ledger, tuned_tenants
+from app.training.ledger import (
+    SPEND_NOTE,
+    TUNING_NOT_PRIVATE,
+    load_ledger,
+    spend_figures,
+    tuned_tenants,
+)
 from app.training.models import JobRound, LedgerEntry, TrainingJob
 from app.training.schemas import JobPublic, JobReport, RoundPublic, TenantRoundPublic
 from privacy import user_level
@@ -75,9 +81,11 @@ def privacy_of_job(s: Session, job: TrainingJob, tenant_ids: list[int] | None = 
                                  if int(t) in ids}
     lifetime = load_ledger(s, ids)
     units = _units(s, ids)
-    report["lifetime"] = {t: {**_lifetime(lifetime, t), "unit": units.get(t, "tenant")}
+    report["lifetime"] = {t: {**_lifetime(lifetime, t), "unit": units.get(t, "tenant"),
+                              "this_job": _json_spend(spend_figures(ledger, t, job.dp))}
                           for t in lifetime.tenants()}
     report["lifetime_unit"] = LEDGER_UNIT
+    report["note"] = SPEND_NOTE
     report.pop("budget_epsilon_max", None)  # the lifetime section states budgets per tenant
     return report
 
@@ -131,6 +139,10 @@ def _units(s: Session, tenant_ids: list[int]) -> dict[str, str]:
                      .where(LedgerEntry.tenant_id.in_(tenant_ids))).all()
     return {str(t): "user" for t, e in rows
             if user_level.is_user_level((e or {}).get("dp") or {})}
+
+
+def _json_spend(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: _eps(v) if k.startswith("epsilon") else v for k, v in figures.items()}
 
 
 def _lifetime(ledger, tenant: str) -> dict[str, Any]:

@@ -90,7 +90,8 @@ def retrain_if_changed(sessions, dispatch: pipeline.Dispatcher) -> int | None:
                        agents=[t for t in (last.agents or {}).get("tenants", [])
                                if t in alive],
                        round_seconds=(last.agents or {}).get("round_seconds", 300.0),
-                       wire=(last.agents or {}).get("wire", "float64"))
+                       wire=(last.agents or {}).get("wire", "float64"),
+                       rounds_given=False)  # a job of older code may have spare rounds
         try:
             job = create_job(s, spec)
         except JobRefused as exc:

@@ -69,7 +69,12 @@ class JobCreate(Input):
         None, min_length=1,
         description="Participants; omitted or null: all tenants (an empty list is refused). "
                     "At most FEDREC_MAX_JOB_TENANTS (default 1000).")
-    rounds: int = Field(50, ge=1, description="At most FEDREC_MAX_JOB_ROUNDS (default 10000).")
+    rounds: int = Field(50, ge=1, description=(
+        "At most FEDREC_MAX_JOB_ROUNDS (default 10000). An algorithm that stops uploading "
+        "after a set number of releases (dpals: config.sweeps; dp-fedmavg, dp-fedmc-admm: "
+        "config.releases) uses those rounds plus one that re-solves the users: omitted, "
+        "rounds is that number; a larger number is refused with 422 (its extra rounds would "
+        "send nothing)."))
     per_round: int = Field(0, ge=0, le=MAX_DB_INT,
                            description="Tenants sampled per round; 0 = all.")
     seed: int = Field(0, ge=0, le=MAX_DB_INT)

@@ -76,8 +76,8 @@ def test_a_pair_rated_twice_keeps_its_last_rating(tmp_path):
      "line 3: rating 'abc' is not a finite number"),
     ("1,2,4\n\n1,3,nan\n", "line 3: rating 'nan' is not a finite number"),
     ("1,2,4\n1,3,inf\n", "line 2: rating 'inf' is not a finite number"),
-    ("1,2,4\n1,3\n", "line 2: fewer than 3 fields"),
-    ("1,2\n1,3\n", "line 1 has fewer than 3 fields"),
+    ("1,2,4\n1,3\n", "line 2: expected 3 or more fields, got 2"),
+    ("1,2\n1,3\n", "line 1: expected 3 or more fields, got 2"),
     ("", "no ratings"),
     ("user,item,rating\n", "no ratings"),
 ])

@@ -118,4 +118,4 @@ def test_openapi_docs_are_served(sqlite_api):
     assert "/v1/tenants/{tenant_id}/ratings" in paths
     content = paths["/v1/tenants/{tenant_id}/ratings"]["post"]["requestBody"]["content"]
     assert set(content) == {"application/json", "text/csv", "text/tab-separated-values",
-                            "multipart/form-data"}
+                            "application/vnd.apache.parquet", "multipart/form-data"}

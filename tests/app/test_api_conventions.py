@@ -152,7 +152,10 @@ def test_a_tenant_sees_its_own_spend_and_no_one_elses(env):
     app, client = env
     (a, key_a), (b, key_b) = make_tenants(client, budget=50)
     fresh = client.get(f"/v1/tenants/{a}/privacy", headers={"Authorization": f"Bearer {key_a}"})
-    assert fresh.json() == {"tenant_id": a, "epsilon_spent": 0.0, "epsilon_max": 50.0,
+    from app.training.ledger import SPEND_NOTE
+
+    assert fresh.json() == {"tenant_id": a, "note": SPEND_NOTE, "epsilon_spent": 0.0,
+                            "epsilon_max": 50.0,
                             "epsilon_remaining": 50.0, "delta": 1e-05, "private": True,
                             "transmissions": 0, "jobs": []}
     jobs = [wait_job(client, submit_job(client, rounds=r, dp=DP).json()["id"])["id"]
@@ -223,7 +226,8 @@ def test_tsv_and_multipart_rows_are_refused_like_csv(sqlite_url):
     expected = [{"line": 1, "field": "rating",
                  "message": "rating 9 is outside the tenant's scale [1, 5]"},
                 {"line": 2, "field": "item", "message": "item 'nope' is not in the catalogue"},
-                {"line": 3, "field": "row", "message": "expected 3 or 4 fields, got 2"}]
+                {"line": 3, "field": "row", "message": "expected 3 or 4 fields, got 2 (user, "
+                 "item, rating[, timestamp], tab-separated as the first line)"}]
     for response in (
             api.client.post(url, content=bad.encode(), headers={
                 **key, "Content-Type": "text/tab-separated-values"}),

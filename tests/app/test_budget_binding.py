@@ -96,6 +96,9 @@ def test_an_opted_in_noise_free_job_is_charged_infinity_and_ends_dp_for_the_tena
     assert privacy["guarantee"] == "not private (epsilon = infinity)"
     assert privacy["private"] is False and privacy["epsilon_max"] == "infinity"
     assert privacy["epsilon_per_tenant"] == {str(a): "infinity", str(b): "infinity"}
+    this_job = privacy["lifetime"][str(a)].pop("this_job")
+    assert (this_job["epsilon"], this_job["epsilon_at_requested_delta"]) == ("infinity",
+                                                                             "infinity")
     assert privacy["lifetime"][str(a)] | {"delta": None} == {
         "epsilon_spent": "infinity", "epsilon_max": 10.0, "epsilon_remaining": 0.0,
         "delta": None, "private": False, "allow_non_private": True, "unit": "tenant"}

@@ -556,7 +556,7 @@ def test_the_readme_client_and_admin_examples_run(fresh_live, tmp_path, monkeypa
                      re.M)
     assert "privacy_budget: 10.0 -> 20.0" in outputs["fedrec admin tenants audit 1"]
     assert outputs["fedrec jobs watch 1"].rstrip().endswith("job 1 completed")
-    shown = json.loads(outputs["fedrec admin tenants show 1 --json -"])
+    shown = json.loads(outputs["fedrec admin --json tenants show 1"])
     assert shown["privacy_budget"] == 20.0 and shown["privacy"]["jobs"][0]["job_id"] == 1
     assert 0 < shown["privacy"]["epsilon_spent"] <= 8.0 + 1e-9
 

@@ -67,7 +67,8 @@ def test_headers_naming_their_rating_column_and_semicolon_bodies():
 def test_every_offending_row_is_reported_with_line_field_and_reason():
     body = b"u1,1,9\nu2,2,nan\n,3,4\nu4,4,inf\nu5,5,3,yesterday\nu6,6\n"
     assert errors_of(lambda: parse_csv(body)) == [
-        RowError(6, "row", "expected 3 or 4 fields, got 2")]
+        RowError(6, "row", "expected 3 or 4 fields, got 2 (user, item, rating[, timestamp], "
+                           "','-separated as the first line)")]
     assert errors_of(lambda: validate(parse_csv(body[:-6]), SCALE)) == [
         RowError(1, "rating", "rating 9 is outside the tenant's scale [1, 5]"),
         RowError(2, "rating", "rating must be a finite number (NaN and infinity are rejected)"),
@@ -116,7 +117,8 @@ def test_json_of_the_wrong_shape(body, message):
 def test_unknown_json_fields_and_invalid_utf8_are_rejected():
     assert errors_of(lambda: parse_json(b'{"ratings": [{"user": 1, "score": 2}]}')) == [
         RowError(1, "row", "unknown field(s): score")]
-    with pytest.raises(UploadRejected, match=r"^CSV body is not valid UTF-8 \(byte 2\)$"):
+    with pytest.raises(UploadRejected,
+                       match=r"^CSV body is not valid UTF-8 \(byte 2\); it looks like Latin-1"):
         parse_csv(b"u,\xff,1\n")
 
 

@@ -13,8 +13,11 @@ Accepted on purpose (schemathesis.toml written below): a 422 for a schema-valid 
 fields; the description says so) and of ``POST /admin/jobs`` (an algorithm's ``config``
 and the privacy settings are checked against the algorithm, which the schema cannot
 express). The agents' long-polls run with ``wait=0``: st may create an agent job and then
-poll it, and 25 examples of a 60-second poll would outlast the run's time limit.
-Nothing else.
+poll it, and 25 examples of a 60-second poll would outlast the run's time limit. The
+stateful check that a resource a walk created can be read back (ST302) is off: the key and
+job routes' ids are pinned to the fixture's below, so a walk that creates a tenant and then
+reads "its" key reads the fixture's spare key, which an earlier step of the walk may have
+revoked (404 ``api_key_revoked``, as documented). Nothing else.
 """
 
 from __future__ import annotations
@@ -88,10 +91,6 @@ def config(tmp: Path, tenant: int, key: str, job: int, spare: int, victim: int) 
     path = tmp / "schemathesis.toml"
     path.write_text(f"""
 headers = {{ Authorization = "Bearer {ADMIN}" }}
-# the fixed ids below (the spare key, the tenant that may be deleted) are not what a
-# created resource's links point at, and the run revokes and deletes them itself: a 404
-# on reading them is by design, not a created resource gone missing
-checks.ensure_resource_availability.enabled = false
 
 [[operations]]
 include-path-regex = "^/v1/tenants/"
@@ -125,7 +124,8 @@ def test_schemathesis_finds_no_failure_against_a_live_server(server):
     started = time.monotonic()
     run = subprocess.run(
         [str(ST), "--config-file", str(config(tmp, tenant, key, job, spare, victim)), "run",
-         f"{base}/openapi.json", "--checks", "all", "--max-examples", str(EXAMPLES),
+         f"{base}/openapi.json", "--checks", "all",
+         "--exclude-checks", "ensure_resource_availability", "--max-examples", str(EXAMPLES),
          "--seed", "20261124", "--workers", "2", "--no-color", "--request-timeout", "30"],
         capture_output=True, text=True, timeout=900, cwd=tmp)  # a hang guard only
     took = time.monotonic() - started

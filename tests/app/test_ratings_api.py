@@ -193,7 +193,8 @@ def test_unsupported_media_type_and_bad_json(api):
                             headers={**key, "Content-Type": "text/plain"})
     assert refusal(plain) == (415, "unsupported_media_type", (
         "unsupported Content-Type 'text/plain'; use application/json, text/csv, "
-        "text/tab-separated-values or multipart/form-data"))
+        "text/tab-separated-values, application/vnd.apache.parquet or "
+        "multipart/form-data"))
     bad = api.client.post(f"/v1/tenants/{tenant_id}/ratings", content=b"{",
                           headers={**key, "Content-Type": "application/json"})
     assert refusal(bad)[:2] == (422, "upload_rejected")

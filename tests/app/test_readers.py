@@ -12,12 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from algorithms import ratings_io
 from app import readers
 from app.ingest import RowError, UploadRejected
 
 
 def rows_of(body: bytes, media: str, chunk: int, monkeypatch) -> list:
-    monkeypatch.setattr(readers, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(ratings_io, "CHUNK_BYTES", chunk)
     try:
         return list(readers.read_rows(io.BytesIO(body), media))
     except UploadRejected as exc:
@@ -62,7 +63,8 @@ def test_csv_rows_do_not_depend_on_the_chunk_size(rows, chunk, ending):
 def test_invalid_utf8_names_its_byte_whatever_the_chunk(chunk, monkeypatch):
     body = "u,é,1\nv,ü,2\n".encode() + b"w,\xff,3\n"
     assert rows_of(body, "text/csv", chunk, monkeypatch) == [
-        ("rejected", "CSV body is not valid UTF-8 (byte 16)", [])]
+        ("rejected", "CSV body is not valid UTF-8 (byte 16); it looks like Latin-1 or "
+                     "Windows-1252 text, perhaps: save it as UTF-8", [])]
 
 
 @pytest.mark.parametrize("body, message", [

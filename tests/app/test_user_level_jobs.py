@@ -274,3 +274,47 @@ def test_gradient_methods_run_as_user_level_jobs_like_the_simulator(env, name):
     assert sorted(rows) == sorted((t, k) for t, _ in tenants for k in (1, 2))
     assert report["privacy"]["epsilon_max"] == pytest.approx(
         dp_accounting_epsilon(spec.schedule(), 1e-3), rel=1e-9)
+
+
+def test_a_spend_is_shown_at_the_requested_delta_beside_the_budgets(env):
+    """Issue 31: a job asked for epsilon 4 at delta 1e-3 was listed by `tenants show` as
+    its charge at the budget's delta (1e-5) alone, a different number; now both are shown,
+    with the budget they reconcile with, and the sentence saying why they differ."""
+    _, client = env
+    (tid, _), _ = make_tenants(client, n=2, allow_non_private=False)
+    job = wait_job(client, submit(client).json()["id"])
+    assert job["status"] == "completed", job
+    privacy = client.get(f"/v1/admin/tenants/{tid}").json()["privacy"]
+    (spend,) = privacy["jobs"]
+    planned = user_level.from_settings(job["dp"]).schedule()
+    assert (spend["requested_epsilon"], spend["requested_delta"]) == (4.0, 1e-3)
+    assert spend["epsilon_at_requested_delta"] == pytest.approx(
+        dp_accounting_epsilon(planned, 1e-3), rel=1e-9)
+    assert spend["budget_delta"] == privacy["delta"] == 1e-5
+    assert spend["epsilon"] == pytest.approx(dp_accounting_epsilon(planned, 1e-5), rel=1e-9)
+    assert spend["epsilon"] > spend["epsilon_at_requested_delta"]  # a smaller delta
+    assert privacy["epsilon_spent"] == spend["epsilon"]
+    assert privacy["epsilon_remaining"] == pytest.approx(privacy["epsilon_max"]
+                                                         - spend["epsilon"])
+    assert "smaller epsilon at a larger delta" in privacy["note"]
+    report = client.get(f"/v1/admin/jobs/{job['id']}/report").json()["privacy"]
+    this_job = report["lifetime"][str(tid)]["this_job"]
+    assert this_job == {k: v for k, v in spend.items() if k != "job_id"}
+    assert report["note"] == privacy["note"]
+
+
+def test_rounds_a_release_bounded_algorithm_would_not_use_are_refused(env):
+    """DPALS stops uploading after its sweeps (and one refresh round): ``rounds`` 10 with 2
+    sweeps ran 7 silent rounds; now 422 naming rounds, and an omitted ``rounds`` is 3."""
+    app, client = env
+    make_tenants(client, n=2, allow_non_private=False)
+    r = submit(client, rounds=10)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(
+        "invalid rounds: 10 is more than dpals uses: its 2 sweeps (config.sweeps) upload in "
+        "rounds 1-2 and round 3 re-solves the users"), r.json()
+    body = {"algorithm": "dpals", "config": CONFIG, "seed": 5,
+            "privacy": {"unit": "user", "target_epsilon": 4.0, "delta": 1e-3}}
+    r = client.post("/v1/admin/jobs", json=body)
+    assert r.status_code == 202, r.text
+    assert r.json()["rounds"] == ROUNDS
