@@ -72,26 +72,28 @@ _EXACT_QUOTIENT = 2.0 ** 40
 
 # --------------------------------------------------------------------------- Bernoulli
 
-def _uniform_below(rng: np.random.Generator, bound: np.ndarray) -> np.ndarray:
-    """Uniform integers in [0, bound) per entry (int64 bounds >= 1), from ``rng`` only."""
-    return rng.integers(0, bound, dtype=np.int64)
+def _uniform_below(rng: np.random.Generator, bound: int, size: int) -> np.ndarray:
+    """``size`` uniform integers in [0, bound) (1 <= bound < 2^63), from ``rng`` only."""
+    return rng.integers(0, bound, size=size, dtype=np.int64)
 
 
-def _bernoulli_exp_fraction(rng: np.random.Generator, num: np.ndarray, den: np.ndarray
+def _bernoulli_exp_fraction(rng: np.random.Generator, num: np.ndarray, den: int
                             ) -> np.ndarray:
     """Bernoulli(exp(-num / den)) for 0 <= num <= den (CKS Alg. 1, gamma in [0, 1]).
 
     K = 1; repeat: A ~ Bernoulli(gamma / K), stop when A = 0, else K += 1; output K odd.
-    Bernoulli(num / (den K)) is drawn as ``[U_K == 0] and [U_den < num]`` with U_K, U_den
-    uniform below K and den, so den K never has to fit a word."""
-    n = num.size
-    k = np.ones(n, dtype=np.int64)
-    alive = np.arange(n)
+    Every undecided entry has the same K in a round. Bernoulli(num / (den K)) is drawn as
+    ``[U_K == 0] and [U_den < num]`` (U_K, U_den uniform below K and den, the second
+    drawn only where the first is 0), so den K never has to fit a word."""
+    k = np.ones(num.size, dtype=np.int64)
+    alive = np.arange(num.size)
+    kk = 1
     while alive.size:
-        ka = k[alive]
-        a = (_uniform_below(rng, ka) == 0) & (_uniform_below(rng, den[alive]) < num[alive])
-        k[alive[a]] += 1
-        alive = alive[a]
+        first = _uniform_below(rng, kk, alive.size) == 0
+        alive = alive[first]
+        alive = alive[_uniform_below(rng, den, alive.size) < num[alive]]
+        kk += 1
+        k[alive] = kk
     return (k & 1) == 1
 
 
@@ -99,42 +101,55 @@ def _bernoulli_exp1(rng: np.random.Generator, n: int) -> np.ndarray:
     """Bernoulli(exp(-1)), ``n`` draws: CKS Alg. 1 at gamma = 1 (A ~ Bernoulli(1 / K))."""
     k = np.ones(n, dtype=np.int64)
     alive = np.arange(n)
+    kk = 1
     while alive.size:
-        a = _uniform_below(rng, k[alive]) == 0
-        k[alive[a]] += 1
-        alive = alive[a]
+        alive = alive[_uniform_below(rng, kk, alive.size) == 0]
+        kk += 1
+        k[alive] = kk
     return (k & 1) == 1
 
 
-def bernoulli_exp(rng: np.random.Generator, num: np.ndarray, den: np.ndarray | int
-                  ) -> np.ndarray:
-    """Exact Bernoulli(exp(-num / den)) per entry, for int64 ``num >= 0``, ``den >= 1``.
+def bernoulli_exp(rng: np.random.Generator, num: np.ndarray, den: int) -> np.ndarray:
+    """Exact Bernoulli(exp(-num / den)) per entry, for int64 ``num >= 0`` and one integer
+    ``1 <= den < 2^63``.
 
     CKS Alg. 1: exp(-gamma) = exp(-1)^floor(gamma) exp(-(gamma - floor(gamma))), so the
     output is 1 iff floor(gamma) draws of Bernoulli(exp(-1)) and one of
     Bernoulli(exp(-frac)) are all 1. Entries die at the first 0, so the loop over the
     integer part runs about as many rounds as the largest surviving floor(gamma) (each
-    round keeps a share 1/e of the survivors)."""
+    draw keeps a share 1/e of the survivors)."""
     num = np.asarray(num, dtype=np.int64).ravel()
-    den = np.broadcast_to(np.asarray(den, dtype=np.int64), num.shape).ravel()
-    if np.any(num < 0) or np.any(den < 1):
-        raise ValueError("bernoulli_exp needs num >= 0 and den >= 1")
+    den = int(den)
+    if np.any(num < 0) or not 1 <= den < 2 ** 63:
+        raise ValueError("bernoulli_exp needs num >= 0 and 1 <= den < 2^63")
     whole, rem = np.divmod(num, den)
     return _bernoulli_exp_split(rng, whole, rem, den)
 
 
 def _bernoulli_exp_split(rng: np.random.Generator, whole: np.ndarray, rem: np.ndarray,
-                         den: np.ndarray) -> np.ndarray:
+                         den: int) -> np.ndarray:
     """Bernoulli(exp(-(whole + rem / den))) with 0 <= rem < den (see :func:`bernoulli_exp`)."""
     out = _bernoulli_exp_fraction(rng, rem, den)
     alive = np.flatnonzero(out & (whole > 0))
-    step = 0
-    while alive.size:
-        hit = _bernoulli_exp1(rng, alive.size)
-        out[alive[~hit]] = False
-        step += 1
-        alive = alive[hit & (whole[alive] > step)]
+    left = whole[alive]
+    while alive.size:  # up to `chunk` Bernoulli(exp(-1)) per entry and round, all must be 1
+        chunk = _chunk(alive.size)
+        want = np.arange(chunk)[None, :] < np.minimum(left, chunk)[:, None]
+        hits = _bernoulli_exp1(rng, int(want.sum()))
+        ok = np.ones(want.shape, dtype=bool)
+        ok[want] = hits
+        good = ok.all(axis=1)
+        out[alive[~good]] = False
+        left = left - chunk
+        keep = good & (left > 0)
+        alive, left = alive[keep], left[keep]
     return out
+
+
+def _chunk(alive: int) -> int:
+    """Bernoulli(exp(-1)) draws per entry and round: one while many entries are undecided
+    (most stop at the first), eight for the few left (fewer rounds of numpy calls)."""
+    return 1 if alive > 4096 else 8
 
 
 # --------------------------------------------------------------------------- Laplace
@@ -159,9 +174,8 @@ def discrete_laplace(shape: tuple[int, ...], t: int, rng: np.random.Generator) -
 
 def _laplace_candidates(rng: np.random.Generator, n: int, t: int) -> np.ndarray:
     """One vectorised pass of CKS Alg. 2: the accepted samples among ``n`` attempts."""
-    tt = np.full(n, t, dtype=np.int64)
-    u = _uniform_below(rng, tt)
-    keep = bernoulli_exp(rng, u, tt)
+    u = _uniform_below(rng, t, n)
+    keep = _bernoulli_exp_fraction(rng, u, t)
     u = u[keep]
     v = _geometric_exp1(rng, u.size)
     x = u + t * v
@@ -171,13 +185,16 @@ def _laplace_candidates(rng: np.random.Generator, n: int, t: int) -> np.ndarray:
 
 
 def _geometric_exp1(rng: np.random.Generator, n: int) -> np.ndarray:
-    """Number of Bernoulli(exp(-1)) successes before the first failure, per entry."""
+    """Number of Bernoulli(exp(-1)) successes before the first failure, per entry (drawn
+    a chunk at a time per entry: the first failure among them ends the count)."""
     v = np.zeros(n, dtype=np.int64)
     alive = np.arange(n)
     while alive.size:
-        hit = _bernoulli_exp1(rng, alive.size)
-        v[alive[hit]] += 1
-        alive = alive[hit]
+        chunk = _chunk(alive.size)
+        hits = _bernoulli_exp1(rng, alive.size * chunk).reshape(alive.size, chunk)
+        first = np.where(hits.all(axis=1), chunk, np.argmin(hits, axis=1))
+        v[alive] += first
+        alive = alive[first == chunk]
     return v
 
 
@@ -228,7 +245,7 @@ def discrete_gaussian(shape: tuple[int, ...], sigma: float, rng: np.random.Gener
         x = b * np.abs(y) - c
         den = 2 * t * c * b
         whole, rem = _divmod_square(x, den)
-        accept = _bernoulli_exp_split(rng, whole, rem, np.full(n, den, dtype=np.int64))
+        accept = _bernoulli_exp_split(rng, whole, rem, den)
         out = np.concatenate([out, y[accept]])
     return out[:size].reshape(shape)
 
