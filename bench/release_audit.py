@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tenants", type=int, default=3)
     args = ap.parse_args(argv)
     if args.quick:
-        args.epsilons, args.runs = [2.0], 60
+        args.epsilons, args.runs = [2.0], 40
     rows = audit_all(args.epsilons, args.runs, args.items, args.tenants)
     fresh = [r for r in rows if r["noise"] == A.FRESH]
     controls = [r for r in rows if r["noise"] != A.FRESH]

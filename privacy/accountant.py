@@ -23,6 +23,11 @@ rounding (``Delta / gamma + sqrt(d)`` in L2, ``Delta / gamma + d`` in L1; proof 
   Thm. 4), the curve opacus computes at q = 1: unchanged. With q < 1 the subsampled
   curve is opacus' for the continuous Gaussian (the sampled mixture of discrete
   Gaussians is not covered by a proof here; see the report's follow-ups);
+* ``method="prv"`` composes the *continuous* Gaussian's privacy loss: for the discrete
+  Gaussian at fedrec's integer scales (about 2^28) the two privacy-loss distributions
+  differ by a relative O(Delta_int / sigma_int^2), far below the PRV's own error, but
+  that is not a proof; the default ``"rdp"`` figure is the proven bound, and the tests
+  check the PRV figure against dp-accounting's discrete-Gaussian PLD;
 * discrete Laplace: pure ``1 / z`` exactly as the continuous one, but its Renyi curve is
   *larger* than Mironov's continuous formula (by less the finer the grid). A Laplace
   event is therefore charged the discrete curve :func:`privacy.laplace.

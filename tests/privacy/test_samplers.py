@@ -199,6 +199,9 @@ def test_discrete_mechanisms_accounting_is_cross_checked_by_dp_accounting():
     continuous = dpa.pld.PLDAccountant().compose(
         dpa.GaussianDpEvent(z), rounds).get_epsilon(1e-5)
     assert discrete <= ours and discrete == pytest.approx(continuous, rel=0.02)
+    # the PRV figure (continuous Gaussian losses) against the discrete mechanism's PLD
+    prv = spend([Event("gaussian", z, rounds)], 1e-5, method="prv").epsilon_prv
+    assert discrete <= prv * 1.01
     # discrete Laplace: pure Delta / t, PLD below the RDP and basic-composition figure
     lap = pld.from_discrete_laplace_mechanism(1 / 40, sensitivity=10).self_compose(
         rounds).get_epsilon_for_delta(1e-5)
