@@ -46,9 +46,10 @@ gamma about ``2^-GRID_BITS`` sigma). Privacy of the integer mechanisms:
   Thm. 7); dp-accounting's discrete-Gaussian PLD cross-checks it in the tests;
 * discrete Laplace of scale t, integer sensitivity Delta_int: pure ``Delta_int / t``-DP
   exactly as the continuous Laplace (the likelihood ratio of two shifted pmfs is at most
-  exp(Delta_int / t)); its Renyi curve is at most the continuous one (Mironov 2017's
-  formula is attained by the continuous mechanism, which dominates any pure eps-DP pair
-  of shifted discrete Laplaces; checked numerically in the tests).
+  exp(Delta_int / t)). Its Renyi curve is *above* Mironov's continuous formula at the
+  same multiplier (the coarser the grid, the more), so the accountant charges the
+  discrete curve (:func:`privacy.laplace.discrete_laplace_rdp`, at the coarsest shift a
+  grid release can have: :func:`privacy.accountant.laplace_shift`).
 """
 
 from __future__ import annotations
