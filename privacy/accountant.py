@@ -77,7 +77,7 @@ from types import ModuleType
 import numpy as np
 
 from privacy.bernoulli import bernoulli_rdp
-from privacy.laplace import discrete_laplace_rdp
+from privacy.laplace import discrete_laplace_rdp, laplace_rdp
 from privacy.samplers import LAPLACE_GRID_BITS
 
 #: a transmission without a DP guarantee (no noise, or an algorithm whose uploads reveal
@@ -300,9 +300,12 @@ def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.
                 orders=list(orders)))
         elif ev.mechanism == "bernoulli":
             total += ev.count * bernoulli_rdp(ev.noise_multiplier, np.asarray(orders))
-        else:
-            total += ev.count * discrete_laplace_rdp(
-                ev.noise_multiplier, laplace_shift(ev.noise_multiplier), np.asarray(orders))
+        else:  # the discrete curve, never below the continuous one (float rounding)
+            a = np.asarray(orders)
+            total += ev.count * np.maximum(laplace_rdp(ev.noise_multiplier, a),
+                                           discrete_laplace_rdp(
+                                               ev.noise_multiplier,
+                                               laplace_shift(ev.noise_multiplier), a))
     return total
 
 
