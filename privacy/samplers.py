@@ -64,8 +64,12 @@ import numpy as np
 GRID_BITS = 28
 #: the same for Laplace releases (the discrete Laplace needs only t < 2^62)
 LAPLACE_GRID_BITS = 40
-#: largest integer sigma the int64 discrete Gaussian accepts (2 sigma^2 b^2 < 2^62)
-MAX_SIGMA = 2.0 ** 30
+#: above this integer sigma the discrete Gaussian's acceptance denominator 2 t c no longer
+#: fits int64: that step then runs on Python integers (numpy object arrays), still
+#: vectorised (secure aggregation's noise at 20 fractional bits can reach 2^30 and more)
+INT64_SIGMA = 2.0 ** 30
+#: largest sigma accepted (|Y| of the discrete Laplace proposal must stay within int64)
+MAX_SIGMA = 2.0 ** 55
 #: above this estimated quotient the float estimate in :func:`_divmod_square` could be off
 #: by more than one: such (astronomically rare) entries are reduced with Python integers
 _EXACT_QUOTIENT = 2.0 ** 40
@@ -74,8 +78,22 @@ _EXACT_QUOTIENT = 2.0 ** 40
 # --------------------------------------------------------------------------- Bernoulli
 
 def _uniform_below(rng: np.random.Generator, bound: int, size: int) -> np.ndarray:
-    """``size`` uniform integers in [0, bound) (1 <= bound < 2^63), from ``rng`` only."""
-    return rng.integers(0, bound, size=size, dtype=np.int64)
+    """``size`` uniform integers in [0, bound), from ``rng`` only: int64 for bound < 2^63,
+    else Python integers (object array) from 62-bit words by rejection."""
+    if bound < 2 ** 63:
+        return rng.integers(0, bound, size=size, dtype=np.int64)
+    words = -(-bound.bit_length() // 62)
+    span = 2 ** (62 * words)
+    limit = span - span % bound  # accept V < limit: V % bound is then uniform
+    out = np.empty(size, dtype=object)
+    todo = np.arange(size)
+    while todo.size:
+        w = rng.integers(0, 2 ** 62, size=(todo.size, words), dtype=np.int64).astype(object)
+        v = sum(w[:, i] * 2 ** (62 * i) for i in range(words))
+        ok = v < limit
+        out[todo[ok]] = v[ok] % bound
+        todo = todo[~ok]
+    return out
 
 
 def _bernoulli_exp_fraction(rng: np.random.Generator, num: np.ndarray, den: int
@@ -257,7 +275,12 @@ def _divmod_square(x: np.ndarray, den: int) -> tuple[np.ndarray, np.ndarray]:
     The quotient is estimated in floating point (off by at most one while below
     2^40); the remainder x^2 - q den is computed modulo 2^64 (wrapping uint64), which is
     exact because the true value lies in (-den, 2 den); one correction step each way.
-    Entries whose estimate exceeds 2^40 are reduced with Python integers."""
+    Entries whose estimate exceeds 2^40 are reduced with Python integers; so is every
+    entry when den >= 2^61 (object arrays, remainders as Python integers)."""
+    if den >= 2 ** 61:
+        sq = x.astype(object) ** 2
+        q = np.minimum(sq // den, 2 ** 62).astype(np.int64)
+        return q, sq % den
     xf = x.astype(np.float64)
     q = np.floor(xf * xf / den)
     big = q > _EXACT_QUOTIENT

@@ -209,3 +209,19 @@ def test_discrete_mechanisms_accounting_is_cross_checked_by_dp_accounting():
         rounds).get_epsilon_for_delta(1e-5)
     assert lap <= spend([Event("laplace", 4.0, rounds)], 1e-5).epsilon <= rounds / 4.0
     assert Fraction(S.gaussian_variance(3.0)) >= 9
+
+
+def test_sigma_beyond_int64_acceptance_runs_on_python_integers():
+    # secure aggregation's integer noise can exceed 2^30 (20 fractional bits): the
+    # acceptance denominator 2 t c then passes 2^61 and is reduced exactly in Python ints
+    sigma = 3.0e10
+    t, c, b = S.gaussian_params(sigma)
+    assert sigma > S.INT64_SIGMA and 2 * t * c * b >= 2 ** 61
+    x = S.discrete_gaussian((50_000,), sigma, np.random.default_rng(15))
+    assert x.dtype == np.int64 and abs(x.mean()) < 5 * sigma / math.sqrt(x.size)
+    assert x.std() == pytest.approx(sigma, rel=0.02)
+    bound = 3 * 2 ** 63 + 5
+    u = S._uniform_below(np.random.default_rng(16), bound, 100_000)
+    assert all(0 <= v < bound for v in u)
+    counts = np.bincount([v * 10 // bound for v in u], minlength=10)
+    assert stats.chisquare(counts).pvalue > 1e-3
