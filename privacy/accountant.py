@@ -22,7 +22,7 @@ rounding (``Delta / gamma + sqrt(d)`` in L2, ``Delta / gamma + d`` in L1; proof 
 * discrete Gaussian: Renyi DP ``alpha / (2 z^2)`` (Canonne, Kamath and Steinke 2020,
   Thm. 4), the curve opacus computes at q = 1: unchanged. With q < 1 the subsampled
   curve is opacus' for the continuous Gaussian (the sampled mixture of discrete
-  Gaussians is not covered by a proof here; see the report's follow-ups);
+  Gaussians is not covered by a proof here);
 * ``method="prv"`` composes the *continuous* Gaussian's privacy loss: for the discrete
   Gaussian at fedrec's integer scales (about 2^28) the two privacy-loss distributions
   differ by a relative O(Delta_int / sigma_int^2), far below the PRV's own error, but
