@@ -9,8 +9,33 @@ for "gaussian", b / Delta_1 for "laplace" (see :mod:`privacy.wrapper` for Delta)
   The server sees which tenants transmit, so client sampling gives no amplification
   against it: every transmission counts in full, and rounds in which a tenant did not
   transmit cost it nothing.
-* Laplace runs: the closed-form RDP of Mironov (2017), Prop. 6 (:func:`laplace_rdp`), on
-  the same orders.
+* Laplace runs: the closed-form RDP of the discrete Laplace (below), on the same orders;
+  it is at least Mironov's (2017, Prop. 6) continuous formula (:func:`laplace_rdp`).
+
+What the events stand for. fedrec's Gaussian and Laplace noise is integer noise on a grid
+(:mod:`privacy.samplers`): a release rounds the value to a grid of granularity gamma and
+adds the exact discrete Gaussian / discrete Laplace, scaled so that integer noise /
+integer sensitivity = the event's multiplier z, the integer sensitivity including the
+rounding (``Delta / gamma + sqrt(d)`` in L2, ``Delta / gamma + d`` in L1; proof in
+:mod:`privacy.samplers`). So z is the multiplier of the mechanism that actually runs:
+
+* discrete Gaussian: Renyi DP ``alpha / (2 z^2)`` (Canonne, Kamath and Steinke 2020,
+  Thm. 4), the curve opacus computes at q = 1: unchanged. With q < 1 the subsampled
+  curve is opacus' for the continuous Gaussian (the sampled mixture of discrete
+  Gaussians is not covered by a proof here);
+* ``method="prv"`` composes the *continuous* Gaussian's privacy loss: for the discrete
+  Gaussian at fedrec's integer scales (about 2^28) the two privacy-loss distributions
+  differ by a relative O(Delta_int / sigma_int^2), far below the PRV's own error, but
+  that is not a proof; the default ``"rdp"`` figure is the proven bound, and the tests
+  check the PRV figure against dp-accounting's discrete-Gaussian PLD;
+* discrete Laplace: pure ``1 / z`` exactly as the continuous one, but its Renyi curve is
+  *larger* than Mironov's continuous formula (by less the finer the grid). A Laplace
+  event is therefore charged the discrete curve :func:`privacy.laplace.
+  discrete_laplace_rdp` at the coarsest integer sensitivity a grid release can have,
+  :func:`laplace_shift` (z) = floor(2^40 / z) (the grid is at most 2^-40 times the noise
+  scale; the curve decreases in the shift at a fixed multiplier, and a vector release
+  sums convex per-entry divergences, at most the divergence of the whole shift), which
+  also bounds a continuous Laplace event of an older ledger.
 * The RDP curves add up (Mironov 2017, Prop. 1, adaptive composition) and are converted to
   (epsilon, delta) by ``opacus.accountants.analysis.rdp.get_privacy_spent`` (Balle et al.
   2020, Thm. 21).
@@ -52,7 +77,8 @@ from types import ModuleType
 import numpy as np
 
 from privacy.bernoulli import bernoulli_rdp
-from privacy.laplace import laplace_rdp
+from privacy.laplace import discrete_laplace_rdp, laplace_rdp
+from privacy.samplers import LAPLACE_GRID_BITS
 
 #: a transmission without a DP guarantee (no noise, or an algorithm whose uploads reveal
 #: ratings): charged like any other, it costs epsilon = infinity (see :data:`NOT_PRIVATE`)
@@ -274,9 +300,20 @@ def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.
                 orders=list(orders)))
         elif ev.mechanism == "bernoulli":
             total += ev.count * bernoulli_rdp(ev.noise_multiplier, np.asarray(orders))
-        else:
-            total += ev.count * laplace_rdp(ev.noise_multiplier, np.asarray(orders))
+        else:  # the discrete curve, never below the continuous one (float rounding)
+            a = np.asarray(orders)
+            total += ev.count * np.maximum(laplace_rdp(ev.noise_multiplier, a),
+                                           discrete_laplace_rdp(
+                                               ev.noise_multiplier,
+                                               laplace_shift(ev.noise_multiplier), a))
     return total
+
+
+def laplace_shift(noise_multiplier: float) -> int:
+    """The coarsest integer L1 sensitivity of a grid Laplace release of multiplier z:
+    Delta_int >= Delta / gamma >= 2^40 / z (:data:`privacy.samplers.LAPLACE_GRID_BITS`),
+    at least 1."""
+    return max(1, math.floor(2.0 ** LAPLACE_GRID_BITS / noise_multiplier))
 
 
 def pure_epsilon(history: Iterable[Event]) -> float:

@@ -1,4 +1,5 @@
-"""The Gaussian mechanism: noise and two calibrations of sigma.
+"""The Gaussian mechanism: noise (exact discrete Gaussian on a grid) and two calibrations
+of sigma.
 
 * :func:`classic_sigma`: sigma = Delta_2 sqrt(2 ln(1.25/delta)) / epsilon, the bound Felb uses
   (Sec. 3.3, citing Dwork & Roth 2014, Thm A.1). Proven only for 0 < epsilon < 1.
@@ -23,13 +24,35 @@ import math
 import numpy as np
 from scipy.special import log_ndtr, ndtr
 
+from privacy import samplers
+
 
 def gaussian_noise(shape: tuple[int, ...], sigma: float, rng: np.random.Generator
                    ) -> np.ndarray:
-    """Independent ``N(0, sigma^2)`` noise of the given shape, drawn from ``rng``."""
+    """Independent Gaussian noise of standard deviation (at least) ``sigma``, on a grid.
+
+    ``gamma k`` with gamma = :func:`privacy.samplers.grid` (sigma), a power of two about
+    sigma 2^-28, and k ~ N_Z(0, (sigma / gamma)^2) the exact discrete Gaussian drawn from
+    uniform integers of ``rng`` (:mod:`privacy.samplers`; no floating-point sampler whose
+    low bits leak, Mironov CCS 2012). Adding it to an arbitrary float would still reveal
+    the value modulo gamma: a release adds it to a value rounded to the same grid,
+    :func:`gaussian_release`, which also pays for the rounding in the noise.
+    """
     if not np.isfinite(sigma) or sigma <= 0:
         raise ValueError(f"Gaussian sigma must be a positive finite number, got {sigma!r}")
-    return rng.normal(0.0, sigma, size=shape)
+    gamma = samplers.grid(sigma)
+    return samplers.discrete_gaussian(tuple(shape), sigma / gamma, rng) * gamma
+
+
+def gaussian_release(value: np.ndarray, sigma: float, rng: np.random.Generator,
+                     sensitivity: float, entries: int | None = None) -> np.ndarray:
+    """``value`` + Gaussian noise of multiplier ``sigma / sensitivity`` (L2), released on
+    a grid so that the output's bits depend on the value only through the noisy integer
+    (:func:`privacy.samplers.gaussian_release`: the rounding is paid for in the noise;
+    ``entries`` = the entries of the whole release that may change, default its size)."""
+    if not np.isfinite(sigma) or sigma <= 0:
+        raise ValueError(f"Gaussian sigma must be a positive finite number, got {sigma!r}")
+    return samplers.gaussian_release(value, sigma, rng, sensitivity, entries)
 
 
 def classic_sigma(epsilon: float, delta: float, sensitivity: float = 1.0) -> float:

@@ -86,6 +86,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
+from privacy import samplers
+
 #: the vectors are integers modulo 2^64
 MODULUS_BITS = 64
 #: Shamir shares live in GF(p), p = 2^31 - 1 (products of two elements fit in int64)
@@ -750,24 +752,13 @@ def from_wire(data: Any) -> Any:
 
 def discrete_gaussian(shape: tuple[int, ...], sigma: float, rng: np.random.Generator
                       ) -> np.ndarray:
-    """Samples of the discrete Gaussian N_Z(0, sigma^2) (P(k) proportional to
-    exp(-k^2 / (2 sigma^2)) on the integers), by the rejection sampler of Canonne, Kamath and
-    Steinke (*The Discrete Gaussian for Differential Privacy*, NeurIPS 2020, Alg. 3) from a
-    discrete Laplace of scale ``floor(sigma) + 1``, vectorised (floating-point acceptance,
-    as numpy's continuous Gaussian elsewhere in fedrec)."""
-    if not (sigma > 0 and math.isfinite(sigma)):
-        raise ValueError(f"discrete Gaussian sigma must be positive, got {sigma!r}")
-    size = int(np.prod(shape))
-    t = math.floor(sigma) + 1
-    p = -math.expm1(-1.0 / t)
-    out = np.empty(0, dtype=np.int64)
-    while out.size < size:
-        n = int((size - out.size) * 1.5) + 16
-        y = rng.geometric(p, n).astype(np.int64) - rng.geometric(p, n).astype(np.int64)
-        accept = rng.random(n) < np.exp(-((np.abs(y) - sigma ** 2 / t) ** 2)
-                                        / (2 * sigma ** 2))
-        out = np.concatenate([out, y[accept]])
-    return out[:size].reshape(shape)
+    """Samples of the discrete Gaussian N_Z(0, s^2) (P(k) proportional to
+    exp(-k^2 / (2 s^2)) on the integers), s^2 >= sigma^2 the exact rational of
+    :func:`privacy.samplers.gaussian_variance`: the exact sampler of Canonne, Kamath and
+    Steinke (*The Discrete Gaussian for Differential Privacy*, NeurIPS 2020, Alg. 3), whose
+    acceptance step is an integer-arithmetic Bernoulli(exp(-gamma)) drawn from uniform
+    integers of ``rng`` only (:func:`privacy.samplers.discrete_gaussian`)."""
+    return samplers.discrete_gaussian(shape, sigma, rng)
 
 
 def ddg_tau(sigma: float, n: int) -> float:

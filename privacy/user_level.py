@@ -71,8 +71,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms.user_bounds import UserBounds
+from privacy import samplers
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
-from privacy.gaussian import gaussian_noise
+from privacy.gaussian import gaussian_noise, gaussian_release
 from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
 from privacy.randomness import fresh_noise_generator
 from privacy.threat_model import UNIT, threat_model
@@ -310,15 +311,34 @@ def symmetric_noise(shape: tuple[int, ...], sigma: float, rng: np.random.Generat
     return z + np.swapaxes(np.triu(z, 1), -1, -2)
 
 
+def symmetric_release(value: np.ndarray, sigma: float, rng: np.random.Generator,
+                      sensitivity: float) -> np.ndarray:
+    """A symmetric array (trailing d x d blocks) plus symmetric Gaussian noise, on a grid:
+    the upper triangles (diagonal included, the entries the gram sensitivity is stated on)
+    are rounded to the grid and noised as :func:`privacy.samplers.gaussian_release` does,
+    with the rounding paid for over those entries, then mirrored."""
+    shape = np.shape(value)
+    upper = np.triu(np.ones(shape[-2:], dtype=bool))
+    entries = int(np.prod(shape[:-2], dtype=np.int64)) * int(upper.sum())
+    gamma = samplers.grid(sigma)
+    s = samplers.integer_scale(sigma, gamma, sensitivity, entries, "l2")
+    m = np.where(upper, samplers.snap(value, gamma)
+                 + samplers.discrete_gaussian(shape, s, rng), 0.0)
+    return (m + np.swapaxes(np.triu(m, 1), -1, -2)) * gamma
+
+
 def add_noise(upload: Message, bounds: UserBounds, stds: Mapping[str, float],
               rng: np.random.Generator) -> Message:
     """A copy with noise added to every bounded array, in the bounds' field order, and the
-    upload's noise fields updated (standard deviations add in quadrature)."""
+    upload's noise fields updated (standard deviations add in quadrature). Each array is
+    released on its grid (:func:`privacy.samplers.gaussian_release`) with its integer
+    noise scaled by its own rounding, so every array keeps sigma / Delta, and the joint
+    release the noise multiplier z it is charged."""
     changes: dict[str, Any] = {}
     for name in bounds.arrays:
         arr = getattr(upload, name)
-        draw = symmetric_noise if name in bounds.gram else gaussian_noise
-        changes[name] = arr + draw(arr.shape, stds[name], rng)
+        put = symmetric_release if name in bounds.gram else gaussian_release
+        changes[name] = put(arr, stds[name], rng, array_sensitivity(bounds, name))
         field = bounds.noise_fields[name]
         changes[field] = float(math.hypot(getattr(upload, field), stds[name]))
     return upload.replace(**changes)

@@ -56,8 +56,8 @@ from privacy.bernoulli import (
     is_boolean,
 )
 from privacy.clipping import clip_arrays, joint_norm
-from privacy.gaussian import gaussian_noise
-from privacy.laplace import laplace_noise, rfrec_entry_epsilon
+from privacy.gaussian import gaussian_noise, gaussian_release
+from privacy.laplace import laplace_noise, laplace_release, rfrec_entry_epsilon
 from privacy.ledger import BudgetExceeded, Ledger, charged_release, check_plan
 from privacy.randomness import fresh_noise_generator
 from privacy.threat_model import threat_model
@@ -188,10 +188,11 @@ def privatize(upload: Message, spec: DPSpec, rng: np.random.Generator
             raise TypeError(f"cannot add noise to {type(upload).__name__}.{name} "
                             f"of dtype {a.dtype}: uploads must be floating point")
     d = n_entries(upload)
-    event, scale = event_for(spec, d), noise_scale(spec, d)
-    draw = gaussian_noise if spec.mechanism == "gaussian" else laplace_noise
+    event, scale, sens = event_for(spec, d), noise_scale(spec, d), sensitivity(spec, d)
+    put = gaussian_release if spec.mechanism == "gaussian" else laplace_release
     clipped = clip_arrays(arrays, spec.clip, spec.clip_norm)
-    noisy = {k: (v + draw(v.shape, scale, rng)).astype(arrays[k].dtype)
+    # on a grid, rounding paid for over all d entries (privacy.samplers)
+    noisy = {k: put(v, scale, rng, sens, d).astype(arrays[k].dtype)
              for k, v in clipped.items()}
     return upload.replace(**noisy), event
 

@@ -51,10 +51,11 @@ def _run(name, fed, **overrides):
 
 @pytest.mark.parametrize("name", DP)
 def test_dp_defaults_beat_the_global_mean_on_sparse_skewed_data(skewed, name):
-    """At the default epsilon every DP algorithm beats the global mean by 1.5% (0.961,
-    0.969, 0.976 of it); before the fix they were 1.25x, 1.23x, 1.26x of it."""
+    """At the default epsilon every DP algorithm beats the global mean (the noise is
+    fresh on every run: dp-fedmc-admm, the closest, measured 0.964 to 0.986 of it over
+    five noise draws); before the fix they were 1.25x, 1.23x, 1.26x of it."""
     fed, mean_rmse = skewed
-    assert _run(name, fed) < 0.985 * mean_rmse
+    assert _run(name, fed) < mean_rmse
     before = {**BEFORE, **({} if name == "dpals" else {"noise_reg": 1.0})}
     assert _run(name, fed, **before) > 1.1 * mean_rmse
 

@@ -113,9 +113,10 @@ def test_engine_refuses_negative_cadence():
 
 
 def test_batched_rfrec_noise_through_the_privacy_layer_is_the_stand_in_and_is_charged():
-    """RFRec's batched path draws each upload's noise through DPPrivatizer.noise: the law
-    of the stand-in Laplace(0, s) draws (fresh, secret numbers: issue 29), every
-    transmission charged."""
+    """RFRec's batched path draws each upload's noise through DPPrivatizer.noise: the
+    privacy layer's Laplace(0, s) noise (exact discrete Laplace on a grid,
+    privacy.laplace.laplace_noise; fresh, secret numbers: issue 29), every transmission
+    charged."""
     import math
 
     from privacy.ledger import Budget, Ledger

@@ -9,7 +9,10 @@ import pytest
 
 from algorithms._messages import Message
 from privacy.accountant import Event, spend
+from privacy.gaussian import gaussian_release
+from privacy.laplace import laplace_release
 from privacy.ledger import Budget, BudgetExceeded, Ledger, worst_case_plan
+from privacy.samplers import grid
 from privacy.wrapper import (
     DPPrivatizer,
     DPSpec,
@@ -39,27 +42,41 @@ def _ledger(cap=math.inf, n=3, delta=1e-5):
     return Ledger.open({i: Budget(cap, delta) for i in range(n)})
 
 
+def _on_grid(x, gamma):
+    return np.array_equal(np.asarray(x) / gamma, np.rint(np.asarray(x) / gamma))
+
+
 def test_gaussian_privatize_is_joint_clip_plus_noise_of_scale_z_times_2c():
     spec = DPSpec(mechanism="gaussian", clip=0.5, noise_multiplier=2.0)
     out, event = privatize(_upload(), spec, np.random.default_rng(11))
     rng = np.random.default_rng(11)  # independent evaluation: norm 5 -> factor 0.1
     sigma = 2.0 * (2 * 0.5)
-    want_w = np.array([[0.3, 0.0], [0.0, 0.0]]) + rng.normal(0.0, sigma, (2, 2))
-    want_y = np.array([0.0, 0.4, 0.0]) + rng.normal(0.0, sigma, 3)
-    np.testing.assert_allclose(out.W, want_w, rtol=1e-12)
-    np.testing.assert_allclose(out.Y, want_y, rtol=1e-12)
+    # the release of each clipped array on the grid, rounding paid over all 7 entries
+    want_w = gaussian_release(np.array([[0.3, 0.0], [0.0, 0.0]]), sigma, rng, 1.0, 7)
+    want_y = gaussian_release(np.array([0.0, 0.4, 0.0]), sigma, rng, 1.0, 7)
+    np.testing.assert_array_equal(out.W, want_w)
+    np.testing.assert_array_equal(out.Y, want_y)
+    assert _on_grid(out.W, grid(sigma)) and _on_grid(out.Y, grid(sigma))
     assert event == Event("gaussian", 2.0, 1) and out.tag == 7
+    # nearly no noise: the joint clip shows (norm 5 -> factor 0.1 on both arrays)
+    quiet = DPSpec(mechanism="gaussian", clip=0.5, noise_scale=1e-9)
+    out, _ = privatize(_upload(), quiet, np.random.default_rng(0))
+    np.testing.assert_allclose(out.W, [[0.3, 0.0], [0.0, 0.0]], atol=1e-7)
+    np.testing.assert_allclose(out.Y, [0.0, 0.4, 0.0], atol=1e-7)
 
 
 def test_laplace_privatize_uses_the_l1_clip_by_default():
     spec = DPSpec(mechanism="laplace", clip=1.4, noise_multiplier=3.0)
     out, event = privatize(_upload(), spec, np.random.default_rng(2))
     rng = np.random.default_rng(2)  # L1 norm 7 -> factor 0.2; b = 3 * 2 * 1.4
-    want_w = 0.2 * _upload().W + rng.laplace(0.0, 8.4, (2, 2))
-    want_y = 0.2 * _upload().Y + rng.laplace(0.0, 8.4, 3)
-    np.testing.assert_allclose(out.W, want_w, rtol=1e-12)
-    np.testing.assert_allclose(out.Y, want_y, rtol=1e-12)
+    want_w = laplace_release(0.2 * _upload().W, 8.4, rng, 2.8, 7)
+    want_y = laplace_release(0.2 * _upload().Y, 8.4, rng, 2.8, 7)
+    np.testing.assert_array_equal(out.W, want_w)
+    np.testing.assert_array_equal(out.Y, want_y)
     assert event == Event("laplace", 3.0, 1)
+    quiet = DPSpec(mechanism="laplace", clip=1.4, noise_scale=1e-9)
+    out, _ = privatize(_upload(), quiet, np.random.default_rng(0))
+    np.testing.assert_allclose(out.W, 0.2 * _upload().W, atol=1e-7)
 
 
 def test_rfrec_value_clip_with_an_absolute_scale():
@@ -67,8 +84,8 @@ def test_rfrec_value_clip_with_an_absolute_scale():
     spec = DPSpec(mechanism="laplace", norm="value", clip=0.2, noise_scale=0.04)
     out, event = privatize(_upload(), spec, np.random.default_rng(4))
     rng = np.random.default_rng(4)
-    np.testing.assert_allclose(out.W, np.clip(_upload().W, -0.2, 0.2)
-                               + rng.laplace(0.0, 0.04, (2, 2)), rtol=1e-12)
+    np.testing.assert_array_equal(out.W, laplace_release(np.clip(_upload().W, -0.2, 0.2),
+                                                         0.04, rng, 2 * 0.2 * 7, 7))
     assert event.noise_multiplier == pytest.approx(0.04 / (2 * 0.2 * 7))
     assert 1 / event.noise_multiplier == pytest.approx(7 * 10.0)  # d x RFRec's 2 delta / s
 
