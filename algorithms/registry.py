@@ -21,6 +21,16 @@ _MODULES: dict[str, str] = {
 }
 
 
+#: ranking models: they learn which items users choose and serve top-k lists; every other
+#: registered algorithm is a rating model (it predicts values; RMSE reports)
+RANKING: frozenset[str] = frozenset({"ials", "dp-ials"})
+
+
+def model_kind(name: str) -> str:
+    """"ranking" for a model that serves top-k lists, else "rating" (it predicts values)."""
+    return "ranking" if name in RANKING else "rating"
+
+
 def names() -> list[str]:
     """Registered algorithm names whose module is present."""
     return [n for n, m in _MODULES.items() if importlib.util.find_spec(m) is not None]

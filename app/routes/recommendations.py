@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from fastapi.security.utils import get_authorization_scheme_param
 
+from algorithms.registry import model_kind
 from app.deps import (
     OwnTenantDep,
     ServingTenantDep,
@@ -58,9 +59,12 @@ def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPu
     # titles from the catalogue, float scores, int ids), and this runs on every request
     data = [Recommendation.model_construct(item=key, title=title, score=score)
             for key, title, score in ranked.items]
+    kind = None if ranked.model is None else (
+        "popularity" if ranked.model == "popularity" else model_kind(ranked.model))
     return RecommendationsPublic.model_construct(user=user, source=ranked.source,
                                                  job_id=ranked.job_id, data=data, k=k,
-                                                 offset=offset)
+                                                 offset=offset, model=ranked.model,
+                                                 model_kind=kind, reason=ranked.reason)
 
 
 async def _answer(request: Request, tenant: Tenant, user_key: str, k: int, offset: int,

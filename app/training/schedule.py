@@ -81,7 +81,9 @@ def retrain_if_changed(sessions, dispatch: pipeline.Dispatcher) -> int | None:
                        agents=[t for t in (last.agents or {}).get("tenants", [])
                                if t in alive],
                        round_seconds=(last.agents or {}).get("round_seconds", 300.0),
-                       wire=(last.agents or {}).get("wire", "float64"))
+                       wire=(last.agents or {}).get("wire", "float64"),
+                       validation_fraction=last.validation_fraction,
+                       lists=(last.serving or {}).get("policy", "auto"))
         try:
             job = create_job(s, spec)
         except JobRefused as exc:

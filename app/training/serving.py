@@ -24,6 +24,8 @@ class Ranked:
     source: str  # "model" | "popularity"
     job_id: int | None
     items: list[tuple[str, str | None, float]]  # (item key, title, score)
+    model: str | None = None  #: the algorithm whose model produced the list, or "popularity"
+    reason: str | None = None  #: why popularity serves a user the model knows
 
 
 class RatingsCache:
@@ -152,6 +154,8 @@ def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Ten
     due = factors_due or ratings_due
     if not known or factors is None or rated is None or user_key not in factors.user_index:
         return None, due
+    if factors.lists != "model":  # popularity serves: answered by :func:`recommend`
+        return None, due
     return _from_model(factors, factors.user_index[user_key], rated, k, offset,
                        include_rated, _scale(tenant)), due
 
@@ -170,17 +174,19 @@ def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Ten
     factors = cache.get(s, tenant.id)
     rated = ratings.rated(s, tenant.id, user_key)
     row = None if factors is None else factors.user_index.get(user_key)
-    if row is not None:
+    if row is not None and factors.lists == "model":
         return _from_model(factors, row, rated, k, offset, include_rated, _scale(tenant))
-    if rated.size == 0:
+    if rated.size == 0 and row is None:
         raise UnknownUser(user_key)
+    reason = None if row is None else factors.reason  # the model lost to popularity
     ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
     idx, vals = top_k(scores, k, exclude, offset)
     labels = item_labels(s, ids[idx].tolist())
     vals = np.clip(vals, *_scale(tenant))
     return Ranked("popularity", None, [(*labels[i], v) for i, v in
-                                       zip(ids[idx].tolist(), vals.tolist(), strict=True)])
+                                       zip(ids[idx].tolist(), vals.tolist(), strict=True)],
+                  "popularity", reason)
 
 
 def _scale(tenant: Tenant) -> tuple[float, float]:
@@ -202,7 +208,8 @@ def _from_model(f: ServingFactors, row: int, rated: np.ndarray, k: int, offset: 
         vals = shift + spread / (1.0 + np.exp(-vals))
     vals = np.clip(vals, *scale)
     return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
-                                      zip(idx.tolist(), vals.tolist(), strict=True)])
+                                      zip(idx.tolist(), vals.tolist(), strict=True)],
+                  f.algorithm or None)
 
 
 def item_labels(s: Session, ids: list[int]) -> dict[int, tuple[str, str | None]]:

@@ -15,6 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from algorithms.registry import RANKING
 from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item
 from app.training.forget import FORGOTTEN
@@ -78,6 +79,11 @@ class ServingFactors:
     item_keys: list[str]
     titles: list[str | None]
     link: tuple[float, float] | None = None  # (offset, spread) of a sigmoid link
+    algorithm: str = ""  #: the model that produced the factors
+    #: "model": these factors serve the lists; "popularity": the job's model lost to
+    #: popularity on held-out data, which serves them instead (``reason`` says why)
+    lists: str = "model"
+    reason: str | None = None
     #: the item ids sorted, and where each sorted id is in ``item_ids``
     _sorted: np.ndarray = dataclasses.field(init=False, repr=False)
     _order: np.ndarray = dataclasses.field(init=False, repr=False)
@@ -104,10 +110,25 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
         link = tuple(float(x) for x in z["link"]) if "link" in z.files else None
     labels = dict((i, (k, t)) for i, k, t in s.execute(
         sa.select(Item.id, Item.key, Item.title).where(Item.id.in_(item_ids.tolist()))))
+    algorithm, serving = s.execute(sa.select(TrainingJob.algorithm, TrainingJob.serving)
+                                   .where(TrainingJob.id == job_id)).one()
+    serving = serving or {}
     return ServingFactors(row.job_id, row.round, version,
                           {k: i for i, k in enumerate(row.user_keys)}, a, b, item_ids,
                           [labels[int(i)][0] for i in item_ids],
-                          [labels[int(i)][1] for i in item_ids], link)
+                          [labels[int(i)][1] for i in item_ids], link, algorithm,
+                          serving.get("lists", "model"), serving.get("reason"))
+
+
+#: the snapshot that serves a tenant's lists: the newest of a ranking model if there is
+#: one (a rating model's lists lose to popularity, see RANKING in algorithms.registry),
+#: else the newest
+_HEAD = (sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
+         .join(TrainingJob, TrainingJob.id == FactorSnapshot.job_id)
+         .where(FactorSnapshot.tenant_id == sa.bindparam("tenant_id"))
+         .order_by(sa.case((TrainingJob.algorithm.in_(sorted(RANKING)), 1), else_=0).desc(),
+                   FactorSnapshot.updated_at.desc(), FactorSnapshot.job_id.desc())
+         .limit(1))
 
 
 class FactorCache:
@@ -158,10 +179,7 @@ class FactorCache:
         cached, checked = self._by_tenant.get(tenant_id, (None, -np.inf))
         if now - checked < limit:
             return cached
-        head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
-                         .where(FactorSnapshot.tenant_id == tenant_id)
-                         .order_by(FactorSnapshot.updated_at.desc(),
-                                   FactorSnapshot.job_id.desc()).limit(1)).first()
+        head = s.execute(_HEAD, {"tenant_id": tenant_id}).first()
         fresh = None
         if head is not None:
             version = f"{head.job_id}:{head.updated_at.isoformat()}"
