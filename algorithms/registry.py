@@ -18,6 +18,8 @@ _MODULES: dict[str, str] = {
     "dpals": "algorithms.dpals",
     "dp-fedmavg": "algorithms.dp_fedmavg",
     "dp-fedmc-admm": "algorithms.dp_fedmc_admm",
+    "ials": "algorithms.ials",
+    "dp-ials": "algorithms.ials",
 }
 
 
