@@ -198,6 +198,11 @@ class Job(Model):
     agents: dict[str, Any] | None = None
     created_at: dt.datetime
     finished_at: dt.datetime | None
+    model_kind: Literal["ranking", "rating"] = "rating"
+    pair_job_id: int | None = None
+    validation_fraction: float = 0.0
+    selection: dict[str, Any] | None = None
+    serving: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -219,6 +224,7 @@ class TuningTrial(Model):
     params: dict[str, Any]
     rounds: int
     validation_rmse: float | None
+    validation_ndcg: float | None = None
 
 
 class TuningJob(Model):
@@ -241,6 +247,9 @@ class TuningJob(Model):
     chosen_rounds: int | None = None
     validation_rmse: float | None = None
     default_validation_rmse: float | None = None
+    metric: Literal["rmse", "ndcg"] = "rmse"
+    validation_ndcg: float | None = None
+    default_validation_ndcg: float | None = None
     budget_exhausted: bool | None = None
     seconds: float | None = None
     error: str | None = None
@@ -305,6 +314,8 @@ class JobReport(Model):
     privacy: dict[str, Any]
     ranking: Ranking | None = None
     ranking_per_tenant: dict[str, Ranking] = {}
+    popularity: Ranking | None = None
+    models: dict[str, Any] = {}
 
 
 class TenantReport(Model):
@@ -362,6 +373,9 @@ class Recommendations(Model):
     data: list[Recommendation]
     k: int
     offset: int
+    model: str | None = None
+    model_kind: Literal["ranking", "rating", "popularity"] | None = None
+    reason: str | None = None
 
 
 class BatchRecommendations(Model):

@@ -143,7 +143,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                    round_seconds=body.round_seconds, wire=body.wire,
                    validation_fraction=body.validation_fraction, lists=body.lists)
     try:
-        specs = default_pair(spec) if body.algorithm is None else [spec]
+        specs = (default_pair(spec, "rounds" in body.model_fields_set)
+                 if body.algorithm is None else [spec])
     except JobRefused as exc:
         raise refused(exc) from None
     if dry_run:

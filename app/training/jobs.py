@@ -491,11 +491,12 @@ DEFAULT_RANKING = "dp-ials"
 DEFAULT_RATING = "dpals"
 
 
-def default_pair(spec: JobSpec) -> list[JobSpec]:
+def default_pair(spec: JobSpec, rounds_given: bool = True) -> list[JobSpec]:
     """The jobs of a request that names no algorithm: the ranking model first, then the
     rating model (``spec`` with :data:`DEFAULT_RATING`), each at half the user-level
     privacy target, so the pair together stays within it (basic composition); only the
-    rating model while no ranking model is registered."""
+    rating model while no ranking model is registered. Unless ``rounds_given``, each
+    runs its algorithm's recommended rounds (its sweeps and a last user solve)."""
     if DEFAULT_RANKING not in registry.names():
         return [spec]
     if spec.config:
@@ -506,8 +507,11 @@ def default_pair(spec: JobSpec) -> list[JobSpec]:
     if dp is None or user_level.is_user_level(dp):
         target = dict(DEFAULT_USER_PRIVACY if dp is None else dp)
         dp = {**target, "epsilon": float(target["epsilon"]) / 2}
-    return [dataclasses.replace(spec, algorithm=DEFAULT_RANKING, dp=dp),
-            dataclasses.replace(spec, algorithm=DEFAULT_RATING, dp=dp)]
+    def rounds(name: str) -> int:
+        return spec.rounds if rounds_given else int(registry.get(name).run_defaults["rounds"])
+
+    return [dataclasses.replace(spec, algorithm=name, dp=dp, rounds=rounds(name))
+            for name in (DEFAULT_RANKING, DEFAULT_RATING)]
 
 
 def create_jobs(s: Session, specs: list[JobSpec],

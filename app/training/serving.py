@@ -94,11 +94,16 @@ class RatingsCache:
             rated[user_key] = cached
         return cached[1]
 
-    def popularity(self, s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
+    def popularity(self, s: Session, tenant: Tenant, by_count: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, damped mean rating); ``by_count``: (item ids, ranking key) of the
+        most-popular list, the tenant's rating counts with the damped mean breaking ties
+        (what serves when a model lost to it on held-out data)."""
         entry = self._entry(s, tenant.id)
         if entry["popularity"] is None:
             entry["popularity"] = _popularity(s, tenant)
-        return entry["popularity"]
+        ids, damped, counts = entry["popularity"]
+        return (ids, counts + _TIE * damped) if by_count else (ids, damped)
 
 
 def _rated_item_ids(s: Session, tenant_id: int,
@@ -132,15 +137,19 @@ def _unchanged(s: Session, tenant_id: int, rated: dict) -> dict:
             if uid is not None and counts.get(uid, 0) == items.size}
 
 
-def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
-    """(item ids, damped mean rating) over the tenant's own ratings."""
+#: weight of the damped mean in the most-popular list's key: it only breaks ties of counts
+_TIE = 1e-6
+
+
+def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item ids, damped mean rating, rating count) over the tenant's own ratings."""
     rows = s.execute(sa.select(Rating.item_id, sa.func.count(), sa.func.sum(Rating.value))
                      .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant.id)
                      .group_by(Rating.item_id).order_by(Rating.item_id)).all()
     if not rows:
-        return np.empty(0, dtype=np.int64), np.empty(0)
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0)
     ids, counts, sums = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
-    return ids.astype(np.int64), popularity_scores(counts, sums)
+    return ids.astype(np.int64), popularity_scores(counts, sums), counts
 
 
 def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Tenant,
@@ -181,7 +190,11 @@ def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Ten
     reason = None if row is None else factors.reason  # the model lost to popularity
     ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
-    idx, vals = top_k(scores, k, exclude, offset)
+    if reason is not None:  # the most-popular list the model was compared with
+        idx, _ = top_k(ratings.popularity(s, tenant, by_count=True)[1], k, exclude, offset)
+        vals = scores[idx]
+    else:
+        idx, vals = top_k(scores, k, exclude, offset)
     labels = item_labels(s, ids[idx].tolist())
     vals = np.clip(vals, *_scale(tenant))
     return Ranked("popularity", None, [(*labels[i], v) for i, v in
