@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -177,10 +178,21 @@ def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "6000 ratings for 2 tenants" in out
-    assert out.count("epsilon spent    5.000, budget remaining") == 2  # each real tenant
+    # the default job: dp-ials (job 1) for the lists and dpals (job 2) for the ratings, at
+    # 2.5 each; each real tenant's spend composes both
+    spent = re.findall(r"epsilon spent +([0-9.]+), budget remaining", out)
+    assert len(spent) == 2 and all(2.5 < float(x) <= 5.0 for x in spent), out
     assert "unit: user; placement: central" in out
-    assert "Sample recommendations (from the private model):" in out and "(model)" in out
-    assert "(from job 1, the most recent snapshot)" in out  # the private job is job 1
+    assert "dp-ials (ranking model, job 1) against a most-popular list" in out
+    assert re.search(r"dp-ials +P@10 [0-9.]+ +NDCG@10 [0-9.]+", out)
+    assert re.search(r"popularity +P@10 [0-9.]+ +NDCG@10 [0-9.]+", out)
+    served = re.search(r"served: (dp-ials|popularity): (.*)", out)
+    assert served is not None and "on the held-out split" in served.group(2)
+    assert "Sample recommendations (from the private models):" in out
+    if served.group(1) == "dp-ials":  # the ranking job's lists, not the newer dpals job's
+        assert "(dp-ials, a ranking model)" in out and "(from job 1)" in out
+    else:
+        assert "(popularity)" in out and f"({served.group(2)})" in out
     assert "Privacy cost: noise raised the final test RMSE by" in out
     assert (tmp_path / "fedrec-demo.db").is_file()
 
