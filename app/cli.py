@@ -28,6 +28,15 @@ COMMANDS = {
     "jobs": ("app.commands.admin", "training jobs (as 'fedrec admin jobs')"),
 }
 ALL = "*"
+#: the two kinds of model, as ``fedrec --help`` ends (the README's "Ranking and rating
+#: models" says the same, word for word: tests/test_cli.py checks it)
+MODEL_KINDS = (
+    "Two kinds of model. Ranking models (ials, dp-ials) learn which items users choose and "
+    "serve the top-k lists; they are tuned and stopped by NDCG@10 and reported by precision "
+    "and NDCG@10 beside a most-popular list. Rating models (fedmc-admm, fedmavg, rfrec, "
+    "dpals, ...) predict rating values and feed the RMSE reports; they are tuned and "
+    "stopped by RMSE. The default job trains one of each (dp-ials for the lists, dpals for "
+    "the ratings); a model that loses to popularity on held-out data does not serve lists.")
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -47,7 +56,8 @@ def build_parser(command: str = ALL) -> argparse.ArgumentParser:
     """The whole command line (``command`` ALL), or one whose only full sub-command is
     ``command``: the others are listed by name and help line, their modules not imported."""
     parser = argparse.ArgumentParser(
-        prog="fedrec", description="Privacy-focused federated recommender.")
+        prog="fedrec", description="Privacy-focused federated recommender.",
+        epilog=MODEL_KINDS)
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
                         help="log lines as text or JSON objects (default: FEDREC_LOG_FORMAT, "
                              "else text); applies to serve and to the commands' own logs")

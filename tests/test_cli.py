@@ -731,3 +731,23 @@ def test_simulate_refuses_constant_ratings_and_notes_duplicates(tmp_path, capsys
     assert main(["simulate", "--data", str(dup), "--clients", "4", "--rounds", "1",
                  "--quiet"]) == 0
     assert "1 (user, item) pair(s) rated more than once" in capsys.readouterr().err
+
+
+def test_readme_and_help_describe_ranking_and_rating_models_alike(capsys):
+    """`fedrec --help` ends with the two kinds of model; the README's section says the
+    same sentences."""
+    from app.cli import MODEL_KINDS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert MODEL_KINDS in text
+    section = README.read_text().split("### Ranking and rating models", 1)[1]
+    assert MODEL_KINDS in " ".join(section.split("\n\n")[1].split())
+    for name in ("ials", "dp-ials", "dpals", "fedmc-admm"):
+        assert name in MODEL_KINDS
+    from algorithms import registry
+
+    assert {n for n in ("ials", "dp-ials") if registry.model_kind(n) == "ranking"} == {
+        "ials", "dp-ials"}
+    assert registry.model_kind("dpals") == registry.model_kind("fedmc-admm") == "rating"
