@@ -76,11 +76,11 @@ class TrainingJob(Base):
     An agent tenant's ratings are not in this database: its client step runs in
     ``fedrec agent`` on the tenant's machine (:mod:`app.training.agents`)."""
 
-    pair_job_id: Mapped[int | None] = mapped_column(
-        sa.ForeignKey("training_jobs.id", ondelete="SET NULL"))
+    pair_job_id: Mapped[int | None]
     """The job created together with this one (migration 0018_h6): the default job is a
     ranking model, which serves lists, paired with a rating model, which predicts
-    ratings and feeds the RMSE report."""
+    ratings and feeds the RMSE report. No foreign key (see the migration); a deleted
+    pair is simply not found."""
     validation_fraction: Mapped[float] = mapped_column(default=0.0, server_default="0")
     """Share of each hosted tenant's training ratings carved out to choose the run length
     (:mod:`app.training.selection`); 0: the configured rounds run."""

@@ -74,6 +74,9 @@ def validation_score(alg: Algorithm, glob: Message, parts: Iterable[tuple[Messag
                      RatingBlock, RatingBlock, tuple[float, float]]], metric: str) -> float:
     """Pooled validation score over tenants' (local state, fit block, carve-out, scale):
     RMSE, or NDCG@10 with relevance at the scale's default cut."""
+    parts = list(parts)
+    if not parts:
+        return float("nan")
     if metric == "rmse":
         errs = [tenant_errors(alg, glob, state, valid, scale)
                 for state, _, valid, scale in parts]
@@ -102,14 +105,13 @@ def update(selection: dict[str, Any], round_: int, value: float) -> tuple[dict[s
     out = {**selection, "history": [*selection["history"], [round_, _num(value)]]}
     if better(out["metric"], value, out["best"]):
         out["best_round"], out["best"] = round_, float(value)
-    stop = out["best_round"] is None or round_ - out["best_round"] >= out["patience"]
+    # no finite score yet (e.g. no validation rating): the configured rounds run
+    stop = out["best_round"] is not None and round_ - out["best_round"] >= out["patience"]
     if stop:
         out["stopped_at"] = round_
         out["reason"] = (f"stopped after round {round_}: validation {out['metric']} has not "
                          f"improved on round {out['best_round']} for {out['patience']} "
-                         "rounds" if out["best_round"] is not None else
-                         f"stopped after round {round_}: validation {out['metric']} is "
-                         "not finite")
+                         "rounds")
     return out, stop
 
 

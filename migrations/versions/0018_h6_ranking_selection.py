@@ -2,7 +2,9 @@
 serving decision (issue 30).
 
 * ``training_jobs.pair_job_id``: the job created together with this one (the default job
-  is a ranking model that serves lists and a rating model that predicts ratings);
+  is a ranking model that serves lists and a rating model that predicts ratings); a plain
+  integer, no foreign key: adding one makes SQLite rebuild ``training_jobs``, and the
+  rebuild's DROP would cascade to every job's rows;
 * ``training_jobs.validation_fraction``: the share of each tenant's training ratings
   carved out to choose the run length (0: none, the configured rounds run);
 * ``training_jobs.selection``: what the carve-out chose (metric, best round, stop);
@@ -27,25 +29,18 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("training_jobs") as batch:
-        batch.add_column(sa.Column("pair_job_id", sa.Integer(), nullable=True))
-        batch.add_column(sa.Column("validation_fraction", sa.Float(), nullable=False,
-                                   server_default="0"))
-        batch.add_column(sa.Column("selection", sa.JSON(), nullable=True))
-        batch.add_column(sa.Column("serving", sa.JSON(), nullable=True))
-        batch.create_foreign_key("fk_training_jobs_pair_job_id", "training_jobs",
-                                 ["pair_job_id"], ["id"], ondelete="SET NULL")
-    with op.batch_alter_table("tuning_jobs") as batch:
-        batch.add_column(sa.Column("metric", sa.String(8), nullable=False,
-                                   server_default="rmse"))
+    # plain ALTER TABLE (no batch): a batch rebuild of training_jobs on SQLite drops the
+    # old table, and with foreign keys on that cascades to every job's rows
+    op.add_column("training_jobs", sa.Column("pair_job_id", sa.Integer(), nullable=True))
+    op.add_column("training_jobs", sa.Column("validation_fraction", sa.Float(),
+                                             nullable=False, server_default="0"))
+    op.add_column("training_jobs", sa.Column("selection", sa.JSON(), nullable=True))
+    op.add_column("training_jobs", sa.Column("serving", sa.JSON(), nullable=True))
+    op.add_column("tuning_jobs", sa.Column("metric", sa.String(8), nullable=False,
+                                           server_default="rmse"))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tuning_jobs") as batch:
-        batch.drop_column("metric")
-    with op.batch_alter_table("training_jobs") as batch:
-        batch.drop_constraint("fk_training_jobs_pair_job_id", type_="foreignkey")
-        batch.drop_column("serving")
-        batch.drop_column("selection")
-        batch.drop_column("validation_fraction")
-        batch.drop_column("pair_job_id")
+    op.drop_column("tuning_jobs", "metric")  # SQLite >= 3.35 drops a column in place
+    for column in ("serving", "selection", "validation_fraction", "pair_job_id"):
+        op.drop_column("training_jobs", column)
