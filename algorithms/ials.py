@@ -58,6 +58,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
+from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
@@ -247,7 +248,18 @@ def _outer_flat(x: np.ndarray) -> np.ndarray:
 
 def solve_users(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
                 n_users: int, cfg: IALSConfig) -> np.ndarray:
-    """Every user's exact factor u_u (n_users x r) against V (the module's user solve).
+    """Every user's exact factor u_u (n_users x r) against V (the module's user solve): the
+    fused ``nogil`` kernel (:mod:`algorithms._user_kernels`) when numba is installed, else
+    :func:`solve_users_numpy` (the same numbers to rounding)."""
+    if UK.HAVE_NUMBA:
+        return UK.ials_users(rows, cols, w, v, n_users, cfg.rank, cfg.bias_coordinate,
+                             cfg.unobserved_weight, cfg.lam, cfg.ridge_power)
+    return solve_users_numpy(v, rows, cols, w, n_users, cfg)
+
+
+def solve_users_numpy(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
+                      n_users: int, cfg: IALSConfig) -> np.ndarray:
+    """:func:`solve_users` in numpy and scipy.
 
     Gram matrices are one sparse product of the confidence pattern with the items' outer
     products, plus the Gramian ``w0 F``; then one batched solve. Users without a rating get
@@ -293,7 +305,16 @@ def released_weights(rows: np.ndarray, cols: np.ndarray, conf: np.ndarray, n_use
 def item_sums(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
               n_items: int) -> tuple[np.ndarray, np.ndarray]:
     """(A, b): per item the weighted sums of x x^T and x over the users who rated it, with
-    the Gramian ``sum_u x_u x_u^T`` of all the users appended as row n of A."""
+    the Gramian ``sum_u x_u x_u^T`` of all the users appended as row n of A; the fused
+    kernel when numba is installed, else :func:`item_sums_numpy`."""
+    if UK.HAVE_NUMBA:
+        return UK.ials_item_sums(rows, cols, w, x, n_items)
+    return item_sums_numpy(x, rows, cols, w, n_items)
+
+
+def item_sums_numpy(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
+                    n_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`item_sums` in numpy and scipy."""
     n_users, d = x.shape
     pattern_t = sp.csr_array((w, (cols, rows)), shape=(n_items, n_users))
     a = np.empty((n_items + 1, d, d))
