@@ -137,20 +137,15 @@ class DPIALSConfig(IALSConfig):
     """``dp-ials``: iALS with the per-user bounds user-level DP needs (defaults chosen on a
     validation carve-out under noise, see BENCHMARKS.md)."""
 
-    rank: int = Field(16, description="r, latent factors (one item-bias coordinate extra)")
-    sweeps: int = Field(3, description="ALS sweeps, i.e. releases of the item sums")
-    unobserved_weight: float = Field(
-        0.3, description="w0, weight of every (user, item) pair as a negative (Gramian)")
-    lam: float = Field(0.01, description="lambda of the frequency-scaled ridge")
-    confidence: float = Field(
-        0.0, description="alpha: a rating r has confidence 1 + alpha (r - scale_min) / "
-        "(scale_max - scale_min)")
+    rank: int = Field(8, description="r, latent factors (one item-bias coordinate extra)")
+    sweeps: int = Field(2, description="ALS sweeps, i.e. releases of the item sums")
+    lam: float = Field(0.1, description="lambda of the frequency-scaled ridge")
     user_factor_clip: float | None = Field(
         0.3, description="Gamma_u, norm bound of a released user factor")
     max_ratings_per_user: int | None = Field(
-        100, description="k: each user's released weights have sum of squares k")
+        300, description="k: each user's released weights have sum of squares k")
     rare_item_power: float = Field(
-        0.5, description="eta: released weights proportional to count_j^-eta (counts from "
+        0.0, description="eta: released weights proportional to count_j^-eta (counts from "
         "the previous release)")
     gram_shrink: float = Field(1.0, description="alpha in [0, 1]: noisy item Grams shrunk "
                                "toward count_j times the average x x^T")
