@@ -159,7 +159,7 @@ def test_ials_is_not_user_level_without_bounds_and_dp_ials_is():
     assert registry.user_bounds("ials", I.IALSConfig()) is None
     bounds = registry.user_bounds("dp-ials", I.DPIALSConfig())
     assert bounds.max_ratings == I.DPIALSConfig().max_ratings_per_user + 1
-    assert bounds.x_norm == pytest.approx(math.hypot(1.0, 1.0))
+    assert bounds.x_norm == pytest.approx(math.hypot(0.3, 1.0))
     with pytest.raises(ValueError, match="dp-ials needs"):
         I.DPIALSConfig(user_factor_clip=None)
 
