@@ -58,11 +58,12 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
+from algorithms import _user_kernels as UK
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
-from algorithms.dpals import count_estimate, psd_project, shrink_grams
+from algorithms.dpals import psd_project, shrink_grams
 from algorithms.user_bounds import UserBounds
 
 
@@ -73,11 +74,11 @@ class IALSConfig(AlgorithmConfig):
     rank: int = Field(32, description="r, latent factors (one item-bias coordinate extra)")
     sweeps: int = Field(8, description="ALS sweeps, i.e. releases of the item sums")
     unobserved_weight: float = Field(
-        0.3, description="w0, weight of every (user, item) pair as a negative (Gramian)")
-    lam: float = Field(0.01, description="lambda of the frequency-scaled ridge")
+        1.0, description="w0, weight of every (user, item) pair as a negative (Gramian)")
+    lam: float = Field(0.001, description="lambda of the frequency-scaled ridge")
     ridge_power: float = Field(1.0, description="nu: ridge lam (f + w0 N)^nu")
     confidence: float = Field(
-        0.0, description="alpha: a rating r has confidence 1 + alpha (r - scale_min) / "
+        3.0, description="alpha: a rating r has confidence 1 + alpha (r - scale_min) / "
         "(scale_max - scale_min)")
     bias_coordinate: float = Field(
         1.0, description="c, constant user coordinate paired with an item bias (its "
@@ -136,16 +137,17 @@ class DPIALSConfig(IALSConfig):
     """``dp-ials``: iALS with the per-user bounds user-level DP needs (defaults chosen on a
     validation carve-out under noise, see BENCHMARKS.md)."""
 
-    rank: int = Field(16, description="r, latent factors (one item-bias coordinate extra)")
-    sweeps: int = Field(3, description="ALS sweeps, i.e. releases of the item sums")
+    rank: int = Field(8, description="r, latent factors (one item-bias coordinate extra)")
+    sweeps: int = Field(2, description="ALS sweeps, i.e. releases of the item sums")
+    lam: float = Field(0.1, description="lambda of the frequency-scaled ridge")
     user_factor_clip: float | None = Field(
-        1.0, description="Gamma_u, norm bound of a released user factor")
+        0.3, description="Gamma_u, norm bound of a released user factor")
     max_ratings_per_user: int | None = Field(
-        100, description="k: each user's released weights have sum of squares k")
+        300, description="k: each user's released weights have sum of squares k")
     rare_item_power: float = Field(
-        0.5, description="eta: released weights proportional to count_j^-eta (counts from "
+        0.0, description="eta: released weights proportional to count_j^-eta (counts from "
         "the previous release)")
-    gram_shrink: float = Field(0.5, description="alpha in [0, 1]: noisy item Grams shrunk "
+    gram_shrink: float = Field(1.0, description="alpha in [0, 1]: noisy item Grams shrunk "
                                "toward count_j times the average x x^T")
 
     @model_validator(mode="after")
@@ -247,7 +249,18 @@ def _outer_flat(x: np.ndarray) -> np.ndarray:
 
 def solve_users(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
                 n_users: int, cfg: IALSConfig) -> np.ndarray:
-    """Every user's exact factor u_u (n_users x r) against V (the module's user solve).
+    """Every user's exact factor u_u (n_users x r) against V (the module's user solve): the
+    fused ``nogil`` kernel (:mod:`algorithms._user_kernels`) when numba is installed, else
+    :func:`solve_users_numpy` (the same numbers to rounding)."""
+    if UK.HAVE_NUMBA:
+        return UK.ials_users(rows, cols, w, v, n_users, cfg.rank, cfg.bias_coordinate,
+                             cfg.unobserved_weight, cfg.lam, cfg.ridge_power)
+    return solve_users_numpy(v, rows, cols, w, n_users, cfg)
+
+
+def solve_users_numpy(v: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
+                      n_users: int, cfg: IALSConfig) -> np.ndarray:
+    """:func:`solve_users` in numpy and scipy.
 
     Gram matrices are one sparse product of the confidence pattern with the items' outer
     products, plus the Gramian ``w0 F``; then one batched solve. Users without a rating get
@@ -293,7 +306,16 @@ def released_weights(rows: np.ndarray, cols: np.ndarray, conf: np.ndarray, n_use
 def item_sums(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
               n_items: int) -> tuple[np.ndarray, np.ndarray]:
     """(A, b): per item the weighted sums of x x^T and x over the users who rated it, with
-    the Gramian ``sum_u x_u x_u^T`` of all the users appended as row n of A."""
+    the Gramian ``sum_u x_u x_u^T`` of all the users appended as row n of A; the fused
+    kernel when numba is installed, else :func:`item_sums_numpy`."""
+    if UK.HAVE_NUMBA:
+        return UK.ials_item_sums(rows, cols, w, x, n_items)
+    return item_sums_numpy(x, rows, cols, w, n_items)
+
+
+def item_sums_numpy(x: np.ndarray, rows: np.ndarray, cols: np.ndarray, w: np.ndarray,
+                    n_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`item_sums` in numpy and scipy."""
     n_users, d = x.shape
     pattern_t = sp.csr_array((w, (cols, rows)), shape=(n_items, n_users))
     a = np.empty((n_items + 1, d, d))
@@ -322,21 +344,26 @@ def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: IALSConfig
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(V (d x n), counts) from the summed A (n + 1 rows, the last the Gramian) and b.
 
-    Noise-free: the exact item solve. Noisy: counts estimated from the traces
-    (:func:`algorithms.dpals.count_estimate`), Grams shrunk and projected onto the PSD cone,
-    and a ridge growing with the noise; all post-processing of the released sums."""
-    n, c2, w0 = b.shape[0], cfg.bias_coordinate ** 2, cfg.unobserved_weight
+    Noise-free: the exact item solve. Noisy: each item's count read off the last
+    coordinate of b (``sum w c``: far less noise relative to it than in A, whose share of
+    the release is smaller and which spreads it over d^2 entries), Grams shrunk toward
+    count times the average Gram (:func:`algorithms.dpals.shrink_grams`) and projected onto
+    the PSD cone, and a ridge growing with the noise left in the unshrunk part; all
+    post-processing of the released sums."""
+    n, c, w0 = b.shape[0], cfg.bias_coordinate, cfg.unobserved_weight
     grams, gramian = a[:n], a[n]
     if gram_noise > 0:
-        counts = count_estimate(grams, cfg)
+        counts = np.maximum(b[:, -1] / c, 0.0)
         if cfg.gram_shrink > 0:
             grams = shrink_grams(grams, counts, cfg.gram_shrink)
         grams = psd_project(grams)
         gramian = psd_project(gramian[None])[0]
     else:
-        counts = grams[:, -1, -1] / c2
-    n_users = max(float(gramian[-1, -1]) / c2, 0.0)
-    lam = ridge(counts, n_users, cfg) + cfg.noise_reg * 2.0 * gram_noise * np.sqrt(cfg.d)
+        counts = grams[:, -1, -1] / c ** 2
+    n_users = max(float(gramian[-1, -1]) / c ** 2, 0.0)
+    # the shrunk part of a Gram is an average over all items, whose noise has averaged out
+    noise_ridge = cfg.noise_reg * 2.0 * gram_noise * np.sqrt(cfg.d) * (1 - cfg.gram_shrink)
+    lam = ridge(counts, n_users, cfg) + noise_ridge
     m = grams + w0 * gramian + lam[:, None, None] * np.eye(cfg.d)
     return np.linalg.solve(m, b[..., None])[..., 0].T, counts
 

@@ -751,3 +751,27 @@ def test_readme_and_help_describe_ranking_and_rating_models_alike(capsys):
     assert {n for n in ("ials", "dp-ials") if registry.model_kind(n) == "ranking"} == {
         "ials", "dp-ials"}
     assert registry.model_kind("dpals") == registry.model_kind("fedmc-admm") == "rating"
+
+
+def test_simulate_prints_popularity_beside_the_model_on_the_same_split(tmp_path, ratings_csv,
+                                                                     capsys):
+    from algorithms import popularity
+    from algorithms.ranking import ranking_report
+
+    out = tmp_path / "ials.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "ials", "--clients",
+                 "4", "--rank", "3", "--sweeps", "2", "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    fed = build_federation(load_ratings(ratings_csv), 4, 0)
+    res = popularity.fit(fed)
+    rep = ranking_report(popularity.ALGORITHM, res.global_msg, res.local_states, fed.train,
+                         fed.test, fed.scale)
+    pop = report["ranking"]["popularity"]
+    assert pop["ndcg_at_k"] == rep.ndcg_at_k and pop["list"] == "popularity (exact counts)"
+    assert "baseline popularity (exact counts): precision@10" in capsys.readouterr().out
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "dp-ials",
+                 "--clients", "4", "--rank", "3", "--sweeps", "2", "--privacy", "user",
+                 "--epsilon", "4", "--delta", "1e-4", "--json", str(out), "--quiet"]) == 0
+    dp = json.loads(out.read_text())
+    assert dp["ranking"]["popularity"]["list"].startswith("DP popularity (epsilon 4,")
+    assert 3.99 < dp["privacy"]["epsilon_max"] <= 4.0  # the model's own budget, untouched

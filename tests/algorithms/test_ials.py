@@ -159,7 +159,7 @@ def test_ials_is_not_user_level_without_bounds_and_dp_ials_is():
     assert registry.user_bounds("ials", I.IALSConfig()) is None
     bounds = registry.user_bounds("dp-ials", I.DPIALSConfig())
     assert bounds.max_ratings == I.DPIALSConfig().max_ratings_per_user + 1
-    assert bounds.x_norm == pytest.approx(math.hypot(1.0, 1.0))
+    assert bounds.x_norm == pytest.approx(math.hypot(0.3, 1.0))
     with pytest.raises(ValueError, match="dp-ials needs"):
         I.DPIALSConfig(user_factor_clip=None)
 
@@ -178,3 +178,23 @@ def test_final_round_refreshes_users_without_uploading():
     result = simulate(alg, cfg, fed, rounds=3, per_round=3, seed=0, evaluate_every=0)
     assert result.global_msg.sweep == 2
     assert result.history[-1].uploads == 0
+
+
+def test_fused_kernels_agree_with_the_numpy_code():
+    from algorithms import _user_kernels as UK
+
+    assert UK.HAVE_NUMBA  # installed with the project: the kernels are what runs
+    cfg = I.IALSConfig(rank=4, unobserved_weight=0.2, lam=0.3, ridge_power=0.7,
+                       confidence=1.5, bias_coordinate=0.6)
+    b = _federation(2, sizes=(9,), n_items=13).train[0]
+    rng = np.random.default_rng(4)
+    v = rng.normal(size=(cfg.d, b.n_items))
+    conf = I.confidences(b.vals, cfg)
+    np.testing.assert_allclose(I.solve_users(v, b.rows, b.cols, conf, b.n_users, cfg),
+                               I.solve_users_numpy(v, b.rows, b.cols, conf, b.n_users, cfg),
+                               rtol=1e-10, atol=1e-12)
+    x = I.user_vectors(rng.normal(size=(b.n_users, 4)), cfg)
+    for fused, plain in zip(I.item_sums(x, b.rows, b.cols, conf, b.n_items),
+                            I.item_sums_numpy(x, b.rows, b.cols, conf, b.n_items),
+                            strict=True):
+        np.testing.assert_allclose(fused, plain, rtol=1e-12, atol=1e-12)
