@@ -34,15 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the database, the agents' files and configs go")
     p.add_argument("--agents", type=int, default=2, help="number of agent tenants (2..10)")
     p.add_argument("--privacy", choices=["user", "tenant"], default="user",
-                   help="user: DPALS, each user protected, every agent noising its own "
-                        "upload (placement tenant; default); tenant: FedMC-ADMM, each "
-                        "agent's whole block protected")
+                   help="user: the default job (dp-ials, the ranking model that serves "
+                        "the lists, and DPALS, the rating model), each user protected, every "
+                        "agent noising its own upload (placement tenant; default); tenant: "
+                        "FedMC-ADMM, each agent's whole block protected")
     p.add_argument("--epsilon", type=float, default=8.0,
                    help="user unit: the job's target epsilon (delta 1e-6)")
     p.add_argument("--noise-multiplier", type=float, default=1.0,
                    help="tenant unit: Gaussian noise of each agent's upload")
     p.add_argument("--rounds", type=int, default=None,
-                   help="default: DPALS's recommended number; FedMC-ADMM 20")
+                   help="default: each model's recommended number; FedMC-ADMM 20")
     p.add_argument("--epsilon-max", type=float, default=None,
                    help="each agent's own budget (written to its config; default twice "
                         "--epsilon, or 100 for the tenant unit)")

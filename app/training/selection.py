@@ -157,8 +157,9 @@ def lists_decision(algorithm: str, model: dict[str, Any] | None,
                           "whatever the comparison with popularity"}
     if m is None or p is None:
         return {"lists": "model", **figures,
-                "reason": "no held-out ranking to compare (no hosted tenant has a relevant "
-                          "held-out rating): the model serves the lists"}
+                "reason": "no held-out ranking to compare here (agent tenants evaluate on "
+                          "their own machines, or no hosted tenant has a relevant held-out "
+                          "rating): the model serves the lists"}
     if m >= p:
         return {"lists": "model", **figures,
                 "reason": f"{algorithm} NDCG@{K} {m:.4f} >= popularity {p:.4f} on the "
