@@ -325,6 +325,8 @@ class TenantReport(Model):
     curve: list[TenantRound]
     privacy: dict[str, Any]
     ranking: Ranking | None = None
+    popularity: Ranking | None = None
+    models: dict[str, Any] = {}
 
 
 class Rating(Model):

@@ -226,11 +226,14 @@ def read_tenant_report(tenant: OwnTenantDep, session: SessionDep) -> TenantRepor
     if job is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "no_training_job", NO_JOB)
     rounds = reports.curve(session, job.id)
+    final = reports.final_ranking(rounds)
     return TenantReport(tenant_id=tenant.id, job_id=job.id,
                         curve=reports.tenant_curve(rounds, tenant.id),
                         privacy=reports.privacy_of_job(session, job, [tenant.id]),
-                        ranking=reports.final_ranking(rounds).get("per_tenant", {})
-                        .get(str(tenant.id)))
+                        ranking=final.get("per_tenant", {}).get(str(tenant.id)),
+                        popularity=(final.get("popularity") or {}).get("per_tenant", {})
+                        .get(str(tenant.id)),
+                        models=reports.models_of(session, job))
 
 
 @router.get("/report/plot.png", response_class=Response,

@@ -266,6 +266,12 @@ class TenantReport(BaseModel):
     privacy: dict[str, Any]
     ranking: RankingPublic | None = Field(
         None, description="this tenant's ranking metrics at the job's final round")
+    popularity: RankingPublic | None = Field(
+        None, description="a most-popular list's (this tenant's training counts) on the "
+                          "same held-out split")
+    models: dict[str, Any] = Field(
+        default_factory=dict, description="Which model produced this tenant's lists and "
+                                          "which its RMSE curve (as a job report's).")
 
 
 class TuningJobCreate(BaseModel):

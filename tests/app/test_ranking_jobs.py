@@ -99,6 +99,11 @@ def test_a_model_that_loses_to_popularity_does_not_serve_lists(env):
     assert got["source"] == "popularity" and got["model"] == "popularity"
     assert got["model_kind"] == "popularity" and "popularity" in got["reason"]
     assert "NDCG@10" in got["reason"]
+    own = client.get(f"/v1/tenants/{tid}/report",
+                     headers={"Authorization": f"Bearer {key}"}).json()
+    assert own["models"]["lists"]["served_by"] == "popularity"
+    assert own["models"]["ratings"]["algorithm"] == "fedmc-admm"
+    assert own["popularity"]["users_ranked"] > 0 and own["popularity"]["ndcg_at_k"] > 0
 
 
 def test_popularity_sums_rank_items_by_their_training_count():
