@@ -29,11 +29,14 @@ import numpy as np
 
 from algorithms import RatingBlock, registry
 from algorithms import popularity as P
-from algorithms.centralised import fit_ials
 from algorithms.data import Federation, build_federation, load_movielens, split_block
-from algorithms.ials import confidences
-from algorithms.ranking import RankingSums, RankingReport, relevance_threshold, \
-    tenant_ranking, top_k_rows
+from algorithms.ranking import (
+    RankingReport,
+    RankingSums,
+    relevance_threshold,
+    tenant_ranking,
+    top_k_rows,
+)
 from algorithms.simulate import simulate
 from bench import _experiment as E
 
@@ -174,20 +177,13 @@ def ease(fed: Federation, lam: float) -> tuple[list, float]:
 
 
 def central_ials(fed: Federation, rank: int) -> tuple[list, float]:
-    """Centralised iALS (:func:`algorithms.centralised.fit_ials`) with ``ials``'s defaults
-    at ``rank``."""
-    cfg = registry.get("ials").config(rank=rank)
-    block = pooled(fed.train)
-    v0 = np.random.default_rng(SEED).normal(0, cfg.init_scale / np.sqrt(rank),
-                                            (cfg.d, fed.n_items))
-    v0[-1] = 0.0
-    t0 = time.perf_counter()
-    x, v = fit_ials(block.rows, block.cols, confidences(block.vals, cfg), block.n_users,
-                    fed.n_items, v0, sweeps=cfg.sweeps, unobserved_weight=cfg.unobserved_weight,
-                    lam=cfg.lam, ridge_power=cfg.ridge_power,
-                    bias_coordinate=cfg.bias_coordinate)
-    wall = time.perf_counter() - t0
-    return [(xi, v) for xi in split_rows(x, fed)], wall
+    """Centralised iALS with ``ials``'s defaults at ``rank``: the engine on one tenant
+    holding the pooled ratings (the same numbers as
+    :func:`algorithms.centralised.fit_ials`, tested, at numba's speed)."""
+    one = Federation([pooled(fed.train)], [pooled(fed.test)],
+                     [np.arange(sum(b.n_users for b in fed.train))], fed.item_ids, fed.scale)
+    pairs, wall = federated("ials", one, registry.get("ials").config(rank=rank))
+    return [(xi, pairs[0][1]) for xi in split_rows(pairs[0][0], fed)], wall
 
 
 def rows_of(data: str, quick: bool) -> list[dict[str, Any]]:
