@@ -187,8 +187,9 @@ def central_ials(fed: Federation, rank: int) -> tuple[list, float]:
     return [(xi, pairs[0][1]) for xi in split_rows(pairs[0][0], fed)], wall
 
 
-def rows_of(data: str, quick: bool) -> list[dict[str, Any]]:
-    """Every row of the table on data set ``data``."""
+def rows_of(data: str, quick: bool, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every row of the table on data set ``data`` (``only``: just the rows with these
+    labels)."""
     fed = load(data)
     eps = (8.0,) if quick else EPSILONS
     ials_cfg = registry.get("ials").config(**({"rank": 8, "sweeps": 2} if quick else {}))
@@ -204,6 +205,7 @@ def rows_of(data: str, quick: bool) -> list[dict[str, Any]]:
     places = ("central",) if quick else ("central", "tenant+secagg")
     runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: federated(
         "dp-ials", fed, dp_cfg, e, p)) for e in eps for p in places]
+    runs = [(label, run) for label, run in runs if not only or label in only]
     out = []
     for label, run in runs:
         pairs, wall = run()
@@ -246,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                     help='score a grid on the validation carve-out instead, e.g. '
                          '\'{"algorithm": "ials", "grid": {"rank": [16, 32]}}\' '
                          '(an "epsilon" key: central DP)')
+    ap.add_argument("--rows", nargs="+", default=None, metavar="TEXT",
+                    help="only the rows with these labels (e.g. 'ials' 'dp-ials, epsilon 8, "
+                         "central'), written as ranking_<data>_rows.json")
     args = ap.parse_args(argv)
     if args.validate:
         import json
@@ -257,9 +262,10 @@ def main(argv: list[str] | None = None) -> int:
                        stem=f"ranking_validation_{spec['algorithm']}")
         return 0
     for d in ["ml-100k"] if args.quick else args.data:  # one file per data set, when done
+        stem = None if args.quick else f"ranking_{d}" + ("_rows" if args.rows else "")
         E.write_result(args.out, "ranking", argv, args.quick,
-                       {"rows": rows_of(d, args.quick), "tenants": TENANTS, "delta": DELTA,
-                        "k": K}, stem=None if args.quick else f"ranking_{d}")
+                       {"rows": rows_of(d, args.quick, args.rows), "tenants": TENANTS,
+                        "delta": DELTA, "k": K}, stem=stem)
     return 0
 
 
