@@ -44,8 +44,8 @@ Differential Privacy Under Distribution Skew*, ICML 2023) and ``s_u`` scaling th
 grams and k to the right-hand sides (:func:`user_bounds` declares k + 1 for both). The
 user solve inside the tenant uses all of the user's ratings with their plain confidences;
 only the released sums are bounded. The server's item solve post-processes the noisy sums
-as DPALS's does (shrinkage toward the average Gram, PSD projection, a ridge growing with
-the noise).
+(:func:`solve_items`: counts read off b, shrinkage toward the average Gram and PSD
+projection as DPALS's, a ridge growing with the noise left unshrunk).
 """
 
 from __future__ import annotations

@@ -29,11 +29,14 @@ import numpy as np
 
 from algorithms import RatingBlock, registry
 from algorithms import popularity as P
-from algorithms.centralised import fit_ials
 from algorithms.data import Federation, build_federation, load_movielens, split_block
-from algorithms.ials import confidences
-from algorithms.ranking import RankingSums, RankingReport, relevance_threshold, \
-    tenant_ranking, top_k_rows
+from algorithms.ranking import (
+    RankingReport,
+    RankingSums,
+    relevance_threshold,
+    tenant_ranking,
+    top_k_rows,
+)
 from algorithms.simulate import simulate
 from bench import _experiment as E
 
@@ -42,8 +45,9 @@ EXPERIMENT = ("top-k ranking on MovieLens and a skewed set: popularity, DP popul
 NEEDS_DATA = True
 TENANTS, SEED, DELTA, K, RARE = 100, 0, 1e-6, 10, 5
 EPSILONS = (1.0, 4.0, 8.0)
-#: EASE's lambda per data set, chosen on the validation carve-out (``--validate``)
-EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 30.0}
+#: EASE's lambda per data set, chosen on the validation carve-out (``--validate`` with
+#: algorithm ``ease``, see BENCHMARKS.md)
+EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 3000.0}
 #: rank of the centralised iALS ceiling (no upload to hold in memory)
 CEILING_RANK = 64
 
@@ -174,24 +178,18 @@ def ease(fed: Federation, lam: float) -> tuple[list, float]:
 
 
 def central_ials(fed: Federation, rank: int) -> tuple[list, float]:
-    """Centralised iALS (:func:`algorithms.centralised.fit_ials`) with ``ials``'s defaults
-    at ``rank``."""
-    cfg = registry.get("ials").config(rank=rank)
-    block = pooled(fed.train)
-    v0 = np.random.default_rng(SEED).normal(0, cfg.init_scale / np.sqrt(rank),
-                                            (cfg.d, fed.n_items))
-    v0[-1] = 0.0
-    t0 = time.perf_counter()
-    x, v = fit_ials(block.rows, block.cols, confidences(block.vals, cfg), block.n_users,
-                    fed.n_items, v0, sweeps=cfg.sweeps, unobserved_weight=cfg.unobserved_weight,
-                    lam=cfg.lam, ridge_power=cfg.ridge_power,
-                    bias_coordinate=cfg.bias_coordinate)
-    wall = time.perf_counter() - t0
-    return [(xi, v) for xi in split_rows(x, fed)], wall
+    """Centralised iALS with ``ials``'s defaults at ``rank``: the engine on one tenant
+    holding the pooled ratings (the same numbers as
+    :func:`algorithms.centralised.fit_ials`, tested, at numba's speed)."""
+    one = Federation([pooled(fed.train)], [pooled(fed.test)],
+                     [np.arange(sum(b.n_users for b in fed.train))], fed.item_ids, fed.scale)
+    pairs, wall = federated("ials", one, registry.get("ials").config(rank=rank))
+    return [(xi, pairs[0][1]) for xi in split_rows(pairs[0][0], fed)], wall
 
 
-def rows_of(data: str, quick: bool) -> list[dict[str, Any]]:
-    """Every row of the table on data set ``data``."""
+def rows_of(data: str, quick: bool, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every row of the table on data set ``data`` (``only``: just the rows with these
+    labels)."""
     fed = load(data)
     eps = (8.0,) if quick else EPSILONS
     ials_cfg = registry.get("ials").config(**({"rank": 8, "sweeps": 2} if quick else {}))
@@ -207,6 +205,7 @@ def rows_of(data: str, quick: bool) -> list[dict[str, Any]]:
     places = ("central",) if quick else ("central", "tenant+secagg")
     runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: federated(
         "dp-ials", fed, dp_cfg, e, p)) for e in eps for p in places]
+    runs = [(label, run) for label, run in runs if not only or label in only]
     out = []
     for label, run in runs:
         pairs, wall = run()
@@ -221,16 +220,20 @@ def rows_of(data: str, quick: bool) -> list[dict[str, Any]]:
 def validate(data: str, name: str, grid: dict[str, list], epsilon: float | None
              ) -> list[dict[str, Any]]:
     """NDCG@10 of each grid point on the validation carve-out (a pooled tenant: without
-    noise, or with central noise, the federation's numbers)."""
+    noise, or with central noise, the federation's numbers); ``name`` a registered
+    algorithm or ``ease`` (grid ``lam``)."""
     fed = validation(load(data))
     one = Federation([pooled(fed.train)], [pooled(fed.test)],
                      [np.arange(sum(b.n_users for b in fed.train))], fed.item_ids, fed.scale)
     out = []
     for combo in itertools.product(*grid.values()):
-        cfg = registry.get(name).config(**dict(zip(grid, combo, strict=True)))
-        pairs, wall = federated(name, one, cfg, epsilon)
+        params = dict(zip(grid, combo, strict=True))
+        if name == "ease":
+            pairs, wall = ease(one, params["lam"])
+        else:
+            pairs, wall = federated(name, one, registry.get(name).config(**params), epsilon)
         row = {"data": data, "algorithm": name, "epsilon": epsilon,
-               "config": dict(zip(grid, combo, strict=True)), **score(pairs, one),
+               "config": params, **score(pairs, one),
                "seconds": round(wall, 1)}
         print(row, flush=True)
         out.append(row)
@@ -245,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                     help='score a grid on the validation carve-out instead, e.g. '
                          '\'{"algorithm": "ials", "grid": {"rank": [16, 32]}}\' '
                          '(an "epsilon" key: central DP)')
+    ap.add_argument("--rows", nargs="+", default=None, metavar="TEXT",
+                    help="only the rows with these labels (e.g. 'ials' 'dp-ials, epsilon 8, "
+                         "central'), written as ranking_<data>_rows.json")
     args = ap.parse_args(argv)
     if args.validate:
         import json
@@ -253,12 +259,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for d in args.data for r in validate(d, spec["algorithm"], spec["grid"],
                                                        spec.get("epsilon"))]
         E.write_result(args.out, "ranking", argv, args.quick, {"validation": rows},
-                       stem="ranking_validation")
+                       stem=f"ranking_validation_{spec['algorithm']}")
         return 0
-    data = ["ml-100k"] if args.quick else args.data
-    rows = [r for d in data for r in rows_of(d, args.quick)]
-    E.write_result(args.out, "ranking", argv, args.quick,
-                   {"rows": rows, "tenants": TENANTS, "delta": DELTA, "k": K})
+    for d in ["ml-100k"] if args.quick else args.data:  # one file per data set, when done
+        stem = None if args.quick else f"ranking_{d}" + ("_rows" if args.rows else "")
+        E.write_result(args.out, "ranking", argv, args.quick,
+                       {"rows": rows_of(d, args.quick, args.rows), "tenants": TENANTS,
+                        "delta": DELTA, "k": K}, stem=stem)
     return 0
 
 

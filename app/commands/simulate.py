@@ -520,7 +520,7 @@ def _user_privatizer(args, alg, cfg, fed, rounds: int):
     bounds = registry.user_bounds(alg.name, cfg)
     if bounds is None:
         raise ValueError(f"--privacy user needs an algorithm whose uploads are sums of "
-                         f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm); "
+                         f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm, dp-ials); "
                          f"{alg.name} has none")
     n_users = sum(b.n_users for b in fed.train)
     return user_privatizer_from_args(args, bounds, registry.user_releases(cfg, rounds),

@@ -198,3 +198,34 @@ def test_fused_kernels_agree_with_the_numpy_code():
                             I.item_sums_numpy(x, b.rows, b.cols, conf, b.n_items),
                             strict=True):
         np.testing.assert_allclose(fused, plain, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("placement,secure", [("central", False), ("tenant", True)])
+def test_dp_ials_spends_what_dp_accounting_computes_for_its_releases(placement, secure):
+    """Run dp-ials through the user-level privacy layer (central, and tenant placement
+    with secure aggregation): two sweeps are two charged Gaussian releases per user, and
+    dp-accounting's RDP accountant on the charged noise multipliers gives the reported
+    epsilon, within the target."""
+    import dp_accounting as dpa
+
+    from privacy.accountant import ORDERS
+    from privacy.distributed import SecureAggregationPrivatizer
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+
+    fed = _federation()
+    cfg = I.DPIALSConfig(rank=2, sweeps=2, max_ratings_per_user=5)
+    spec = UserLevelSpec(epsilon=4.0, delta=1e-4, n_users=18, releases=2,
+                         placement=placement, secure_aggregation=secure)
+    cls = SecureAggregationPrivatizer if secure else UserLevelPrivatizer
+    priv = cls(spec, I.user_bounds(cfg), fed.n_clients, seed=1)
+    result = simulate(registry.get("dp-ials"), cfg, fed, rounds=3, per_round=3, seed=1,
+                      privatizer=priv, aggregator=priv.aggregate, evaluate_every=0)
+    report = priv.report()
+    zs = [r["noise_multiplier"] for r in report["releases"]]
+    assert len(zs) == 2 and [r["round"] for r in report["releases"]] == [1, 2]
+    rdp = dpa.rdp.RdpAccountant(orders=list(ORDERS))
+    for z in zs:
+        rdp.compose(dpa.GaussianDpEvent(z))
+    assert rdp.get_epsilon(1e-4) == pytest.approx(report["epsilon_max"], rel=1e-6)
+    assert 3.99 < report["epsilon_max"] <= 4.0
+    assert np.all(np.isfinite(result.global_msg.V))
