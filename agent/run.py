@@ -350,15 +350,28 @@ class Agent:
         return 0
 
 
+def _serving_job(root: Path, jobs: list[int]) -> int:
+    """The latest of ``jobs`` whose model is a ranking model, else the latest."""
+    def kind(j: int) -> str:
+        where = root / "jobs" / str(j) / "manifest.json"
+        if not where.is_file():
+            return "rating"
+        return registry.model_kind(json.loads(where.read_text())["algorithm"])
+
+    ranking = [j for j in jobs if kind(j) == "ranking"]
+    return (ranking or jobs)[-1]
+
+
 def recommend(root: Path | str, user: str, k: int = 10, job_id: int | None = None
               ) -> list[dict[str, Any]]:
     """User ``user``'s top-k unseen items from the local U and the last global V of a job
-    (the latest joined when ``job_id`` is None)."""
+    (when ``job_id`` is None: the latest joined of a ranking model, the model that serves
+    lists, else the latest joined)."""
     state = json.loads((Path(root) / "agent.json").read_text())
     jobs = sorted(int(j) for j in state["jobs"])
     if not jobs:
         raise ValueError(f"no job in {root}: run 'fedrec agent run' first")
-    job_id = jobs[-1] if job_id is None else job_id
+    job_id = _serving_job(Path(root), jobs) if job_id is None else job_id
     where = Path(root) / "jobs" / str(job_id)
     manifest = json.loads((where / "manifest.json").read_text())
     users = json.loads((where / "users.json").read_text())

@@ -291,6 +291,61 @@ def _solve_items_loops(out, lo, hi, a, b, counts, avg, alpha, lam):
         _solve_into(out[j], g, rhs, d)
 
 
+
+def _ials_users_loops(rows, cols, w, vt, f_mat, f_beta, n_users, r, c, w0, lam, nu,
+                      n_items):
+    """iALS's user solve (:func:`algorithms.ials.solve_users`): per user
+    ``(sum w v v^T + w0 F + lam (f + w0 n)^nu I) u = sum w (1 - c beta) v - w0 c F_beta``
+    over its ratings (``vt``: V transposed, n x r + 1, the bias last; f the summed w)."""
+    gram = np.zeros((n_users, r, r))
+    rhs = np.zeros((n_users, r))
+    freq = np.zeros(n_users)
+    for k in range(rows.shape[0]):
+        t, j, wk = rows[k], cols[k], w[k]
+        s = wk * (1.0 - c * vt[j, r])
+        freq[t] += wk
+        for a in range(r):
+            wa = wk * vt[j, a]
+            rhs[t, a] += s * vt[j, a]
+            for b in range(a, r):
+                gram[t, a, b] += wa * vt[j, b]
+    out = np.zeros((n_users, r))
+    for t in range(n_users):
+        ridge = lam * (freq[t] + w0 * n_items) ** nu
+        for a in range(r):
+            rhs[t, a] -= w0 * c * f_beta[a]
+            for b in range(a, r):
+                gram[t, a, b] += w0 * f_mat[a, b]
+                gram[t, b, a] = gram[t, a, b]
+            gram[t, a, a] += ridge
+        _solve_into(out[t], gram[t], rhs[t], r)
+    return out
+
+
+def _ials_item_sums_loops(rows, cols, w, x, n_items):
+    """iALS's (A (n + 1 x d x d), b (n x d)) (:func:`algorithms.ials.item_sums`): per item
+    sum w x x^T and sum w x, and the Gramian sum_u x x^T of every user as row n."""
+    n_users, d = x.shape
+    a_out = np.zeros((n_items + 1, d, d))
+    b_out = np.zeros((n_items, d))
+    for k in range(rows.shape[0]):
+        t, j, wk = rows[k], cols[k], w[k]
+        for a in range(d):
+            wa = wk * x[t, a]
+            b_out[j, a] += wa
+            for b in range(a, d):
+                a_out[j, a, b] += wa * x[t, b]
+    for t in range(n_users):
+        for a in range(d):
+            for b in range(a, d):
+                a_out[n_items, a, b] += x[t, a] * x[t, b]
+    for j in range(n_items + 1):
+        for a in range(d):
+            for b in range(a + 1, d):
+                a_out[j, b, a] = a_out[j, a, b]
+    return a_out, b_out
+
+
 if HAVE_NUMBA:
     _inline = numba.njit(inline="always")
     _x_row = _inline(_x_row)
@@ -302,6 +357,8 @@ if HAVE_NUMBA:
     _clipped_sums_jit = _kernel(_clipped_sums_loops)
     _item_sums_jit = _kernel(_item_sums_loops)
     _solve_items_jit = _kernel(_solve_items_loops)
+    _ials_users_jit = _kernel(_ials_users_loops)
+    _ials_item_sums_jit = _kernel(_ials_item_sums_loops)
 
 
 def solve_users(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, v: np.ndarray,
@@ -354,3 +411,23 @@ def solve_items_into(out: np.ndarray, lo: int, hi: int, a: np.ndarray, b: np.nda
                      np.zeros((d, d)) if avg is None else np.ascontiguousarray(avg),
                      float(alpha) if avg is not None else 0.0,
                      np.ascontiguousarray(lam, dtype=np.float64))
+
+
+def ials_users(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, v: np.ndarray,
+               n_users: int, rank: int, c: float, w0: float, lam: float, nu: float
+               ) -> np.ndarray:
+    """:func:`algorithms.ials.solve_users`'s result (m x r), fused: one pass over the
+    ratings, then one r x r solve per user."""
+    vr = v[:rank]
+    f_mat, f_beta = vr @ vr.T, vr @ v[rank]
+    return _ials_users_jit(rows, cols, np.ascontiguousarray(w, dtype=np.float64),
+                           np.ascontiguousarray(v.T), f_mat, f_beta, int(n_users),
+                           int(rank), float(c), float(w0), float(lam), float(nu),
+                           int(v.shape[1]))
+
+
+def ials_item_sums(rows: np.ndarray, cols: np.ndarray, w: np.ndarray, x: np.ndarray,
+                   n_items: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`algorithms.ials.item_sums`'s (A, b), fused: one pass over the ratings."""
+    return _ials_item_sums_jit(rows, cols, np.ascontiguousarray(w, dtype=np.float64),
+                               np.ascontiguousarray(x), int(n_items))

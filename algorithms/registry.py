@@ -18,7 +18,19 @@ _MODULES: dict[str, str] = {
     "dpals": "algorithms.dpals",
     "dp-fedmavg": "algorithms.dp_fedmavg",
     "dp-fedmc-admm": "algorithms.dp_fedmc_admm",
+    "ials": "algorithms.ials",
+    "dp-ials": "algorithms.ials",
 }
+
+
+#: ranking models: they learn which items users choose and serve top-k lists; every other
+#: registered algorithm is a rating model (it predicts values; RMSE reports)
+RANKING: frozenset[str] = frozenset({"ials", "dp-ials"})
+
+
+def model_kind(name: str) -> str:
+    """"ranking" for a model that serves top-k lists, else "rating" (it predicts values)."""
+    return "ranking" if name in RANKING else "rating"
 
 
 def names() -> list[str]:

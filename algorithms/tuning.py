@@ -17,9 +17,10 @@ run for ``rounds / eta^(rungs-1)`` rounds; the best
 ``1/eta`` of the others (always with the default and the declared anchors) *continue*
 their runs to ``eta`` times the rounds,
 until the last rung reaches ``rounds``, the longest run the search may choose. The choice
-is the config and run length (a rung) with the lowest validation RMSE among the
-finalists; the default is scored at every rung, so the choice beats or ties the default
-at each of those run lengths by construction. A
+is the config and run length (a rung) with the lowest validation RMSE (``metric="ndcg"``:
+the highest NDCG@10, for ranking models) among the finalists; the default is scored at
+every rung, so the choice beats or ties the default at each of those run lengths by
+construction. A
 wall-clock budget is planned for: a rung that would not fit is shortened, and what was
 cut is reported (``TuneResult.cuts``).
 """
@@ -36,6 +37,7 @@ import numpy as np
 
 from algorithms._rng import derive_rng
 from algorithms.base import Algorithm
+from algorithms.block import RatingBlock
 from algorithms.data import Federation, split_mask
 from algorithms.simulate import RoundState, simulate
 
@@ -53,10 +55,19 @@ def validation_federation(fed: Federation, seed: int = 0, fraction: float = 0.1
     """
     train, val = [], []
     for i, block in enumerate(fed.train):
-        mask = split_mask(block.nnz, fraction, derive_rng(seed, 0, VALIDATION + i))
-        train.append(block.subset(~mask))
-        val.append(block.subset(mask))
+        fit, held = validation_split(block, seed, i, fraction)
+        train.append(fit)
+        val.append(held)
     return Federation(train, val, fed.user_ids, fed.item_ids, fed.scale)
+
+
+def validation_split(block: RatingBlock, seed: int, client: int, fraction: float
+                     ) -> tuple[RatingBlock, RatingBlock]:
+    """(fit, validation) of tenant ``client``'s training block: ``fraction`` of its
+    ratings, drawn from ``(seed, 0, VALIDATION + client)``, are the validation carve-out
+    (the same carve-out ``fedrec tune`` and a training job's run-length selection use)."""
+    mask = split_mask(block.nnz, fraction, derive_rng(seed, 0, VALIDATION + client))
+    return block.subset(~mask), block.subset(mask)
 
 
 def search_space(alg: Algorithm) -> dict[str, tuple]:
@@ -175,7 +186,9 @@ DRAW_COST = 2.0
 class Trial:
     params: dict[str, Any]  #: the fields changed from the base config ({} = the default)
     rounds: int = 0  #: rounds of its latest (highest-rung) evaluation
-    rmse: float = float("inf")  #: validation RMSE at that evaluation
+    #: validation loss at that evaluation: the RMSE, or 1 - NDCG@10 when the search's
+    #: metric is "ndcg" (:func:`metric_value` turns it back into the metric)
+    rmse: float = float("inf")
     #: (rounds, validation RMSE) at every rung it reached, a run continued rung to rung
     history: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     seconds: float = 0.0  #: wall seconds its rounds took
@@ -201,19 +214,51 @@ class TuneResult:
     cuts: list[str] = dataclasses.field(default_factory=list)  #: what the budget cut
     cpu_seconds: float = 0.0  #: CPU seconds of this process during the search
     rungs: list[int] = dataclasses.field(default_factory=list)  #: planned run lengths
+    metric: str = "rmse"  #: what the search chose by (``Trial.rmse`` holds its loss)
 
     @property
     def rmse(self) -> float:
-        """Validation RMSE of the choice (``best`` at ``rounds``)."""
+        """Validation loss of the choice (``best`` at ``rounds``): its RMSE, or
+        1 - NDCG@10 with metric "ndcg"."""
         return self.best.best[1]
+
+    @property
+    def value(self) -> float:
+        """The choice's validation metric (RMSE or NDCG@10)."""
+        return metric_value(self.metric, self.rmse)
 
     def config(self, alg: Algorithm):
         return alg.config(**{**self.base, **self.best.params})
 
 
+#: the metrics a search can choose by: validation RMSE (rating models) or NDCG@10
+#: (ranking models: the lists they serve are what matters)
+METRICS = ("rmse", "ndcg")
+#: k of the validation NDCG
+NDCG_K = 10
+
+
+def metric_value(metric: str, loss: float) -> float:
+    """The metric a validation loss stands for (RMSE, or NDCG@10 = 1 - loss)."""
+    return loss if metric == "rmse" else 1.0 - loss
+
+
+def validation_loss(alg: Algorithm, res: Any, val: Federation, metric: str) -> float:
+    """A run's validation loss (lower is better): RMSE, or 1 - NDCG@10 of each tenant's
+    list with its fitted items excluded and relevance at the scale's default cut
+    (:mod:`algorithms.ranking`)."""
+    if metric == "rmse":
+        return res.final.test_rmse
+    from algorithms.ranking import ranking_report
+
+    report = ranking_report(alg, res.global_msg, res.local_states, val.train, val.test,
+                            val.scale, k=NDCG_K)
+    return 1.0 - report.ndcg_at_k
+
+
 def _advance(alg: Algorithm, cfg: Any, val: Federation, start: RoundState | None,
-             rounds: int, per_round: int, seed: int, timing: list[float] | None = None
-             ) -> tuple[float, RoundState | None]:
+             rounds: int, per_round: int, seed: int, timing: list[float] | None = None,
+             metric: str = "rmse") -> tuple[float, RoundState | None]:
     """Run (or continue) to ``rounds`` rounds; the validation RMSE there and the state
     (``timing``, if given, receives each round's seconds of client and server work).
 
@@ -226,7 +271,7 @@ def _advance(alg: Algorithm, cfg: Any, val: Federation, start: RoundState | None
         return float("inf"), None
     if timing is not None:
         timing.extend(rec.seconds for rec in res.history)
-    rmse = res.final.test_rmse
+    rmse = validation_loss(alg, res, val, metric)
     if not math.isfinite(rmse):
         return float("inf"), None
     return rmse, RoundState(rounds, res.global_msg, res.server_state, res.local_states)
@@ -235,7 +280,8 @@ def _advance(alg: Algorithm, cfg: Any, val: Federation, start: RoundState | None
 def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: int = 0,
          trials: int = 9, eta: int = 3, budget_seconds: float = 600.0,
          base: dict[str, Any] | None = None,
-         on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
+         on_trial: Callable[[Trial], None] | None = None, metric: str = "rmse"
+         ) -> TuneResult:
     """Successive halving with the run length as the resource (module docstring).
 
     ``rounds`` is the longest run the search may choose (the last rung). Each rung
@@ -255,6 +301,8 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     """
     if trials < 1 or eta < 2 or rounds < 1:
         raise ValueError("trials must be >= 1, eta >= 2 and rounds >= 1")
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}")
     t0, c0 = time.perf_counter(), time.process_time()
     space = extended_space(alg)
     base = dict(base or {})
@@ -277,7 +325,7 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     # last drawn first) until the whole plan is estimated to fit the budget
     t1, timing = time.perf_counter(), []
     default.rmse, states[id(default)] = _advance(alg, alg.config(**base), val, None, plan[0],
-                                                 per_round, seed, timing)
+                                                 per_round, seed, timing, metric)
     default.seconds = time.perf_counter() - t1
     default.rounds = plan[0]
     default.history.append((plan[0], default.rmse))
@@ -337,7 +385,8 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
                 continue
             t1 = time.perf_counter()
             trial.rmse, state = _advance(alg, alg.config(**{**base, **trial.params}), val,
-                                         states.get(key), target, per_round, seed)
+                                         states.get(key), target, per_round, seed,
+                                         metric=metric)
             trial.seconds += time.perf_counter() - t1
             trial.rounds = target
             trial.history.append((target, trial.rmse))
@@ -368,4 +417,4 @@ def tune(alg: Algorithm, fed: Federation, *, rounds: int, per_round: int, seed: 
     states.clear()
     return TuneResult(best, default, everyone, time.perf_counter() - t0, exhausted, base,
                       rounds=best.best[0], finalists=finalists, cuts=cuts,
-                      cpu_seconds=time.process_time() - c0, rungs=plan)
+                      cpu_seconds=time.process_time() - c0, rungs=plan, metric=metric)

@@ -30,6 +30,15 @@ COMMANDS = {
     "jobs": ("app.commands.admin", "training jobs (as 'fedrec admin jobs')"),
 }
 ALL = "*"
+#: the two kinds of model, as ``fedrec --help`` ends (the README's "Ranking and rating
+#: models" says the same, word for word: tests/test_cli.py checks it)
+MODEL_KINDS = (
+    "Two kinds of model. Ranking models (ials, dp-ials) learn which items users choose and "
+    "serve the top-k lists; they are tuned and stopped by NDCG@10 and reported by precision "
+    "and NDCG@10 beside a most-popular list. Rating models (fedmc-admm, fedmavg, rfrec, "
+    "dpals, ...) predict rating values and feed the RMSE reports; they are tuned and "
+    "stopped by RMSE. The default job trains one of each (dp-ials for the lists, dpals for "
+    "the ratings); a model that loses to popularity on held-out data does not serve lists.")
 
 
 GLOBAL_OPTIONS = {"--url": "1", "--token": "1", "--json": "?"}
@@ -91,7 +100,7 @@ def build_parser(command: str = ALL) -> argparse.ArgumentParser:
     parser = FedrecParser(
         prog="fedrec", description="Privacy-focused federated recommender. The API "
         "commands' --url, --token and --json may be given anywhere on the line; --json "
-        "alone writes JSON to stdout.")
+        "alone writes JSON to stdout.", epilog=MODEL_KINDS)
     parser.add_argument("--version", action="version", version=f"fedrec {version()}")
     parser.add_argument("--log-format", choices=("text", "json"), default=None,
                         help="log lines as text or JSON objects (default: FEDREC_LOG_FORMAT, "

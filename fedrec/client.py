@@ -207,6 +207,11 @@ class Job(Model):
     agents: dict[str, Any] | None = None
     created_at: dt.datetime
     finished_at: dt.datetime | None
+    model_kind: Literal["ranking", "rating"] = "rating"
+    pair_job_id: int | None = None
+    validation_fraction: float = 0.0
+    selection: dict[str, Any] | None = None
+    serving: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:
@@ -228,6 +233,7 @@ class TuningTrial(Model):
     params: dict[str, Any]
     rounds: int
     validation_rmse: float | None
+    validation_ndcg: float | None = None
 
 
 class TuningJob(Model):
@@ -250,6 +256,9 @@ class TuningJob(Model):
     chosen_rounds: int | None = None
     validation_rmse: float | None = None
     default_validation_rmse: float | None = None
+    metric: Literal["rmse", "ndcg"] = "rmse"
+    validation_ndcg: float | None = None
+    default_validation_ndcg: float | None = None
     budget_exhausted: bool | None = None
     seconds: float | None = None
     error: str | None = None
@@ -321,6 +330,8 @@ class JobReport(Model):
     privacy: dict[str, Any]
     ranking: Ranking | None = None
     ranking_per_tenant: dict[str, Ranking] = {}
+    popularity: Ranking | None = None
+    models: dict[str, Any] = {}
 
 
 class TenantReport(Model):
@@ -330,6 +341,8 @@ class TenantReport(Model):
     curve: list[TenantRound]
     privacy: dict[str, Any]
     ranking: Ranking | None = None
+    popularity: Ranking | None = None
+    models: dict[str, Any] = {}
 
 
 class Rating(Model):
@@ -388,6 +401,9 @@ class Recommendations(Model):
     offset: int
     private: bool = False
     privacy: str = ""
+    model: str | None = None
+    model_kind: Literal["ranking", "rating", "popularity"] | None = None
+    reason: str | None = None
 
 
 class BatchRecommendations(Model):

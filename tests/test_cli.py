@@ -181,21 +181,30 @@ def test_demo_runs_the_whole_product_on_embedded_defaults(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert "6000 ratings for 2 tenants" in out
-    # each real tenant: the job's request, the same spend at the budget's delta, and the
-    # budget, which reconciles (remaining = budget - spent at the budget's delta)
-    import re as re_
-
-    lines = re_.findall(r"requested 5, spent 5\.000 at delta 1e-06 = ([\d.]+) at the "
-                        r"budget's delta 1e-05; budget 10\.000: spent ([\d.]+), remaining "
-                        r"([\d.]+)", out)
+    # the default job: dp-ials (job 1) for the lists and dpals (job 2) for the ratings, at
+    # 2.5 each. Each real tenant: the job's request, the same spend at the budget's delta,
+    # and the budget, which reconciles (remaining = budget - spent at the budget's delta)
+    # and composes both jobs
+    lines = re.findall(r"requested ([\d.]+), spent ([\d.]+) at delta 1e-06 = ([\d.]+) at "
+                       r"the budget's delta 1e-05; budget 10\.000: spent ([\d.]+), "
+                       r"remaining ([\d.]+)", out)
     assert len(lines) == 2, out
-    for charged, spent, remaining in lines:
-        assert charged == spent and float(charged) < 5.0
+    for requested, at_request, charged, spent, remaining in lines:
+        assert float(requested) == 2.5 and float(at_request) == 2.5
+        assert float(charged) < 2.5 and float(charged) < float(spent) <= 5.0
         assert abs(float(spent) + float(remaining) - 10.0) < 2e-3
     assert "the same noise has a smaller epsilon at a larger delta" in out
     assert "unit: user; placement: central" in out
-    assert "Sample recommendations (from the private model):" in out and "(model)" in out
-    assert "(from job 1, the most recent snapshot)" in out  # the private job is job 1
+    assert "dp-ials (ranking model, job 1) against a most-popular list" in out
+    assert re.search(r"dp-ials +P@10 [0-9.]+ +NDCG@10 [0-9.]+", out)
+    assert re.search(r"popularity +P@10 [0-9.]+ +NDCG@10 [0-9.]+", out)
+    served = re.search(r"served: (dp-ials|popularity): (.*)", out)
+    assert served is not None and "on the held-out split" in served.group(2)
+    assert "Sample recommendations (from the private models):" in out
+    if served.group(1) == "dp-ials":  # the ranking job's lists, not the newer dpals job's
+        assert "(dp-ials, a ranking model)" in out and "(from job 1)" in out
+    else:
+        assert "(popularity)" in out and f"({served.group(2)})" in out
     assert "Privacy cost: noise raised the final test RMSE by" in out
     assert (tmp_path / "fedrec-demo.db").is_file()
 
@@ -813,3 +822,47 @@ def test_every_readme_command_of_the_api_cli_parses():
     assert len(commands) >= 10
     for command in commands:
         assert parse(shlex.split(command)[1:]).func, command
+
+
+def test_readme_and_help_describe_ranking_and_rating_models_alike(capsys):
+    """`fedrec --help` ends with the two kinds of model; the README's section says the
+    same sentences."""
+    from app.cli import MODEL_KINDS
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert MODEL_KINDS in text
+    section = README.read_text().split("### Ranking and rating models", 1)[1]
+    assert MODEL_KINDS in " ".join(section.split("\n\n")[1].split())
+    for name in ("ials", "dp-ials", "dpals", "fedmc-admm"):
+        assert name in MODEL_KINDS
+    from algorithms import registry
+
+    assert {n for n in ("ials", "dp-ials") if registry.model_kind(n) == "ranking"} == {
+        "ials", "dp-ials"}
+    assert registry.model_kind("dpals") == registry.model_kind("fedmc-admm") == "rating"
+
+
+def test_simulate_prints_popularity_beside_the_model_on_the_same_split(tmp_path, ratings_csv,
+                                                                     capsys):
+    from algorithms import popularity
+    from algorithms.ranking import ranking_report
+
+    out = tmp_path / "ials.json"
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "ials", "--clients",
+                 "4", "--rank", "3", "--sweeps", "2", "--json", str(out), "--quiet"]) == 0
+    report = json.loads(out.read_text())
+    fed = build_federation(load_ratings(ratings_csv), 4, 0)
+    res = popularity.fit(fed)
+    rep = ranking_report(popularity.ALGORITHM, res.global_msg, res.local_states, fed.train,
+                         fed.test, fed.scale)
+    pop = report["ranking"]["popularity"]
+    assert pop["ndcg_at_k"] == rep.ndcg_at_k and pop["list"] == "popularity (exact counts)"
+    assert "baseline popularity (exact counts): precision@10" in capsys.readouterr().out
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "dp-ials",
+                 "--clients", "4", "--rank", "3", "--sweeps", "2", "--privacy", "user",
+                 "--epsilon", "4", "--delta", "1e-4", "--json", str(out), "--quiet"]) == 0
+    dp = json.loads(out.read_text())
+    assert dp["ranking"]["popularity"]["list"].startswith("DP popularity (epsilon 4,")
+    assert 3.99 < dp["privacy"]["epsilon_max"] <= 4.0  # the model's own budget, untouched

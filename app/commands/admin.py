@@ -114,6 +114,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     create.add_argument("--budget-seconds", type=float, default=600.0,
                         help="start no trial after this long (default: 600)")
     create.add_argument("--seed", type=int, default=0, help="seed of the split and search")
+    create.add_argument("--metric", choices=("rmse", "ndcg"), default=None,
+                        help="choose by validation RMSE or NDCG@10 (default: ndcg for a "
+                             "ranking model, else rmse)")
     create.add_argument("--wait", action="store_true",
                         help="wait for the search to end and show its choice")
     create.set_defaults(func=_run(_tuning_create))
@@ -159,7 +162,9 @@ def register_jobs(parser: argparse.ArgumentParser, common: argparse.ArgumentPars
                     "--epsilon, --no-noise or a body's privacy/dp, the service chooses "
                     "the algorithm's default privacy.")
     create.add_argument("--body", help="the JSON body of POST /v1/admin/jobs ('-': stdin)")
-    create.add_argument("--algorithm", help="e.g. dpals (the service's default)")
+    create.add_argument("--algorithm", help="e.g. dpals; omitted: the default job, dp-ials "
+                                            "(ranking model, lists) and dpals (rating model, "
+                                            "RMSE) created together")
     create.add_argument("--tenants", help="comma-separated tenant ids (default: all)")
     create.add_argument("--rounds", type=int)
     create.add_argument("--per-round", type=int, help="tenants per round (0: all)")
@@ -615,6 +620,8 @@ def _tuning_create(client, args) -> int:
         body["tenant_ids"] = args.tenants
     if args.rounds is not None:
         body["rounds"] = args.rounds
+    if args.metric is not None:
+        body["metric"] = args.metric
     job = client.create_tuning_job(**body)
     if args.wait:
         job = client.wait_tuning_job(job.id)

@@ -34,15 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="where the database, the agents' files and configs go")
     p.add_argument("--agents", type=int, default=2, help="number of agent tenants (2..10)")
     p.add_argument("--privacy", choices=["user", "tenant"], default="user",
-                   help="user: DPALS, each user protected, every agent noising its own "
-                        "upload (placement tenant; default); tenant: FedMC-ADMM, each "
-                        "agent's whole block protected")
+                   help="user: the default job (dp-ials, the ranking model that serves "
+                        "the lists, and DPALS, the rating model), each user protected, every "
+                        "agent noising its own upload (placement tenant; default); tenant: "
+                        "FedMC-ADMM, each agent's whole block protected")
     p.add_argument("--epsilon", type=float, default=8.0,
                    help="user unit: the job's target epsilon (delta 1e-6)")
     p.add_argument("--noise-multiplier", type=float, default=1.0,
                    help="tenant unit: Gaussian noise of each agent's upload")
     p.add_argument("--rounds", type=int, default=None,
-                   help="default: DPALS's recommended number; FedMC-ADMM 20")
+                   help="default: each model's recommended number; FedMC-ADMM 20")
     p.add_argument("--epsilon-max", type=float, default=None,
                    help="each agent's own budget (written to its config; default twice "
                         "--epsilon, or 100 for the tenant unit)")
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("give a ratings file (no MovieLens under FEDREC_DATA_DIR)")
         path = base / "ml-100k" / "u.data"
     ratings = load_ratings(path)
+    args.rounds_default = args.rounds is None
     if args.rounds is None:
         args.rounds = (registry.get("dpals").run_defaults["rounds"] if args.privacy == "user"
                        else 20)
@@ -115,42 +117,29 @@ def run(args: argparse.Namespace) -> int:
               f"agent options in agent-{t + 1}.json", flush=True)
     body = {"rounds": args.rounds, "seed": args.seed, "tenant_ids": tenant_ids,
             "agents": tenant_ids, "round_seconds": args.round_seconds}
-    if args.privacy == "user":
-        body.update(algorithm="dpals", privacy={"unit": "user", "placement": "tenant",
-                                                "target_epsilon": args.epsilon,
-                                                "delta": 1e-6})
-        what = (f"DPALS, users protected at epsilon {args.epsilon:g} (delta 1e-6), each "
-                "agent noising its own upload")
+    if args.privacy == "user":  # the default job: dp-ials for lists, dpals for ratings
+        body.pop("rounds") if args.rounds_default else None
+        body.update(privacy={"unit": "user", "placement": "tenant",
+                             "target_epsilon": args.epsilon, "delta": 1e-6})
+        what = (f"the default job (dp-ials, the ranking model that serves the lists, and "
+                f"DPALS, the rating model, at epsilon {args.epsilon / 2:g} each), users "
+                f"protected at epsilon {args.epsilon:g} (delta 1e-6), each agent noising its "
+                "own upload")
     else:
         body.update(algorithm="fedmc-admm", config={"rank": 10},
                     dp={"mechanism": "gaussian", "noise_multiplier": args.noise_multiplier})
         what = (f"FedMC-ADMM, each agent's block protected (Gaussian, noise multiplier "
                 f"{args.noise_multiplier:g})")
     try:
-        job_id = api.create_job(**body).id
+        created = api.create_job(**body)
     except ApiError as exc:
         raise ValueError(f"the job was refused ({exc.code}): {exc.detail}") from None
-    print(f"job {job_id}: {what}, {args.rounds} rounds; waiting for the agents "
+    job_ids = [created.id] + ([created.pair_job_id] if created.pair_job_id else [])
+    print(f"job {', '.join(map(str, job_ids))}: {what}; waiting for the agents "
           f"(fedrec agent run --config {args.dir}/agent-N.json)", flush=True)
-    seen = 0
     try:
-        while True:
-            state = api.job(job_id)
-            if state.current_round > seen:
-                for k in range(seen + 1, state.current_round):  # closed between polls
-                    print(f"round {k}/{args.rounds} done", flush=True)
-                seen = state.current_round
-                m = state.latest_metrics or {}
-                missed = m.get("missed_deadline")
-                print(f"round {seen}/{args.rounds} done in {m.get('seconds', 0):.2f} s"
-                      + (f"; missed the deadline: {missed}" if missed else ""), flush=True)
-            if state.finished:
-                report = api.job_report(job_id).privacy
-                print(f"job {job_id} {state.status}; epsilon per tenant "
-                      f"{report.get('epsilon_per_tenant')} (at delta "
-                      f"{report.get('delta')})", flush=True)
-                break
-            time.sleep(0.5)
+        for job_id in job_ids:
+            _follow(api, job_id)
         if args.exit_when_done:
             time.sleep(10)  # the agents fetch the final global message
         else:
@@ -163,3 +152,32 @@ def run(args: argparse.Namespace) -> int:
         server.should_exit = True
         thread.join(10)
     return 0
+
+
+def _follow(api: Client, job_id: int) -> None:
+    """Print each round of the job as it closes, then its privacy spend and which model
+    serves the lists (agents evaluate and serve on their own machines)."""
+    seen = 0
+    while True:
+        state = api.job(job_id)
+        if state.current_round > seen:
+            for k in range(seen + 1, state.current_round):  # closed between polls
+                print(f"{state.algorithm} round {k}/{state.rounds} done", flush=True)
+            seen = state.current_round
+            m = state.latest_metrics or {}
+            missed = m.get("missed_deadline")
+            print(f"{state.algorithm} round {seen}/{state.rounds} done in "
+                  f"{m.get('seconds', 0):.2f} s"
+                  + (f"; missed the deadline: {missed}" if missed else ""), flush=True)
+        if state.finished:
+            report = api.job_report(job_id)
+            print(f"job {job_id} ({state.algorithm}, {state.model_kind} model) {state.status}; "
+                  f"epsilon per tenant {report.privacy.get('epsilon_per_tenant')} (at delta "
+                  f"{report.privacy.get('delta')})", flush=True)
+            lists = report.models.get("lists") or {}
+            if lists.get("job_id") == job_id:
+                print(f"lists: {lists.get('served_by')} ({lists.get('reason')}); each agent "
+                      "serves its users from its own factors ('fedrec agent recommend')",
+                      flush=True)
+            return
+        time.sleep(0.5)

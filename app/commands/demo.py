@@ -1,10 +1,12 @@
 """``fedrec demo``: the whole product on embedded defaults, through its own HTTP API.
 
 Creates tenants (MovieLens 100k users split among them when a path is given, else the
-synthetic generator), uploads their ratings as CSV, trains a DPALS job with user-level
+synthetic generator), uploads their ratings as CSV, trains the default job with user-level
 differential privacy (each user protected, noise added once to the tenants' bounded sums)
-through the real pipeline, and prints its RMSE curve beside the same job without noise,
-the privacy report and sample recommendations from the private model. The noise-free
+through the real pipeline: a ranking model (dp-ials) that serves the lists, shown with a
+most-popular list's precision and NDCG on the same held-out split, and a rating model
+(DPALS) whose RMSE curve is printed beside the same model without noise; then the privacy
+report and sample recommendations, each naming the model that produced it. The noise-free
 comparison trains on copies of the tenants ("<name>-noise-free") that opted in to
 non-private training, so the real tenants never send anything without a guarantee.
 ``--serve`` keeps the API running afterwards, serving the private model. Every call goes
@@ -51,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--placement", choices=["central", "tenant"], default="central",
                    help="user unit: noise added once to the sum (central) or by each tenant")
     p.add_argument("--algorithm", default=None,
-                   help="default: dpals for the user unit, fedmc-admm otherwise")
+                   help="one model instead of the default job (for the user unit: dp-ials "
+                        "for the lists and dpals for the ratings; fedmc-admm otherwise)")
     p.add_argument("--dp", choices=["gaussian", "laplace"], default="gaussian",
                    help="tenant unit: the mechanism")
     p.add_argument("--epsilon", type=float, default=8.0,
@@ -149,24 +152,51 @@ def _setup(admin: Client, ratings: Ratings, titles: dict[int, str], n_tenants: i
 
 
 def _train(admin: Client, args: argparse.Namespace, privacy: dict[str, Any],
-           tenants: list[dict[str, Any]]) -> JobReport:
+           tenants: list[dict[str, Any]], algorithm: str | None
+           ) -> tuple[JobReport, JobReport | None]:
+    """Run one job, or the default pair (``algorithm`` None); returns (the rating model's
+    report, the ranking model's report or None)."""
+    body = {"algorithm": algorithm} if algorithm else {}
+    if args.rounds is not None:
+        body["rounds"] = args.rounds
     try:
-        job = admin.create_job(algorithm=args.algorithm, rounds=args.rounds,
-                               per_round=args.per_round, seed=args.seed,
-                               tenant_ids=[t["id"] for t in tenants], **privacy)
+        job = admin.create_job(per_round=args.per_round, seed=args.seed,
+                               tenant_ids=[t["id"] for t in tenants], **body, **privacy)
     except ApiError as exc:
         raise ValueError(f"job refused ({exc.status} {exc.code}): {exc.detail}") from None
+    reports = [_wait(admin, job)]
+    if job.pair_job_id is not None:
+        reports.append(_wait(admin, admin.job(job.pair_job_id)))
+    kinds = {r.job.model_kind: r for r in reports}
+    return kinds.get("rating", reports[0]), kinds.get("ranking")
+
+
+def _wait(admin: Client, job: Job) -> JobReport:
     shown = [0]
 
     def progress(state: Job) -> None:  # one line per round, none skipped or repeated
         for k in range(shown[0] + 1, state.current_round + 1):
-            print(f"  round {k}/{state.rounds}", flush=True)
+            print(f"  {state.algorithm} round {k}/{state.rounds}", flush=True)
         shown[0] = max(shown[0], state.current_round)
 
     job = admin.wait_job(job.id, poll=0.5, on_poll=progress)
     if job.status != "completed":
         raise ValueError(f"job {job.id} {job.status}: {job.error}")
     return admin.job_report(job.id)
+
+
+def _print_lists(report: JobReport) -> None:
+    """Which model serves the lists, its precision and NDCG@10 beside popularity's on the
+    same held-out split, and why."""
+    lists = report.models.get("lists") or {}
+    print(f"\nLists (top 10 on the held-out split; k = 10): {lists.get('algorithm')} "
+          f"({lists.get('model_kind')} model, job {lists.get('job_id')}) against a "
+          "most-popular list")
+    for name, r in ((lists.get("algorithm"), report.ranking), ("popularity", report.popularity)):
+        if r is not None and r.ndcg_at_k is not None:
+            print(f"  {name:<12} P@10 {r.precision_at_k:.4f}  NDCG@10 {r.ndcg_at_k:.4f}  "
+                  f"({r.users_ranked} users)")
+    print(f"  served: {lists.get('served_by')}: {lists.get('reason')}")
 
 
 def _print_curves(private: JobReport, reference: JobReport | None) -> None:
@@ -193,19 +223,21 @@ def _print_privacy(report: JobReport, tenants: list[dict[str, Any]]) -> None:
     if "adversary" in priv:
         print(f"  adversary: {priv['adversary']}")
     print(f"  delta {priv['delta']}, accounting: {priv['accounting']}")
-    for t in tenants:
+    for t in tenants:  # fresh tenants: their lifetime spend is this run's (both models)
         print(f"  {t['name']:<10} {spend_line(priv['lifetime'][str(t['id'])])}")
     print(f"  ({priv['note']})")
 
 
 def _print_recommendations(base_url: str, tenants: list[dict[str, Any]]) -> None:
-    print("\nSample recommendations (from the private model):")
+    print("\nSample recommendations (from the private models):")
     for t in tenants[:3]:
         with Client(base_url, token=t["key"]) as tenant:
             r = tenant.recommendations(t["id"], t["first_user"], k=5)
-        print(f"  {t['name']} / {r.user} ({r.source}):")
+        who = f"{r.model}, a {r.model_kind} model" if r.source == "model" else r.source
+        print(f"  {t['name']} / {r.user} ({who}):")
         if t is tenants[0]:
-            print(f"  (from job {r.job_id}, the most recent snapshot)")
+            print(f"  (from job {r.job_id})" if r.job_id is not None
+                  else f"  ({r.reason or 'cold start'})")
         for rec in r.data:
             print(f"    {rec.score:5.2f}  {rec.title or rec.item}")
 
@@ -214,11 +246,12 @@ def _privacy_body(args: argparse.Namespace, ratings: Ratings) -> dict[str, Any]:
     """The job body's privacy part for ``--privacy`` (sets the default algorithm too)."""
     from algorithms import registry
 
-    if args.algorithm is None:
-        args.algorithm = "dpals" if args.privacy == "user" else "fedmc-admm"
-    if args.rounds is None:  # DPALS: its sweeps and a refresh; the others: 30 (seconds)
-        args.rounds = (registry.get("dpals").run_defaults["rounds"]
-                       if args.algorithm == "dpals" else 30)
+    if args.algorithm is None and args.privacy != "user":
+        args.algorithm = "fedmc-admm"
+    if args.rounds is None and args.algorithm is not None:  # DPALS: its sweeps and a
+        # refresh; the others: 30 (seconds); the default job: each model's own
+        args.rounds = (registry.get(args.algorithm).run_defaults["rounds"]
+                       if args.algorithm.startswith("dp") else 30)
     if args.privacy == "user":
         return {"privacy": {"unit": "user", "placement": args.placement,
                             "target_epsilon": args.epsilon, "delta": args.delta}}
@@ -260,16 +293,20 @@ def run(args: argparse.Namespace) -> int:
         budget = args.budget or 2 * args.epsilon
         tenants = _setup(api, ratings, titles, args.tenants, budget, args.seed)
         privacy = _privacy_body(args, ratings)
-        print(f"Training {args.algorithm}, {args.rounds} rounds, {privacy}:")
-        report = _train(api, args, privacy, tenants)
-        _print_recommendations(base, tenants)  # the private model: the newest snapshot
+        what = args.algorithm or "the default job (dp-ials for lists, dpals for ratings)"
+        print(f"Training {what}, {args.rounds or 'recommended'} rounds, {privacy}:")
+        report, ranking = _train(api, args, privacy, tenants, args.algorithm)
+        if ranking is not None:
+            _print_lists(ranking)
+        _print_recommendations(base, tenants)  # the private models' lists
         reference = None
         if args.privacy != "none":
             print("\nTraining the same job without noise on copies of the tenants that opted "
                   "in to non-private training (the real tenants never do):")
             copies = _setup(api, ratings, titles, args.tenants, budget, args.seed,
                             noise_free=True)
-            reference = _train(api, args, {"dp": {"mechanism": "none"}}, copies)
+            reference, _ = _train(api, args, {"dp": {"mechanism": "none"}, "lists": "model"},
+                                  copies, report.job.algorithm)
         _print_curves(report, reference)
         _print_privacy(report, tenants)
         if reference is not None:

@@ -64,6 +64,43 @@ def ranking_of(alg, result: SimulationResult, fed: Federation, args: argparse.Na
     return out
 
 
+def popularity_of(args: argparse.Namespace, fed: Federation, unit: str,
+                  quiet: bool = False) -> dict[str, Any]:
+    """The popularity baseline on the model's split, printed beside it (every ranking model
+    must beat it): the exact list for non-private runs, for ``--privacy user`` the DP list
+    (:mod:`algorithms.popularity`) under the same epsilon, delta and placement, its own
+    release with its own budget (a baseline, never served by this command)."""
+    import secrets
+
+    from algorithms import popularity
+
+    if unit == "user":
+        from privacy.cli import user_privatizer_from_args
+
+        cfg = popularity.PopularityConfig(max_items_per_user=popularity.DP_ITEMS_PER_USER)
+        # never the model's --seed: noise drawn from the same stream as the model's own
+        # releases would be the same numbers, which a reader of both could cancel
+        priv = user_privatizer_from_args(args, popularity.user_bounds(cfg), 1, fed.n_clients,
+                                         sum(b.n_users for b in fed.train),
+                                         secrets.randbits(63))
+        result = popularity.fit(fed, cfg, seed=args.seed, privatizer=priv,
+                                aggregator=priv.aggregate)
+        label = (f"DP popularity (epsilon {priv.spec.epsilon:g}, placement "
+                 f"{priv.spec.placement}, each user's items scaled to "
+                 f"sqrt({cfg.max_items_per_user}))")
+    else:
+        result, label = popularity.fit(fed, seed=args.seed), "popularity (exact counts)"
+    k = getattr(args, "top_k", 10)
+    rep = ranking_report(popularity.ALGORITHM, result.global_msg, result.local_states,
+                         fed.train, fed.test, fed.scale, k=k,
+                         threshold=getattr(args, "relevance_threshold", None))
+    if not quiet:
+        print(f"baseline {label}: precision@{k} {rep.precision_at_k:.4f}, recall@{k} "
+              f"{rep.recall_at_k:.4f}, NDCG@{k} {rep.ndcg_at_k:.4f}, coverage "
+              f"{rep.coverage:.4f}")
+    return {"list": label, **rep.as_dict()}
+
+
 def partition_summary(fed: Federation, partition: str) -> dict[str, Any]:
     """The partition's name and its measured skew (tenant-size Gini, label TV)."""
     sizes = [b.n_users for b in fed.train]

@@ -31,7 +31,12 @@ from algorithms.data import (
 from algorithms.ranking import relevance_threshold
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
-from app.commands.evaluation import add_evaluation_arguments, partition_summary, ranking_of
+from app.commands.evaluation import (
+    add_evaluation_arguments,
+    partition_summary,
+    popularity_of,
+    ranking_of,
+)
 from app.commands.output import RoundsBar, json_output
 from privacy.cli import (
     add_dp_arguments,
@@ -467,6 +472,8 @@ def _run(args: argparse.Namespace, write_json) -> int:
     print(f"{alg.name}: test RMSE {final.test_rmse:.4f}, MAE {final.test_mae:.4f} after "
           f"{final.round} rounds ({wall:.1f} s)")
     ranking = ranking_of(alg, result, rating_fed, args)
+    if unit in ("none", "user"):
+        ranking["popularity"] = popularity_of(args, rating_fed, unit)
     binary = None
     if alg.data_kind == "binary":
         binary = binary_report(alg, result, fed, seen=rating_fed.train).as_dict()
@@ -519,7 +526,7 @@ def _user_privatizer(args, alg, cfg, fed, rounds: int):
     bounds = registry.user_bounds(alg.name, cfg)
     if bounds is None:
         raise ValueError(f"--privacy user needs an algorithm whose uploads are sums of "
-                         f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm); "
+                         f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm, dp-ials); "
                          f"{alg.name} has none")
     n_users = sum(b.n_users for b in fed.train)
     return user_privatizer_from_args(args, bounds, registry.user_releases(cfg, rounds),

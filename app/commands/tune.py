@@ -24,7 +24,7 @@ from typing import Any
 
 from algorithms import registry
 from algorithms.data import build_federation, check_rating_values, default_clients
-from algorithms.tuning import Trial, search_space, tune
+from algorithms.tuning import METRICS, Trial, metric_value, search_space, tune
 from app.commands.evaluation import add_partition_argument
 from app.commands.output import json_output
 from app.commands.simulate import _load, flag_of, format_value
@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "stdout, "
                         "the other lines going to stderr")
     p.add_argument("--quiet", action="store_true", help="no line per trial")
+    p.add_argument("--metric", choices=METRICS, default=None,
+                   help="what configs and run lengths are chosen by: rmse (validation RMSE, "
+                        "rating models) or ndcg (validation NDCG@10, ranking models); "
+                        "default: ndcg for a ranking model, else rmse")
     p.set_defaults(func=run)
 
 
@@ -135,24 +139,27 @@ def _run(args: argparse.Namespace, write_json) -> int:
                            partition=args.partition)
     fed = type(fed)(fed.train, [], fed.user_ids, fed.item_ids, fed.scale)  # no test set
     per_round = run_cfg["per_round"] or fed.n_clients
+    metric = args.metric or ("ndcg" if registry.model_kind(alg.name) == "ranking" else "rmse")
+    label = {"rmse": "RMSE", "ndcg": "NDCG@10"}[metric]
 
     def show(t: Trial) -> None:
         if not args.quiet:
-            print(f"  {t.rounds:>5} rounds  validation RMSE {t.rmse:.4f}  "
-                  f"{t.params or '(default)'}", flush=True)
+            print(f"  {t.rounds:>5} rounds  validation {label} "
+                  f"{metric_value(metric, t.rmse):.4f}  {t.params or '(default)'}",
+                  flush=True)
 
     print(f"tuning {alg.name} on {data}: {args.trials} trials, runs of up to "
           f"{run_cfg['rounds']} rounds, budget {args.budget_seconds:g} s, validation = 10% "
           "of each tenant's training ratings")
     res = tune(alg, fed, rounds=run_cfg["rounds"], per_round=per_round, seed=args.seed,
                trials=args.trials, eta=args.eta, budget_seconds=args.budget_seconds,
-               on_trial=show)
+               on_trial=show, metric=metric)
     cfg = res.config(alg)
     chosen_run = {**run_cfg, "rounds": res.rounds}
     cmd = command_line(args, alg, chosen_run, res.best.params, data)
     default_at = dict(res.default.history)
-    print(f"best: validation RMSE {res.rmse:.4f} at {res.rounds} rounds; the default's "
-          + ", ".join(f"{v:.4f} at {r}" for r, v in res.default.history)
+    print(f"best: validation {label} {res.value:.4f} at {res.rounds} rounds; the default's "
+          + ", ".join(f"{metric_value(metric, v):.4f} at {r}" for r, v in res.default.history)
           + f" rounds; {res.seconds:.1f} s wall, {res.cpu_seconds:.1f} s CPU")
     if res.cuts:
         print("cut to fit the time budget: " + "; ".join(res.cuts))
@@ -161,14 +168,16 @@ def _run(args: argparse.Namespace, write_json) -> int:
            "changed": res.best.params, "command": cmd, "data": data, "seed": args.seed,
            "test_fraction": args.test_fraction, "partition": args.partition, **chosen_run,
            "max_rounds": run_cfg["rounds"], "rungs": res.rungs,
-           "validation_rmse": res.rmse,
-           "default_validation_rmse": default_at.get(res.rounds, res.default.best[1]),
-           "default_history": res.default.history,
+           "metric": metric, f"validation_{metric}": res.value,
+           f"default_validation_{metric}": metric_value(
+               metric, default_at.get(res.rounds, res.default.best[1])),
+           "default_history": [(r, metric_value(metric, v)) for r, v in res.default.history],
            "budget_seconds": args.budget_seconds, "budget_exhausted": res.budget_exhausted,
            "cuts": res.cuts, "seconds": res.seconds, "cpu_seconds": res.cpu_seconds,
            "load_average": list(os.getloadavg()),
-           "trials": [{"params": t.params, "history": t.history,
-                       "finalist": t in res.finalists} for t in res.trials]}
+           "trials": [{"params": t.params, "finalist": t in res.finalists,
+                       "history": [(r, metric_value(metric, v)) for r, v in t.history]}
+                      for t in res.trials]}
     if args.json:
         write_json(_finite(out))
     else:

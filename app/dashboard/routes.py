@@ -189,6 +189,7 @@ def _job_form(request: Request, viewer: auth.Viewer, session: Session, form: dic
     tenants = data.all_tenants(session)
     return _page(request, "job_new.html", viewer, status, tenants=tenants,
                  algorithms=registry.names(), form=form, plan=plan, error=error,
+                 kinds={a: registry.model_kind(a) for a in registry.names()},
                  budgets=data.budgets(session, [t.id for t in tenants]))
 
 
@@ -209,7 +210,7 @@ LABELS = {"rounds": "Rounds", "seed": "Seed", "epsilon": "Target epsilon", "delt
 
 def _job_body(form: dict) -> dict:
     """The ``POST /admin/jobs`` body the form describes; ValueError names a bad field."""
-    body: dict[str, Any] = {"algorithm": form.get("algorithm"),
+    body: dict[str, Any] = {"algorithm": form.get("algorithm") or None,
                             "rounds": _number(form, "rounds", int),
                             "seed": _number(form, "seed", int, 0)}
     if form.get("tenant_ids"):
@@ -284,6 +285,8 @@ def _job_page(request: Request, job_id: int, viewer: auth.Viewer, session: Sessi
                  reference=rmse.reference_job_id, baselines=mean_baselines(session, job),
                  last=rounds[-1] if rounds else None, sentences=data.plain_privacy(report),
                  ranking=ranking.get("overall"), ranking_per_tenant=ranking.get("per_tenant", {}),
+                 popularity=(ranking.get("popularity") or {}).get("overall"),
+                 models=reports.models_of(session, job),
                  refresh=job.status in ACTIVE and message is None, message=message or done)
 
 

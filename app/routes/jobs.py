@@ -19,12 +19,15 @@ from app.routes import API_PREFIX
 from app.schemas import Limit, Offset, PathId
 from app.training import reports
 from app.training.jobs import (
+    DEFAULT_RATING,
     JobRefused,
     JobSpec,
     cancel_job,
-    create_job,
+    create_jobs,
+    default_pair,
     discard_job,
     job_for_key,
+    plan_jobs,
     request_hash,
 )
 from app.training.models import TrainingJob
@@ -63,7 +66,8 @@ def refused(exc: JobRefused) -> ApiError:
 
 def _public(job: TrainingJob) -> JobPublic:
     fields = {name: getattr(job, name) for name in JobPublic.model_fields if name != "progress"}
-    return JobPublic(**fields, progress=job.current_round / job.rounds)
+    done = job.status == "completed"  # a job that stopped on validation is done too
+    return JobPublic(**fields, progress=1.0 if done else job.current_round / job.rounds)
 
 
 def _job(session, job_id: int) -> TrainingJob:
@@ -130,23 +134,31 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         raise ApiError(422, "privacy_and_dp", "give either privacy (user-level DP) or dp "
                                               "(tenant-level DP), not both")
     dp = _privacy_settings(body)
-    spec = JobSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
+    spec = JobSpec(algorithm=body.algorithm or DEFAULT_RATING, tenant_ids=tenant_ids,
+                   rounds=body.rounds,
                    per_round=body.per_round, seed=body.seed, config=body.config,
                    dp=dp, test_fraction=body.test_fraction,
                    allow_not_private=body.allow_not_private,
                    max_attempts=settings.job_max_attempts, agents=list(body.agents),
                    round_seconds=body.round_seconds, wire=body.wire,
-                   rounds_given="rounds" in body.model_fields_set)
+                   rounds_given="rounds" in body.model_fields_set,
+                   validation_fraction=body.validation_fraction, lists=body.lists)
+    try:
+        specs = (default_pair(spec, "rounds" in body.model_fields_set)
+                 if body.algorithm is None else [spec])
+    except JobRefused as exc:
+        raise refused(exc) from None
     if dry_run:
         try:
-            plan = create_job(session, spec, dry_run=True)
+            plan = plan_jobs(session, specs)
         except JobRefused as exc:
             raise refused(exc) from None
         body = JobPlanPublic(algorithm=plan.algorithm, privacy=plan.privacy,
                              tenants=plan.tenants)
         return JSONResponse(body.model_dump(mode="json"), status_code=status.HTTP_200_OK)
     try:
-        job = create_job(session, spec, (idempotency_key, digest) if idempotency_key else None)
+        job = create_jobs(session, specs,
+                          (idempotency_key, digest) if idempotency_key else None)
     except JobRefused as exc:
         raise refused(exc) from None
     except IntegrityError:  # a concurrent request with the same key committed first
@@ -158,10 +170,13 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
         if done is None:
             raise
         return _replayed(response, done)
+    started = [job.id] + ([job.pair_job_id] if job.pair_job_id else [])
     try:
-        start_job(request.app, job.id)
+        for job_id in started:
+            start_job(request.app, job_id)
     except BaseException:
-        _discard(session, job.id)
+        for job_id in started:
+            _discard(session, job_id)
         raise
     session.refresh(job)
     bind(job_id=job.id)

@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.routing import APIRoute
 from fastapi.security.utils import get_authorization_scheme_param
 
+from algorithms.registry import model_kind
 from app.deps import (
     OwnTenantDep,
     ServingTenantDep,
@@ -58,10 +59,13 @@ def _public(user: str, ranked: Ranked, k: int, offset: int) -> RecommendationsPu
     # titles from the catalogue, float scores, int ids), and this runs on every request
     data = [Recommendation.model_construct(item=key, title=title, score=score)
             for key, title, score in ranked.items]
+    kind = None if ranked.model is None else (
+        "popularity" if ranked.model == "popularity" else model_kind(ranked.model))
     return RecommendationsPublic.model_construct(user=user, source=ranked.source,
                                                  job_id=ranked.job_id, data=data, k=k,
                                                  offset=offset, private=ranked.private,
-                                                 privacy=ranked.privacy)
+                                                 privacy=ranked.privacy, model=ranked.model,
+                                                 model_kind=kind, reason=ranked.reason)
 
 
 async def _answer(request: Request, tenant: Tenant, user_key: str, k: int, offset: int,
@@ -223,11 +227,14 @@ def read_tenant_report(tenant: OwnTenantDep, session: SessionDep) -> TenantRepor
     if job is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "no_training_job", NO_JOB)
     rounds = reports.curve(session, job.id)
+    final = reports.final_ranking(rounds)
     return TenantReport(tenant_id=tenant.id, job_id=job.id,
                         curve=reports.tenant_curve(rounds, tenant.id),
                         privacy=reports.privacy_of_job(session, job, [tenant.id]),
-                        ranking=reports.final_ranking(rounds).get("per_tenant", {})
-                        .get(str(tenant.id)))
+                        ranking=final.get("per_tenant", {}).get(str(tenant.id)),
+                        popularity=(final.get("popularity") or {}).get("per_tenant", {})
+                        .get(str(tenant.id)),
+                        models=reports.models_of(session, job))
 
 
 @router.get("/report/plot.png", response_class=Response,

@@ -36,7 +36,8 @@ def _public(job: TuningJob) -> TuningJobPublic:
     return TuningJobPublic(**fields, scored=job.scored or [],
                            **{k: result.get(k) for k in (
                                "config", "changed", "chosen_rounds", "validation_rmse",
-                               "default_validation_rmse", "budget_exhausted", "seconds")})
+                               "default_validation_rmse", "validation_ndcg",
+                               "default_validation_ndcg", "budget_exhausted", "seconds")})
 
 
 @router.post("", response_model=TuningJobPublic, status_code=status.HTTP_202_ACCEPTED,
@@ -59,7 +60,7 @@ def create_tuning(body: TuningJobCreate, request: Request, response: Response,
     spec = TuningSpec(algorithm=body.algorithm, tenant_ids=tenant_ids, rounds=body.rounds,
                       per_round=body.per_round, seed=body.seed, config=body.config,
                       test_fraction=body.test_fraction, trials=body.trials, eta=body.eta,
-                      budget_seconds=body.budget_seconds)
+                      budget_seconds=body.budget_seconds, metric=body.metric)
     try:
         job = create_tuning_job(session, spec)
     except JobRefused as exc:

@@ -30,6 +30,8 @@ from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
 from app.training.reservations import as_reserved, budget_ledger, over_budget
+from app.training.selection import carve
+from app.training.selection import initial as initial_selection
 from privacy import user_level
 from privacy.accountant import Spend
 from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan, check_schedule
@@ -71,6 +73,17 @@ class JobSpec:
     rounds_given: bool = True
     """Whether ``rounds`` was asked for: a default is cut to the rounds a release-bounded
     algorithm uses, an explicit larger number is refused (:func:`fit_rounds`)."""
+    validation_fraction: float | None = None
+    """Share of each hosted tenant's training ratings that chooses the run length
+    (:mod:`app.training.selection`); None: :data:`~app.training.selection.DEFAULT_FRACTION`
+    for a job without a DP guarantee and without agents, else 0 (a DP job does not
+    select on private data)."""
+    pair_job_id: int | None = None
+    """The job created together with this one (the default job's ranking/rating pair)."""
+    lists: str = "auto"
+    """Who serves the lists once the job completes: "auto", the better of its model and
+    popularity on held-out data (:func:`app.training.selection.lists_decision`), or
+    "model", its model whatever the comparison (which the report still shows)."""
 
 
 def useful_rounds(cfg: Any) -> int | None:
@@ -146,11 +159,37 @@ def _validated(spec: JobSpec) -> tuple[Algorithm, Any, DPSpec]:
         if spec.wire != "float64":
             raise JobRefused(422, "invalid wire: secure aggregation encodes the uploads in "
                                   "fixed point itself; use float64")
+    _validation_fraction(spec, alg, dp)
     if isinstance(dp, dict) and registry.user_bounds(alg.name, cfg) is None:
         raise JobRefused(422, f"invalid privacy.unit: {alg.name} cannot protect a user (its "
                               "uploads are not sums of per-user bounded terms); use dpals, "
                               "dp-fedmavg or dp-fedmc-admm, or the tenant unit through dp")
     return alg, cfg, dp
+
+
+def _private(alg: Algorithm, dp: Any) -> bool:
+    """Whether a job with these settings carries a DP guarantee (user or tenant unit)."""
+    if isinstance(dp, dict):
+        return True
+    return dp.mechanism != "none" and alg.privacy_preserving
+
+
+def _validation_fraction(spec: JobSpec, alg: Algorithm, dp: Any) -> float:
+    """The job's validation carve-out (:attr:`JobSpec.validation_fraction`); 422 for one a
+    DP job or a job with agents cannot have."""
+    from app.training.selection import DEFAULT_FRACTION
+
+    private, agents = _private(alg, dp), bool(spec.agents)
+    if spec.validation_fraction is None:
+        return 0.0 if private or agents else DEFAULT_FRACTION
+    if spec.validation_fraction > 0 and private:
+        raise JobRefused(422, "invalid validation_fraction: a differentially private job "
+                              "cannot choose its run length on the tenants' validation "
+                              "ratings (an uncharged, data-dependent release); use 0")
+    if spec.validation_fraction > 0 and agents:
+        raise JobRefused(422, "invalid validation_fraction: agent tenants keep their "
+                              "ratings, so no carve-out can be scored here; use 0")
+    return float(spec.validation_fraction)
 
 
 #: a job that names no privacy: users protected at this target, as DPALS meets it on
@@ -278,6 +317,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
 
     draws_key = new_key() if isinstance(dp, dict) else None  # user level: secret caps
+    fraction = _validation_fraction(spec, alg, dp)
 
     def split(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray]:
         block, keys = _tenant_block(s, tenants[i], private)
@@ -286,12 +326,16 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
             train = with_user_draws(train, draws_key, tenants[i].id, [str(k) for k in keys])
         return train, test, keys
 
+    def fit(train: RatingBlock, i: int) -> RatingBlock:
+        return carve(train, spec.seed, i, fraction)[0]  # what the job trains on
+
     per_round = spec.per_round or len(tenants)
     first = None
     if hosted:
         i = hosted[0]
         train, test, keys = split(i)
-        first = (train, test, keys, initialise_client(alg, cfg, train, glob, spec.seed, i))
+        first = (train, test, keys, initialise_client(alg, cfg, fit(train, i), glob,
+                                                      spec.seed, i))
         size, upload = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
                                 (tenants[i].rating_min, tenants[i].rating_max), i)
     else:  # nobody's ratings here: the config is tried on a public stand-in block
@@ -324,7 +368,10 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         agents=None if not agents else {
             "tenants": [t for t in spec.tenant_ids if t in agents],
             "round_seconds": float(spec.round_seconds), "wire": spec.wire,
-            "upload": None if upload is None else upload_schema(upload)})
+            "upload": None if upload is None else upload_schema(upload)},
+        validation_fraction=fraction, pair_job_id=spec.pair_job_id,
+        serving={"policy": spec.lists},
+        selection=initial_selection(alg.name, fraction, _private(alg, dp), bool(agents)))
     states.store_global(job, glob)
     s.add(job)
     s.flush()
@@ -338,7 +385,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
             (train, test, keys, local), first = first, None
         else:
             train, test, keys = split(i)
-            local = initialise_client(alg, cfg, train, glob, spec.seed, i)
+            local = initialise_client(alg, cfg, fit(train, i), glob, spec.seed, i)
         train_bytes, test_bytes = train.to_bytes(), test.to_bytes()
         s.add(JobClient(job_id=job.id, client_index=i, tenant_id=t.id,
                         user_keys=[str(k) for k in keys],
@@ -568,3 +615,71 @@ def cancel_job(s: Session, job: TrainingJob) -> bool:
     s.commit()
     return True
 
+
+
+#: the default job (no algorithm named): a ranking model serves the lists, a rating model
+#: predicts ratings and feeds the RMSE report (see the README's "Ranking and rating models")
+DEFAULT_RANKING = "dp-ials"
+DEFAULT_RATING = "dpals"
+
+
+def default_pair(spec: JobSpec, rounds_given: bool = True) -> list[JobSpec]:
+    """The jobs of a request that names no algorithm: the ranking model first, then the
+    rating model (``spec`` with :data:`DEFAULT_RATING`), each at half the user-level
+    privacy target, so the pair together stays within it (basic composition); only the
+    rating model while no ranking model is registered. Unless ``rounds_given``, each
+    runs its algorithm's recommended rounds (its sweeps and a last user solve)."""
+    if DEFAULT_RANKING not in registry.names():
+        return [spec]
+    if spec.config:
+        raise JobRefused(422, "invalid config: the default job trains two models "
+                              f"({DEFAULT_RANKING} and {DEFAULT_RATING}); name the algorithm "
+                              "the config is for")
+    dp = spec.dp
+    if dp is None or user_level.is_user_level(dp):
+        target = dict(DEFAULT_USER_PRIVACY if dp is None else dp)
+        dp = {**target, "epsilon": float(target["epsilon"]) / 2}
+    def rounds(name: str) -> int:
+        return spec.rounds if rounds_given else int(registry.get(name).run_defaults["rounds"])
+
+    return [dataclasses.replace(spec, algorithm=name, dp=dp, rounds=rounds(name))
+            for name in (DEFAULT_RANKING, DEFAULT_RATING)]
+
+
+def create_jobs(s: Session, specs: list[JobSpec],
+                idempotency: tuple[str, str] | None = None) -> TrainingJob:
+    """Create one job, or the default pair (:func:`default_pair`) linked to each other;
+    returns the first (the ranking model of a pair). A pair is created whole or not at
+    all: when the second is refused, the first is deleted before the refusal propagates."""
+    first = create_job(s, specs[0], idempotency)
+    if len(specs) == 1:
+        return first
+    try:
+        second = create_job(s, dataclasses.replace(specs[1], pair_job_id=first.id))
+    except BaseException:
+        discard_job(s, first.id)
+        raise
+    first = s.get(TrainingJob, first.id)
+    first.pair_job_id = second.id
+    s.commit()
+    return first
+
+
+def plan_jobs(s: Session, specs: list[JobSpec]) -> JobPlan:
+    """The dry run of :func:`create_jobs`: a pair's plan is the first job's, with the
+    second's privacy under ``privacy.pair`` and each tenant's ``epsilon_after`` counting
+    both jobs' spend (added: basic composition, an upper bound)."""
+    plans = [create_job(s, spec, dry_run=True) for spec in specs]
+    if len(plans) == 1:
+        return plans[0]
+    first, second = plans
+    tenants = {}
+    for t, row in first.tenants.items():
+        spent, extra = row["epsilon_spent"], second.tenants[t]["epsilon_after"]
+        both = [row["epsilon_after"], extra, spent]
+        after = ("infinity" if any(isinstance(x, str) for x in both)
+                 else row["epsilon_after"] + extra - spent)
+        tenants[t] = {**row, "epsilon_after": after}
+    privacy = {**first.privacy, "pair": {"algorithm": second.algorithm,
+                                         "privacy": second.privacy}}
+    return JobPlan(f"{first.algorithm}+{second.algorithm}", privacy, tenants)

@@ -80,8 +80,29 @@ class TrainingJob(Base):
     against the tenant's budget while the job is queued or running
     (:mod:`app.training.reservations`); None: stored before reservations."""
 
+    pair_job_id: Mapped[int | None]
+    """The job created together with this one (migration 0018_h6): the default job is a
+    ranking model, which serves lists, paired with a rating model, which predicts
+    ratings and feeds the RMSE report. No foreign key (see the migration); a deleted
+    pair is simply not found."""
+    validation_fraction: Mapped[float] = mapped_column(default=0.0, server_default="0")
+    """Share of each hosted tenant's training ratings carved out to choose the run length
+    (:mod:`app.training.selection`); 0: the configured rounds run."""
+    selection: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON(none_as_null=True))
+    """What the validation carve-out chose: metric, best round and value, why it stopped
+    (or why the job does not select, e.g. a DP job)."""
+    serving: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON(none_as_null=True))
+    """Whether the model or popularity serves the lists, why, and both on held-out data."""
+
     __table_args__ = (sa.UniqueConstraint("idempotency_key",
                                           name="uq_training_jobs_idempotency_key"),)
+
+    @property
+    def model_kind(self) -> str:
+        """"ranking" (serves top-k lists) or "rating" (predicts ratings)."""
+        from algorithms.registry import model_kind
+
+        return model_kind(self.algorithm)
     created_at: Mapped[dt.datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[dt.datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     finished_at: Mapped[dt.datetime | None]
@@ -258,6 +279,8 @@ class TuningJob(Base):
     trials: Mapped[int]
     eta: Mapped[int]
     budget_seconds: Mapped[float]
+    metric: Mapped[str] = mapped_column(sa.String(8), default="rmse", server_default="rmse")
+    """What the search chooses by: "rmse" or "ndcg" (migration 0018_h6)."""
     scored: Mapped[list[dict[str, Any]] | None] = mapped_column(sa.JSON)
     """Every trial evaluation so far (params, rounds, validation RMSE), in order."""
     result: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)

@@ -151,6 +151,24 @@ def _block(jc: JobClient, which: str) -> RatingBlock:
     return block
 
 
+def _fit_and_valid(job: TrainingJob, jc: JobClient) -> tuple[RatingBlock, RatingBlock | None]:
+    """(the ratings the job fits on, its validation carve-out or None): the stored training
+    block split by :func:`app.training.selection.carve` (cached like the blocks)."""
+    from app.training.selection import carve
+
+    fraction = job.validation_fraction or 0.0
+    if fraction <= 0:
+        return _block(jc, "train"), None
+    key = (jc.job_id, jc.client_index, f"{jc.train_digest}:fit")
+    fit, valid = _BLOCKS.get(key, (None, None))
+    if fit is None:
+        fit, valid = carve(_block(jc, "train"), job.seed, jc.client_index, fraction)
+        _BLOCKS[key] = (fit, valid)
+        if len(_BLOCKS) > _BLOCK_CACHE_SIZE:
+            _BLOCKS.popitem(last=False)
+    return fit, valid
+
+
 def _active_job(s: Session, job_id: int, round_: int, lock: bool = False
                 ) -> TrainingJob | None:
     """The job if round ``round_`` is the next one to run, else None (stale task).
@@ -304,7 +322,7 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             started = time.perf_counter()
             gone = (forgotten_since(s, job, [jc.tenant_id]).get(jc.tenant_id, set())
                     if newer_tombstone(job, jc.tenant_id, tombstone) else set())
-            train = private_block(job, jc, without_forgotten(_block(jc, "train"),
+            train = private_block(job, jc, without_forgotten(_fit_and_valid(job, jc)[0],
                                                              jc.user_keys, gone))
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, states.load_global(job),
@@ -361,7 +379,7 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
             continue
         state = locals_[jc.client_index]
         part = tenant_errors(alg, glob, state, _block(jc, "test"), scales[jc.tenant_id])
-        objective += float(alg.objective(glob, state, _block(jc, "train"), cfg))
+        objective += float(alg.objective(glob, state, _fit_and_valid(job, jc)[0], cfg))
         parts.append(part)
         rmse, mae = combine_errors([part])
         per_tenant[str(jc.tenant_id)] = {"test_rmse": _num(rmse), "test_mae": _num(mae),
@@ -374,15 +392,41 @@ def _evaluate(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, glob: Mess
 def _final_ranking(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
                    clients: list[JobClient], locals_: dict[int, Message]) -> dict[str, Any]:
     """Ranking metrics of the final model on the hosted tenants (an agent's U_i stays
-    with it) (:mod:`app.training.evaluation`)."""
+    with it) (:mod:`app.training.evaluation`), and of a most-popular list on the same
+    split (``popularity``: :func:`app.training.selection.popularity_ranking`)."""
     from app.training.evaluation import job_ranking
+    from app.training.selection import popularity_ranking
 
-    scales = {t: (lo, hi) for t, lo, hi in s.execute(
+    scales = _scales(s, job)
+    hosted = [jc for jc in clients if jc.client_index not in agent_clients(job)]
+    ranking = job_ranking(alg, glob, hosted, {jc.client_index: locals_[jc.client_index]
+                                              for jc in hosted}, scales, _block)
+    return {**ranking, "model": job.algorithm,
+            "model_kind": registry.model_kind(job.algorithm),
+            "popularity": popularity_ranking(hosted, _block, scales)}
+
+
+def _scales(s: Session, job: TrainingJob) -> dict[int, tuple[float, float]]:
+    return {t: (lo, hi) for t, lo, hi in s.execute(
         sa.select(Tenant.id, Tenant.rating_min, Tenant.rating_max)
         .where(Tenant.id.in_(job.tenant_ids)))}
-    hosted = [jc for jc in clients if jc.client_index not in agent_clients(job)]
-    return job_ranking(alg, glob, hosted, {jc.client_index: locals_[jc.client_index]
-                                           for jc in hosted}, scales, _block)
+
+
+def _select(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
+            clients: list[JobClient], locals_: dict[int, Message], round_: int) -> bool:
+    """Score the round on the validation carve-out of a job that selects its run length
+    (:mod:`app.training.selection`) and record it; True when the job stops here."""
+    from app.training import selection
+
+    if not (job.selection or {}).get("metric"):
+        return False
+    scales = _scales(s, job)
+    hosted = [jc for jc in clients if jc.client_index in locals_]
+    parts = [(locals_[jc.client_index], *_fit_and_valid(job, jc), scales[jc.tenant_id])
+             for jc in hosted]
+    value = selection.validation_score(alg, glob, parts, job.selection["metric"])
+    job.selection, stop = selection.update(job.selection, round_, value)
+    return stop
 
 
 def _num(x: float) -> float | None:
@@ -438,8 +482,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         metrics = _evaluate(s, job, alg, cfg, glob, clients, locals_)
         started = (job.latest_metrics or {}).get("round_started", time.time())
         seconds = max(0.0, time.time() - started)
-        ranking = (_final_ranking(s, job, alg, glob, clients, locals_)
-                   if round_ >= job.rounds else None)
+        done = _select(s, job, alg, glob, clients, locals_, round_) or round_ >= job.rounds
+        ranking = _final_ranking(s, job, alg, glob, clients, locals_) if done else None
         missed = [job.tenant_ids[i] for i in missing]
         if missed:
             log.info("job %s round %s closed at its deadline without %s", job_id, round_,
@@ -462,9 +506,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
                               **({"missed_deadline": missed} if missed else {})}
         s.execute(sa.delete(RoundUpload).where(RoundUpload.job_id == job_id,
                                                RoundUpload.round == round_))
-        done = round_ >= job.rounds
         if done:
-            _finish(s, job, alg, glob, clients, locals_)
+            _finish(s, job, alg, glob, clients, locals_, ranking)
         s.commit()
     if not done:
         dispatch.send(TASK_START, job_id, round_ + 1)
@@ -472,11 +515,19 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
 
 
 def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
-            clients: list[JobClient], locals_: dict[int, Message]) -> None:
-    """Mark the job completed and publish every tenant's serving factors (or fail it,
-    publishing nothing, when any factor is not finite)."""
+            clients: list[JobClient], locals_: dict[int, Message],
+            ranking: dict[str, Any] | None = None) -> None:
+    """Mark the job completed, decide who serves its lists (the model or popularity,
+    :func:`app.training.selection.lists_decision`) and publish every tenant's serving
+    factors (or fail it, publishing nothing, when any factor is not finite)."""
     from app.training.reports import is_private
+    from app.training.selection import lists_decision
     from app.training.snapshots import non_finite_factors, write_snapshot
+
+    ranking = ranking or {}
+    job.serving = lists_decision(job.algorithm, ranking.get("overall"),
+                                 (ranking.get("popularity") or {}).get("overall"),
+                                 (job.serving or {}).get("policy", "auto"))
 
     remote = agent_clients(job)  # an agent serves its own users from its own factors
     clients = [jc for jc in clients if jc.client_index not in remote]
@@ -492,7 +543,7 @@ def _finish(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
         a, b = factors[jc.tenant_id]
         # a DP job serves its whole (registered, public) catalogue: which items the
         # tenant's users rated is not released; otherwise the tenant's own rated items
-        trained = None if private else np.unique(_block(jc, "train").cols)
+        trained = None if private else np.unique(_fit_and_valid(job, jc)[0].cols)
         link = None if alg.serving_link is None else alg.serving_link(
             glob, locals_[jc.client_index])
         write_snapshot(s, jc.tenant_id, job, jc.user_keys, a, b, trained, link)

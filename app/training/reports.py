@@ -168,7 +168,33 @@ def job_report(s: Session, job: TrainingJob, public: JobPublic) -> JobReport:
         per_tenant={str(t): tenant_curve(rounds, t) for t in job.tenant_ids},
         privacy=privacy_of_job(s, job), ranking=ranking.get("overall"),
         ranking_per_tenant={t: v for t, v in ranking.get("per_tenant", {}).items()
-                            if int(t) in job.tenant_ids})
+                            if int(t) in job.tenant_ids},
+        popularity=(ranking.get("popularity") or {}).get("overall"),
+        models=models_of(s, job))
+
+
+def models_of(s: Session, job: TrainingJob) -> dict[str, Any]:
+    """Which model produced the lists and which the predicted ratings (RMSE) of ``job``
+    and the job created with it: a ranking model serves the lists unless popularity beat
+    it on held-out data; a rating model's predictions feed the RMSE report."""
+    pair = s.get(TrainingJob, job.pair_job_id) if job.pair_job_id else None
+    jobs = [job] + ([pair] if pair is not None else [])
+    ranking = next((j for j in jobs if j.model_kind == "ranking"), None)
+    rating = next((j for j in jobs if j.model_kind == "rating"), None)
+    return {"lists": lists_source(ranking or job),
+            "ratings": None if rating is None else {
+                "job_id": rating.id, "algorithm": rating.algorithm, "model_kind": "rating"}}
+
+
+def lists_source(job: TrainingJob) -> dict[str, Any]:
+    """Who serves ``job``'s lists: its model, or popularity with the reason (before the
+    job completes: its model, undecided)."""
+    decision = job.serving or {}
+    source = decision.get("lists", "model")
+    return {"job_id": job.id, "algorithm": job.algorithm, "model_kind": job.model_kind,
+            "source": source,
+            "served_by": job.algorithm if source == "model" else "popularity",
+            "reason": decision.get("reason", "decided when the job completes")}
 
 
 def _plain(text: str) -> str:

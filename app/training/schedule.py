@@ -91,7 +91,9 @@ def retrain_if_changed(sessions, dispatch: pipeline.Dispatcher) -> int | None:
                                if t in alive],
                        round_seconds=(last.agents or {}).get("round_seconds", 300.0),
                        wire=(last.agents or {}).get("wire", "float64"),
-                       rounds_given=False)  # a job of older code may have spare rounds
+                       rounds_given=False,  # a job of older code may have spare rounds
+                       validation_fraction=last.validation_fraction,
+                       lists=(last.serving or {}).get("policy", "auto"))
         try:
             job = create_job(s, spec)
         except JobRefused as exc:

@@ -59,9 +59,13 @@ class PrivacySettings(Input):
 class JobCreate(Input):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    algorithm: str = Field("dpals", description="dpals, dp-fedmavg or dp-fedmc-admm "
-                                                "(user-level DP), fedmc-admm, fedmavg, "
-                                                "rfrec, rfrecf, or fedmgs (not private)")
+    algorithm: str | None = Field(
+        None, description="Omitted or null: the default job, a ranking model (dp-ials) that "
+                          "serves the lists and a rating model (dpals) that predicts ratings "
+                          "and feeds the RMSE report, created together (each at half the "
+                          "privacy target). Or one model: dp-ials, dpals, dp-fedmavg or "
+                          "dp-fedmc-admm (user-level DP), ials, fedmc-admm, fedmavg, rfrec, "
+                          "rfrecf, or fedmgs (not private).")
     config: dict[str, Any] = Field(default_factory=dict,
                                    description="Algorithm options (e.g. rank); defaults are "
                                                "the algorithm's recommended settings.")
@@ -99,6 +103,18 @@ class JobCreate(Input):
     wire: Literal["float64", "float32"] = Field(
         "float64", description="dtype of agents' uploads: float64 (exact) or float32 "
                                "(half the bytes).")
+    lists: Literal["auto", "model"] = Field(
+        "auto", description="Who serves the tenants' lists once the job completes: auto, the "
+                            "better of its model and a most-popular list by NDCG@10 on the "
+                            "held-out split (a model that loses does not serve lists); "
+                            "model, its model whatever the comparison.")
+    validation_fraction: float | None = Field(
+        None, ge=0.0, lt=1.0,
+        description="Share of each tenant's training ratings carved out to choose the run "
+                    "length (NDCG@10 for a ranking model, RMSE for a rating model; the job "
+                    "stops once 3 rounds in a row fail to beat its best). Omitted: 0.1 for "
+                    "a job without DP guarantee or agents, else 0 (a DP job runs its "
+                    "configured rounds: choosing them on private data is not charged).")
 
 
 class TenantPlan(BaseModel):
@@ -138,6 +154,19 @@ class JobPublic(BaseModel):
     error: str | None
     parent_job_id: int | None
     agents: dict[str, Any] | None = None
+    model_kind: Literal["ranking", "rating"] = Field(
+        "rating", description="ranking: serves top-k lists; rating: predicts ratings "
+                              "(RMSE).")
+    pair_job_id: int | None = Field(
+        None, description="The job created together with this one (the default job's "
+                          "ranking and rating models).")
+    validation_fraction: float = 0.0
+    selection: dict[str, Any] | None = Field(
+        None, description="Run-length selection on the validation carve-out: metric, best "
+                          "round, why it stopped; or why the job does not select.")
+    serving: dict[str, Any] | None = Field(
+        None, description="Who serves this job's lists (lists: model or popularity), why, "
+                          "and both on the held-out split.")
     created_at: UtcDatetime
     finished_at: UtcDatetime | None
 
@@ -187,6 +216,14 @@ class JobReport(BaseModel):
     ranking: RankingPublic | None = Field(
         None, description="final round, all tenants (null until the job completes)")
     ranking_per_tenant: dict[str, RankingPublic] = Field(default_factory=dict)
+    popularity: RankingPublic | None = Field(
+        None, description="a most-popular list (each tenant's training counts) on the same "
+                          "held-out split, all tenants (null until the job completes)")
+    models: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Which model produced what: 'lists' (the job and algorithm whose lists "
+                    "are served, or popularity, with the reason) and 'ratings' (the rating "
+                    "model whose predictions feed the RMSE curve).")
 
 
 class Recommendation(BaseModel):
@@ -212,6 +249,16 @@ class RecommendationsPublic(BaseModel):
                                              "for the tenant's other users (see privacy).")
     privacy: str = Field("", description="Which model and which privacy status produced "
                                          "the list, in words.")
+    model: str | None = Field(
+        None, description="Which model produced the list: the algorithm of the job's model "
+                          "(a ranking model such as dp-ials, or a rating model), or "
+                          "'popularity'.")
+    model_kind: Literal["ranking", "rating", "popularity"] | None = Field(
+        None, description="ranking: a model of which items users choose; rating: a model "
+                          "of rating values; popularity: the most-popular list.")
+    reason: str | None = Field(
+        None, description="Why popularity serves a user the model knows: the job's model "
+                          "lost to popularity on held-out data.")
 
 
 class BatchRecommendationsRequest(Input):
@@ -234,6 +281,12 @@ class TenantReport(BaseModel):
     privacy: dict[str, Any]
     ranking: RankingPublic | None = Field(
         None, description="this tenant's ranking metrics at the job's final round")
+    popularity: RankingPublic | None = Field(
+        None, description="a most-popular list's (this tenant's training counts) on the "
+                          "same held-out split")
+    models: dict[str, Any] = Field(
+        default_factory=dict, description="Which model produced this tenant's lists and "
+                                          "which its RMSE curve (as a job report's).")
 
 
 class TuningJobCreate(Input):
@@ -264,12 +317,17 @@ class TuningJobCreate(Input):
     eta: int = Field(3, ge=2, le=10, description="Successive halving: keep 1/eta per rung.")
     budget_seconds: float = Field(600.0, gt=0, le=86400.0,
                                   description="Stop starting new trials after this long.")
+    metric: Literal["rmse", "ndcg"] | None = Field(
+        None, description="What configs and run lengths are chosen by: rmse (validation "
+                          "RMSE, rating models) or ndcg (validation NDCG@10, ranking models). "
+                          "Omitted: ndcg for a ranking model, else rmse.")
 
 
 class TuningTrial(BaseModel):
     params: dict[str, Any]
     rounds: int
     validation_rmse: float | None
+    validation_ndcg: float | None = None
 
 
 class TuningJobPublic(BaseModel):
@@ -296,6 +354,11 @@ class TuningJobPublic(BaseModel):
                                                             "at chosen_rounds.")
     default_validation_rmse: float | None = Field(None, description="The default config's "
                                                                     "at chosen_rounds.")
+    metric: Literal["rmse", "ndcg"] = "rmse"
+    validation_ndcg: float | None = Field(None, description="metric ndcg: the choice's "
+                                                            "validation NDCG@10.")
+    default_validation_ndcg: float | None = Field(None, description="metric ndcg: the "
+                                                                    "default config's.")
     budget_exhausted: bool | None = None
     seconds: float | None = None
     error: str | None = None

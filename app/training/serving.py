@@ -34,6 +34,8 @@ class Ranked:
     #: whether what produced the list is differentially private for the other users
     private: bool = False
     privacy: str = ""  # in words: which model and which privacy status produced it
+    model: str | None = None  #: the algorithm whose model produced the list, or "popularity"
+    reason: str | None = None  #: why popularity serves a user the model knows
 
 
 def _model_privacy(f: ServingFactors) -> str:
@@ -47,7 +49,7 @@ FOLD_IN = ("differentially private: cold start, this user's own ratings folded i
            "{}'s released item factors (post-processing of the released model)")
 NO_COLD_START = ("omitted: job {} is differentially private and {}; a popularity list "
                  "counted from other users' raw ratings would not be, so none is served")
-POPULARITY = ("not private: cold-start popularity counted from this tenant's raw ratings "
+POPULARITY = ("not private: a popularity list counted from this tenant's raw ratings "
               "(exact counts and means of other users' ratings)")
 
 
@@ -117,11 +119,16 @@ class RatingsCache:
             rated[user_key] = cached
         return cached[1]
 
-    def popularity(self, s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
+    def popularity(self, s: Session, tenant: Tenant, by_count: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """(item ids, damped mean rating); ``by_count``: (item ids, ranking key) of the
+        most-popular list, the tenant's rating counts with the damped mean breaking ties
+        (what serves when a model lost to it on held-out data)."""
         entry = self._entry(s, tenant.id)
         if entry["popularity"] is None:
             entry["popularity"] = _popularity(s, tenant)
-        return entry["popularity"]
+        ids, damped, counts = entry["popularity"]
+        return (ids, counts + _TIE * damped) if by_count else (ids, damped)
 
 
 def _rated_item_ids(s: Session, tenant_id: int,
@@ -155,15 +162,19 @@ def _unchanged(s: Session, tenant_id: int, rated: dict) -> dict:
             if uid is not None and counts.get(uid, 0) == items.size}
 
 
-def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray]:
-    """(item ids, damped mean rating) over the tenant's own ratings."""
+#: weight of the damped mean in the most-popular list's key: it only breaks ties of counts
+_TIE = 1e-6
+
+
+def _popularity(s: Session, tenant: Tenant) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item ids, damped mean rating, rating count) over the tenant's own ratings."""
     rows = s.execute(sa.select(Rating.item_id, sa.func.count(), sa.func.sum(Rating.value))
                      .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant.id)
                      .group_by(Rating.item_id).order_by(Rating.item_id)).all()
     if not rows:
-        return np.empty(0, dtype=np.int64), np.empty(0)
+        return np.empty(0, dtype=np.int64), np.empty(0), np.empty(0)
     ids, counts, sums = (np.array(c, dtype=float) for c in zip(*rows, strict=True))
-    return ids.astype(np.int64), popularity_scores(counts, sums)
+    return ids.astype(np.int64), popularity_scores(counts, sums), counts
 
 
 def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Tenant,
@@ -176,6 +187,8 @@ def recommend_from_memory(cache: FactorCache, ratings: RatingsCache, tenant: Ten
     rated, ratings_due = ratings.peek_rated(tenant.id, user_key)
     due = factors_due or ratings_due
     if not known or factors is None or rated is None or user_key not in factors.user_index:
+        return None, due
+    if factors.lists != "model":  # popularity serves: answered by :func:`recommend`
         return None, due
     return _from_model(factors, factors.a[factors.user_index[user_key]], rated, k, offset,
                        include_rated, _scale(tenant)), due
@@ -195,21 +208,27 @@ def recommend(s: Session, cache: FactorCache, ratings: RatingsCache, tenant: Ten
     factors = cache.get(s, tenant.id)
     rated = ratings.rated(s, tenant.id, user_key)
     row = None if factors is None else factors.user_index.get(user_key)
-    if row is not None:
+    serves = factors is not None and factors.lists == "model"
+    if row is not None and serves:
         return _from_model(factors, factors.a[row], rated, k, offset, include_rated,
                            _scale(tenant))
-    if rated.size == 0:
+    if rated.size == 0 and row is None:
         raise UnknownUser(user_key)
-    if factors is not None and factors.private:
+    if serves and factors.private:  # a user the DP model has no factor for
         return _cold_start_private(s, factors, tenant, user_key, k, offset, include_rated)
+    reason = None if row is None else factors.reason  # the model lost to popularity
     ids, scores = ratings.popularity(s, tenant)
     exclude = None if include_rated else np.flatnonzero(np.isin(ids, rated))
-    idx, vals = top_k(scores, k, exclude, offset)
+    if reason is not None:  # the most-popular list the model was compared with
+        idx, _ = top_k(ratings.popularity(s, tenant, by_count=True)[1], k, exclude, offset)
+        vals = scores[idx]
+    else:
+        idx, vals = top_k(scores, k, exclude, offset)
     labels = item_labels(s, ids[idx].tolist())
     vals = np.clip(vals, *_scale(tenant))
     return Ranked("popularity", None, [(*labels[i], v) for i, v in
                                        zip(ids[idx].tolist(), vals.tolist(), strict=True)],
-                  False, POPULARITY)
+                  private=False, privacy=POPULARITY, model="popularity", reason=reason)
 
 
 def _cold_start_private(s: Session, f: ServingFactors, tenant: Tenant, user_key: str,
@@ -224,7 +243,8 @@ def _cold_start_private(s: Session, f: ServingFactors, tenant: Tenant, user_key:
     why = ("its scores go through a sigmoid link" if f.link is not None else
            "none of this user's rated items is in its catalogue" if not pos.size else None)
     if why is not None:
-        return Ranked("none", f.job_id, [], True, NO_COLD_START.format(f.job_id, why))
+        return Ranked("none", f.job_id, [], private=True,
+                      privacy=NO_COLD_START.format(f.job_id, why), model=f.algorithm or None)
     a = fold_in(f.b[:, pos], values[hit])
     ranked = _from_model(f, a, ids, k, offset, include_rated, _scale(tenant))
     return dataclasses.replace(ranked, source="fold_in", privacy=FOLD_IN.format(f.job_id))
@@ -259,7 +279,7 @@ def _from_model(f: ServingFactors, user: np.ndarray, rated: np.ndarray, k: int, 
     vals = np.clip(vals, *scale)
     return Ranked("model", f.job_id, [(f.item_keys[i], f.titles[i], v) for i, v in
                                       zip(idx.tolist(), vals.tolist(), strict=True)],
-                  f.private, _model_privacy(f))
+                  private=f.private, privacy=_model_privacy(f), model=f.algorithm or None)
 
 
 def item_labels(s: Session, ids: list[int]) -> dict[int, tuple[str, str | None]]:

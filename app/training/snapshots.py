@@ -15,6 +15,7 @@ import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from algorithms.registry import RANKING
 from app.cache import EXPIRED, REFRESH, SingleFlight
 from app.models import Item
 from app.training.forget import FORGOTTEN
@@ -84,6 +85,11 @@ class ServingFactors:
     #: whether the job that produced the factors is differentially private (its released
     #: item factors may then be post-processed for a cold-start list, nothing else)
     private: bool = False
+    algorithm: str = ""  #: the model that produced the factors
+    #: "model": these factors serve the lists; "popularity": the job's model lost to
+    #: popularity on held-out data, which serves them instead (``reason`` says why)
+    lists: str = "model"
+    reason: str | None = None
     #: the item ids sorted, and where each sorted id is in ``item_ids``
     _sorted: np.ndarray = dataclasses.field(init=False, repr=False)
     _order: np.ndarray = dataclasses.field(init=False, repr=False)
@@ -116,11 +122,24 @@ def _load(s: Session, tenant_id: int, job_id: int, version: str) -> ServingFacto
     job = s.get(TrainingJob, job_id)
     labels = dict((i, (k, t)) for i, k, t in s.execute(
         sa.select(Item.id, Item.key, Item.title).where(Item.id.in_(item_ids.tolist()))))
+    serving = job.serving or {}
     return ServingFactors(row.job_id, row.round, version,
                           {k: i for i, k in enumerate(row.user_keys)}, a, b, item_ids,
                           [labels[int(i)][0] for i in item_ids],
                           [labels[int(i)][1] for i in item_ids], link,
-                          job is not None and is_private(job))
+                          private=is_private(job), algorithm=job.algorithm,
+                          lists=serving.get("lists", "model"), reason=serving.get("reason"))
+
+
+#: the snapshot that serves a tenant's lists: the newest of a ranking model if there is
+#: one (a rating model's lists lose to popularity, see RANKING in algorithms.registry),
+#: else the newest
+_HEAD = (sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
+         .join(TrainingJob, TrainingJob.id == FactorSnapshot.job_id)
+         .where(FactorSnapshot.tenant_id == sa.bindparam("tenant_id"))
+         .order_by(sa.case((TrainingJob.algorithm.in_(sorted(RANKING)), 1), else_=0).desc(),
+                   FactorSnapshot.updated_at.desc(), FactorSnapshot.job_id.desc())
+         .limit(1))
 
 
 class FactorCache:
@@ -182,12 +201,9 @@ class FactorCache:
 
 def latest_factors(s: Session, tenant_id: int, cached: ServingFactors | None = None
                    ) -> ServingFactors | None:
-    """The tenant's newest snapshot as read now (``cached`` when it is still that one);
-    None before any."""
-    head = s.execute(sa.select(FactorSnapshot.job_id, FactorSnapshot.updated_at)
-                     .where(FactorSnapshot.tenant_id == tenant_id)
-                     .order_by(FactorSnapshot.updated_at.desc(),
-                               FactorSnapshot.job_id.desc()).limit(1)).first()
+    """The tenant's serving snapshot (:data:`_HEAD`) as read now (``cached`` when it is
+    still that one); None before any."""
+    head = s.execute(_HEAD, {"tenant_id": tenant_id}).first()
     if head is None:
         return None
     version = f"{head.job_id}:{head.updated_at.isoformat()}"

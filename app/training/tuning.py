@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from algorithms import registry
 from algorithms.data import Federation, federation_from_tenants
-from algorithms.tuning import Trial, search_space, tune
+from algorithms.tuning import Trial, metric_value, search_space, tune
 from app import store
 from app.models import Tenant, utcnow
 from app.training.jobs import JobRefused, _snapshot_blocks
@@ -57,6 +57,9 @@ class TuningSpec:
     trials: int = 9
     eta: int = 3
     budget_seconds: float = 600.0
+    metric: str | None = None
+    """rmse or ndcg (:data:`algorithms.tuning.METRICS`); None: ndcg for a ranking model,
+    else rmse."""
 
 
 def create_tuning_job(s: Session, spec: TuningSpec) -> TuningJob:
@@ -91,7 +94,9 @@ def create_tuning_job(s: Session, spec: TuningSpec) -> TuningJob:
                     base_config=cfg.model_dump(mode="json", include=set(spec.config)),
                     tenant_ids=list(spec.tenant_ids), rounds=rounds, per_round=spec.per_round,
                     seed=spec.seed, test_fraction=spec.test_fraction, trials=spec.trials,
-                    eta=spec.eta, budget_seconds=spec.budget_seconds, scored=[])
+                    eta=spec.eta, budget_seconds=spec.budget_seconds, scored=[],
+                    metric=spec.metric or ("ndcg" if registry.model_kind(alg.name) == "ranking"
+                                           else "rmse"))
     s.add(job)
     s.flush()
     refused = charge_tuning(s, job.id, list(spec.tenant_ids))
@@ -122,8 +127,17 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _trial(t: Trial) -> dict[str, Any]:
-    return {"params": t.params, "rounds": t.rounds, "validation_rmse": _finite(t.rmse)}
+def _trial(t: Trial, metric: str = "rmse") -> dict[str, Any]:
+    return {"params": t.params, "rounds": t.rounds,
+            **_validation(metric, t.rmse)}
+
+
+def _validation(metric: str, loss: float, prefix: str = "") -> dict[str, float | None]:
+    """``{prefix}validation_rmse`` (and ``..._ndcg`` with metric ndcg) of a loss."""
+    if metric == "rmse":
+        return {f"{prefix}validation_rmse": _finite(loss)}
+    return {f"{prefix}validation_rmse": None,
+            f"{prefix}validation_ndcg": _finite(metric_value(metric, loss))}
 
 
 class _Stopped(Exception):
@@ -223,7 +237,7 @@ def _search(s: Session, tuning_id: int, attempt: int) -> None:
 
     def record(t: Trial) -> None:  # progress visible to GET while it runs
         _owned(s, tuning_id, attempt)
-        scored.append(_trial(t))
+        scored.append(_trial(t, job.metric))
         s.execute(sa.update(TuningJob).where(TuningJob.id == tuning_id)
                   .values(scored=list(scored)))
         s.commit()
@@ -231,15 +245,17 @@ def _search(s: Session, tuning_id: int, attempt: int) -> None:
     res = tune(alg, fed, rounds=job.rounds, per_round=job.per_round or fed.n_clients,
                seed=job.seed, trials=job.trials, eta=job.eta,
                budget_seconds=job.budget_seconds, base=dict(job.base_config),
-               on_trial=record)
+               on_trial=record, metric=job.metric)
     result = {
         "config": res.config(alg).model_dump(mode="json"),
         "changed": res.best.params, "chosen_rounds": res.rounds,
-        "validation_rmse": _finite(res.rmse),
-        "default_validation_rmse": _finite(dict(res.default.history).get(
-            res.rounds, res.default.best[1])),
+        "metric": job.metric, **_validation(job.metric, res.rmse),
+        **_validation(job.metric, dict(res.default.history).get(
+            res.rounds, res.default.best[1]), "default_"),
         "budget_exhausted": res.budget_exhausted, "seconds": res.seconds,
-        "trials": [{**_trial(t), "history": [[r, _finite(v)] for r, v in t.history]}
+        "trials": [{**_trial(t, job.metric),
+                    "history": [[r, _finite(metric_value(job.metric, v))]
+                                for r, v in t.history]}
                    for t in res.trials]}
     _finish(s, tuning_id, attempt, status="completed", result=result)
 

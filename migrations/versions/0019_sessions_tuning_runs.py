@@ -24,15 +24,15 @@ def upgrade() -> None:
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
     )
     op.create_index("ix_revoked_sessions_expires_at", "revoked_sessions", ["expires_at"])
-    with op.batch_alter_table("tuning_jobs") as batch:
-        batch.add_column(sa.Column("attempt", sa.Integer(), nullable=False,
-                                   server_default="0"))
-        batch.add_column(sa.Column("heartbeat_at", sa.DateTime(timezone=True)))
+    # plain ALTER TABLE (no batch): a batch rebuild of tuning_jobs on SQLite drops the old
+    # table, and with foreign keys on that cascades to the ledger rows that name it
+    op.add_column("tuning_jobs", sa.Column("attempt", sa.Integer(), nullable=False,
+                                           server_default="0"))
+    op.add_column("tuning_jobs", sa.Column("heartbeat_at", sa.DateTime(timezone=True)))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("tuning_jobs") as batch:
-        batch.drop_column("heartbeat_at")
-        batch.drop_column("attempt")
+    op.drop_column("tuning_jobs", "heartbeat_at")  # SQLite >= 3.35 drops it in place
+    op.drop_column("tuning_jobs", "attempt")
     op.drop_index("ix_revoked_sessions_expires_at", table_name="revoked_sessions")
     op.drop_table("revoked_sessions")

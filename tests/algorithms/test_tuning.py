@@ -339,3 +339,39 @@ def test_every_declared_space_tunes(fed, name):
     assert np.isfinite(res.default.rmse) and res.best.rmse <= res.default.rmse
     assert all(set(t.params) == set(alg.config.search_space) for t in res.trials[1:])
     res.config(alg)  # every draw is a valid config
+
+
+def test_cli_tunes_by_validation_ndcg(tmp_path, capsys):
+    """`tune --metric ndcg` chooses the config and run length with the highest validation
+    NDCG@10 among the finalists, and says so; every figure is an NDCG in [0, 1]."""
+    _, data = _csv(tmp_path)
+    out = tmp_path / "tuned.json"
+    assert main(["tune", "--data", str(data), "--clients", "6", "--per-round", "3",
+                 "--rounds", "9", "--trials", "4", "--metric", "ndcg", "--json", str(out),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    tuned = json.loads(out.read_text())
+    assert tuned["metric"] == "ndcg" and "validation_rmse" not in tuned
+    assert "best: validation NDCG@10" in printed
+    finalists = [t for t in tuned["trials"] if t["finalist"]]
+    values = [v for t in tuned["trials"] for _, v in t["history"]]
+    assert all(0.0 <= v <= 1.0 for v in values)
+    assert tuned["validation_ndcg"] == max(v for t in finalists for _, v in t["history"])
+    assert tuned["validation_ndcg"] >= tuned["default_validation_ndcg"]
+
+
+def test_tune_by_ndcg_scores_the_carve_out_lists(fed):
+    """The loss a search by NDCG minimises is 1 - NDCG@10 of algorithms.ranking on the
+    validation carve-out, computed on the trained model."""
+    from algorithms.ranking import ranking_report
+
+    alg = registry.get("fedmc-admm")
+    res = tune(alg, fed, rounds=3, per_round=2, trials=1, metric="ndcg")
+    val = tuning.validation_federation(fed, 0)
+    sim = simulate(alg, alg.config(), val, rounds=res.rounds, per_round=2, seed=0,
+                   evaluate_every=res.rounds)
+    want = ranking_report(alg, sim.global_msg, sim.local_states, val.train, val.test,
+                          val.scale, k=10).ndcg_at_k
+    assert res.metric == "ndcg" and res.value == pytest.approx(want, rel=1e-12)
+    with pytest.raises(ValueError, match="metric must be one of"):
+        tune(alg, fed, rounds=3, per_round=2, trials=1, metric="mae")

@@ -97,7 +97,8 @@ def agent_job(client, agents, **body):
 
 def hosted_job(client, hosted, **body):
     base = {"algorithm": "fedmc-admm", "config": {"rank": 3}, "rounds": 4, "per_round": 0,
-            "seed": 11, "dp": {"mechanism": "none"}, "allow_not_private": True}
+            "seed": 11, "dp": {"mechanism": "none"}, "allow_not_private": True,
+            "validation_fraction": 0}  # fits all its training ratings, as the agents do
     res = client.post("/v1/admin/jobs", json={**base, "tenant_ids": [t for t, _ in hosted],
                                            **body})
     assert res.status_code == 202, res.text

@@ -241,15 +241,16 @@ def test_the_same_idempotency_key_with_another_body_is_422(env):
     app, client = env
     make_tenants(client)
     key = {"Idempotency-Key": "k1"}
-    first = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
+    body = {"algorithm": "dpals", "config": CONFIG, "dp": DP}
+    first = client.post("/v1/admin/jobs", json={**body, "rounds": 1},
                         headers=key)
     assert first.status_code == 202, first.text
-    other = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": 2, "dp": DP},
+    other = client.post("/v1/admin/jobs", json={**body, "rounds": 2},
                         headers=key)
     assert refusal(other)[:2] == (422, "idempotency_conflict")
     assert other.json()["detail"] == ("Idempotency-Key 'k1' was already used with a "
                                       "different request body; use a new key for a new job")
-    empty = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": 1, "dp": DP},
+    empty = client.post("/v1/admin/jobs", json={**body, "rounds": 1},
                         headers={"Idempotency-Key": ""})
     assert refusal(empty)[:2] == (422, "validation_error")
     assert empty.json()["errors"][0]["loc"] == ["header", "idempotency-key"]

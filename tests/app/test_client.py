@@ -301,7 +301,7 @@ def test_the_client_trains_a_job_and_reads_its_report(app):
         admin = Client("http://testserver", token=ADMIN_TOKEN, http=http)
         tid, key = trained_tenant(admin, seed=0)
         body = {"algorithm": "fedmc-admm", "config": CONFIG, "rounds": 3, "seed": 1,
-                "tenant_ids": [tid], "dp": {"mechanism": "none"}}
+                "tenant_ids": [tid], "dp": {"mechanism": "none"}, "lists": "model"}
         plan = admin.plan_job(**body)
         assert plan.tenants[str(tid)].epsilon_after == "infinity"
         job = admin.create_job(idempotency_key=f"j-{uuid.uuid4().hex}", **body)

@@ -33,7 +33,8 @@ def _job(app, client, n=4, rounds=3, per_round=2):
     with app.state.sessions() as s:
         tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         return create_job(s, JobSpec("fedmc-admm", tids, rounds, per_round, 5, CONFIG,
-                                     {"mechanism": "none"})).id
+                                     {"mechanism": "none"},
+                           validation_fraction=0)).id
 
 
 def _round(app, job_id: int, round_: int) -> list[str]:
@@ -349,7 +350,8 @@ def test_migration_0014_gives_stored_rfrec_jobs_the_fields_of_their_earlier_beha
         url = str(s.get_bind().url)
         tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         old, old_f, has = (create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 3},
-                                                 {"mechanism": "none"})).id
+                                                 {"mechanism": "none"},
+                           validation_fraction=0)).id
                            for name in ("rfrec", "rfrecf", "rfrec"))
     app.state.sessions.kw["bind"].dispose()
     downgrade(url, "0013")  # drops the fields (the earlier code refuses unknown ones)
@@ -387,7 +389,8 @@ def test_migration_0015_keeps_stored_dp_jobs_on_raw_ratings(env):
         url = str(s.get_bind().url)
         tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         old_als, old_avg, has = (
-            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"})).id
+            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"},
+                           validation_fraction=0)).id
             for name in ("dpals", "dp-fedmavg", "dpals"))
     app.state.sessions.kw["bind"].dispose()
     downgrade(url, "0014")  # drops the field (the earlier code refuses unknown ones)
@@ -421,7 +424,8 @@ def test_migration_0016_keeps_stored_rfrec_jobs_on_a_constant_step_and_lambda(en
         url = str(s.get_bind().url)
         tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         old, old_f, has = (create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 3},
-                                                 {"mechanism": "none"})).id
+                                                 {"mechanism": "none"},
+                           validation_fraction=0)).id
                            for name in ("rfrec", "rfrecf", "rfrec"))
     app.state.sessions.kw["bind"].dispose()
     downgrade(url, "0015")  # drops the fields (the earlier code refuses unknown ones)
@@ -458,7 +462,8 @@ def test_migration_0017_keeps_stored_dp_jobs_on_the_public_centre(env):
         url = str(s.get_bind().url)
         tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         old_als, old_admm, has = (
-            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"})).id
+            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"},
+                           validation_fraction=0)).id
             for name in ("dpals", "dp-fedmc-admm", "dpals"))
     app.state.sessions.kw["bind"].dispose()
     downgrade(url, "0016")  # drops the fields (the earlier code refuses unknown ones)

@@ -117,3 +117,23 @@ def test_tuning_jobs_are_listed_cancelled_and_resumed(env):
     assert client.post(f"/v1/admin/tuning-jobs/{first}/resume").status_code == 409
     assert wait_tuning(client, second)["status"] == "completed"
     assert client.get("/v1/admin/tuning-jobs/999").status_code == 404
+
+
+def test_a_tuning_job_chooses_by_validation_ndcg(env):
+    """metric ndcg: every trial reports its validation NDCG@10 (no RMSE) and the choice
+    is the highest at its rung among those scored last."""
+    _, client = env
+    make_tenants(client, n=2)
+    created = client.post("/v1/admin/tuning-jobs", json={**SEARCH, "metric": "ndcg"})
+    assert created.status_code == 202, created.text
+    tuned = wait_tuning(client, created.json()["id"])
+    assert tuned["status"] == "completed", tuned
+    assert tuned["metric"] == "ndcg" and tuned["validation_rmse"] is None
+    scored = tuned["scored"]
+    assert all(t["validation_rmse"] is None and 0 <= t["validation_ndcg"] <= 1
+               for t in scored)
+    assert tuned["validation_ndcg"] in [t["validation_ndcg"] for t in scored
+                                        if t["rounds"] == tuned["chosen_rounds"]]
+    assert tuned["validation_ndcg"] >= tuned["default_validation_ndcg"]
+    bad = client.post("/v1/admin/tuning-jobs", json={**SEARCH, "metric": "mae"})
+    assert bad.status_code == 422 and "metric" in bad.text

@@ -97,9 +97,10 @@ def test_user_level_job_equals_the_simulator_and_charges_each_release_once(env, 
 
 
 def test_a_user_level_job_serves_recommendations_from_the_private_model(env):
+    """(lists "model": the private model serves whatever it scores against popularity)"""
     _, client = env
     (tid, key), _ = make_tenants(client, n=2, allow_non_private=False)
-    job = wait_job(client, submit(client).json()["id"])
+    job = wait_job(client, submit(client, lists="model").json()["id"])
     assert job["status"] == "completed", job
     recs = client.get(f"/v1/tenants/{tid}/users/u0/recommendations?k=5",
                       headers={"Authorization": f"Bearer {key}"}).json()
@@ -195,17 +196,27 @@ def test_a_dry_run_projects_each_tenants_spend_and_creates_nothing(env, privacy)
 
 
 def test_a_job_that_names_no_privacy_protects_users_at_epsilon_8(env):
-    """The default is the useful unit: DPALS at user level (epsilon 8, delta 1e-6); an
-    algorithm that cannot bound a user falls back to the tenant unit's default noise."""
+    """The default is the useful unit: users at epsilon 8, delta 1e-6 (the default job's
+    two models at 4 each; DPALS alone at 8); an algorithm that cannot bound a user falls
+    back to the tenant unit's default noise."""
     _, client = env
     make_tenants(client, n=2, allow_non_private=False)
-    r = client.post("/v1/admin/jobs", json={"config": CONFIG, "rounds": ROUNDS})
+    r = client.post("/v1/admin/jobs", json={"algorithm": "dpals", "config": CONFIG,
+                                             "rounds": ROUNDS})
     assert r.status_code == 202, r.text
     dp = r.json()["dp"]
     assert (r.json()["algorithm"], dp["unit"], dp["placement"], dp["epsilon"], dp["delta"]) \
         == ("dpals", "user", "central", 8.0, 1e-6)
     job = wait_job(client, r.json()["id"])
     assert job["status"] == "completed", job
+    pair = client.post("/v1/admin/jobs", json={"rounds": ROUNDS})
+    assert pair.status_code == 202, pair.text
+    first = wait_job(client, pair.json()["id"])
+    second = wait_job(client, first["pair_job_id"])
+    for one, name in ((first, "dp-ials"), (second, "dpals")):
+        dp = one["dp"]
+        assert (one["algorithm"], dp["unit"], dp["placement"], dp["epsilon"], dp["delta"]) \
+            == (name, "user", "central", 4.0, 1e-6)
     other = client.post("/v1/admin/jobs", json={"algorithm": "fedmc-admm", "config": {"rank": 2},
                                              "rounds": 1})
     assert other.status_code == 202, other.text

@@ -292,3 +292,41 @@ def test_forms_need_the_session_csrf_token(service):
         assert client.post("/dashboard/jobs/1/cancel", data={}).status_code == 403
         assert client.post("/dashboard/logout", data={"csrf": "x"}).status_code == 403
     assert service["admin"].get("/v1/admin/jobs").json()["count"] <= 2  # nothing was started
+
+
+def test_operator_starts_the_default_job_and_sees_which_model_serves_lists(
+        service, browser, shots):
+    """The form's default algorithm is the default job: dp-ials for the lists and dpals
+    for the ratings; the ranking job's page names the model behind the lists and the one
+    behind the RMSE, and shows a most-popular list's figures on the same split."""
+    context, page = _page(browser, service["base"])
+    _sign_in(page, service["token"])
+    page.goto("/dashboard/jobs/new")
+    assert page.get_by_label("Algorithm").input_value() == ""
+    assert "dp-ials (ranking model" in page.get_by_label("Algorithm").inner_text()
+    for name in ("northwind", "contoso", "fabrikam"):
+        page.get_by_role("checkbox", name=re.compile(rf"^{name} \(")).check()
+    page.get_by_label("Rounds").fill(str(ROUNDS))
+    page.get_by_label("Privacy: protected unit").select_option("user")
+    page.get_by_label("Target epsilon").fill("4")
+    page.get_by_role("button", name=re.compile("Dry run")).click()
+    assert "nothing was created or charged" in page.locator("#plan").inner_text()
+    page.get_by_role("button", name="Start the job").click()
+    page.wait_for_url(re.compile(r"/dashboard/jobs/\d+$"))
+    job_id = int(page.url.rsplit("/", 1)[1])
+    page.wait_for_selector(".status.completed", timeout=120_000)
+    admin = service["admin"]
+    job = admin.get(f"/v1/admin/jobs/{job_id}").json()
+    assert (job["algorithm"], job["model_kind"]) == ("dp-ials", "ranking")
+    _wait(admin, job["pair_job_id"])
+    page.reload()
+    models = page.locator("#models").inner_text()
+    assert "ranking model" in models and "dp-ials" in models
+    assert f"dpals (job {job['pair_job_id']}, a rating model)" in models
+    report = admin.get(f"/v1/admin/jobs/{job_id}/report").json()
+    popularity = page.locator("#ranking tr.popularity").inner_text()
+    assert f"{report['popularity']['ndcg_at_k']:.4f}" in popularity
+    served = "dp-ials" if job["serving"]["lists"] == "model" else "popularity"
+    assert f"Served lists: {served}." in page.locator("#ranking").inner_text()
+    page.screenshot(path=shots / "operator-default-job.png", full_page=True)
+    context.close()

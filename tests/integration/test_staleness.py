@@ -52,7 +52,9 @@ def _prepare(url: str, token: str) -> tuple[int, str, str, str, str]:
         job = client.post("/v1/admin/jobs", json={"algorithm": "fedmc-admm", "config": CONFIG,
                                                "rounds": 2, "seed": 0,
                                                "tenant_ids": [tid],
-                                               "dp": {"mechanism": "none"}})
+                                               "dp": {"mechanism": "none"},
+                                               "lists": "model"})  # served whatever
+        # it scores against popularity: this test follows the model's factors
         assert wait_job(client, job.json()["id"])["status"] == "completed"
     first, second = (f"u{u}" for u in sorted(set(r.users.tolist()))[:2])
     return tid, keys[0], keys[1], first, second

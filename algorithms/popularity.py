@@ -1,0 +1,145 @@
+r"""Popularity lists: the baseline every ranking model must beat, exact and under user-level DP.
+
+A most-popular list (items ranked by their number of training ratings, the user's own
+training items excluded) is a strong top-k baseline (Cremonesi, Koren and Turrin,
+*Performance of Recommender Algorithms on Top-N Recommendation Tasks*, RecSys 2010).
+
+**Exact popularity** counts every training rating. **DP popularity** releases noisy item
+counts under user-level DP: each user's contribution is the indicator of the items they
+rated scaled by ``min(1, sqrt(k / n_u))`` (n_u the user's ratings, k =
+``max_items_per_user``), so one user's term has L2 norm at most ``sqrt(k)`` whatever they
+rated; the sum over users is released once through the user-level privacy layer
+(:mod:`privacy.user_level`, a clipped-sum array of norm ``sqrt(k)``, noise, charge and
+accounting there). The scaling is deterministic, so no sampling randomness is involved.
+
+Both are written as a one-round federated algorithm over the contract of
+:mod:`algorithms.base` (a client step uploading its tenant's count vector, a server step
+summing them) so the same round engine, privatizers and ledger run them; they are not in
+the registry (a list, not a factor model to tune). ``factors`` gives every user the row
+``[1]`` and the items the row of counts: ``A @ B`` ranks by count, ties by lower index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+import numpy as np
+from pydantic import Field
+
+from algorithms._messages import Message
+from algorithms._pool import sum_arrays
+from algorithms.base import Algorithm, AlgorithmConfig
+from algorithms.block import RatingBlock
+from algorithms.user_bounds import UserBounds
+
+
+class PopularityConfig(AlgorithmConfig):
+    """Settings of a popularity list."""
+
+    max_items_per_user: int | None = Field(
+        None, description="k: a user's items are scaled to total L2 weight sqrt(k) "
+        "(None: every rating counts 1, the exact list)")
+
+
+def user_bounds(cfg: PopularityConfig) -> UserBounds | None:
+    """One user moves the released counts by at most sqrt(k) in L2 (None: unbounded)."""
+    if cfg.max_items_per_user is None:
+        return None
+    k = cfg.max_items_per_user
+    return UserBounds.clipped_sum(("counts",), float(np.sqrt(k)),
+                                  {"counts": "count_noise"}, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts(Message):
+    """The (possibly noisy) item counts and whether they are released yet."""
+
+    counts: np.ndarray
+    released: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Upload(Message):
+    """One tenant's (bounded) item counts and the standard deviation of noise in them."""
+
+    counts: np.ndarray
+    count_noise: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Users(Message):
+    """A tenant's state: only its number of users."""
+
+    n_users: int
+
+
+def init_server(n_items: int, n_clients: int, cfg: PopularityConfig,
+                rng: np.random.Generator) -> tuple[Counts, Counts]:
+    zeros = np.zeros(n_items)
+    return Counts(zeros, False), Counts(zeros.copy(), False)
+
+
+def init_client(block: RatingBlock, global_msg: Counts, cfg: PopularityConfig,
+                rng: np.random.Generator) -> Users:
+    return Users(block.n_users)
+
+
+def item_counts(block: RatingBlock, k: int | None) -> np.ndarray:
+    """Per item, the sum over the block's users of their (scaled) indicators."""
+    w = np.ones(block.nnz)
+    if k is not None:
+        n = np.bincount(block.rows, minlength=block.n_users)
+        w = np.minimum(1.0, np.sqrt(k / np.maximum(n, 1)))[block.rows]
+    return np.bincount(block.cols, weights=w, minlength=block.n_items).astype(float)
+
+
+def client_step(global_msg: Counts, state: Users, block: RatingBlock,
+                cfg: PopularityConfig, rng: np.random.Generator
+                ) -> tuple[Users, Upload | None]:
+    """Upload the tenant's counts once."""
+    if global_msg.released:
+        return state, None
+    return Users(block.n_users), Upload(item_counts(block, cfg.max_items_per_user))
+
+
+def server_step(state: Counts, uploads: Mapping[int, Upload], cfg: PopularityConfig,
+                rng: np.random.Generator) -> tuple[Counts, Counts]:
+    """Sum the uploads (the noisy sum under central DP) into the released counts."""
+    if not uploads:
+        return state, state
+    total = sum_arrays([uploads[i].counts for i in sorted(uploads)])
+    return Counts(total, True), Counts(total.copy(), True)
+
+
+def factors(global_msg: Counts, state: Users) -> tuple[np.ndarray, np.ndarray]:
+    """(ones (m x 1), counts (1 x n)): every user's scores are the item counts."""
+    return np.ones((state.n_users, 1)), global_msg.counts[None, :]
+
+
+def objective(global_msg: Counts, state: Users, block: RatingBlock,
+              cfg: PopularityConfig) -> float:
+    return 0.0
+
+
+ALGORITHM = Algorithm(
+    name="popularity", config=PopularityConfig, init_server=init_server,
+    init_client=init_client, client_step=client_step, server_step=server_step,
+    factors=factors, objective=objective,
+    run_defaults={"clients": 100, "per_round": 0, "rounds": 1})
+
+#: default k of DP popularity: each user's items scaled to L2 weight sqrt(k) (chosen on a
+#: validation carve-out of MovieLens 100k and 1M at epsilon 1 and 8, see BENCHMARKS.md)
+DP_ITEMS_PER_USER = 100
+
+
+def fit(fed, cfg: PopularityConfig | None = None, *, seed: int = 0, privatizer=None,
+        aggregator=None):
+    """The popularity list of ``fed``'s training ratings: one round of the engine
+    (:func:`algorithms.simulate.simulate`; with a user-level ``privatizer``/``aggregator``
+    from :mod:`privacy` for the DP list). Returns the :class:`SimulationResult`."""
+    from algorithms.simulate import simulate
+
+    return simulate(ALGORITHM, cfg or PopularityConfig(), fed, rounds=1,
+                    per_round=fed.n_clients, seed=seed, privatizer=privatizer,
+                    aggregator=aggregator, evaluate_every=0)

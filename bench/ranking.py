@@ -1,0 +1,273 @@
+"""Top-k ranking: popularity, DP popularity, centralised EASE and iALS, federated ials and
+dp-ials (issue 30).
+
+The project's protocol (:mod:`algorithms.ranking`): 80/20 split (seed 0), 100 tenants as
+``fedrec simulate`` builds them, k = 10, a held-out rating >= 62.5% of the scale relevant,
+training items excluded. Rows: the exact popularity list (Cremonesi, Koren, Turrin,
+*Performance of Recommender Algorithms on Top-N Recommendation Tasks*, RecSys 2010), the DP
+popularity list at each epsilon, the ceilings (centralised EASE, Steck, *Embarrassingly
+Shallow Autoencoders for Sparse Data*, WWW 2019, and a centralised iALS), the federated
+``ials`` and the user-level ``dp-ials`` at epsilon 1 / 4 / 8, central placement and tenant
+placement with secure aggregation (delta 1e-6). Columns: precision / recall / NDCG@10,
+catalogue coverage, the share of top-10 slots given to items with fewer than 5 training
+ratings, and the run time. Data: MovieLens 100k and 1M and a skewed synthetic set
+(:func:`bench.skewed_ratings.generate_skewed_ratings` at a smaller catalogue).
+
+``--validate`` scores a grid on a validation carve-out of the training data (20% of each
+tenant's training ratings; the test split is never read) instead: how the defaults of
+``ials`` and ``dp-ials`` were chosen.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from algorithms import RatingBlock, registry
+from algorithms import popularity as P
+from algorithms.data import Federation, build_federation, load_movielens, split_block
+from algorithms.ranking import (
+    RankingReport,
+    RankingSums,
+    relevance_threshold,
+    tenant_ranking,
+    top_k_rows,
+)
+from algorithms.simulate import simulate
+from bench import _experiment as E
+
+EXPERIMENT = ("top-k ranking on MovieLens and a skewed set: popularity, DP popularity, "
+              "EASE / iALS ceilings, ials and dp-ials (issue 30)")
+NEEDS_DATA = True
+TENANTS, SEED, DELTA, K, RARE = 100, 0, 1e-6, 10, 5
+EPSILONS = (1.0, 4.0, 8.0)
+#: EASE's lambda per data set, chosen on the validation carve-out (``--validate`` with
+#: algorithm ``ease``, see BENCHMARKS.md)
+EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 3000.0}
+#: rank of the centralised iALS ceiling (no upload to hold in memory)
+CEILING_RANK = 64
+
+
+def skewed() -> Any:
+    """The skewed synthetic set at a catalogue the 100 tenants' uploads fit in memory."""
+    from bench.skewed_ratings import generate_skewed_ratings
+
+    return generate_skewed_ratings(n_users=6000, n_items=2000, n_ratings=40_000, seed=0)
+
+
+def load(name: str) -> Federation:
+    """The data set ``name`` split and partitioned as ``fedrec simulate`` does."""
+    ratings = skewed() if name == "skewed" else load_movielens(name)
+    return build_federation(ratings, TENANTS, SEED, 0.2)
+
+
+def pooled(blocks: list[RatingBlock]) -> RatingBlock:
+    """The tenants' blocks as one block (users stacked in tenant order)."""
+    off = np.cumsum([0] + [b.n_users for b in blocks])
+    return RatingBlock(np.concatenate([b.rows + o for b, o in zip(blocks, off, strict=False)]),
+                       np.concatenate([b.cols for b in blocks]),
+                       np.concatenate([b.vals for b in blocks]), int(off[-1]),
+                       blocks[0].n_items, blocks[0].scale)
+
+
+def validation(fed: Federation) -> Federation:
+    """A carve-out of the training data: 20% of each tenant's training ratings held out
+    (the test split is not touched)."""
+    rng = np.random.default_rng(12345)
+    parts = [split_block(b, 0.2, rng) for b in fed.train]
+    return Federation([p[0] for p in parts], [p[1] for p in parts], fed.user_ids,
+                      fed.item_ids, fed.scale)
+
+
+def rare_share(a: np.ndarray, b: np.ndarray, train: RatingBlock, test: RatingBlock,
+               counts: np.ndarray, threshold: float) -> tuple[int, int]:
+    """(top-k slots given to items with fewer than ``RARE`` training ratings, all slots)
+    over the scored users (those with a relevant held-out item)."""
+    users = np.unique(test.rows[test.vals >= threshold])
+    seen = train.csr
+    rare = slots = 0
+    for lo in range(0, users.size, 1024):
+        u = users[lo:lo + 1024]
+        scores = np.asarray(a[u] @ b, dtype=float)
+        s = seen[u].tocoo()
+        scores[s.row, s.col] = -np.inf
+        top = top_k_rows(scores, K)
+        rare += int((counts[top] < RARE).sum())
+        slots += top.size
+    return rare, slots
+
+
+def score(pairs, fed: Federation) -> dict[str, Any]:
+    """Metrics of per-tenant factor pairs ``[(A_i, B)]`` on ``fed``'s held-out ratings."""
+    cut = relevance_threshold(fed.scale)
+    counts = sum(np.bincount(t.cols, minlength=fed.n_items) for t in fed.train)
+    total, rare, slots = RankingSums(fed.n_items), 0, 0
+    for (a, b), tr, te in zip(pairs, fed.train, fed.test, strict=True):
+        total = total.add(tenant_ranking(a, b, tr, te, cut, K))
+        r, s = rare_share(a, b, tr, te, counts, cut)
+        rare, slots = rare + r, slots + s
+    rep = RankingReport.from_sums(total, K, None).as_dict()
+    return {**rep, "rare_slot_share": rare / max(slots, 1)}
+
+
+def federated(name: str, fed: Federation, cfg=None, epsilon: float | None = None,
+              placement: str = "central") -> tuple[list, float]:
+    """A run of registered algorithm ``name`` (user-level DP at ``epsilon``, placement
+    ``central`` or ``tenant+secagg``); returns its factor pairs and wall seconds."""
+    alg = registry.get(name)
+    cfg = cfg or alg.config()
+    priv = None if epsilon is None else privatizer(registry.user_bounds(name, cfg),
+                                                   cfg.sweeps, fed, epsilon, placement)
+    t0 = time.perf_counter()
+    res = simulate(alg, cfg, fed, rounds=cfg.sweeps + 1, per_round=fed.n_clients, seed=SEED,
+                   privatizer=priv, aggregator=None if priv is None else priv.aggregate,
+                   evaluate_every=0)
+    wall = time.perf_counter() - t0
+    return [alg.factors(res.global_msg, s) for s in res.local_states], wall
+
+
+def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement: str):
+    """The user-level privatizer of a run (the one ``fedrec simulate --privacy user``
+    builds)."""
+    from privacy.distributed import SecureAggregationPrivatizer
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+
+    secure = placement == "tenant+secagg"
+    kwargs = {} if bounds.release_growth is None else {"release_growth": bounds.release_growth}
+    spec = UserLevelSpec(epsilon=epsilon, delta=DELTA, n_users=sum(b.n_users for b in fed.train),
+                         releases=releases, placement="tenant" if secure else "central",
+                         secure_aggregation=secure, **kwargs)
+    cls = SecureAggregationPrivatizer if secure else UserLevelPrivatizer
+    return cls(spec, bounds, fed.n_clients, SEED)
+
+
+def popularity(fed: Federation, epsilon: float | None) -> tuple[list, float]:
+    """The exact popularity list, or the DP one (central) at ``epsilon``."""
+    cfg = P.PopularityConfig(max_items_per_user=None if epsilon is None
+                             else P.DP_ITEMS_PER_USER)
+    t0 = time.perf_counter()
+    if epsilon is None:
+        res = P.fit(fed, cfg)
+    else:
+        priv = privatizer(P.user_bounds(cfg), 1, fed, epsilon, "central")
+        res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
+    wall = time.perf_counter() - t0
+    return [P.ALGORITHM.factors(res.global_msg, s) for s in res.local_states], wall
+
+
+def split_rows(x: np.ndarray, fed: Federation) -> list[np.ndarray]:
+    """Rows of a pooled user matrix back into the tenants' blocks."""
+    off = np.cumsum([0] + [b.n_users for b in fed.train])
+    return [x[lo:hi] for lo, hi in zip(off[:-1], off[1:], strict=True)]
+
+
+def ease(fed: Federation, lam: float) -> tuple[list, float]:
+    """Centralised EASE on the binarised pooled training ratings:
+    ``B = I - P diag(1 / diag P)``, ``P = (X^T X + lam I)^-1``, scores ``X B``."""
+    t0 = time.perf_counter()
+    x = pooled(fed.train).with_values(np.ones(pooled(fed.train).nnz)).csr.toarray()
+    p = np.linalg.inv(x.T @ x + lam * np.eye(x.shape[1]))
+    b = -p / np.diag(p)
+    np.fill_diagonal(b, 0.0)
+    wall = time.perf_counter() - t0
+    return [(xi, b) for xi in split_rows(x, fed)], wall
+
+
+def central_ials(fed: Federation, rank: int) -> tuple[list, float]:
+    """Centralised iALS with ``ials``'s defaults at ``rank``: the engine on one tenant
+    holding the pooled ratings (the same numbers as
+    :func:`algorithms.centralised.fit_ials`, tested, at numba's speed)."""
+    one = Federation([pooled(fed.train)], [pooled(fed.test)],
+                     [np.arange(sum(b.n_users for b in fed.train))], fed.item_ids, fed.scale)
+    pairs, wall = federated("ials", one, registry.get("ials").config(rank=rank))
+    return [(xi, pairs[0][1]) for xi in split_rows(pairs[0][0], fed)], wall
+
+
+def rows_of(data: str, quick: bool, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every row of the table on data set ``data`` (``only``: just the rows with these
+    labels)."""
+    fed = load(data)
+    eps = (8.0,) if quick else EPSILONS
+    ials_cfg = registry.get("ials").config(**({"rank": 8, "sweeps": 2} if quick else {}))
+    dp_cfg = registry.get("dp-ials").config(**({"rank": 4, "sweeps": 2} if quick else {}))
+    runs: list[tuple[str, Any]] = [("popularity", lambda: popularity(fed, None))]
+    runs += [(f"DP popularity, epsilon {e:g}", lambda e=e: popularity(fed, e)) for e in eps]
+    runs += [(f"centralised EASE (lambda {EASE_LAMBDA[data]:g})",
+              lambda: ease(fed, EASE_LAMBDA[data]))]
+    if not quick:
+        runs += [(f"centralised iALS (rank {CEILING_RANK})",
+                  lambda: central_ials(fed, CEILING_RANK))]
+    runs += [("ials", lambda: federated("ials", fed, ials_cfg))]
+    places = ("central",) if quick else ("central", "tenant+secagg")
+    runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: federated(
+        "dp-ials", fed, dp_cfg, e, p)) for e in eps for p in places]
+    runs = [(label, run) for label, run in runs if not only or label in only]
+    out = []
+    for label, run in runs:
+        pairs, wall = run()
+        row = {"data": data, "row": label, **score(pairs, fed), "seconds": round(wall, 1)}
+        print(f"{data:8s} {label:38s} P@10 {row['precision_at_k']:.4f} NDCG@10 "
+              f"{row['ndcg_at_k']:.4f} rare {row['rare_slot_share']:.4f} "
+              f"{row['seconds']:.1f} s", flush=True)
+        out.append(row)
+    return out
+
+
+def validate(data: str, name: str, grid: dict[str, list], epsilon: float | None
+             ) -> list[dict[str, Any]]:
+    """NDCG@10 of each grid point on the validation carve-out (a pooled tenant: without
+    noise, or with central noise, the federation's numbers); ``name`` a registered
+    algorithm or ``ease`` (grid ``lam``)."""
+    fed = validation(load(data))
+    one = Federation([pooled(fed.train)], [pooled(fed.test)],
+                     [np.arange(sum(b.n_users for b in fed.train))], fed.item_ids, fed.scale)
+    out = []
+    for combo in itertools.product(*grid.values()):
+        params = dict(zip(grid, combo, strict=True))
+        if name == "ease":
+            pairs, wall = ease(one, params["lam"])
+        else:
+            pairs, wall = federated(name, one, registry.get(name).config(**params), epsilon)
+        row = {"data": data, "algorithm": name, "epsilon": epsilon,
+               "config": params, **score(pairs, one),
+               "seconds": round(wall, 1)}
+        print(row, flush=True)
+        out.append(row)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = E.parser("ranking", __doc__, seeds=1)
+    ap.add_argument("--data", nargs="+", default=["ml-100k", "ml-1m", "skewed"],
+                    help="data sets (ml-100k, ml-1m, skewed)")
+    ap.add_argument("--validate", default=None, metavar="JSON",
+                    help='score a grid on the validation carve-out instead, e.g. '
+                         '\'{"algorithm": "ials", "grid": {"rank": [16, 32]}}\' '
+                         '(an "epsilon" key: central DP)')
+    ap.add_argument("--rows", nargs="+", default=None, metavar="TEXT",
+                    help="only the rows with these labels (e.g. 'ials' 'dp-ials, epsilon 8, "
+                         "central'), written as ranking_<data>_rows.json")
+    args = ap.parse_args(argv)
+    if args.validate:
+        import json
+
+        spec = json.loads(args.validate)
+        rows = [r for d in args.data for r in validate(d, spec["algorithm"], spec["grid"],
+                                                       spec.get("epsilon"))]
+        E.write_result(args.out, "ranking", argv, args.quick, {"validation": rows},
+                       stem=f"ranking_validation_{spec['algorithm']}")
+        return 0
+    for d in ["ml-100k"] if args.quick else args.data:  # one file per data set, when done
+        stem = None if args.quick else f"ranking_{d}" + ("_rows" if args.rows else "")
+        E.write_result(args.out, "ranking", argv, args.quick,
+                       {"rows": rows_of(d, args.quick, args.rows), "tenants": TENANTS,
+                        "delta": DELTA, "k": K}, stem=stem)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

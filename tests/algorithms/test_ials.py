@@ -1,0 +1,231 @@
+"""Federated iALS against the centralised reference, and dp-ials's per-user bounds."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from algorithms import RatingBlock, registry
+from algorithms import ials as I
+from algorithms.centralised import fit_ials
+from algorithms.data import Federation
+from algorithms.simulate import simulate
+
+
+def _federation(seed: int = 0, sizes=(5, 7, 6), n_items: int = 11) -> Federation:
+    """Three tenants, 1..5 star ratings on about half the entries (every user rates)."""
+    rng = np.random.default_rng(seed)
+    train, uids, start = [], [], 0
+    for m in sizes:
+        mask = rng.random((m, n_items)) < 0.5
+        mask[np.arange(m), rng.integers(0, n_items, m)] = True
+        rows, cols = np.nonzero(mask)
+        vals = rng.integers(1, 6, rows.size).astype(float)
+        train.append(RatingBlock(rows, cols, vals, m, n_items))
+        uids.append(np.arange(start, start + m))
+        start += m
+    return Federation(train, train, uids, np.arange(n_items), (1.0, 5.0))
+
+
+def _pooled(fed: Federation) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    users, items, vals, offset = [], [], [], 0
+    for b in fed.train:
+        users.append(b.rows + offset)
+        items.append(b.cols)
+        vals.append(b.vals)
+        offset += b.n_users
+    return np.concatenate(users), np.concatenate(items), np.concatenate(vals), offset
+
+
+@pytest.mark.parametrize("confidence,power", [(0.0, 1.0), (2.0, 1.0), (1.0, 0.5)])
+def test_noise_free_federated_ials_equals_centralised_ials_on_the_pooled_data(
+        confidence, power):
+    cfg = I.IALSConfig(rank=3, sweeps=4, unobserved_weight=0.2, lam=0.05,
+                       ridge_power=power, confidence=confidence, bias_coordinate=0.7)
+    fed = _federation()
+    alg = registry.get("ials")
+    result = simulate(alg, cfg, fed, rounds=cfg.sweeps + 1, per_round=3, seed=3,
+                      evaluate_every=0)
+    users, items, vals, n_users = _pooled(fed)
+    from algorithms.simulate import initialise
+    _, glob0, _ = initialise(alg, cfg, fed.train, 3)
+    x, v = fit_ials(users, items, I.confidences(vals, cfg), n_users, fed.n_items, glob0.V,
+                    sweeps=cfg.sweeps, unobserved_weight=0.2, lam=0.05, ridge_power=power,
+                    bias_coordinate=0.7)
+    np.testing.assert_allclose(result.global_msg.V, v, atol=1e-8)
+    fed_x = np.vstack([alg.factors(result.global_msg, s)[0] for s in result.local_states])
+    np.testing.assert_allclose(fed_x, x, atol=1e-8)
+    assert np.abs(v).max() > 1e-2  # a model, not the zero solution
+
+
+def test_user_solve_minimises_the_users_loss():
+    """The closed-form user solve is the argmin: perturbing any user's factor raises its
+    loss (iALS loss with the Gramian over all items, frequency-scaled ridge)."""
+    cfg = I.IALSConfig(rank=3, unobserved_weight=0.3, lam=0.1, confidence=1.0)
+    b = _federation().train[0]
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(cfg.d, b.n_items))
+    conf = I.confidences(b.vals, cfg)
+    u = I.solve_users(v, b.rows, b.cols, conf, b.n_users, cfg)
+
+    def loss(uu):
+        x = np.hstack([uu, np.full((b.n_users, 1), cfg.bias_coordinate)])
+        p = x @ v
+        obs = conf @ (1 - p[b.rows, b.cols]) ** 2
+        freq = np.bincount(b.rows, weights=conf, minlength=b.n_users)
+        lam = cfg.lam * (freq + cfg.unobserved_weight * b.n_items)
+        return obs + cfg.unobserved_weight * np.sum(p ** 2) + lam @ np.sum(uu ** 2, axis=1)
+
+    base = loss(u)
+    for _ in range(20):
+        assert loss(u + 1e-3 * rng.normal(size=u.shape)) > base
+
+
+def _upper(a):
+    iu = np.triu_indices(a.shape[-1])
+    return a[:, iu[0], iu[1]]
+
+
+@pytest.mark.parametrize("seed,power,max_weight", [(0, 0.0, 10.0), (1, 0.5, 10.0),
+                                                   (2, 1.0, 2.0), (3, 0.0, 1.0)])
+def test_removing_any_user_moves_the_released_sums_by_at_most_the_declared_sensitivity(
+        seed, power, max_weight):
+    """Brute force over every user of a random block (random V and previous counts):
+    removing the user changes A (item Grams and the Gramian row) and b by at most the
+    sensitivities the privacy layer computes from :func:`user_bounds`."""
+    from privacy.user_level import gram_sensitivity, rhs_sensitivity
+
+    rng = np.random.default_rng(seed)
+    cfg = I.DPIALSConfig(rank=3, max_ratings_per_user=3, user_factor_clip=0.8,
+                         bias_coordinate=0.5, confidence=2.0, rare_item_power=power,
+                         max_weight=max_weight)
+    b = _federation(seed).train[1]
+    v = rng.normal(0, 2.0, size=(cfg.d, b.n_items))
+    counts = rng.uniform(0, 30, size=b.n_items)
+    conf = I.confidences(b.vals, cfg)
+    u = I.solve_users(v, b.rows, b.cols, conf, b.n_users, cfg)
+    x = I.user_vectors(u, cfg)
+
+    def sums(keep):
+        w = I.released_weights(b.rows[keep], b.cols[keep], conf[keep], b.n_users, counts,
+                               cfg)
+        present = np.isin(np.arange(b.n_users), b.rows[keep])
+        return I.item_sums(x[present], np.searchsorted(np.flatnonzero(present),
+                                                       b.rows[keep]),
+                           b.cols[keep], w, b.n_items)
+
+    a, rhs = sums(np.arange(b.nnz))
+    bounds = I.user_bounds(cfg)
+    worst_g = worst_r = 0.0
+    for user in range(b.n_users):
+        a2, rhs2 = sums(np.flatnonzero(b.rows != user))
+        worst_g = max(worst_g, float(np.linalg.norm(_upper(a) - _upper(a2))))
+        worst_r = max(worst_r, float(np.linalg.norm(rhs - rhs2)))
+    assert worst_g <= gram_sensitivity(bounds) + 1e-12
+    assert worst_r <= rhs_sensitivity(bounds) + 1e-12
+    assert gram_sensitivity(bounds) == pytest.approx(2 * (0.8 ** 2 + 0.5 ** 2))
+    assert worst_g > 0.4 * gram_sensitivity(bounds)  # the bound is not vacuous
+
+
+def test_released_weights_spend_the_budget_and_favour_rare_items():
+    cfg = I.DPIALSConfig(max_ratings_per_user=4, rare_item_power=1.0, max_weight=100.0)
+    rows = np.array([0, 0, 0, 1])
+    cols = np.array([0, 1, 2, 0])
+    counts = np.array([100.0, 10.0, 1.0])
+    w = I.released_weights(rows, cols, np.ones(4), 2, counts, cfg)
+    assert np.sum(w[:3] ** 2) == pytest.approx(4.0)
+    assert w[2] > w[1] > w[0]
+    assert w[3] == pytest.approx(2.0)  # one rating: the whole budget on it
+    plain = I.released_weights(rows, cols, np.ones(4), 2, counts, I.IALSConfig())
+    np.testing.assert_array_equal(plain, np.ones(4))
+
+
+def test_counts_and_users_are_read_off_the_sums_without_noise():
+    cfg = I.IALSConfig(rank=2, bias_coordinate=0.5, confidence=0.0)
+    fed = _federation()
+    b = fed.train[0]
+    rng = np.random.default_rng(0)
+    x = I.user_vectors(rng.normal(size=(b.n_users, 2)), cfg)
+    a, rhs = I.item_sums(x, b.rows, b.cols, np.ones(b.nnz), b.n_items)
+    _, counts = I.solve_items(a, rhs, 0.0, cfg)
+    np.testing.assert_allclose(counts, np.bincount(b.cols, minlength=b.n_items))
+    assert a[-1, -1, -1] == pytest.approx(0.25 * b.n_users)
+
+
+def test_ials_is_not_user_level_without_bounds_and_dp_ials_is():
+    assert I.user_bounds(I.IALSConfig()) is None
+    assert registry.user_bounds("ials", I.IALSConfig()) is None
+    bounds = registry.user_bounds("dp-ials", I.DPIALSConfig())
+    assert bounds.max_ratings == I.DPIALSConfig().max_ratings_per_user + 1
+    assert bounds.x_norm == pytest.approx(math.hypot(0.3, 1.0))
+    with pytest.raises(ValueError, match="dp-ials needs"):
+        I.DPIALSConfig(user_factor_clip=None)
+
+
+@pytest.mark.parametrize("field,value", [("rank", 0), ("bias_coordinate", 0.0),
+                                         ("unobserved_weight", -1.0), ("gram_shrink", 2.0)])
+def test_config_rejects_bad_values(field, value):
+    with pytest.raises(ValueError):
+        I.IALSConfig(**{field: value})
+
+
+def test_final_round_refreshes_users_without_uploading():
+    cfg = I.IALSConfig(rank=2, sweeps=2)
+    fed = _federation()
+    alg = registry.get("ials")
+    result = simulate(alg, cfg, fed, rounds=3, per_round=3, seed=0, evaluate_every=0)
+    assert result.global_msg.sweep == 2
+    assert result.history[-1].uploads == 0
+
+
+def test_fused_kernels_agree_with_the_numpy_code():
+    from algorithms import _user_kernels as UK
+
+    assert UK.HAVE_NUMBA  # installed with the project: the kernels are what runs
+    cfg = I.IALSConfig(rank=4, unobserved_weight=0.2, lam=0.3, ridge_power=0.7,
+                       confidence=1.5, bias_coordinate=0.6)
+    b = _federation(2, sizes=(9,), n_items=13).train[0]
+    rng = np.random.default_rng(4)
+    v = rng.normal(size=(cfg.d, b.n_items))
+    conf = I.confidences(b.vals, cfg)
+    np.testing.assert_allclose(I.solve_users(v, b.rows, b.cols, conf, b.n_users, cfg),
+                               I.solve_users_numpy(v, b.rows, b.cols, conf, b.n_users, cfg),
+                               rtol=1e-10, atol=1e-12)
+    x = I.user_vectors(rng.normal(size=(b.n_users, 4)), cfg)
+    for fused, plain in zip(I.item_sums(x, b.rows, b.cols, conf, b.n_items),
+                            I.item_sums_numpy(x, b.rows, b.cols, conf, b.n_items),
+                            strict=True):
+        np.testing.assert_allclose(fused, plain, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("placement,secure", [("central", False), ("tenant", True)])
+def test_dp_ials_spends_what_dp_accounting_computes_for_its_releases(placement, secure):
+    """Run dp-ials through the user-level privacy layer (central, and tenant placement
+    with secure aggregation): two sweeps are two charged Gaussian releases per user, and
+    dp-accounting's RDP accountant on the charged noise multipliers gives the reported
+    epsilon, within the target."""
+    import dp_accounting as dpa
+
+    from privacy.accountant import ORDERS
+    from privacy.distributed import SecureAggregationPrivatizer
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+
+    fed = _federation()
+    cfg = I.DPIALSConfig(rank=2, sweeps=2, max_ratings_per_user=5)
+    spec = UserLevelSpec(epsilon=4.0, delta=1e-4, n_users=18, releases=2,
+                         placement=placement, secure_aggregation=secure)
+    cls = SecureAggregationPrivatizer if secure else UserLevelPrivatizer
+    priv = cls(spec, I.user_bounds(cfg), fed.n_clients, seed=1)
+    result = simulate(registry.get("dp-ials"), cfg, fed, rounds=3, per_round=3, seed=1,
+                      privatizer=priv, aggregator=priv.aggregate, evaluate_every=0)
+    report = priv.report()
+    zs = [r["noise_multiplier"] for r in report["releases"]]
+    assert len(zs) == 2 and [r["round"] for r in report["releases"]] == [1, 2]
+    rdp = dpa.rdp.RdpAccountant(orders=list(ORDERS))
+    for z in zs:
+        rdp.compose(dpa.GaussianDpEvent(z))
+    assert rdp.get_epsilon(1e-4) == pytest.approx(report["epsilon_max"], rel=1e-6)
+    assert 3.99 < report["epsilon_max"] <= 4.0
+    assert np.all(np.isfinite(result.global_msg.V))
