@@ -104,11 +104,15 @@ def scrub_job(where: Path, forgotten: set[str]) -> int:
         return 0
     removed = 0
     for name in ("train.block", "test.block"):
+        if not (where / name).exists():
+            continue
         block = RatingBlock.from_bytes((where / name).read_bytes())
         kept = without_forgotten(block, users, forgotten)
         removed += block.nnz - kept.nnz
         atomic_write(where / name, kept.to_bytes())
     for path in [where / "local.msg", *sorted(where.glob("pending-*.local"))]:
+        if not path.exists():  # a setup cut short: the next one writes it afresh
+            continue
         state = Message.from_bytes(path.read_bytes())
         atomic_write(path, state.forget_rows(np.asarray(rows)).to_bytes())
     atomic_write(where / "users.json", json.dumps(unlinked(users, forgotten)).encode())
