@@ -1,4 +1,4 @@
-"""``fedrec agent run | recommend | status``: the tenant agent's command line."""
+"""``fedrec agent run | recommend | forget | status``: the tenant agent's command line."""
 
 from __future__ import annotations
 
@@ -41,6 +41,17 @@ def register(sub) -> None:
     rec.add_argument("--k", type=int, default=10)
     rec.add_argument("--job", type=int, default=None, help="default: the latest joined")
     rec.set_defaults(func=_recommend)
+    forget = cmds.add_parser(
+        "forget", help="forget a user: their ratings, rows and serving, in every job",
+        description="Removes the user from every joined job's blocks, local state and "
+                    "serving, and keeps them out of jobs joined later although the data "
+                    "source still has their ratings; --undo records a new consent.")
+    forget.add_argument("user")
+    forget.add_argument("--state-dir", required=True)
+    forget.add_argument("--undo", action="store_true",
+                        help="the user consented again: jobs joined from now on train on "
+                             "their ratings (jobs joined before keep them out)")
+    forget.set_defaults(func=_forget)
     status = cmds.add_parser("status", help="the agent's ledger and jobs")
     status.add_argument("--state-dir", required=True)
     status.set_defaults(func=_status)
@@ -107,6 +118,28 @@ def _recommend(args) -> int:
 
     for row in recommend(args.state_dir, args.user, args.k, args.job):
         print(f"{row['item']}\t{row['score']:.4f}\t{row['title'] or ''}".rstrip())
+    return 0
+
+
+def _forget(args) -> int:
+    from pathlib import Path
+
+    from agent import forget
+
+    if not (Path(args.state_dir) / "agent.json").exists():
+        raise ValueError(f"no agent state in {args.state_dir}")
+    with forget.locked(args.state_dir):
+        if args.undo:
+            if not forget.undo(args.state_dir, args.user):
+                print(f"user {args.user!r} was not forgotten: nothing to undo")
+                return 0
+            print(f"user {args.user!r} may be trained on again by jobs joined from now on")
+            return 0
+        new, removed = forget.forget(args.state_dir, args.user)
+    if not new and not removed:
+        print(f"user {args.user!r} was forgotten already: nothing to do")
+    else:
+        print(f"forgot user {args.user!r}: {removed} ratings removed from the joined jobs")
     return 0
 
 

@@ -68,6 +68,11 @@ class Coordinator:
     def jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", self._jobs()).json()["data"]
 
+    def forgotten(self, after: int) -> dict[str, Any]:
+        """The users the tenant asked the coordinator to forget after version ``after``."""
+        return self._call("GET", f"/v1/tenants/{self.tenant_id}/agent/forgotten",
+                          params={"after": after}).json()
+
     def manifest(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"{self._jobs()}/{job_id}").json()
 

@@ -16,17 +16,19 @@ A refusal of its own ledger is said on stderr and sent to the coordinator as a d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 
 from agent import data as agent_data
+from agent import forget as agent_forget
 from agent.client import Coordinator, Refused
 from agent.secure import SecAggUploader
 from agent.state import AgentState, sync_dir
@@ -103,10 +105,42 @@ class Agent:
         self._memo: dict[tuple[int, str], Any] = {}  # parsed copies of state files
         #: the uploader of jobs with secure aggregation (its wait: a long-poll per phase)
         self.secure = SecAggUploader(state)
+        self._forgotten: set[str] | None = None  # the tombstones last applied
+
+    # ---- forgetting (agent.forget) ---------------------------------------------------
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The state directory's lock, with every tombstone applied: a user forgotten
+        meanwhile (``fedrec agent forget`` in another process) is out of this step."""
+        with agent_forget.locked(self.state.root):
+            forgotten = set(agent_forget.load(self.state.root)["users"])
+            if forgotten != self._forgotten:
+                agent_forget.scrub_all(self.state.root, forgotten)
+                self._memo.clear()  # parsed copies of files the scrub may have rewritten
+                self._forgotten = forgotten
+            yield
+
+    def sync_forgotten(self) -> None:
+        """Fetch and apply the users the tenant asked the coordinator to forget."""
+        after = int(agent_forget.load(self.state.root)["after"])
+        answer = self.coord.forgotten(after)
+        if answer["last"] == after:
+            return
+        with agent_forget.locked(self.state.root):
+            new = agent_forget.apply_requests(self.state.root, answer["data"], answer["last"])
+            self._forgotten = None  # re-read at the next step
+            self._memo.clear()
+        for user in new:
+            self.log(f"forgot user {user!r} as the coordinator asked")
 
     # ---- joining a job ---------------------------------------------------------------
     def setup(self, job_id: int) -> None:
-        """Fetch the manifest, lay out and split the ratings, initialise the local state."""
+        """Fetch the manifest, lay out and split the ratings but those of forgotten users,
+        initialise the local state."""
+        with self.exclusive():
+            self._setup(job_id)
+
+    def _setup(self, job_id: int) -> None:
         manifest = self.coord.manifest(job_id)
         dp = manifest["privacy"]
         if user_level.is_user_level(dp) and dp.get("placement") != "tenant":
@@ -115,6 +149,7 @@ class Agent:
         try:
             collected = agent_data.checked(self.source(tuple(manifest["tenant_scale"])),
                                            manifest["items"])
+            collected = agent_forget.without_users(collected, self._forgotten or set())
         except UploadRejected as exc:
             raise ValueError("the ratings are invalid, as the upload API would answer:\n"
                              + agent_data.describe(exc)) from None
@@ -161,9 +196,14 @@ class Agent:
         False once the job has ended for this agent."""
         rec = self.state.jobs[str(job_id)]
         if rec["pending"] is not None:
-            self._send_pending(job_id)
+            with self.exclusive():
+                self._send_pending(job_id)
             return True
         status = self.coord.round(job_id, wait=wait, after=rec["seen"])
+        with self.exclusive():
+            return self._act(job_id, rec, status)
+
+    def _act(self, job_id: int, rec: dict[str, Any], status: dict[str, Any]) -> bool:
         if status["completed_rounds"] > rec["seen"]:
             self._observe(job_id, status["completed_rounds"])
         if status["phase"] == "closed":
@@ -330,6 +370,7 @@ class Agent:
         joined has ended (after at least one)."""
         start = time.monotonic()
         while max_seconds is None or time.monotonic() - start < max_seconds:
+            self.sync_forgotten()
             jobs = self.coord.jobs()
             active = []
             for job in sorted(jobs, key=lambda j: j["id"]):
@@ -375,10 +416,9 @@ def recommend(root: Path | str, user: str, k: int = 10, job_id: int | None = Non
     where = Path(root) / "jobs" / str(job_id)
     manifest = json.loads((where / "manifest.json").read_text())
     users = json.loads((where / "users.json").read_text())
-    try:
-        row = users.index(user)
-    except ValueError:
-        raise ValueError(f"user {user!r} has no ratings in job {job_id}") from None
+    if not user or user not in users or user in agent_forget.load(root)["users"]:
+        raise ValueError(f"unknown user {user!r} in job {job_id} (no ratings, or forgotten)")
+    row = users.index(user)
     alg = registry.get(manifest["algorithm"])
     a, b = alg.factors(Message.from_bytes((where / "global.msg").read_bytes()),
                        Message.from_bytes((where / "local.msg").read_bytes()))

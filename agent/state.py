@@ -5,6 +5,9 @@ Layout of ``DIR``::
     agent.json                  ledger (privacy.ledger.Ledger state) and per-job records
     user-draws.key              the secret key of the tenant's per-user privacy draws
                                 (privacy.randomness.UserPRF; owner-only, never sent)
+    forgotten.json              the users forgotten on this machine (agent.forget), and the
+                                version of the last coordinator forget request applied
+    .lock                       taken by each step of a running agent and by a forget
     jobs/<id>/manifest.json     the job's manifest as the coordinator sent it
     jobs/<id>/train.block, test.block, users.json   the tenant's split (never uploaded)
     jobs/<id>/local.msg         U_i and the rest of the local state, after the last round

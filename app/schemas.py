@@ -288,6 +288,10 @@ class TenantDeleted(BaseModel):
 class UserRatingsDeleted(BaseModel):
     user: str
     deleted: int
+    agent: bool | None = None
+    """True (status 202; absent otherwise): the tenant is an agent tenant; its ``fedrec
+    agent`` forgets the user on the tenant's machine when it next polls (the coordinator
+    holds no ratings of it)."""
 
 
 class TaskEnqueued(BaseModel):

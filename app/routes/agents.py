@@ -22,6 +22,7 @@ from app.problems import ApiError
 from app.routes import API_PREFIX
 from app.schemas import MAX_DB_INT, PathId
 from app.training import agents, pipeline
+from app.training.forget import tombstones_after
 from app.training.runner import dispatch_from_api
 
 router = APIRouter(prefix=API_PREFIX, tags=["tenant: agent"], responses=errors(401, 404))
@@ -326,3 +327,19 @@ async def post_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, phas
         wire, reported = agents.MALFORMED, None  # refused once the job and round are known
     return await run_in_threadpool(_accept, request, job_id, round_, agents.accept_secagg,
                                    job_id, tenant.id, round_, phase, wire, reported)
+
+
+@router.get("/tenants/{tenant_id}/agent/forgotten")
+def list_forgotten(tenant: OwnTenantDep, request: Request,
+                   after: Annotated[int, Query(ge=-1, le=MAX_DB_INT, description=(
+                       "the version of the last request applied"))] = -1
+                   ) -> dict[str, Any]:
+    """The users this tenant asked to forget (``DELETE .../users/{user}/ratings``) after
+    version ``after``, oldest first: its agent forgets each on the tenant's machine and
+    passes the last ``version`` as ``after`` next time (``last``: the newest listed, or
+    ``after`` when none)."""
+    with _session(request) as s:
+        rows = tombstones_after(s, tenant.id, after)
+        data = [{"user": t.user_key, "version": t.version,
+                 "forgotten_at": t.forgotten_at.isoformat()} for t in rows]
+    return {"data": data, "last": data[-1]["version"] if data else after}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from typing import BinaryIO
 
-from fastapi import APIRouter, Request, status
+from fastapi import APIRouter, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
@@ -28,7 +28,7 @@ from app.schemas import (
     UploadResult,
     UserRatingsDeleted,
 )
-from app.training.forget import forget_user
+from app.training.forget import forget_agent_user, forget_user, is_agent_tenant
 from app.uploads import IdempotencyConflict, request_digest, upload_ratings
 
 router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: ratings"],
@@ -191,16 +191,25 @@ def count_ratings(tenant: OwnTenantDep, session: SessionDep) -> RatingsCount:
                         users=store.count_users(session, tenant.id))
 
 
-@router.delete("/users/{user}/ratings", response_model=UserRatingsDeleted)
-def delete_user_ratings(request: Request, tenant: OwnTenantDep, session: SessionDep,
-                        user: str) -> UserRatingsDeleted:
+@router.delete("/users/{user}/ratings", response_model=UserRatingsDeleted,
+               response_model_exclude_none=True,
+               responses={202: {"model": UserRatingsDeleted,
+                                "description": "an agent tenant: its agent forgets the user"}})
+def delete_user_ratings(request: Request, response: Response, tenant: OwnTenantDep,
+                        session: SessionDep, user: str) -> UserRatingsDeleted:
     """Forget a user: their ratings, and their rows in trained snapshots, job data and
     rating statistics (recomputed in the background; repeatable: 0 deleted when the user
-    was forgotten before)."""
+    was forgotten before). For an agent tenant (``fedrec agent``; the coordinator holds no
+    ratings of it) the request is recorded for its agent, which forgets the user on the
+    tenant's machine when it next polls: 202 with ``agent`` true."""
     deleted = forget_user(session, tenant.id, user)
-    if deleted is None:
+    agent = not deleted and is_agent_tenant(session, tenant.id)
+    if agent:
+        forget_agent_user(session, tenant.id, user)
+        response.status_code = status.HTTP_202_ACCEPTED
+    elif deleted is None:
         raise ApiError(status.HTTP_404_NOT_FOUND, "user_not_found", "User not found")
     session.commit()
     if deleted:
         enqueue(request.app.state.celery, RECOMPUTE_RATING_STATS, [tenant.id])
-    return UserRatingsDeleted(user=user, deleted=deleted)
+    return UserRatingsDeleted(user=user, deleted=deleted or 0, agent=agent or None)

@@ -32,11 +32,12 @@ from sqlalchemy import orm
 from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock
+from algorithms.forgetting import FORGOTTEN as FORGOTTEN  # re-exported: its users import it here
+from algorithms.forgetting import forgotten_rows, unlinked
+from algorithms.forgetting import without_forgotten as without_forgotten
 from app import store
 from app.models import ForgottenUser, Rating, RatingStats, Tenant, User, utcnow
 from app.training.models import FactorSnapshot, JobClient, TrainingJob
-
-FORGOTTEN = ""
 
 
 def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
@@ -68,11 +69,53 @@ def forget_user(s: Session, tenant_id: int, user_key: str) -> int | None:
             if user_key in keys and tomb.version > _version(versions, tenant_id):
                 scrub_client(s, s.get(JobClient, (job_id, index), options=blocks),
                              {user_key})
+    _scrub_snapshots(s, tenant_id, user_key)
+    return deleted or 0
+
+
+def _scrub_snapshots(s: Session, tenant_id: int, user_key: str) -> None:
     for snap in s.scalars(sa.select(FactorSnapshot).where(FactorSnapshot.tenant_id ==
                                                           tenant_id)):
         if user_key in snap.user_keys:
             _scrub_snapshot(snap, user_key)
-    return deleted or 0
+
+
+def is_agent_tenant(s: Session, tenant_id: int) -> bool:
+    """Whether the tenant is an agent (``fedrec agent``) of any job: its ratings, if any,
+    are on its own machine, so only its agent can forget them there."""
+    jobs = s.scalars(sa.select(TrainingJob.agents).where(TrainingJob.agents.is_not(None)))
+    return any(tenant_id in (agents or {}).get("tenants", []) for agents in jobs)
+
+
+def forget_agent_user(s: Session, tenant_id: int, user_key: str) -> int:
+    """Record that the tenant's agent must forget the user (caller commits): a tombstone
+    of a new ratings version (the agent fetches tombstones newer than the last it applied,
+    :func:`tombstones_after`, and forgets the user on its machine: ``agent.forget``) and
+    the user's rows gone from the tenant's serving snapshots. Repeatable: each request is
+    sent again under a new version (a no-op for an agent that still has the user
+    forgotten). Returns the version."""
+    version = s.scalar(sa.update(Tenant).where(Tenant.id == tenant_id)
+                       .values(ratings_version=Tenant.ratings_version + 1)
+                       .returning(Tenant.ratings_version))
+    tomb = s.get(ForgottenUser, (tenant_id, user_key))
+    if tomb is None:
+        tomb = ForgottenUser(tenant_id=tenant_id, user_key=user_key)
+        s.add(tomb)
+    tomb.version, tomb.forgotten_at = version, utcnow()
+    s.flush()
+    _scrub_snapshots(s, tenant_id, user_key)
+    return version
+
+
+def tombstones_after(s: Session, tenant_id: int, after: int, limit: int = 1000
+                     ) -> list[ForgottenUser]:
+    """The tenant's tombstones of a version above ``after``, oldest first (at most
+    ``limit``): what its agent has still to apply."""
+    return list(s.scalars(sa.select(ForgottenUser)
+                          .where(ForgottenUser.tenant_id == tenant_id,
+                                 ForgottenUser.version > after)
+                          .order_by(ForgottenUser.version, ForgottenUser.user_key)
+                          .limit(limit)))
 
 
 def _version(versions: dict | None, tenant_id: int) -> int:
@@ -110,13 +153,6 @@ def newer_tombstone(job: TrainingJob, tenant_id: int, newest: int | None) -> boo
     return newest is not None and newest > _version(job.ratings_version, tenant_id)
 
 
-def without_forgotten(block: RatingBlock, user_keys: list[str],
-                      forgotten: set[str]) -> RatingBlock:
-    """``block`` without the rows of the ``forgotten`` keys (the block itself if none)."""
-    rows = [i for i, key in enumerate(user_keys) if key in forgotten]
-    return block.subset(~np.isin(block.rows, rows)) if rows else block
-
-
 def scrub_job_clients(s: Session, job: TrainingJob, clients: list[JobClient]) -> None:
     """Apply the job's newer tombstones to its stored blocks (``clients`` locked)."""
     if s.get_bind().dialect.name == "sqlite":
@@ -136,7 +172,7 @@ def scrub_client(s: Session, jc: JobClient, forgotten: set[str]) -> list[int]:
     in-memory copy of the old ones is used again."""
     from app.training.states import digest, rewrite_versions
 
-    rows = [i for i, key in enumerate(jc.user_keys) if key in forgotten]
+    rows = forgotten_rows(jc.user_keys, forgotten)
     if not rows:
         return rows
     for column in ("train", "test"):
@@ -145,7 +181,7 @@ def scrub_client(s: Session, jc: JobClient, forgotten: set[str]) -> list[int]:
         setattr(jc, f"{column}_block", blob)
         setattr(jc, f"{column}_digest", digest(blob))
     rewrite_versions(s, jc, lambda state: state.forget_rows(np.asarray(rows)))
-    jc.user_keys = [FORGOTTEN if k in forgotten else k for k in jc.user_keys]
+    jc.user_keys = unlinked(jc.user_keys, forgotten)
     return rows
 
 
