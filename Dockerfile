@@ -10,7 +10,7 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY constraints.txt ./
 RUN pip install --no-deps --index-url "$TORCH_INDEX_URL" "$(grep "^torch==" constraints.txt)"
 
-COPY pyproject.toml README.md alembic.ini ./
+COPY pyproject.toml README.md LICENSE alembic.ini ./
 COPY app ./app
 COPY worker ./worker
 COPY algorithms ./algorithms
