@@ -33,6 +33,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 PG_ADMIN = os.environ.get("FEDREC_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=test")
 REDIS_URL = os.environ.get("FEDREC_TEST_REDIS", "redis://127.0.0.1:6379/13")
+#: the demo's own defaults at a smaller size: the same code paths in a few seconds
+DEMO = ("--synthetic-ratings", "10000", "--rounds", "5")
 
 
 def compose_command(service: str, port: int) -> list[str]:
@@ -127,7 +129,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
 def run_demo(venv: Path, cwd: str) -> None:
     """The README's first command after its install: `fedrec demo` on embedded defaults."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FEDREC_", "PYTHON"))}
-    out = subprocess.run([str(venv / "bin" / "fedrec"), "demo"], env=env, cwd=cwd,
+    out = subprocess.run([str(venv / "bin" / "fedrec"), "demo", *DEMO], env=env, cwd=cwd,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"fedrec demo failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
 
@@ -139,9 +141,12 @@ def smoke(venv: Path, env: dict[str, str], cwd: str) -> None:
     subprocess.run([str(bin_ / "fedrec"), "migrate"], env=env, cwd=cwd, check=True)
     port = free_port()
     api, worker = compose_command("api", port), compose_command("worker", port)
-    procs = [subprocess.Popen([str(bin_ / api[0]), *api[1:]], env=env, cwd=cwd)]
+    log = open(Path(cwd) / "services.log", "w+")  # read back on failure
+    procs = [subprocess.Popen([str(bin_ / api[0]), *api[1:]], env=env, cwd=cwd, stdout=log,
+                              stderr=subprocess.STDOUT)]
     try:
-        procs.append(subprocess.Popen([str(bin_ / worker[0]), *worker[1:]], env=env, cwd=cwd))
+        procs.append(subprocess.Popen([str(bin_ / worker[0]), *worker[1:]], env=env, cwd=cwd,
+                                      stdout=log, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{port}"
         wait_for(base + "/health", procs[0])
         check_pages(base)
@@ -149,8 +154,15 @@ def smoke(venv: Path, env: dict[str, str], cwd: str) -> None:
         assert job["status"] == "completed", f"job ended {job['status']}: {job}"
         print(f"wheel smoke: demo, migrate, serve ({' '.join(api)}), pages, worker and job "
               f"{job['id']} ({job['status']}) passed")
+    except BaseException:
+        stop(procs)
+        log.seek(0)
+        print("wheel smoke: the server's and the worker's log:\n" + log.read()[-6000:],
+              file=sys.stderr)
+        raise
     finally:
         stop(procs)
+        log.close()
 
 
 def main(venv: Path) -> None:

@@ -18,3 +18,11 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest" in test_command
     ci_lines = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert test_command in ci_lines
+
+
+def test_the_demo_command_installs_fedrec_as_a_user_gets_it():
+    """No development extras and no editable install before `fedrec demo` (CI runs the demo
+    from the installed wheel: .ci/wheel_smoke.sh), and no placeholder to fill in."""
+    install, demo = _quickstart_commands()[0].split(" && ")
+    assert install == "pip install -c constraints.txt ." and demo == "fedrec demo"
+    assert "bash .ci/wheel_smoke.sh" in (ROOT / ".ci" / "run").read_text().splitlines()
