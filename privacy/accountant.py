@@ -83,6 +83,13 @@ def opacus_prv() -> ModuleType:
     return importlib.import_module("opacus.accountants.analysis.prv")
 
 
+def load_analyses() -> None:
+    """Import opacus' analyses now, torch with them: for a server that would rather pay the
+    import while it starts than in the first request that accounts."""
+    opacus_rdp()
+    opacus_prv()
+
+
 def prv_epsilon(history: Iterable[Event], delta: float, eps_error: float = 0.01) -> float:
     """Upper bound on epsilon at ``delta`` of a Gaussian (possibly Poisson-subsampled)
     history by PRV composition: ``opacus.accountants.PRVAccountant.get_epsilon`` (same

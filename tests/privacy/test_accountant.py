@@ -163,3 +163,28 @@ def test_the_service_the_cli_and_the_worker_import_torch_only_when_they_account(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout
     assert out.split() == ["[]", "['opacus',", "'torch']"]
+
+
+def test_the_served_api_imports_the_analyses_while_it_starts(tmp_path):
+    """`fedrec serve`'s app pays opacus' and torch's import in its start-up (frozen with the
+    rest of its heap), not in the first request that accounts."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from fastapi.testclient import TestClient\n"
+            "from app.db import migrate\n"
+            "from app.main import create_served_app\n"
+            "migrate(sys.argv[1])\n"
+            "app = create_served_app()\n"
+            "print('torch' in sys.modules)\n"
+            "with TestClient(app) as client:\n"
+            "    print('torch' in sys.modules, client.get('/health').status_code)\n")
+    url = f"sqlite:///{tmp_path / 'served.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FEDREC_")}
+    out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True,
+                         timeout=300, env={**env, "FEDREC_DATABASE_URL": url},
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True", "200"]
