@@ -65,13 +65,10 @@ Worked example: 100 Gaussian transmissions at z = 10, delta = 1e-5 give epsilon 
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.util
+import importlib
 import math
-import sys
 import warnings
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -93,86 +90,36 @@ ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(r
     64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048, 4096)
 
 
-@functools.cache
 def opacus_rdp() -> ModuleType:
-    """opacus' RDP analysis (``opacus.accountants.analysis.rdp``), loaded from its file.
+    """opacus' RDP analysis, ``opacus.accountants.analysis.rdp``, imported on first use.
 
-    Importing it the usual way runs ``opacus/__init__``, which imports torch for the parts
-    of opacus fedrec never uses: seconds at every start-up of the API, the CLI and the
-    workers. The analysis module itself needs only numpy and scipy, so it is loaded alone,
-    the same code opacus runs; tests check it against ``opacus.accountants`` itself.
-    """
-    spec = importlib.util.find_spec("opacus")  # locates the package without importing it
-    if spec is None or spec.origin is None:
-        raise ImportError("opacus is not installed; fedrec's accountant uses its RDP analysis")
-    path = Path(spec.origin).parent / "accountants" / "analysis" / "rdp.py"
-    loader = importlib.util.spec_from_file_location("fedrec_opacus_rdp", path)
-    module = importlib.util.module_from_spec(loader)
-    loader.loader.exec_module(module)
-    return module
+    Importing opacus imports torch (seconds), which fedrec needs for nothing else: the
+    import waits until a process first accounts, so the API, the CLI and the workers start
+    without it."""
+    return importlib.import_module("opacus.accountants.analysis.rdp")
 
 
 #: the accounting methods :func:`spend` offers
 METHODS: tuple[str, ...] = ("rdp", "prv")
 
 
-def _load(name: str, path: Path, package: Path | None = None) -> ModuleType:
-    """Execute one opacus source file as module ``name`` (a package when ``package``)."""
-    loader = importlib.util.spec_from_file_location(
-        name, path, submodule_search_locations=None if package is None else [str(package)])
-    module = importlib.util.module_from_spec(loader)
-    sys.modules[name] = module
-    loader.loader.exec_module(module)
-    return module
-
-
-class _RDPAccountantShim:
-    """What opacus' PRV domain sizing uses of ``opacus.accountants.RDPAccountant``
-    (``history`` of (z, q, steps), ``get_epsilon(delta)`` at opacus' default orders), the
-    same arithmetic without the torch-importing base class."""
-
-    DEFAULT_ALPHAS = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
-
-    def __init__(self) -> None:
-        self.history: list[tuple[float, float, int]] = []
-
-    def get_epsilon(self, delta: float, **_: object) -> float:
-        if not self.history:
-            return 0.0
-        rdp = opacus_rdp()
-        curve = sum(rdp.compute_rdp(q=q, noise_multiplier=z, steps=n, orders=self.DEFAULT_ALPHAS)
-                    for z, q, n in self.history)
-        eps, _ = rdp.get_privacy_spent(orders=self.DEFAULT_ALPHAS, rdp=curve, delta=delta)
-        return float(eps)
-
-
-@functools.cache
 def opacus_prv() -> ModuleType:
-    """opacus' PRV analysis (``opacus.accountants.analysis.prv``), loaded from its files.
+    """opacus' PRV analysis, ``opacus.accountants.analysis.prv``, imported on first use (see
+    :func:`opacus_rdp`)."""
+    return importlib.import_module("opacus.accountants.analysis.prv")
 
-    As :func:`opacus_rdp`: the package's ``__init__`` imports torch, the analysis needs only
-    numpy and scipy. Its modules import ``..rdp`` (the RDP analysis, :func:`opacus_rdp`)
-    and ``...rdp.RDPAccountant`` (torch-bound: replaced by :class:`_RDPAccountantShim`)."""
-    spec = importlib.util.find_spec("opacus")
-    if spec is None or spec.origin is None:
-        raise ImportError("opacus is not installed; fedrec's accountant uses its PRV analysis")
-    root = "fedrec_opacus_accountants"
-    for name in (root, f"{root}.analysis"):
-        pkg = ModuleType(name)
-        pkg.__path__ = []
-        sys.modules[name] = pkg
-    shim = ModuleType(f"{root}.rdp")
-    shim.RDPAccountant = _RDPAccountantShim
-    sys.modules[f"{root}.rdp"] = shim
-    sys.modules[f"{root}.analysis.rdp"] = opacus_rdp()
-    base = Path(spec.origin).parent / "accountants" / "analysis" / "prv"
-    return _load(f"{root}.analysis.prv", base / "__init__.py", base)
+
+def load_analyses() -> None:
+    """Import opacus' analyses now, torch with them: for a server that would rather pay the
+    import while it starts than in the first request that accounts."""
+    opacus_rdp()
+    opacus_prv()
 
 
 def prv_epsilon(history: Iterable[Event], delta: float, eps_error: float = 0.01) -> float:
     """Upper bound on epsilon at ``delta`` of a Gaussian (possibly Poisson-subsampled)
     history by PRV composition: ``opacus.accountants.PRVAccountant.get_epsilon`` (same
-    domain, mesh and error split: ``delta_error = delta / 1000``), without torch."""
+    domain, mesh and error split: ``delta_error = delta / 1000``)."""
     history = compose(history)
     if any(ev.mechanism != "gaussian" for ev in history):
         raise ValueError("PRV accounting covers Gaussian events only")

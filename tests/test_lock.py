@@ -9,11 +9,13 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "constraints.txt"
-REFRESH = "uv pip compile pyproject.toml --extra dev -c constraints.in -o constraints.txt"
+REFRESH = "uv pip compile pyproject.toml --extra dev -c constraints.in -o constraints.txt" \
+          " (README, Installing)"
 
 
 def locked() -> dict[str, str]:
@@ -49,14 +51,25 @@ def closure(root: str, extras: tuple[str, ...]) -> dict[str, set[str]]:
     return wanted
 
 
+#: what PyPI's (CUDA) build of torch requires on Linux beyond the CPU build the lock is made
+#: for: torch pins these itself, so the lock leaves them out
+CUDA_BUILD = re.compile(r"nvidia-.*|cuda-.*|triton")
+
+
+def matches(installed: str, pin: str) -> bool:
+    """pip's reading of ``name==pin``: a pin without a local label (``torch==2.13.0``)
+    matches any build of that release (``2.13.0+cpu``)."""
+    return SpecifierSet(f"=={pin}").contains(installed, prereleases=True)
+
+
 def test_every_installed_requirement_is_locked_at_its_installed_version():
     pins = locked()
-    needed = closure("fedrec", ("dev",))
-    needed.pop("fedrec")
+    needed = {n for n in closure("fedrec", ("dev",)) if not CUDA_BUILD.fullmatch(n)}
+    needed.discard("fedrec")
     missing = sorted(n for n in needed if n not in pins)
     assert not missing, f"not in constraints.txt: {missing}; refresh it with `{REFRESH}`"
     drift = {n: (metadata.version(n), pins[n]) for n in needed
-             if metadata.version(n) != pins[n]}
+             if not matches(metadata.version(n), pins[n])}
     assert not drift, (f"installed != locked (installed, locked): {drift}; install with "
                        "`pip install -c constraints.txt -e \".[dev]\"`")
 
@@ -65,6 +78,15 @@ def test_the_lock_holds_nothing_fedrec_does_not_need():
     stale = sorted(set(locked()) - set(closure("fedrec", ("dev",))))
     assert not stale, f"constraints.txt pins {stale}, which fedrec[dev] does not require; " \
                       f"refresh it with `{REFRESH}`"
+
+
+def test_the_lock_pins_public_releases_and_a_pin_matches_both_builds_of_torch():
+    """Every pin names a release PyPI serves: no local label such as ``+cpu``, which only
+    PyTorch's own index serves."""
+    labelled = {n: v for n, v in locked().items() if "+" in v}
+    assert not labelled, f"constraints.txt pins local builds {labelled}; pin the release"
+    assert matches("2.13.0+cpu", "2.13.0") and matches("2.13.0", "2.13.0")
+    assert not matches("2.13.1", "2.13.0")
 
 
 def test_closure_follows_extras_and_markers():

@@ -32,3 +32,11 @@ def test_the_readme_threat_model_is_the_code_s():
     assert tm.NOT_COVERED in section
     assert tm.LEDGER_UNIT in section
     assert "anyone who sees V, reports or recommendations" not in text
+
+
+def test_the_demo_command_installs_fedrec_as_a_user_gets_it():
+    """No development extras and no editable install before `fedrec demo` (CI runs the demo
+    from the installed wheel: .ci/wheel_smoke.sh), and no placeholder to fill in."""
+    install, demo = _quickstart_commands()[0].split(" && ")
+    assert install == "pip install -c constraints.txt ." and demo == "fedrec demo"
+    assert "bash .ci/wheel_smoke.sh" in (ROOT / ".ci" / "run").read_text().splitlines()

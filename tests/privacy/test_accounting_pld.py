@@ -102,7 +102,7 @@ def test_noise_for_epsilon_solves_the_target_and_pld_agrees_it_is_met(mechanism,
 # ----------------------------------------------------------------------------------- PRV
 
 
-def test_prv_is_opacus_prv_accountant_without_torch():
+def test_prv_is_opacus_prv_accountant():
     from opacus.accountants import PRVAccountant
 
     for z, q, n, delta in [(3.0, 0.5, 10, 1e-6), (2.0, 0.1, 50, 1e-5)]:
