@@ -642,7 +642,10 @@ def default_pair(spec: JobSpec, rounds_given: bool = True) -> list[JobSpec]:
     def rounds(name: str) -> int:
         return spec.rounds if rounds_given else int(registry.get(name).run_defaults["rounds"])
 
-    return [dataclasses.replace(spec, algorithm=name, dp=dp, rounds=rounds(name))
+    # rounds asked of the pair bound both jobs: each is cut to the rounds its algorithm
+    # uses (fit_rounds), never refused for a partner that uses more
+    return [dataclasses.replace(spec, algorithm=name, dp=dp, rounds=rounds(name),
+                                rounds_given=False)
             for name in (DEFAULT_RANKING, DEFAULT_RATING)]
 
 
