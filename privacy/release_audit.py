@@ -53,6 +53,7 @@ from privacy.accountant import spend
 from privacy.audit import _epsilon_from_rates, clopper_pearson, epsilon_lower_bound
 from privacy.gaussian import analytic_delta
 from privacy.ledger import Budget, Ledger
+from privacy.randomness import fresh_noise_generator
 
 FRESH, REUSED, KNOWN = "fresh", "reused", "known"
 #: a fitted mu above this (the scores' spread below 1 / MU_CAP of their separation) is
@@ -260,11 +261,11 @@ RELEASES: dict[str, Callable[..., Message]] = {
 
 
 def generators(source: str, run: int, n: int) -> list[np.random.Generator]:
-    """The noise generators of one run: fresh from the operating system (the claim's
+    """The noise generators of one run: fresh and secret (the claim's
     assumption), the same state in every run (reused), or seeded by the run number (known
     to the attacker, like noise derived from a stored seed)."""
     if source == FRESH:
-        return [np.random.default_rng() for _ in range(n)]
+        return [fresh_noise_generator() for _ in range(n)]
     if source == REUSED:
         return [np.random.default_rng([29, k]) for k in range(n)]
     if source == KNOWN:
@@ -274,12 +275,15 @@ def generators(source: str, run: int, n: int) -> list[np.random.Generator]:
 
 def _included(s: Scenario, placement: str) -> bool:
     """Whether the canary user takes part: always, or with the spec's Poisson rate drawn
-    by :func:`algorithms._user_grad.sample_users` from a fresh generator."""
+    by the algorithms' own sampler (:func:`algorithms.dpals.sample_users`) from a fresh
+    secret generator."""
     if placement != "central_sampled":
         return True
-    from algorithms._user_grad import sample_users
+    from algorithms.block import RatingBlock
+    from algorithms.dpals import sample_users
 
-    return bool(sample_users(1, s.spec.sample_rate, np.random.default_rng())[0])
+    one = RatingBlock(np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0), 1, 1)
+    return bool(sample_users(one, s.spec.sample_rate, 0, fresh_noise_generator())[0])
 
 
 def one_score(s: Scenario, placement: str, source: str, run: int, canary_in: bool,

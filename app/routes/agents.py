@@ -329,7 +329,19 @@ async def post_secagg(tenant: OwnTenantDep, job_id: PathId, round_: PathId, phas
                                    job_id, tenant.id, round_, phase, wire, reported)
 
 
-@router.get("/tenants/{tenant_id}/agent/forgotten")
+class ForgetRequest(_Answer):
+    user: str
+    version: int = Field(description="The tenant's ratings version of the request.")
+    forgotten_at: str
+
+
+class ForgetRequests(_Answer):
+    data: list[ForgetRequest]
+    last: int = Field(description="The newest version listed, or ``after`` when none: "
+                                  "pass it as ``after`` next time.")
+
+
+@router.get("/tenants/{tenant_id}/agent/forgotten", response_model=ForgetRequests)
 def list_forgotten(tenant: OwnTenantDep, request: Request,
                    after: Annotated[int, Query(ge=-1, le=MAX_DB_INT, description=(
                        "the version of the last request applied"))] = -1

@@ -113,6 +113,11 @@ def test_a_generated_client_drives_the_live_server(live_pg, tmp_path, monkeypatc
     from_types = _module(gen, "types")
 
     admin = gen.AuthenticatedClient(base_url=live_pg, token=ADMIN_TOKEN, timeout=60)
+    # a DP job trains on the registered catalogue only: the admin registers the items
+    upsert_items = _module(gen, "api.admin_items.upsert_items")
+    upserted = upsert_items.sync(client=admin, body=models.ItemsUpsert.from_dict(
+        {"items": [{"key": f"i{j}"} for j in range(40)]}))
+    assert isinstance(upserted, models.ItemsUpserted), upserted
     ids, keys = [], []
     for n in range(2):
         tenant = create_tenant.sync(client=admin, body=models.TenantCreate(
