@@ -137,9 +137,15 @@ class DPIALSConfig(IALSConfig):
     """``dp-ials``: iALS with the per-user bounds user-level DP needs (defaults chosen on a
     validation carve-out under noise, see BENCHMARKS.md)."""
 
-    rank: int = Field(8, description="r, latent factors (one item-bias coordinate extra)")
+    rank: int = Field(16, description="r, latent factors (one item-bias coordinate extra)")
     sweeps: int = Field(2, description="ALS sweeps, i.e. releases of the item sums")
-    lam: float = Field(0.1, description="lambda of the frequency-scaled ridge")
+    lam: float = Field(0.001, description="lambda of the frequency-scaled ridge (the "
+                       "ridge grows with the user and item counts: a larger lam drowns "
+                       "every factor and leaves the popularity list)")
+    bias_coordinate: float = Field(
+        0.01, description="c, constant user coordinate paired with an item bias; small, "
+        "so the bound ||x_u|| = hypot(Gamma_u, c) and hence the noise go to the user "
+        "factors rather than to the bias (the popularity part)")
     user_factor_clip: float | None = Field(
         0.3, description="Gamma_u, norm bound of a released user factor")
     max_ratings_per_user: int | None = Field(
@@ -147,7 +153,7 @@ class DPIALSConfig(IALSConfig):
     rare_item_power: float = Field(
         0.0, description="eta: released weights proportional to count_j^-eta (counts from "
         "the previous release)")
-    gram_shrink: float = Field(1.0, description="alpha in [0, 1]: noisy item Grams shrunk "
+    gram_shrink: float = Field(0.5, description="alpha in [0, 1]: noisy item Grams shrunk "
                                "toward count_j times the average x x^T")
 
     @model_validator(mode="after")

@@ -159,9 +159,43 @@ def test_ials_is_not_user_level_without_bounds_and_dp_ials_is():
     assert registry.user_bounds("ials", I.IALSConfig()) is None
     bounds = registry.user_bounds("dp-ials", I.DPIALSConfig())
     assert bounds.max_ratings == I.DPIALSConfig().max_ratings_per_user + 1
-    assert bounds.x_norm == pytest.approx(math.hypot(0.3, 1.0))
+    assert bounds.x_norm == pytest.approx(math.hypot(0.3, 0.01))
     with pytest.raises(ValueError, match="dp-ials needs"):
         I.DPIALSConfig(user_factor_clip=None)
+
+
+def _two_tastes(seed: int = 0) -> Federation:
+    """Two tenants; 300 users each like items 0..19 and 100 items 20..39 (so the popularity
+    list is items 0..19 for everybody), each user rating 3 of their group's items: sparse,
+    as real data, so the item ridge's ``w0 n_users`` term is large against the counts."""
+    rng = np.random.default_rng(seed)
+    train, uids = [], []
+    for t in range(2):
+        groups = np.repeat([0, 1], [300, 100])
+        rows = np.repeat(np.arange(groups.size), 3)
+        cols = np.concatenate([20 * g + rng.choice(20, 3, replace=False) for g in groups])
+        vals = rng.integers(3, 6, rows.size).astype(float)
+        train.append(RatingBlock(rows, cols, vals, groups.size, 40))
+        uids.append(np.arange(t * groups.size, (t + 1) * groups.size))
+    return Federation(train, train, uids, np.arange(40), (1.0, 5.0))
+
+
+def test_dp_ials_defaults_learn_tastes_rather_than_popularity():
+    """Without noise, dp-ials's default bounds and ridge still personalise: the minority's
+    users get their own items on top, not the popular ones (a ridge too large for the
+    counts drowns the factors and leaves the bias, i.e. the popularity list)."""
+    fed = _two_tastes()
+    alg = registry.get("dp-ials")
+    cfg = alg.config(rank=4, sweeps=4)
+    res = simulate(alg, cfg, fed, rounds=cfg.sweeps + 1, per_round=2, seed=1,
+                   evaluate_every=0)
+    own = []
+    for block, state in zip(fed.train, res.local_states, strict=True):
+        a, b = alg.factors(res.global_msg, state)
+        scores = a @ b
+        scores[block.rows, block.cols] = -np.inf
+        own.append((np.argmax(scores, axis=1) >= 20) == (np.arange(block.n_users) >= 300))
+    assert np.mean(np.concatenate(own)) > 0.95
 
 
 @pytest.mark.parametrize("field,value", [("rank", 0), ("bias_coordinate", 0.0),
