@@ -415,5 +415,5 @@ ALGORITHM = Algorithm(name="ials", config=IALSConfig, **_STEPS,
 ALGORITHMS = {
     "ials": ALGORITHM,
     "dp-ials": Algorithm(name="dp-ials", config=DPIALSConfig, **_STEPS,
-                         run_defaults={"clients": 100, "per_round": 0, "rounds": 4}),
+                         run_defaults={"clients": 100, "per_round": 0, "rounds": 3}),
 }

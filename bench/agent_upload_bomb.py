@@ -12,11 +12,41 @@ was checked from the archive's headers) inflates it whole before anything can re
 
 from __future__ import annotations
 
+import io
+import json
 import time
 import tracemalloc
+import zipfile
+
+import numpy as np
 
 from algorithms._messages import Message, read_expected
-from tests.app.test_hostile_agents import deflated, meta_member, npy
+
+
+def npy(shape, descr="<f8") -> bytes:
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False,
+                                               "shape": tuple(shape)})
+    return buf.getvalue()
+
+
+def deflated(members: dict[str, tuple[bytes, int]]) -> bytes:
+    """A zip (deflate) of ``name.npy`` members: given bytes, then that many zero bytes,
+    written in chunks (the test itself never holds the inflated size)."""
+    buf, chunk = io.BytesIO(), bytes(1 << 20)
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, (head, zeros) in members.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as f:
+                f.write(head)
+                for _ in range(zeros >> 20):
+                    f.write(chunk)
+    return buf.getvalue()
+
+
+def meta_member(type_name: str) -> tuple[bytes, int]:
+    text = json.dumps({"type": type_name, "scalars": {}}).encode()
+    return npy((len(text),), "|u1") + text, 0
+
 
 KIND = "algorithms.fedmc_admm.Upload"
 INFLATED = 256 << 20

@@ -78,6 +78,11 @@ def popularity_of(args: argparse.Namespace, fed: Federation, unit: str,
         from privacy.cli import user_privatizer_from_args
 
         cfg = popularity.PopularityConfig(max_items_per_user=popularity.DP_ITEMS_PER_USER)
+        if getattr(args, "secure_aggregation", False):
+            # its clipped-sum release has no secure aggregation; central placement, which
+            # secure aggregation matches in accuracy, is the fair baseline (and says so)
+            args = argparse.Namespace(**{**vars(args), "secure_aggregation": False,
+                                         "placement": "central", "dropout_tolerance": None})
         # never the model's --seed: noise drawn from the same stream as the model's own
         # releases would be the same numbers, which a reader of both could cancel
         priv = user_privatizer_from_args(args, popularity.user_bounds(cfg), 1, fed.n_clients,

@@ -29,5 +29,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("training_jobs") as batch:
-        batch.drop_column("reserved")
+    # in place (SQLite >= 3.35), not a batch rebuild: dropping the old training_jobs table
+    # would cascade to every job's rows with foreign keys on
+    op.drop_column("training_jobs", "reserved")

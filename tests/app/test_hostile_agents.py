@@ -6,11 +6,9 @@ refused past its tenant's budget."""
 
 from __future__ import annotations
 
-import io
 import json
 import time
 import tracemalloc
-import zipfile
 
 import numpy as np
 import pytest
@@ -19,37 +17,13 @@ import sqlalchemy as sa
 from agent.client import Refused
 from algorithms import Message
 from app.training.models import LedgerEntry, RoundUpload
+from bench.agent_upload_bomb import deflated, meta_member, npy
 from privacy.ledger import Budget
 from tests.app import test_agents
 from tests.app.test_agents import _put, agent_job, drive, make_agent, new_tenant, states
 from tests.training_helpers import wait_job
 
 fed, open_round = test_agents.fed, test_agents.open_round  # the agent tests' fixtures
-
-
-def npy(shape, descr="<f8") -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": descr, "fortran_order": False,
-                                               "shape": tuple(shape)})
-    return buf.getvalue()
-
-
-def deflated(members: dict[str, tuple[bytes, int]]) -> bytes:
-    """A zip (deflate) of ``name.npy`` members: given bytes, then that many zero bytes,
-    written in chunks (the test itself never holds the inflated size)."""
-    buf, chunk = io.BytesIO(), bytes(1 << 20)
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, (head, zeros) in members.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                f.write(head)
-                for _ in range(zeros >> 20):
-                    f.write(chunk)
-    return buf.getvalue()
-
-
-def meta_member(type_name: str) -> tuple[bytes, int]:
-    text = json.dumps({"type": type_name, "scalars": {}}).encode()
-    return npy((len(text),), "|u1") + text, 0
 
 
 def traced(call):

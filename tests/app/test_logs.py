@@ -80,12 +80,9 @@ def test_the_cli_takes_the_format(monkeypatch):
     # CLI sets below would survive the test (and turn every later app's logs into JSON)
     monkeypatch.setenv("FEDREC_LOG_FORMAT", "text")
     seen = []
-    parser = cli.build_parser()
-    monkeypatch.setattr(cli, "build_parser", lambda command=cli.ALL: parser)
-    args = parser.parse_args(["migrate"])
+    args = cli.parse(["migrate"])
     args.func = lambda _: seen.append(get_settings().log_format) or 0
-    monkeypatch.setattr(parser, "parse_args", lambda argv=None: (
-        setattr(args, "log_format", "json") or args))
+    monkeypatch.setattr(cli, "parse", lambda argv: setattr(args, "log_format", "json") or args)
     assert cli.main(["--log-format", "json", "migrate"]) == 0
     assert seen == ["json"] and os.environ["FEDREC_LOG_FORMAT"] == "json"
     get_settings.cache_clear()
