@@ -130,7 +130,10 @@ def start_worker(env: dict[str, str], queue: str, log: Path,
 def submit(api: httpx.Client, rounds: int, seed: int) -> int:
     body = {"algorithm": "fedmc-admm", "config": TRAIN_CONFIG, "rounds": rounds,
             "per_round": 0, "seed": seed, "dp": {"mechanism": "none"},
-            "allow_not_private": True}
+            "allow_not_private": True,
+            # the load measured is serving a model's lists, whatever its held-out comparison
+            # with popularity (a rating model loses it) and without a validation carve-out
+            "lists": "model", "validation_fraction": 0}
     r = api.post("/v1/admin/jobs", json=body)
     if r.status_code != 202:
         raise RuntimeError(f"job refused: {r.status_code} {r.text}")

@@ -267,7 +267,8 @@ def test_a_crashed_job_resumes_and_ends_bit_identical(env, monkeypatch, dp):
 
     with app.state.sessions() as s:
         tids = s.get(TrainingJob, straight["id"]).tenant_ids
-        crashed = create_job(s, JobSpec("fedmc-admm", tids, 5, 1, 11, CONFIG, dp)).id
+        crashed = create_job(s, JobSpec("fedmc-admm", tids, 5, 1, 11, CONFIG, dp,
+                                        validation_fraction=0, lists="model")).id
     # 1 start + 1 client + 1 aggregate per round: crash inside round 3, after its client step
     crasher = _CrashingDispatcher(app.state.sessions, budget=3 * 2 + 2)
     crasher.send(pipeline.TASK_START, crashed, 1)
