@@ -116,8 +116,10 @@ def test_decoded_sum_carries_the_planned_noise_variance(n, drop):
         assert getattr(out, field) == pytest.approx(want, rel=1e-12)
         assert getattr(out, field) >= central[name]
     iu = np.triu_indices(3)
-    assert np.var(out.A[:, iu[0], iu[1]]) == pytest.approx(out.gram_noise ** 2, rel=0.08)
-    assert np.var(out.b) == pytest.approx(out.rhs_noise ** 2, rel=0.1)
+    # the noise is fresh on every run: five standard errors of a sample variance of
+    # 2,400 and 1,200 draws (sqrt(2 / n) each), so a correct run fails about once in 10^6
+    assert np.var(out.A[:, iu[0], iu[1]]) == pytest.approx(out.gram_noise ** 2, rel=0.15)
+    assert np.var(out.b) == pytest.approx(out.rhs_noise ** 2, rel=0.21)
     assert np.array_equal(out.A, np.swapaxes(out.A, 1, 2))
     rel = priv.releases[-1]
     assert rel["threshold"] == t and rel["dropped"] == list(drop)
