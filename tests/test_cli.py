@@ -18,6 +18,7 @@ from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
 from app.cli import main
 from app.commands import simulate as sim_cmd
+from tests.doc_pages import doc_lines, doc_text, section
 
 
 @pytest.fixture
@@ -514,13 +515,11 @@ def test_help_shows_the_presets_values(capsys):
     assert "--clients P number of tenants P, users split at random (default: 200)" in text
 
 
-# --- the README and --help agree --------------------------------------------------------------
-
-README = Path(__file__).resolve().parents[1] / "README.md"
+# --- the documentation (README.md, docs/**/*.md) and --help agree ------------------------------
 
 
 def _readme_table(header: str) -> list[list[str]]:
-    lines = README.read_text().splitlines()
+    lines = doc_text().splitlines()
     start = lines.index(header) + 2
     rows = []
     for line in lines[start:]:
@@ -563,7 +562,7 @@ def test_readme_fedmc_admm_table_equals_the_configs_and_help(capsys):
 def test_readme_dp_options_equal_the_help(capsys):
     import re
 
-    lines = README.read_text().splitlines()
+    lines = doc_text().splitlines()
     start = lines.index("**Command line.** `fedrec simulate` takes these options:") + 1
     block = "\n".join(lines[start:lines.index("", start)])
     text = _help([], capsys)
@@ -578,17 +577,15 @@ def test_readme_dp_options_equal_the_help(capsys):
 
 
 def test_readme_simulate_commands_parse(tmp_path, monkeypatch):
-    """Every `fedrec simulate` command in the README is accepted (parsed, not run); a
-    `--config` file is what `fedrec tune --json` writes."""
+    """Every `fedrec simulate` command of the documentation is accepted (parsed, not run);
+    a `--config` file is what `fedrec tune --json` writes."""
     import json
     import shlex
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "tuned.json").write_text(json.dumps(
         {"algorithm": "fedmc-admm", "config": {"lam": 2.5}}))
-    text = README.read_text().replace("\\\n", " ")
-    commands = [line.strip() for line in text.splitlines()
-                if line.strip().startswith("fedrec simulate ")]
+    commands = doc_lines("fedrec simulate ")
     assert len(commands) >= 3
     for command in commands:
         argv = shlex.split(command.split("#")[0])[2:]
@@ -599,15 +596,13 @@ def test_readme_simulate_commands_parse(tmp_path, monkeypatch):
 
 
 def test_readme_tune_commands_parse_and_tune_offers_only_searchable_algorithms(capsys):
-    """Every `fedrec tune` command in the README parses; --help lists the algorithms that
+    """Every `fedrec tune` command of the documentation parses; --help lists the algorithms that
     declare a search space, and an algorithm without one is refused by the parser."""
     import shlex
 
     from app.cli import build_parser
 
-    text = README.read_text().replace("\\\n", " ")
-    commands = [line.strip() for line in text.splitlines()
-                if line.strip().startswith("fedrec tune ")]
+    commands = doc_lines("fedrec tune ")
     assert commands
     for command in commands:
         args = build_parser().parse_args(shlex.split(command.split("#")[0])[1:])
@@ -810,22 +805,20 @@ def test_mistakes_get_the_subcommands_usage_and_a_suggestion(argv, usage, hint, 
 
 
 def test_every_readme_command_of_the_api_cli_parses():
-    """The README's `fedrec admin|jobs|doctor` lines are accepted as written (parsed, not
-    run): the README and the parsers agree on the options."""
+    """The documentation's `fedrec admin|jobs|doctor` lines are accepted as written (parsed,
+    not run): the docs and the parsers agree on the options."""
     import shlex
 
     from app.cli import parse
 
-    text = README.read_text().replace("\\\n", " ")
-    commands = [line.strip().split("#")[0] for line in text.splitlines()
-                if re.match(r"\s*fedrec (admin|jobs|doctor)\b", line)]
+    commands = [line.split("#")[0] for line in doc_lines(r"fedrec (admin|jobs|doctor)\b")]
     assert len(commands) >= 10
     for command in commands:
         assert parse(shlex.split(command)[1:]).func, command
 
 
 def test_readme_and_help_describe_ranking_and_rating_models_alike(capsys):
-    """`fedrec --help` ends with the two kinds of model; the README's section says the
+    """`fedrec --help` ends with the two kinds of model; the documentation's section says the
     same sentences."""
     from app.cli import MODEL_KINDS
 
@@ -833,8 +826,8 @@ def test_readme_and_help_describe_ranking_and_rating_models_alike(capsys):
         main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert MODEL_KINDS in text
-    section = README.read_text().split("### Ranking and rating models", 1)[1]
-    assert MODEL_KINDS in " ".join(section.split("\n\n")[1].split())
+    text = section("Ranking and rating models")
+    assert MODEL_KINDS in " ".join(text.split("\n\n")[1].split())
     for name in ("ials", "dp-ials", "dpals", "fedmc-admm"):
         assert name in MODEL_KINDS
     from algorithms import registry

@@ -15,7 +15,7 @@ from packaging.utils import canonicalize_name
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "constraints.txt"
 REFRESH = "uv pip compile pyproject.toml --extra dev -c constraints.in -o constraints.txt" \
-          " (README, Installing)"
+          " (docs/how-to/install.md)"
 
 
 def locked() -> dict[str, str]:

@@ -1,6 +1,9 @@
-"""The README's quick-start commands are the ones CI runs."""
+"""The README's quick-start commands are the ones CI runs; the documented threat model is
+the code's."""
 
 from pathlib import Path
+
+from tests.doc_pages import doc_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,18 +23,17 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in ci_lines
 
 
-def test_the_readme_threat_model_is_the_code_s():
-    """The privacy section states the threat model of privacy/threat_model.py verbatim:
+def test_the_documented_threat_model_is_the_code_s():
+    """The privacy page states the threat model of privacy/threat_model.py verbatim:
     unit, the table of adversaries by placement, and what is not covered."""
     from privacy import threat_model as tm
 
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Privacy", 1)[1].split("\n## ", 1)[0]
-    assert tm.markdown_table() in section
-    assert tm.UNIT_DETAIL in section
-    assert tm.NOT_COVERED in section
-    assert tm.LEDGER_UNIT in section
-    assert "anyone who sees V, reports or recommendations" not in text
+    text = (ROOT / "docs" / "explanation" / "privacy.md").read_text()
+    assert tm.markdown_table() in text
+    assert tm.UNIT_DETAIL in text
+    assert tm.NOT_COVERED in text
+    assert tm.LEDGER_UNIT in text
+    assert "anyone who sees V, reports or recommendations" not in doc_text()
 
 
 def test_the_demo_command_installs_fedrec_as_a_user_gets_it():

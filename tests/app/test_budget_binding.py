@@ -1,4 +1,5 @@
-"""Budgets bind every job (the README's security guarantees), on embedded defaults.
+"""Budgets bind every job (docs/explanation/security.md, "Privacy budgets bind"), on
+embedded defaults.
 
 * A tenant's data leaves without a DP guarantee only with its own opt-in
   (``allow_non_private``); the ledger then reads epsilon = infinity and no DP job can

@@ -24,6 +24,7 @@ from app.main import create_app
 from fedrec import client as fc
 from fedrec.client import ApiError, Client, TrainedModel
 from tests.app.conftest import ADMIN_TOKEN
+from tests.doc_pages import section
 from tests.training_helpers import CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -497,20 +498,20 @@ def test_admin_cli_tunes_and_shows_the_choice(live, capsys):
     assert code == 1 and "error 404 tuning_job_not_found" in err
 
 
-# -- the README's examples, as written, against a fresh server ----------------------------
+# -- the documentation's client examples, as written, against a fresh server -------------
 
 def readme_blocks() -> tuple[str, list[str]]:
-    """The Python and the bash block of the README's client section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Python client and admin CLI", 1)[1].split("\n### ", 1)[0]
-    python = section.split("```python\n", 1)[1].split("```", 1)[0]
-    bash = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    """The Python and the bash block of the documentation's client section (the hosted
+    service tutorial)."""
+    text = section("Python client and admin CLI")
+    python = text.split("```python\n", 1)[1].split("```", 1)[0]
+    bash = text.split("```bash\n", 1)[1].split("```", 1)[0]
     return python, [line for line in bash.splitlines() if line.strip()]
 
 
 @pytest.fixture
 def fresh_live(sqlite_url, monkeypatch):
-    """A live server on a fresh SQLite database (the README's ids start at 1)."""
+    """A live server on a fresh SQLite database (the documented ids start at 1)."""
     from app.commands.demo import _free_port, _start_server
 
     port = _free_port()
@@ -531,7 +532,7 @@ def test_the_readme_client_and_admin_examples_run(fresh_live, tmp_path, monkeypa
         f"{u}\t{i + 1}\t{v:g}\t881250949\n" for u, i, v in zip(r.users, r.items, r.values,
                                                              strict=True)))
     monkeypatch.chdir(tmp_path)
-    exec(python.replace("http://127.0.0.1:8000", fresh_live)  # the README's, as written
+    exec(python.replace("http://127.0.0.1:8000", fresh_live)  # as documented
          .replace("ADMIN-TOKEN", ADMIN_TOKEN), {})
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["3000", "count=3000 users=120", "404 user_not_found"]
@@ -547,7 +548,7 @@ def test_the_readme_client_and_admin_examples_run(fresh_live, tmp_path, monkeypa
         code = main(argv[1:])
         out = capsys.readouterr()
         outputs[command.strip()] = out.out
-        if "error" in comment:  # the README shows the error line it prints
+        if "error" in comment:  # the docs show the error line it prints
             assert code == 1 and out.err.strip() == comment.strip(), (line, out.err)
         else:
             assert code == 0, (line, out.err)

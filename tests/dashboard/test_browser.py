@@ -5,8 +5,8 @@ database with in-process tasks.
 An operator signs in, dry-runs and starts a small DPALS job, watches it finish, and sees
 the curve and every tenant's budget change; a tenant signs in, sees its own pages and a
 recommendation preview, and gets a 404 for another tenant's page and for operator pages.
-Screenshots of each page go to ``FEDREC_SCREENSHOTS`` (the README's are made with
-``FEDREC_SCREENSHOTS=docs/screenshots``), else to the test's temporary folder.
+Screenshots of each page go to ``FEDREC_SCREENSHOTS`` (those of docs/how-to/dashboard.md are
+made with ``FEDREC_SCREENSHOTS=docs/screenshots``), else to the test's temporary folder.
 """
 
 from __future__ import annotations

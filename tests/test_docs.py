@@ -1,0 +1,64 @@
+"""The documentation site (mkdocs.yml, docs/) builds without a warning, its reference pages
+are what docs/gen_reference.py writes from the code today, and the README stays a short
+front page whose links lead somewhere."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.doc_pages import ROOT, doc_lines, doc_pages
+
+REFERENCE = ROOT / "docs" / "reference"
+GENERATED = ("cli.md", "configs.md", "api.md")
+
+
+def test_the_reference_is_current(tmp_path):
+    """Regenerated into a temporary folder, every generated page equals the committed one:
+    a new option, config field or route without `python docs/gen_reference.py` fails."""
+    subprocess.run([sys.executable, str(ROOT / "docs" / "gen_reference.py"), str(tmp_path)],
+                   check=True, cwd=tmp_path, capture_output=True, text=True)
+    for name in GENERATED:
+        fresh, committed = (tmp_path / name).read_text(), (REFERENCE / name).read_text()
+        assert fresh == committed, (f"docs/reference/{name} is stale: run "
+                                    "`python docs/gen_reference.py` and commit the result")
+
+
+def test_the_site_builds_without_a_warning(tmp_path):
+    """`mkdocs build --strict`: a broken link or anchor, a page left out of the nav or a
+    missing file fails the build (mkdocs.yml's `validation`)."""
+    pytest.importorskip("mkdocs", reason="mkdocs is in the dev extra: pip install -e '.[dev]'")
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                           "--config-file", str(ROOT / "mkdocs.yml"),
+                           "--site-dir", str(tmp_path / "site")],
+                          cwd=ROOT, capture_output=True, text=True)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0 and "WARNING" not in log, log
+    assert (tmp_path / "site" / "reference" / "configs" / "index.html").exists()
+
+
+def test_the_readme_is_a_short_front_page_whose_links_resolve():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    assert any(link.startswith("docs/") for link in links)
+    missing = [link for link in links if "://" not in link and not (ROOT / link).exists()]
+    assert not missing, f"README links to missing files: {missing}"
+
+
+def test_no_page_points_at_the_shared_folder():
+    """Papers are cited by title; data is reached through FEDREC_DATA_DIR."""
+    for page in doc_pages():
+        text = page.read_text()
+        assert "../shared" not in text and "/work/shared" not in text, page
+
+
+def test_the_command_checks_read_every_page(tmp_path):
+    """The tests that parse documented commands (tests/test_cli.py, tests/app/test_client.py)
+    read README.md and every docs page: a command on a how-to page is among them."""
+    budgets = (ROOT / "docs" / "how-to" / "budgets.md").read_text()
+    on_page = [ln.strip() for ln in budgets.splitlines() if ln.startswith("fedrec admin ")]
+    assert on_page and set(on_page) <= set(doc_lines(r"fedrec (admin|jobs|doctor)\b"))
