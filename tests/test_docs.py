@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.doc_pages import ROOT, doc_lines, doc_pages
+from tests.doc_pages import ROOT, doc_lines, doc_pages, section
 
 REFERENCE = ROOT / "docs" / "reference"
 GENERATED = ("cli.md", "configs.md", "api.md")
@@ -62,3 +62,28 @@ def test_the_command_checks_read_every_page(tmp_path):
     budgets = (ROOT / "docs" / "how-to" / "budgets.md").read_text()
     on_page = [ln.strip() for ln in budgets.splitlines() if ln.startswith("fedrec admin ")]
     assert on_page and set(on_page) <= set(doc_lines(r"fedrec (admin|jobs|doctor)\b"))
+
+
+def test_the_deployment_page_lists_every_setting_with_its_default():
+    """The settings table of docs/how-to/deployment.md names every field of app/config.py's
+    Settings (and the state cache, read from the environment by app/training/states.py),
+    with the default the code has."""
+    from app.config import Settings
+
+    table = section("Configuration").split("| variable | default | meaning |", 1)[1]
+    rows = {}
+    for line in table.strip().splitlines()[1:]:
+        if not line.startswith("|"):
+            break
+        names, default = [c.strip() for c in line.strip("|").split("|")][:2]
+        rows[re.findall(r"`(FEDREC_\w+)`", names)[0]] = default
+    fields = Settings.model_fields
+    assert set(rows) == {"FEDREC_" + f.upper() for f in fields} | {"FEDREC_STATE_CACHE_MB"}
+    for name, field in fields.items():
+        shown, code = rows["FEDREC_" + name.upper()], field.default
+        if code is None:
+            assert shown in {"unset", "the broker URL"}, name
+        elif isinstance(code, int | float):
+            assert float(shown.split("`")[1]) == code, name
+        else:
+            assert shown == f"`{code}`", name
