@@ -30,8 +30,8 @@ COMMANDS = {
     "jobs": ("app.commands.admin", "training jobs (as 'fedrec admin jobs')"),
 }
 ALL = "*"
-#: the two kinds of model, as ``fedrec --help`` ends (the README's "Ranking and rating
-#: models" says the same, word for word: tests/test_cli.py checks it)
+#: the two kinds of model, as ``fedrec --help`` ends (docs/explanation/ranking-vs-rating.md
+#: says the same, word for word: tests/test_cli.py checks it)
 MODEL_KINDS = (
     "Two kinds of model. Ranking models (ials, dp-ials) learn which items users choose and "
     "serve the top-k lists; they are tuned and stopped by NDCG@10 and reported by precision "

@@ -54,7 +54,7 @@ def check_database(settings: Settings) -> tuple[bool, str]:
     except Exception as exc:  # noqa: BLE001 - any failure is reported in words
         return False, (f"cannot reach the database at {where}: {_first_line(exc)}. Check "
                        "FEDREC_DATABASE_URL / DATABASE_URL, that the server runs, and that "
-                       "the role and database exist (README: Production setup).")
+                       "the role and database exist (docs/how-to/deployment.md).")
     finally:
         engine.dispose()
     head = ScriptDirectory.from_config(alembic_config(settings.database_url)).get_current_head()

@@ -618,7 +618,7 @@ def cancel_job(s: Session, job: TrainingJob) -> bool:
 
 
 #: the default job (no algorithm named): a ranking model serves the lists, a rating model
-#: predicts ratings and feeds the RMSE report (see the README's "Ranking and rating models")
+#: predicts ratings and feeds the RMSE report (docs/explanation/ranking-vs-rating.md)
 DEFAULT_RANKING = "dp-ials"
 DEFAULT_RATING = "dpals"
 

@@ -11,7 +11,7 @@ from app.schemas import MAX_DB_INT, DbId, UtcDatetime
 
 
 class DPSettings(Input):
-    """Differential privacy of every upload (see the README's privacy section)."""
+    """Differential privacy of every upload (docs/explanation/privacy.md)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -26,7 +26,7 @@ class DPSettings(Input):
 
 
 class PrivacySettings(Input):
-    """User-level differential privacy (see the README's privacy section): the service
+    """User-level differential privacy (docs/explanation/privacy.md): the service
     solves the noise for ``target_epsilon`` at ``delta`` over the job's releases."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
