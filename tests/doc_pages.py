@@ -29,6 +29,24 @@ def doc_lines(pattern: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if re.match(r"\s*" + pattern, line)]
 
 
+def doc_commands(program: str = "fedrec") -> list[str]:
+    """Every command of ``program`` written in a ```bash block of any page: continuation
+    lines joined, trailing comments dropped, and a line of several commands (``&&``, ``;``,
+    ``|``, ``&``) cut into its commands."""
+    commands = []
+    for page in doc_pages():
+        blocks = re.findall(r"^[ \t]*```bash\n(.*?)^[ \t]*```", page.read_text(),
+                            flags=re.M | re.S)
+        for block in blocks:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = re.split(r"\s#", line, maxsplit=1)[0]
+                for part in re.split(r"&&|;|\|\s|&\s*$", line):
+                    part = part.strip()
+                    if part.startswith(program + " "):
+                        commands.append(part)
+    return commands
+
+
 def section(heading: str) -> str:
     """The text under the Markdown heading ``heading`` (any level) up to the next heading of
     the same or a higher level, on whichever page holds it; the test fails when no page or

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.doc_pages import ROOT, doc_lines, doc_pages, section
+from tests.doc_pages import ROOT, doc_commands, doc_lines, doc_pages, section
 
 REFERENCE = ROOT / "docs" / "reference"
 GENERATED = ("cli.md", "configs.md", "api.md")
@@ -87,3 +87,22 @@ def test_the_deployment_page_lists_every_setting_with_its_default():
             assert float(shown.split("`")[1]) == code, name
         else:
             assert shown == f"`{code}`", name
+
+
+def test_every_documented_fedrec_command_parses(capsys):
+    """Every `fedrec ...` command in a bash block of any page (README.md, docs/**/*.md) is
+    accepted by the parsers as written (parsed, not run): serve, demo, agent and cluster
+    too, beside the commands tests/test_cli.py checks in more depth."""
+    import shlex
+
+    from app.cli import parse
+
+    commands = doc_commands()
+    assert {shlex.split(c)[1] for c in commands} >= {"simulate", "tune", "admin", "jobs",
+                                                     "doctor", "serve", "demo", "agent"}
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        try:
+            assert parse(argv).func, command
+        except SystemExit as exit_:  # --help prints and exits 0
+            assert exit_.code == 0 and "--help" in argv, (command, capsys.readouterr().err)
