@@ -46,7 +46,7 @@ from algorithms.block import RatingBlock
 class AlgorithmConfig(BaseModel):
     """Base of every algorithm's config: frozen, unknown fields rejected."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     @classmethod
     def paper_settings(cls, **overrides: Any) -> AlgorithmConfig:

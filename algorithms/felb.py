@@ -89,6 +89,7 @@ class FelbMUConfig(FelbConfig):
     """Felb-MU: Felb with Lee-Seung multiplicative step sizes."""
 
     step: Literal["lipschitz", "mu"] = "mu"
+    """'mu' (Felb-MU, Lee-Seung multiplicative step sizes) or 'lipschitz' (Felb's)."""
 
 
 @dataclasses.dataclass(frozen=True)
