@@ -9,7 +9,7 @@ carve-out FedMC-ADMM was tuned on. The chosen setting is then fitted on the whol
 split with ``--seeds`` initialisations; test RMSE / MAE are over all test ratings with
 predictions clipped to [1, 5], as :func:`algorithms.simulate.evaluate` does.
 
-    nice -n 10 fedrec bench centralised            # ML-100k and ML-1M, 3 seeds
+    nice -n 10 python -m bench centralised            # ML-100k and ML-1M, 3 seeds
 """
 
 from __future__ import annotations

@@ -12,14 +12,14 @@ References (``bench/_dp_references.py``, drawn as horizontal lines): centralised
 its tuned setting, a bias-only model, and the global mean of the training ratings.
 ``--replot`` redraws the figure from the result file.
 
-    fedrec bench dp_utility --epsilons 0.5 1 2 4 8 16 --seeds 3
+    python -m bench dp_utility --epsilons 0.5 1 2 4 8 16 --seeds 3
 
 ``--data netflix-synthetic --ratings N``: Netflix's shape (480,189 users, 17,770 items)
 drawn by :func:`algorithms.synthetic.generate_tenant_ratings` straight into the 100
 tenants with N ratings (default Netflix's 100,480,507; as ``bench/scale.py`` does), split
 80/20 per tenant (seed 0); by default only epsilon 1 and the noise-free run.
 
-    fedrec bench dp_utility --data netflix-synthetic --seeds 3
+    python -m bench dp_utility --data netflix-synthetic --seeds 3
 
 ``--algorithms dp-fedmavg dp-fedmc-admm``: the user-level gradient methods instead (or
 beside ``dpals``), each noise-free and at every ``--epsilons`` with central placement, at
@@ -27,7 +27,7 @@ its defaults (chosen on the validation carve-out by ``python -m bench.dpals_vali
 --algorithm NAME``) and, at each ``--small-epsilons``, with ``GRADIENT_SMALL_EPSILON``.
 Without dpals the result goes to ``dp_utility_gradient[_DATA].json``.
 
-    fedrec bench dp_utility --algorithms dp-fedmavg dp-fedmc-admm --epsilons 1 8 --seeds 1
+    python -m bench dp_utility --algorithms dp-fedmavg dp-fedmc-admm --epsilons 1 8 --seeds 1
 """
 
 from __future__ import annotations

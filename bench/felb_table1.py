@@ -10,9 +10,9 @@ Apx. D's 1000), majority vote (eq. 12), U_i refit. F1 is that of the Boolean
 reconstruction against the training matrix, as in Table 1. Seeds vary the split, the
 tenant partition and the initialisation. Reuses :mod:`bench.felb_targets`.
 
-    nice -n 10 fedrec bench felb_table1            # ML-1M, 3 seeds, ~210 s of CPU
-    fedrec bench felb_table1 --quick               # ML-100k, 5 rounds, 1 seed
-    nice -n 10 fedrec bench felb_table1 --paper-size   # MovieLens 25M's shape, 1 seed
+    nice -n 10 python -m bench felb_table1            # ML-1M, 3 seeds, ~210 s of CPU
+    python -m bench felb_table1 --quick               # ML-100k, 5 rounds, 1 seed
+    nice -n 10 python -m bench felb_table1 --paper-size   # MovieLens 25M's shape, 1 seed
 
 ``--paper-size`` is the paper's scale: MovieLens 25M itself is not available here, so a
 synthetic rating set of its shape (162,541 users, 59,047 rated movies, 25,000,095 ratings;
