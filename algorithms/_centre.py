@@ -31,7 +31,7 @@ import numpy as np
 from algorithms.user_bounds import centre_terms
 
 #: the centre's share of each release's privacy (chosen on MovieLens 100k / 1M and the
-#: Amazon-like set of :mod:`bench.skewed_ratings`, BENCHMARKS.md)
+#: Amazon-like set of :func:`algorithms.synthetic.generate_skewed_ratings`)
 DEFAULT_SHARE = 0.02
 #: the denominator must exceed this many of its noise standard deviations
 MIN_SIGNAL = 3.0
