@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -81,6 +82,22 @@ def test_table_skips_quick_runs_and_names_each_command(tmp_path):
     wall = json.loads((tmp_path / "demo.json").read_text())["run_time"]["wall_seconds"]
     assert f"| {wall / 60:.1f} |" in demo_row and "zz_quick" not in times
     assert times in text
+
+
+def test_benchmarks_md_is_current():
+    """BENCHMARKS.md is what `python -m bench table --write` writes from bench/results/."""
+    assert (ROOT / "BENCHMARKS.md").read_text() == E.benchmarks_page(), (
+        "BENCHMARKS.md is stale: run `python -m bench table --write`")
+
+
+def test_every_experiment_has_a_page_listed_in_the_index():
+    index = (ROOT / "docs" / "benchmarks" / "index.md").read_text()
+    for name in EXPERIMENTS:
+        assert (ROOT / "docs" / "benchmarks" / f"{name}.md").exists(), name
+        assert f"({name}.md)" in index, name
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", index))
+    pages = {p.name for p in (ROOT / "docs" / "benchmarks").glob("*.md")} - {"index.md"}
+    assert linked == pages, "docs/benchmarks/index.md and its pages differ"
 
 
 def test_fedrec_bench_says_where_the_lab_went():
