@@ -17,7 +17,6 @@ COPY worker ./worker
 COPY algorithms ./algorithms
 COPY privacy ./privacy
 COPY migrations ./migrations
-COPY bench ./bench
 # the CLI registers `fedrec agent` and `fedrec admin` (fedrec.client) beside the server
 COPY agent ./agent
 COPY fedrec ./fedrec

@@ -57,6 +57,9 @@ def check_installed(venv: Path, env: dict[str, str], cwd: str) -> None:
     out = subprocess.run([str(venv / "bin" / "python"), "-c", code], env=env, cwd=cwd,
                          capture_output=True, text=True, check=True).stdout
     assert all("site-packages" in p for p in out.split()), f"not the installed wheel: {out}"
+    lab = subprocess.run([str(venv / "bin" / "python"), "-c", "import bench"], env=env,
+                         cwd=cwd, capture_output=True, text=True)
+    assert lab.returncode != 0, "the wheel ships the lab (bench/): it belongs to the checkout"
 
 
 def wait_for(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:

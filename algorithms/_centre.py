@@ -4,8 +4,9 @@ DP-FedMC-ADMM): one rule for all three.
 Their predictions are ``mu + b_u + c beta_j + u.v_j``, every term but mu shrunk toward 0 by
 a ridge. With mu the middle of the public rating scale (3 on 1-5 stars), a user or an item
 with one or two ratings is predicted near 3 even when 70% of all ratings are 5s: on a
-sparse, skewed (Amazon-like) set the three did worse than predicting the global mean
-(BENCHMARKS.md, issue 17). With ``release_centre`` each release also carries
+sparse, skewed (Amazon-like) set, :func:`algorithms.synthetic.generate_skewed_ratings`,
+the three did worse than predicting the global mean. With ``release_centre`` each release
+also carries
 
     m = sum over the users in the release of (a_u, 1),
     a_u = clip((mean of u's ratings - middle) / half_width, -1, 1)
@@ -31,7 +32,7 @@ import numpy as np
 from algorithms.user_bounds import centre_terms
 
 #: the centre's share of each release's privacy (chosen on MovieLens 100k / 1M and the
-#: Amazon-like set of :mod:`bench.skewed_ratings`, BENCHMARKS.md)
+#: Amazon-like set of :func:`algorithms.synthetic.generate_skewed_ratings`)
 DEFAULT_SHARE = 0.02
 #: the denominator must exceed this many of its noise standard deviations
 MIN_SIGNAL = 3.0

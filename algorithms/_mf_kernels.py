@@ -15,7 +15,7 @@ Two implementations of the FedMC-ADMM inner loops are provided and agree to ~1e-
   Gram matrix, from which come its Lipschitz bound and all N gradients (items with fewer
   than q/2 ratings use their ratings directly), and the closed form of the N-step affine
   recursion for the items a tenant did not rate. Available when numba is installed
-  (``HAVE_NUMBA``); about 6.5x faster than the numpy path on ML-1M (BENCHMARKS.md).
+  (``HAVE_NUMBA``), and several times faster than the numpy path.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def ridge_scale_of(block: RatingBlock, unit: float) -> float:
     one), so the factor is shrunk toward 1 in proportion to how few ratings back it: its
     logarithm is weighted ``n / (n + RIDGE_PRIOR_RATINGS)``. Without this, tenants of 3
     users of a 300-user set with a quarter such raters lost up to 8x of their ridge and
-    FedMC-ADMM's default overfitted them (BENCHMARKS.md, unseen rating data)."""
+    FedMC-ADMM's default overfitted them."""
     if block.nnz < 2:
         return 1.0
     std = float(np.std(block.vals)) / unit

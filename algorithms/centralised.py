@@ -87,7 +87,7 @@ def half_step(rows: np.ndarray, cols: np.ndarray, target: np.ndarray, other: np.
     ``lam_fixed`` adds a fixed weight to the factors' (``lam n_u + lam_fixed``) and
     ``bias_rating`` a weight per rating to the bias's (``lam_bias + bias_rating n_u``):
     the ridge family of FedMC-ADMM, whose lambda + lam_rating n_u applies to a user's
-    factors and bias alike (``bench/tune_floor.py``).
+    factors and bias alike.
 
     Parameters
     ----------

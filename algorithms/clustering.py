@@ -27,9 +27,9 @@ dense X_p instead of a rating block):
   It needs every client's H_p H_p^T after its H steps (a K x K secure sum; the
   simulation forms it directly). ``w_lipschitz="client"`` is fedrec's earlier step, the
   client's own L_p = (2/N_p) lambda_max(H_p H_p^T), which made the W steps of non-iid
-  clients shorter (at the paper's size L_p is 1-3 times L_W on average over the clients
-  and up to 10 times for a one-cluster client) and left FedMAvg 3-10 points lower after
-  500 rounds on two of three seeds (BENCHMARKS.md, issue 22). The server averages the
+  clients shorter (L_p is larger than L_W, most of all for a one-cluster client) and
+  left FedMAvg short of Table I at the paper's size
+  (docs/benchmarks/clustering_table1.md). The server averages the
   uploads and projects onto the box (eq. 9). Partial client communication: every client
   updates H_p each round, m upload (drawn with replacement by omega_p = N_p / N,
   Algorithm 1, also for m = P); ``full_communication`` makes m >= P every client with

@@ -51,7 +51,7 @@ from algorithms.dpals import factors, objective
 
 class DPFedMAvgConfig(UG.UserGradConfig):
     """Settings of DP-FedMAvg (defaults: chosen on a validation carve-out of MovieLens 1M,
-    see BENCHMARKS.md)."""
+    see docs/benchmarks/dp_utility.md)."""
 
     lr: float = Field(1.0, description="server learning rate")
     momentum: float = Field(0.0, description="server momentum (0: plain steps)")

@@ -79,7 +79,7 @@ from algorithms.dpals import factors, objective
 
 class DPFedMCADMMConfig(UG.UserGradConfig):
     """Settings of DP-FedMC-ADMM (defaults: chosen on a validation carve-out of MovieLens
-    1M, see BENCHMARKS.md)."""
+    1M, see docs/benchmarks/dp_utility.md)."""
 
     beta: float = Field(0.006, description="ADMM penalty beta > 0 (paper scale, p tenants)")
     gamma: float = Field(0.01, description="gamma, weight of R(V) = gamma/2 ||V||^2 (eq. 68)")

@@ -71,7 +71,7 @@ from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
 
 #: default ridge of the local user bias: a user with one rating keeps a quarter of its
-#: offset from the centre (BENCHMARKS.md, issue 17)
+#: offset from the centre (sparse data: docs/benchmarks/sparse_sets.md)
 USER_BIAS_RIDGE = 3.0
 #: default fewest ratings of a user with a factor (fewer: its bias alone)
 FACTOR_MIN_RATINGS = 3
@@ -79,7 +79,7 @@ FACTOR_MIN_RATINGS = 3
 
 class DPALSConfig(AlgorithmConfig):
     """Settings of DPALS (defaults: the setting tuned on a validation carve-out, see
-    BENCHMARKS.md)."""
+    docs/benchmarks/dp_utility.md)."""
 
     rank: int = Field(4, description="r, latent factors (one item-bias coordinate extra)")
     sweeps: int = Field(4, description="ALS sweeps, i.e. releases of V per user")

@@ -58,14 +58,13 @@ item-side, stepped in W_i and averaged as V), by U_i = [U | b_u | 1], V = [V ; 1
 with the two ones held fixed; the biases take the same ridge as the factors.
 
 fedrec's defaults differ from the paper's scheme in three places, each measured on the
-synthetic and MovieLens sets against a tuned centralised ALS (BENCHMARKS.md, "Defaults on
-any rating scale"): ``curvature="local"`` bounds each user row's (item column's) step by
+synthetic and MovieLens sets against a tuned centralised ALS (scale_defaults in
+docs/benchmarks/): ``curvature="local"`` bounds each user row's (item column's) step by
 its own curvature, lambda_max over the items it rated (the users who rated it), not all of
 V (U_i); ``aggregate="raters"`` averages each item's column over the tenants whose W_i
 moved it (the plain mean shrinks a rarely rated item's step by the share of tenants that
 did not rate it); and one W step a round (``q2=1``, ``d_factor=0.5``) with every tenant
-uploading, since several local W steps per round make the averaged model drift
-(1-5 synthetic, 25 rounds: Q2 = 2 plateaus at 0.868, Q2 = 1 reaches 0.774).
+uploading, since several local W steps per round make the averaged model drift.
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
 
 #: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`):
-#: off, as FedMC-ADMM's (BENCHMARKS.md, "A fixed ridge on the item bias")
+#: off, as FedMC-ADMM's
 ITEM_BIAS_RIDGE = 0.0
 
 
@@ -261,7 +260,7 @@ def row_curvature(other: np.ndarray, rows: np.ndarray, cols: np.ndarray, n_rows:
     small tenant (a few users, a catalogue of thousands of items) the work follows its
     ratings, not the catalogue (each client step decomposed one matrix per item of the
     catalogue; 15 minutes were not enough for 100 default rounds on a 40,000-rating set
-    of 4,659 items, BENCHMARKS.md). A row with k < q ratings has a Gram matrix of rank at
+    of 4,659 items). A row with k < q ratings has a Gram matrix of rank at
     most k, whose nonzero eigenvalues are those of the k x k matrix of its ratings' inner
     products O^T O: k = 1 gives ||o||^2, k = 2 the larger root of a 2 x 2 matrix, and
     3 <= k < q a k x k decomposition (on sparse data most rows: one or two ratings of

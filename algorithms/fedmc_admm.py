@@ -90,13 +90,13 @@ from algorithms.block import RatingBlock
 #: the default fixed ridge on the item-bias row (see :attr:`FedMCADMMConfig.item_bias_ridge`):
 #: off, because no value helps ranking without costing RMSE elsewhere (ML-1M precision@10
 #: 0.035 -> 0.069 at 10, 0.072 at 100, while synthetic 1-5 stars lose 2.6% at 10;
-#: BENCHMARKS.md, "A fixed ridge on the item bias")
+#: measured with ``fedrec simulate --item-bias-ridge W``)
 ITEM_BIAS_RIDGE = 0.0
 
 
 class FedMCADMMConfig(AlgorithmConfig):
     """Settings of FedMC-ADMM. Defaults are the tuned, recommended setting
-    (see BENCHMARKS.md); :meth:`paper_settings` gives the paper's / authors' run."""
+    (docs/benchmarks/scale_defaults.md); :meth:`paper_settings` gives the paper's / authors' run."""
 
     rank: int = Field(10, description="r, number of latent factors (bias rows/cols extra)")
     regulariser: Literal["l2", "l1"] = Field(
@@ -141,10 +141,10 @@ class FedMCADMMConfig(AlgorithmConfig):
     #: mixes them: the weighted (per-rating) weights around the defaults' 0.085 and below,
     #: and the fixed ones, lambda per user row and gamma on V (gamma acts as p gamma per
     #: item column, about 1 to 30 with the default 100 tenants). On MovieLens 1M a
-    #: centralised ALS of this model gains most from the mix (validation RMSE 0.8515 with
-    #: lambda 5, lam_rating 0.02, p gamma 10, gamma_rating 0.02 against 0.8590 for ALS-WR
-    #: alone, test 0.8447 and FedMC-ADMM's the same; BENCHMARKS.md, "fedrec tune (part
-    #: 4)"). A drawn lambda is scaled with the rank
+    #: centralised ALS of this model gains most from the mix; ``fedrec tune`` on ML-1M
+    #: chooses it too (lambda 5, lam_rating 0.02, p gamma 10, gamma_rating 0.02:
+    #: bench/results/tune_ml-1m.json, written by ``fedrec tune --json``).
+    #: A drawn lambda is scaled with the rank
     #: (:func:`algorithms.tuning.couple_rank_and_lambda`), the per-rating weights are not:
     #: ALS's best weighted lambda is 0.06 to 0.08 at ranks 10, 20 and 40 alike. Rank 40
     #: because a round costs far less than (r + 1)^2 / 121 times rank 10's (ML-1M, CPU
@@ -577,5 +577,5 @@ ALGORITHM = Algorithm(
     factors=factors, objective=objective, predict_entries=predict_entries,
     server_prepare=server_prepare, server_apply=server_apply,
     # every tenant every round: the weighted-lambda defaults converge in about 60 rounds so
-    # (BENCHMARKS.md, "Defaults on any rating scale"); 10 a round needed several hundred
+    # (docs/benchmarks/scale_defaults.md); 10 a round needed several hundred
     run_defaults={"clients": 100, "per_round": 100, "rounds": 100})

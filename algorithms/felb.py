@@ -21,7 +21,7 @@ eq. 8 (a U step, then a V step; iPALM extrapolation x + beta (x - x_prev) before
 with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambda_t/C}(mean
 V_i), the exact minimiser of eq. 10 (``server_prox='alg1'``, opt-in: prox_{kappa, lambda_t}
 as Algorithm 1, line 16 prints it; at the paper's size it closes Felb's loss to averaging,
-BENCHMARKS.md "The gap measured"). Steps: Felb 1/L with L = ||V V^T||_2 resp.
+docs/benchmarks/felb_table1.md). Steps: Felb 1/L with L = ||V V^T||_2 resp.
 ||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
 the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
 
@@ -30,14 +30,13 @@ the default). Then ||V_hat V_hat^T||_2 is about n k / 4 for n items: 3e5 at Movi
 59,047 items. The first U steps shrink U_i to about 0.01 (B(U_i) empty); Felb-MU's V step
 size, and with it the proximity weight xi gamma of eq. 8 (about 400), grows as 1/|U_i|^2,
 so V_i stays pinned to a V_hat that never leaves its random start, while Felb's Lipschitz
-steps spend the rounds removing the start's mean: F1 0.001 / 0.005 at the paper's size.
+steps spend the rounds removing the start's mean, and F1 stays near 0 at the paper's size.
 ``start='scaled'`` (a deviation from the paper, opt-in) draws V_hat^0 uniformly on
 [0, 1/sqrt(n)], a function of the public catalogue size only (no data):
 ||V_hat^0 V_hat^0^T||_2 is then about k/4 + 1/12 whatever n. U_i^0 stays uniform on
-[0, 1]; every update rule is the paper's. At the paper's size (5 of its 50 tenants, 20
-rounds) it gives F1 0.119 (Felb) and 0.088 (Felb-MU) instead of 0.013 / 0.000. It is not
-the default because on ML-1M (3,706 items, ~121 users per tenant) it loses to the uniform
-start; BENCHMARKS.md ("Felb Table 1 at the paper's size") has both measurements.
+[0, 1]; every update rule is the paper's. It is not the default because on ML-1M (3,706
+items, ~121 users per tenant) it loses to the uniform start; docs/benchmarks/felb_table1.md
+has both measurements.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from algorithms.user_bounds import UserBounds
 
 class IALSConfig(AlgorithmConfig):
     """Settings of federated iALS (defaults: chosen on a validation carve-out of the
-    training data, see BENCHMARKS.md)."""
+    training data, see docs/benchmarks/ranking.md)."""
 
     rank: int = Field(32, description="r, latent factors (one item-bias coordinate extra)")
     sweeps: int = Field(8, description="ALS sweeps, i.e. releases of the item sums")
@@ -135,7 +135,7 @@ class IALSConfig(AlgorithmConfig):
 
 class DPIALSConfig(IALSConfig):
     """``dp-ials``: iALS with the per-user bounds user-level DP needs (defaults chosen on a
-    validation carve-out under noise, see BENCHMARKS.md)."""
+    validation carve-out under noise, see docs/benchmarks/ranking.md)."""
 
     rank: int = Field(16, description="r, latent factors (one item-bias coordinate extra)")
     sweeps: int = Field(2, description="ALS sweeps, i.e. releases of the item sums")

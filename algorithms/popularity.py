@@ -129,7 +129,7 @@ ALGORITHM = Algorithm(
     run_defaults={"clients": 100, "per_round": 0, "rounds": 1})
 
 #: default k of DP popularity: each user's items scaled to L2 weight sqrt(k) (chosen on a
-#: validation carve-out of MovieLens 100k and 1M at epsilon 1 and 8, see BENCHMARKS.md)
+#: validation carve-out of MovieLens 100k and 1M at epsilon 1 and 8, docs/benchmarks/ranking.md)
 DP_ITEMS_PER_USER = 100
 
 

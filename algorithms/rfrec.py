@@ -49,10 +49,9 @@ for RFRec, main updates for RFRecF), not the number of steps it took itself, and
 ``momentum_on_return='restart'`` (RFRec's default) a client that missed an iteration
 restarts its first moments (of U_i and V_(i)) at zero: RFRec's Adam step carries the
 proximal pull lambda (V_(i) - V_bar), and the momentum a returning client kept points at
-an average that has moved since, which with lambda = 20 made the shared factors drift
-(RMSE +0.34 at 50% dropped on ML-100k; +0.035 with the restart, BENCHMARKS.md). RFRecF's
-main update has no proximal term and keeps its moments (``'keep'``, its default: the
-restart cost it 0.07 RMSE at 50% dropped).
+an average that has moved since, which with a strong tie makes the shared factors drift
+(docs/benchmarks/rfrec_dropped.md). RFRecF's main update has no proximal term and keeps
+its moments (``'keep'``, its default).
 :func:`run_batched` runs all clients at once on this representation (6,040 per-user
 clients on ML-1M).
 
@@ -60,13 +59,10 @@ Options. The defaults: Adam, the sigmoid link, the tenant's own rating range, bi
 and a weighted-lambda ridge scaled by the tenant's rating variance (as fedrec's FedMC-ADMM
 and FedMAvg defaults), rank 10; RFRec alpha 0.1, Adam betas (0.9, 0.9), lambda growing
 from 0.25 to 2 over the run (``lam_start`` 0.125), lambda_u 0.3, lam_u_rating =
-lam_v_rating = 0.002, K = 200 (chosen on a validation carve-out: BENCHMARKS.md, "RFRec:
-defaults chosen on the validation carve-out"); RFRecF the notebook schedule, p 0.8, alpha
-0.04, torch's Adam betas, lambda 40, lambda_u 0.3, lam_u_rating = lam_v_rating = 0.001,
-K = 400 (BENCHMARKS.md, "RFRec and RFRecF with bias terms and a weighted-lambda ridge").
-The earlier defaults, validated on
-an ML-100k carve-out without bias terms (``ours`` in BENCHMARKS.md, rank 20, RFRec lambda
-20, RFRecF alpha 0.02 and lambda_u 3), stay the Table 2 benches' setting.
+lam_v_rating = 0.002, K = 200; RFRecF the notebook schedule, p 0.8, alpha 0.04, torch's
+Adam betas, lambda 40, lambda_u 0.3, lam_u_rating = lam_v_rating = 0.001, K = 400 (both
+chosen on a validation carve-out, never the test ratings). The paper-reproduction benches
+keep their own ``ours`` setting without bias terms (docs/benchmarks/rfrec_table2.md).
 ``paper_settings()`` gives the paper's Sec. 4.1.3 form: gd, identity link, no bias terms,
 d = 20, K = 100, alpha = 0.05 / 0.025, lambda = 10, p = 0.5, N(0, 1e-4) init,
 lambda_u = 0.1, Algorithm 2's schedule, a constant step and lambda, torch's Adam betas
@@ -101,12 +97,13 @@ lambda_u = 0.1, Algorithm 2's schedule, a constant step and lambda, torch's Adam
     average at rate min(1, alpha lambda / p) (the notebook resets to V_bar). Algorithm 2
     spends the first zeta = 0 iteration after each aggregation on the move alone, so only
     about (1 - p)^2 of the iterations are main updates (25 of K = 100 at p = 0.5), which
-    leaves the model near its initialisation (BENCHMARKS.md). Communication is unchanged
+    leaves the model near its initialisation (docs/benchmarks/rfrec_table2.md).
+    Communication is unchanged
     (only when zeta changes).
 
 The paper's GD form at the paper's settings diverges on MovieLens (alpha = 0.05 violates
-the paper's own condition alpha <= 1/(L + lambda) of Theorem 3.4 once the factors grow);
-see BENCHMARKS.md, "RFRec and RFRecF", for measured figures of every option. Privacy is
+the paper's own condition alpha <= 1/(L + lambda) of Theorem 3.4 once the factors grow;
+docs/benchmarks/rfrec_table2.md). Privacy is
 not applied here: the clip + Laplace of eq. (9) is the privacy layer's wrapper around the
 client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the paper's
 (delta, s).
@@ -195,7 +192,7 @@ class RFRecConfig(AlgorithmConfig):
     adam_betas: tuple[float, float] = (0.9, 0.9)
     """Adam's (beta1, beta2); the authors' code has torch's (0.9, 0.999) (the paper preset),
     whose long memory of squared gradients kept the steps of the default run small and
-    its curves still falling at K (BENCHMARKS.md)."""
+    its curves still falling at K."""
     adam_eps: float = Field(1e-8, gt=0)
     """Adam's epsilon."""
     lr_final: float = Field(1.0, gt=0, le=1)
@@ -275,7 +272,7 @@ class RFRecFConfig(RFRecConfig):
     """As RFRec's (weighted-lambda ridge on V_(i)'s rated columns)."""
     adam_betas: tuple[float, float] = (0.9, 0.999)
     """Adam's (beta1, beta2), torch's as the authors' code (RFRec's (0.9, 0.9) measured
-    worse here: BENCHMARKS.md)."""
+    worse here)."""
     lam_start: float = Field(1.0, gt=0, le=1)
     """As RFRec's; 1 (a constant lambda) by default, so that the move to the average stays
     a full reset."""
@@ -1254,7 +1251,7 @@ def _unpack(lay: _Layout, c: _Clients, last: np.ndarray, bias: bool) -> list[RFR
             for i in range(us.shape[0] - 1)]
 
 
-#: the validated runs (BENCHMARKS.md, ``ours``): every client every iteration; the paper's
+#: the validated runs (the lab's ``ours`` setting): every client every iteration; the paper's
 #: one client per user is ``clients`` = the number of users (use :func:`run_batched` then)
 _RUN_DEFAULTS = {"clients": 200, "per_round": 0, "rounds": 200}
 _RUN_DEFAULTS_F = {"clients": 50, "per_round": 0, "rounds": 400}

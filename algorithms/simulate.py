@@ -228,7 +228,7 @@ each round (see :func:`watch_rounds`)."""
 @contextmanager
 def watch_rounds(callback: Callable[[int, int, Any], None]) -> Iterator[None]:
     """Call ``callback(round, rounds, record)`` after every round of every run driven
-    inside the block, however deep (``fedrec bench``'s progress bar); nothing else
+    inside the block, however deep (the lab's progress bar, ``python -m bench``); nothing else
     changes."""
     token = ROUND_WATCHERS.set((*ROUND_WATCHERS.get(), callback))
     try:

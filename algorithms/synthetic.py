@@ -1,11 +1,20 @@
-"""A realistic synthetic ratings generator.
+"""Synthetic rating sets: every generator of fedrec's tests and benchmarks, drawn from a
+seed, never stored.
 
 Power-law item popularity and user activity, a low-rank preference structure with user
-and item biases, and integer ratings 1-5 whose histogram matches MovieLens (quantile
-mapping). Vectorised over ratings, never a dense users x items array.
-:func:`generate_ratings` returns one flat list; :func:`generate_tenant_ratings` draws the
-same model tenant by tenant in a few tens of bytes per rating, for shapes up to Netflix's
-(480,189 x 17,770, 10^8 ratings; bench/scale.py).
+and item biases, and integer ratings 1-5 mapped to a target histogram by quantiles.
+Vectorised over ratings, never a dense users x items array.
+
+* :func:`generate_ratings`: MovieLens-like (its histogram), one flat list;
+  :func:`generate_tenant_ratings` draws the same model tenant by tenant in a few tens of
+  bytes per rating, for shapes up to Netflix's (480,189 x 17,770, 10^8 ratings).
+* :func:`generate_skewed_ratings`: Amazon-review-like: most users rate once or twice, about
+  half the items are rated once, 70% of ratings are 5s (sparse, skewed data that defaults
+  tuned on MovieLens must still handle).
+* :func:`generate_sparse_ratings`: a large sparse catalogue (200,000 users x 20,000 items,
+  10^6 ratings by default) in which every user and every item has a rating.
+
+:func:`describe` gives the shape figures of any of them.
 """
 
 from __future__ import annotations
@@ -266,3 +275,141 @@ def generate_tenant_ratings(n_users: int, n_items: int, n_ratings: int, n_tenant
         rows[t] = cols[t] = None
     uids = [np.arange(bounds[t], bounds[t + 1]) for t in range(n_tenants)]
     return TenantRatings(blocks, uids, n_users, n_items)
+
+
+#: share of each star, 1..5, of :func:`generate_skewed_ratings`: Amazon-like, 70% fives
+AMAZON_HISTOGRAM = np.array([0.06, 0.04, 0.07, 0.13, 0.70])
+
+
+def generate_skewed_ratings(n_users: int = 29_997, n_items: int = 11_277,
+                            n_ratings: int = 60_000, *, seed: int = 0,
+                            active_share: float = 0.08, activity_exponent: float = 1.6,
+                            item_exponent: float = 0.7, once_share: float = 0.44,
+                            noise: float = 1.0) -> Ratings:
+    """A sparse, skewed 1-5 set shaped like Amazon product reviews: ``n_ratings`` distinct
+    (user, item) pairs, every user at least once.
+
+    A share ``active_share`` of the users rate 2+ items (Pareto(``activity_exponent``)
+    counts rescaled to the total), the rest exactly once; a tail of ``once_share`` of the
+    items is rated once each, the others are drawn with weight ``rank^-item_exponent``. The
+    latent score ``b_u + b_i + u.v`` (standard deviations 0.8, 0.6, 0.5; rank 3) plus
+    ``noise`` times unit Gaussian noise is mapped to stars by :data:`AMAZON_HISTOGRAM`'s
+    quantiles, so the set has some signal a model can find but far less than MovieLens."""
+    if n_ratings < n_users or n_ratings > n_users * n_items:
+        raise ValueError("need n_users <= n_ratings <= n_users * n_items")
+    rng = np.random.default_rng(seed)
+    active = rng.random(n_users) < active_share
+    extra = np.where(active, rng.pareto(activity_exponent, n_users) + 1.0, 0.0)
+    extra = extra * (n_ratings - n_users) / max(extra.sum(), 1.0)
+    counts = 1 + np.floor(extra + rng.random(n_users) * active).astype(np.int64)
+    counts = np.minimum(counts, n_items)
+    users = rng.permutation(np.repeat(np.arange(n_users), counts))
+    n_tail = int(once_share * n_items)
+    head = n_items - n_tail
+    pop = np.arange(1, head + 1, dtype=float) ** -item_exponent
+    pop /= pop.sum()
+    items = np.concatenate([head + np.arange(min(n_tail, users.size)),
+                            rng.choice(head, max(users.size - n_tail, 0), p=pop)])
+    keys = np.unique(users.astype(np.int64) * n_items + items)
+    while keys.size < n_ratings:  # top up (repeated pairs collapsed) with fresh pairs
+        u = rng.choice(users, n_ratings - keys.size)
+        keys = np.unique(np.concatenate([keys, u * n_items + rng.choice(head, u.size,
+                                                                        p=pop)]))
+    if keys.size > n_ratings:  # drop surplus pairs, never a user's only one
+        first = np.unique(keys // n_items, return_index=True)[1]
+        rest = np.setdiff1d(np.arange(keys.size), first)
+        drop = rng.choice(rest, keys.size - n_ratings, replace=False)
+        keys = np.delete(keys, drop)
+    perm = rng.permutation(n_items)  # tail items not all at the end
+    keys = np.sort((keys // n_items) * n_items + perm[keys % n_items])
+    uu, ii = keys // n_items, keys % n_items
+    rank = 3
+    score = (0.8 * rng.standard_normal(n_users)[uu] + 0.6 * rng.standard_normal(n_items)[ii]
+             + 0.5 * np.einsum("ij,ij->i", rng.standard_normal((n_users, rank))[uu],
+                               rng.standard_normal((n_items, rank))[ii]) / np.sqrt(rank)
+             + noise * rng.standard_normal(uu.size))
+    cuts = np.quantile(score, np.cumsum(AMAZON_HISTOGRAM)[:-1])
+    stars = 1.0 + np.searchsorted(cuts, score)
+    return Ratings(uu.astype(np.int64), ii.astype(np.int64), stars.astype(float))
+
+
+def _covering_pairs(n_users: int, n_items: int, n_ratings: int, user_exponent: float,
+                    item_exponent: float, rng: np.random.Generator
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """``n_ratings`` distinct (user, item) pairs, every user and every item in one."""
+    n_u, n_i, n = n_users, n_items, n_ratings
+    if n < max(n_u, n_i) or n > n_u * n_i:
+        raise ValueError("n_ratings must be at least max(n_users, n_items) and at most "
+                         "n_users * n_items")
+    pu = _power_law_weights(n_u, user_exponent, rng)
+    pi = _power_law_weights(n_i, item_exponent, rng)
+    # one rating per user, the rest by activity, at most a tenth of the catalogue each
+    per_user = 1 + rng.multinomial(n - n_u, pu)
+    cap = max(1, n_i // 10)
+    while np.any(per_user > cap):
+        excess = int(np.maximum(per_user - cap, 0).sum())
+        per_user = np.minimum(per_user, cap)
+        room = np.where(per_user < cap, pu, 0.0)
+        per_user += rng.multinomial(excess, room / room.sum())
+    users = np.repeat(np.arange(n_u), per_user)
+    # one rating per item first (to random users' slots), the rest by popularity
+    items = rng.choice(n_i, n, p=pi)
+    first = rng.permutation(n)[:n_i]
+    items[first] = np.arange(n_i)
+    later = np.ones(n, dtype=bool)  # a repeated pair keeps its item's first rating
+    later[first] = False
+    for _ in range(1000):
+        key = users.astype(np.int64) * n_i + items
+        order = np.lexsort((later, key))
+        dup = np.zeros(n, dtype=bool)
+        dup[order[1:]] = key[order[1:]] == key[order[:-1]]
+        if not dup.any():
+            return users, items
+        # redraw the item of a repeated pair (its user keeps the rating), by popularity
+        items[dup] = rng.choice(n_i, int(dup.sum()), p=pi)
+    raise RuntimeError("could not draw distinct pairs")  # pragma: no cover
+
+
+def generate_sparse_ratings(n_users: int = 200_000, n_items: int = 20_000,
+                            n_ratings: int = 1_000_000, *, seed: int = 0,
+                            histogram: tuple[float, ...] = (0.06, 0.11, 0.26, 0.35, 0.22),
+                            user_exponent: float = 0.9, item_exponent: float = 0.9
+                            ) -> Ratings:
+    """A large sparse catalogue: every user and every item has at least one rating; the
+    remaining ratings go to users by a power law of activity (at most a tenth of the
+    catalogue each) and to items by a power law of popularity, redrawn until every pair is
+    distinct; a rank-5 preference with user and item biases and Gaussian noise is mapped
+    to 1-5 stars by quantiles of ``histogram`` (shares of 1..5; default MovieLens-like).
+    Ratings come in a random order, not grouped by user."""
+    rng = np.random.default_rng(seed)
+    users, items = _covering_pairs(n_users, n_items, n_ratings, user_exponent,
+                                   item_exponent, rng)
+    rank = 5
+    p = rng.standard_normal((n_users, rank)) / np.sqrt(rank)
+    q = rng.standard_normal((n_items, rank))
+    b_u = 0.5 * rng.standard_normal(n_users)
+    b_i = 0.7 * rng.standard_normal(n_items)
+    score = np.einsum("ij,ij->i", p[users], q[items]) + b_u[users] + b_i[items]
+    score += 0.5 * score.std() * rng.standard_normal(score.size)
+    hist = np.asarray(histogram, dtype=float)
+    cuts = np.quantile(score, np.cumsum(hist)[:-1] / hist.sum())
+    stars = 1.0 + np.searchsorted(cuts, score).astype(float)
+    order = rng.permutation(n_ratings)
+    return Ratings(users[order].astype(np.int64), items[order].astype(np.int64), stars[order])
+
+
+def describe(ratings: Ratings) -> dict:
+    """A set's shape: users, items, ratings, the share of 5s and the mean rating, the share
+    of users with one or two ratings and of items rated once, the most ratings of one user
+    and of one item, and the share of each rating value."""
+    _, per_user = np.unique(ratings.users, return_counts=True)
+    _, per_item = np.unique(ratings.items, return_counts=True)
+    values, counts = np.unique(ratings.values, return_counts=True)
+    return {"users": int(per_user.size), "items": int(per_item.size),
+            "ratings": len(ratings), "fives": float(np.mean(ratings.values == 5)),
+            "mean": float(ratings.values.mean()),
+            "users_1_or_2": float(np.mean(per_user <= 2)),
+            "items_rated_once": float(np.mean(per_item == 1)),
+            "max_per_user": int(per_user.max()), "max_per_item": int(per_item.max()),
+            "histogram": {f"{v:g}": float(c / len(ratings))
+                          for v, c in zip(values.tolist(), counts.tolist(), strict=True)}}

@@ -140,7 +140,7 @@ def couple_rank_and_lambda(points: list[dict[str, Any]], default_rank: int
     to 3 significant digits). A per-rating weight (``lam_rating``, weighted-lambda) is
     not scaled: its best value hardly moves with the rank (a centralised ALS on MovieLens
     1M: 0.06 at rank 10, 0.08 at 20 and 40), and scaled by r / 10 the rank-20 and rank-40
-    draws were all too strong (BENCHMARKS.md, "fedrec tune (part 4)")."""
+    draws were all too strong)."""
     out = []
     for p in points:
         q = dict(p)

@@ -21,7 +21,6 @@ COMMANDS = {
     "migrate": ("app.commands.migrate", "create or upgrade the database schema"),
     "demo": ("app.commands.demo", "run the whole product end to end on embedded defaults"),
     "cluster": ("app.commands.cluster", "federated ONMF clustering on synthetic data"),
-    "bench": ("app.commands.bench", "run the papers' experiments (fedrec bench list)"),
     "doctor": ("app.commands.doctor", "check the database, migrations, broker, workers and beat"),
     "agent": ("agent.cli", "run a tenant agent: train where the data is"),
     "agent-demo": ("app.commands.agent_demo",
@@ -30,6 +29,9 @@ COMMANDS = {
     "jobs": ("app.commands.admin", "training jobs (as 'fedrec admin jobs')"),
 }
 ALL = "*"
+#: commands that left the product, with what to run instead
+MOVED = {"bench": "benchmarks run from a source checkout of fedrec as `python -m bench "
+                  "list|<name>|table` (they are not part of the installed package)"}
 #: the two kinds of model, as ``fedrec --help`` ends (docs/explanation/ranking-vs-rating.md
 #: says the same, word for word: tests/test_cli.py checks it)
 MODEL_KINDS = (
@@ -201,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         from agent.cli import main as agent_main
 
         return agent_main(argv)
+    if chosen_command(argv) in MOVED:
+        print(f"fedrec {chosen_command(argv)}: {MOVED[chosen_command(argv)]}", file=sys.stderr)
+        return 2
     args = parse(argv)
     if args.log_format is not None:  # before any command reads the settings
         os.environ["FEDREC_LOG_FORMAT"] = args.log_format

@@ -14,8 +14,8 @@ connection, failing the client's next request on it too.
 
 One layer rather than one middleware per concern: every layer is an extra coroutine per
 request and an extra wrapper every response message passes through, and on the serving
-hot path the three layers cost about 5% of the event loop (py-spy profile in
-BENCHMARKS.md).
+hot path each layer costs a measurable share of the event loop (a py-spy profile of
+``python -m bench.recommend_load``; docs/benchmarks/service.md).
 """
 
 from __future__ import annotations

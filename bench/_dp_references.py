@@ -22,8 +22,8 @@ from algorithms._rng import derive_rng
 from algorithms.base import default_select
 from algorithms.data import Federation
 from algorithms.simulate import simulate
+from algorithms.tuning import validation_federation
 from bench.centralised import INIT_STREAM, pooled
-from bench.fedmc_admm_targets import validation_federation
 from privacy.cli import add_dp_arguments, privatizer_from_args, sampling_plan
 
 #: bench/centralised.py's validation choice per data set (bench/results/centralised.json)

@@ -9,11 +9,13 @@ An experiment is a module ``bench/<name>.py`` that defines
 * optionally ``NEEDS_DATA = True`` when it reads the MovieLens folder (the test then skips
   with a message where the folder is absent, and fails under CI).
 
-It runs as ``fedrec bench <name>`` or ``python -m bench.<name>``, writes
-``<out>/<name>.json`` through :func:`write_result` (figures, the command, machine and date)
-and any plot as ``<out>/<name>.png``. Results that have a published counterpart go in the
-JSON's ``comparisons`` (see :func:`comparison`); ``fedrec bench table --write`` gathers
-them from ``bench/results/`` into BENCHMARKS.md, so no figure there is typed by hand.
+It runs from a source checkout as ``python -m bench <name>`` (or ``python -m
+bench.<name>``), writes ``<out>/<name>.json`` through :func:`write_result` (figures, the
+command, machine and date) and any plot as ``<out>/<name>.png``. Results that have a
+published counterpart go in the JSON's ``comparisons`` (see :func:`comparison`);
+``python -m bench table --write`` generates BENCHMARKS.md from ``bench/results/``
+(:func:`benchmarks_page`), so no figure there is typed by hand; what each experiment
+means is on its page, ``docs/benchmarks/<name>.md``.
 """
 
 from __future__ import annotations
@@ -35,14 +37,17 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = RESULTS.parents[1]
-TABLE_START, TABLE_END = "<!-- results-table:start -->", "<!-- results-table:end -->"
+BENCHMARKS = ROOT / "BENCHMARKS.md"
+PAGES = ROOT / "docs" / "benchmarks"
+#: how the lab is run; results written before it left the product name the old command
+LAB, OLD_LAB = "python -m bench", "fedrec bench"
 #: when this module was first imported: every experiment imports it at start-up
 _STARTED = time.monotonic()
 
 
 def parser(name: str, doc: str | None, seeds: int = 3) -> argparse.ArgumentParser:
     """An argument parser with the options every experiment shares."""
-    ap = argparse.ArgumentParser(prog=f"fedrec bench {name}",
+    ap = argparse.ArgumentParser(prog=f"{LAB} {name}",
                                  description=(doc or "").split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -79,7 +84,7 @@ def _commit() -> str | None:
 def command(name: str, argv: list[str] | None) -> str:
     """The command line that reproduces a run."""
     args = sys.argv[1:] if argv is None else argv
-    return " ".join(["fedrec bench", name, *map(shlex.quote, map(str, args))])
+    return " ".join([LAB, name, *map(shlex.quote, map(str, args))])
 
 
 def comparison(what: str, metric: str, paper: float | None, values: list[float],
@@ -142,22 +147,67 @@ def _fmt(value: float | None, std: float | None = None) -> str:
     return f"{text} ± {std:.4f}" if std else text
 
 
+def shown_command(command: str) -> str:
+    """``command`` as it runs today (a result written as ``fedrec bench X`` runs as
+    ``python -m bench X``)."""
+    return LAB + command[len(OLD_LAB):] if command.startswith(OLD_LAB + " ") else command
+
+
+def _experiment_cell(name: str) -> str:
+    """The experiment's name, linked to its page when it has one."""
+    page = PAGES / f"{name}.md"
+    return f"[{name}](docs/benchmarks/{name}.md)" if page.exists() else name
+
+
+def _producer(stem: str) -> str:
+    """The bench module that writes result file ``stem`` (its longest-named prefix), else
+    ``stem``."""
+    modules = sorted((p.stem for p in Path(__file__).parent.glob("[!_]*.py")), key=len,
+                     reverse=True)
+    return next((m for m in modules if stem == m or stem.startswith(m + "_")), stem)
+
+
+def _results(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Every full-size experiment record in ``folder`` (not quick runs, not JSON lines)."""
+    docs = [(path, json.loads(path.read_text())) for path in sorted(folder.glob("*.json"))]
+    return [(path, doc) for path, doc in docs if not doc.get("quick")]
+
+
 def results_table(folder: Path = RESULTS) -> str:
     """A markdown table of every comparison in ``folder``'s full-size results."""
     lines = ["| experiment | setting | metric | paper | fedrec (mean ± std) | runs | diff "
              "| note | command | date |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for path in sorted(folder.glob("*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("quick"):
-            continue
+    for _, doc in _results(folder):
         for row in doc.get("comparisons", []):
             runs = f"{row['runs']}" + (f" (+{row['diverged']} diverged)"
                                        if row.get("diverged") else "")
             diff = "" if row["diff"] is None else f"{row['diff']:+.4f}"
             lines.append(" | ".join([
-                f"| {doc['experiment']}", row["what"], row["metric"], _fmt(row["paper"]),
-                _fmt(row["mean"], row["std"]), runs, diff, row.get("note", ""),
-                f"`{doc['command']}`", f"{doc['machine']['date']} |"]))
+                f"| {_experiment_cell(doc['experiment'])}", row["what"], row["metric"],
+                _fmt(row["paper"]), _fmt(row["mean"], row["std"]), runs, diff,
+                row.get("note", ""), f"`{shown_command(doc['command'])}`",
+                f"{doc['machine']['date']} |"]))
+    return "\n".join(lines)
+
+
+def other_results_table(folder: Path = RESULTS) -> str:
+    """The result files that hold no paper comparison (measurements of fedrec alone:
+    audits, costs, load, rankings, tuning runs): where they are and what wrote them."""
+    lines = ["| result file | experiment | command | date |", "|---|---|---|---|"]
+    for path, doc in _results(folder):
+        if doc.get("comparisons"):
+            continue
+        name = doc.get("experiment") or _producer(path.stem)
+        command = f"`{shown_command(doc['command'])}`" if "command" in doc else \
+            f"`{LAB}.{name}` (see its page)"
+        date = (doc.get("machine") or {}).get("date", "n/a")
+        lines.append(f"| [{path.name}](bench/results/{path.name}) | "
+                     f"{_experiment_cell(name)} | {command} | {date} |")
+    for path in sorted(folder.glob("*.jsonl")):
+        name = _producer(path.stem)
+        lines.append(f"| [{path.name}](bench/results/{path.name}) | "
+                     f"{_experiment_cell(name)} | `{LAB}.{name}` (one JSON line a "
+                     "run; see its page) | n/a |")
     return "\n".join(lines)
 
 
@@ -165,28 +215,52 @@ def run_time_table(folder: Path = RESULTS) -> str:
     """How long each full-size result took: wall and CPU minutes, and the machine's load."""
     lines = ["| result file | command | wall min | CPU min | 1-min load at the end | date |",
              "|---|---|---|---|---|---|"]
-    for path in sorted(folder.glob("*.json")):
-        doc = json.loads(path.read_text())
-        if doc.get("quick") or "command" not in doc or "machine" not in doc:
-            continue  # a quick run, or not an experiment record (e.g. a tune result)
+    for path, doc in _results(folder):
+        if "command" not in doc or "machine" not in doc:
+            continue  # not an experiment record (e.g. a tune result)
         rt = doc.get("run_time") or {}
         wall, cpu = rt.get("wall_seconds"), rt.get("cpu_seconds")
         lines.append(" | ".join([
-            f"| {path.name}", f"`{doc['command']}`",
+            f"| {path.name}", f"`{shown_command(doc['command'])}`",
             "n/a" if wall is None else f"{wall / 60:.1f}",
             "n/a" if cpu is None else f"{cpu / 60:.1f}",
             f"{doc['machine']['load_1min']}", f"{doc['machine']['date']} |"]))
     return "\n".join(lines)
 
 
-def write_table(benchmarks: Path = ROOT / "BENCHMARKS.md", folder: Path = RESULTS) -> None:
-    """Replace the generated table between the markers of BENCHMARKS.md."""
-    text = benchmarks.read_text()
-    if TABLE_START not in text or TABLE_END not in text:
-        raise ValueError(f"{benchmarks} lacks the markers {TABLE_START} ... {TABLE_END}")
-    head, rest = text.split(TABLE_START, 1)
-    _, tail = rest.split(TABLE_END, 1)
-    block = (f"{results_table(folder)}\n\nRun time of each result above (CPU minutes are what "
-             "an idle machine needs; the wall time stretches with the load; n/a: written "
-             "before run times were recorded):\n\n" f"{run_time_table(folder)}")
-    benchmarks.write_text(f"{head}{TABLE_START}\n{block}\n{TABLE_END}{tail}")
+def benchmarks_page(folder: Path = RESULTS) -> str:
+    """BENCHMARKS.md: every figure of ``folder``'s full-size results, with its command."""
+    return f"""# Benchmarks
+
+Generated by `{LAB} table --write` from `bench/results/*.json`; do not edit by hand
+(`tests/test_bench.py` fails when this file differs from a fresh generation). Every row
+names the command that produced it, run from a source checkout of fedrec (`bench/` is the
+lab: it is not part of the installed package). What each experiment measures and what its
+result means: [docs/benchmarks/](docs/benchmarks/index.md).
+
+## fedrec beside the papers
+
+`paper`: the published figure; `fedrec`: the mean ± standard deviation over the runs
+(seeds); `diff`: fedrec minus paper.
+
+{results_table(folder)}
+
+## Results without a published counterpart
+
+Measurements of fedrec alone (audits, costs, load, ranking lists, tuning runs); their
+figures are in the file and on the experiment's page.
+
+{other_results_table(folder)}
+
+## Run time
+
+CPU minutes are what an idle machine needs; the wall time stretches with the load; n/a:
+written before run times were recorded.
+
+{run_time_table(folder)}
+"""
+
+
+def write_table(benchmarks: Path = BENCHMARKS, folder: Path = RESULTS) -> None:
+    """Write BENCHMARKS.md afresh from ``folder``'s results (:func:`benchmarks_page`)."""
+    benchmarks.write_text(benchmarks_page(folder))

@@ -8,7 +8,7 @@ probability ``density``), ORs them into the signal S, and XORs S with Bernoulli(
 rows out to tenants at random; a tenant's ``train`` block lists the 1s of the data A and
 its ``test`` block the 1s of the signal S, so F1 on ``train`` is the paper's F1 (data) and
 F1 on ``test`` its F1* (ground-truth signal). Felb / Felb-MU run through
-:func:`algorithms.simulate.simulate`; the voting baseline as in :mod:`bench.felb_targets`.
+:func:`algorithms.simulate.simulate`; the voting baseline as in :mod:`bench.felb_table1`.
 """
 
 from __future__ import annotations

@@ -3,13 +3,13 @@ federated benchmarks' split, tuned on a validation carve-out, never on the test 
 
 Same data as every federated MovieLens benchmark: ``build_federation(ratings, 100, 0)``
 (80/20 split, seed 0), pooled back into one matrix, so the train and test ratings are
-exactly the federated runs' ones. Tuning uses ``validation_federation`` of
-``bench/fedmc_admm_targets.py`` (10% of each tenant's training ratings, seeded), the same
-carve-out FedMC-ADMM was tuned on. The chosen setting is then fitted on the whole training
+exactly the federated runs' ones. Tuning uses
+:func:`algorithms.tuning.validation_federation` (10% of each tenant's training ratings,
+seeded), the carve-out ``fedrec tune`` uses. The chosen setting is then fitted on the whole training
 split with ``--seeds`` initialisations; test RMSE / MAE are over all test ratings with
 predictions clipped to [1, 5], as :func:`algorithms.simulate.evaluate` does.
 
-    nice -n 10 fedrec bench centralised            # ML-100k and ML-1M, 3 seeds
+    nice -n 10 python -m bench centralised            # ML-100k and ML-1M, 3 seeds
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import numpy as np
 from algorithms import centralised as C
 from algorithms._rng import derive_rng
 from algorithms.data import Federation, build_federation, load_movielens
+from algorithms.tuning import validation_federation
 from bench import _experiment as E
-from bench.fedmc_admm_targets import validation_federation
 
 EXPERIMENT = ("centralised ALS-MF with biases (ceiling for FedMC-ADMM paper Fig. 2; "
               "RFRec paper Table 2 centralised PMF)")

@@ -14,8 +14,8 @@ and round cap (500), Case 2 only unless ``--partitions`` says otherwise; it writ
 runs the cells in parallel processes). Seeds vary the data, the partition and the
 algorithms' randomness. Reuses :mod:`algorithms.clustering`.
 
-    OPENBLAS_NUM_THREADS=1 nice -n 10 fedrec bench clustering_table1
-    OPENBLAS_NUM_THREADS=1 nice -n 10 fedrec bench clustering_table1 --paper-size --jobs 3
+    OPENBLAS_NUM_THREADS=1 nice -n 10 python -m bench clustering_table1
+    OPENBLAS_NUM_THREADS=1 nice -n 10 python -m bench clustering_table1 --paper-size --jobs 3
 
 Set OPENBLAS_NUM_THREADS=1 in the environment: ``fedrec`` imports numpy before this module,
 so a setting made here is too late, and threaded BLAS on a loaded 2-core box runs several

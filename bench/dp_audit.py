@@ -22,7 +22,7 @@ A positive control runs the same attack without noise: it must separate the runs
 attack is too weak for its bound to mean anything. A lower bound below the claimed epsilon
 is consistent with the claim but does not prove it (a stronger attack may exist).
 
-    fedrec bench dp_audit --epsilons 1 4 8 --runs 1000
+    python -m bench dp_audit --epsilons 1 4 8 --runs 1000
 """
 
 from __future__ import annotations

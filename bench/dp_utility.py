@@ -1,33 +1,34 @@
 """User-level DP: test RMSE of DPALS against epsilon (unit: one user, joint DP).
 
 MovieLens 1M (``--data ml-100k`` for the small set), 80/20 split seed 0, 100 tenants,
-delta 1e-6, DPALS at its defaults (tuned on a validation carve-out of the training set by
-``bench/dpals_validate.py``, never on the test ratings). One noise-free run, then per
-target epsilon one run with the noise added once to the sum of the tenants' bounded uploads
-(placement ``central``), at each ``--tenant-epsilon`` one with each tenant noising its own
-upload (placement ``tenant``, T times the variance), and at each ``--tenant-unit-epsilons``
-one under the tenant unit (the ``--dp gaussian`` wrapper); all three default to the
-``--epsilons``. Run seeds vary the initial V and the noise; the split stays seed 0.
+delta 1e-6, DPALS at its defaults (tuned on a validation carve-out of the training set,
+:func:`algorithms.tuning.validation_federation`, never on the test ratings). One
+noise-free run, then per target epsilon one run with the noise added once to the sum of
+the tenants' bounded uploads (placement ``central``), at each ``--tenant-epsilon`` one with
+each tenant noising its own upload (placement ``tenant``, T times the variance), and at
+each ``--tenant-unit-epsilons`` one under the tenant unit (the ``--dp gaussian`` wrapper);
+all three default to the ``--epsilons``. Run seeds vary the initial V and the noise; the
+split stays seed 0.
 References (``bench/_dp_references.py``, drawn as horizontal lines): centralised ALS at
 its tuned setting, a bias-only model, and the global mean of the training ratings.
 ``--replot`` redraws the figure from the result file.
 
-    fedrec bench dp_utility --epsilons 0.5 1 2 4 8 16 --seeds 3
+    python -m bench dp_utility --epsilons 0.5 1 2 4 8 16 --seeds 3
 
 ``--data netflix-synthetic --ratings N``: Netflix's shape (480,189 users, 17,770 items)
 drawn by :func:`algorithms.synthetic.generate_tenant_ratings` straight into the 100
 tenants with N ratings (default Netflix's 100,480,507; as ``bench/scale.py`` does), split
 80/20 per tenant (seed 0); by default only epsilon 1 and the noise-free run.
 
-    fedrec bench dp_utility --data netflix-synthetic --seeds 3
+    python -m bench dp_utility --data netflix-synthetic --seeds 3
 
 ``--algorithms dp-fedmavg dp-fedmc-admm``: the user-level gradient methods instead (or
 beside ``dpals``), each noise-free and at every ``--epsilons`` with central placement, at
-its defaults (chosen on the validation carve-out by ``python -m bench.dpals_validate
---algorithm NAME``) and, at each ``--small-epsilons``, with ``GRADIENT_SMALL_EPSILON``.
+its defaults (chosen on the validation carve-out) and, at each ``--small-epsilons``, with
+``GRADIENT_SMALL_EPSILON``.
 Without dpals the result goes to ``dp_utility_gradient[_DATA].json``.
 
-    fedrec bench dp_utility --algorithms dp-fedmavg dp-fedmc-admm --epsilons 1 8 --seeds 1
+    python -m bench dp_utility --algorithms dp-fedmavg dp-fedmc-admm --epsilons 1 8 --seeds 1
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ from typing import Any
 import numpy as np
 
 from algorithms import dpals, registry
-from algorithms.data import build_federation, federation_from_tenants, load_movielens
+from algorithms.data import (
+    Federation,
+    build_federation,
+    federation_from_tenants,
+    load_movielens,
+)
+from algorithms.simulate import simulate
 from bench._dp_references import (
     CENTRAL_ALS,
     CENTRAL_SWEEPS,
@@ -51,7 +58,8 @@ from bench._dp_references import (
     tenant_unit_rmse,
 )
 from bench._experiment import comparison, parser, run_time, save_figure, write_result
-from bench.dpals_validate import run_dpals, run_user_level
+from privacy.randomness import private_federation
+from privacy.user_level import UserLevelPrivatizer, plan
 
 EXPERIMENT = ("User-level DP (DPALS, Chien et al. ICML 2021): test RMSE against epsilon, "
               "central and per-tenant noise")
@@ -66,13 +74,47 @@ NETFLIX_RATIO_TARGET = 1.03
 NETFLIX_USERS, NETFLIX_ITEMS, NETFLIX_RATINGS = 480_189, 17_770, 100_480_507
 #: users and ratings of the --quick Netflix-shaped run (same 17,770 items)
 QUICK_NETFLIX = (20_000, 400_000)
-#: settings chosen on the validation carve-out for a small epsilon (bench/dpals_validate.py
-#: at epsilon 1): run as an extra row at each epsilon of --small-epsilons
+#: settings chosen on the validation carve-out for a small epsilon (at epsilon 1): run as
+#: an extra row at each epsilon of --small-epsilons
 SMALL_EPSILON = {"config": {"rank": 2, "rating_clip": 0.7}, "gram_share": 0.1}
 #: the gradient methods' setting for a small epsilon (fewer, less noisy releases; chosen
 #: for both on the validation carve-out of ML-1M at epsilon 1 from releases 5 and 10)
 GRADIENT_SMALL_EPSILON = {"releases": 5}
 GRADIENT_METHODS = ("dp-fedmavg", "dp-fedmc-admm")
+
+
+def run_dpals(cfg: dpals.DPALSConfig, fed: Federation, *, epsilon: float, delta: float,
+              placement: str, seed: int, gram_share: float | None = None,
+              release_growth: float | None = None) -> tuple[float, dict[str, Any] | None]:
+    """Test RMSE of one DPALS run on ``fed`` (and its privacy report; None if noise-free).
+    ``gram_share``/``release_growth`` None: the privacy layer's defaults."""
+    return run_user_level("dpals", cfg, fed, epsilon=epsilon, delta=delta,
+                          placement=placement, seed=seed, gram_share=gram_share,
+                          release_growth=release_growth)
+
+
+def run_user_level(name: str, cfg: Any, fed: Federation, *, epsilon: float, delta: float,
+                   placement: str, seed: int, gram_share: float | None = None,
+                   release_growth: float | None = None) -> tuple[float, dict[str, Any] | None]:
+    """Test RMSE of one run of a user-level algorithm (dpals, dp-fedmavg, dp-fedmc-admm)
+    on ``fed`` with every tenant in every round, its releases then one refresh round (and
+    the privacy report; None if noise-free). ``gram_share``/``release_growth`` None: the
+    privacy layer's (or the algorithm's) defaults."""
+    alg = registry.get(name)
+    releases = registry.user_releases(cfg, 0)
+    priv = None
+    if epsilon > 0:
+        bounds = registry.user_bounds(name, cfg)
+        request = {"epsilon": epsilon, "delta": delta, "placement": placement,
+                   **({} if gram_share is None else {"gram_share": gram_share}),
+                   **({} if release_growth is None else {"release_growth": release_growth})}
+        spec = plan(request, bounds, sum(b.n_users for b in fed.train), releases)
+        priv = UserLevelPrivatizer(spec, bounds, fed.n_clients, seed)
+        fed = private_federation(fed)  # per-user caps and samples from a fresh secret
+    res = simulate(alg, cfg, fed, rounds=releases + 1, per_round=fed.n_clients,
+                   seed=seed, privatizer=priv, aggregator=priv.aggregate if priv else None,
+                   evaluate_every=releases + 1)
+    return res.final.test_rmse, priv.report() if priv else None
 
 
 def _mean_rmse(fed, data: str) -> float:

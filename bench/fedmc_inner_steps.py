@@ -10,7 +10,7 @@ client + server work of the in-process simulation (evaluation excluded) on a sha
 machine, so absolute seconds depend on its load (recorded in the JSON). Seeds vary the
 initialisation and the sampling.
 
-    nice -n 10 fedrec bench fedmc_inner_steps
+    nice -n 10 python -m bench fedmc_inner_steps
 """
 
 from __future__ import annotations

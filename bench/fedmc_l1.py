@@ -10,7 +10,7 @@ lambda in {1e-6, 1e-1}, 10 rounds). "Non-zero" counts the entries of U = [U_1; .
 and V that are exactly 0 after the soft-thresholding of eqs. (71) and (73). Seeds vary the
 initialisation and the sampling.
 
-    nice -n 10 fedrec bench fedmc_l1
+    nice -n 10 python -m bench fedmc_l1
 """
 
 from __future__ import annotations

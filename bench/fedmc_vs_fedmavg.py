@@ -9,13 +9,13 @@ Uniform(0, 2e-4) init, tenant-mean centring); FedMAvg = ``fedmavg.paper_settings
 Uniform(0, 1) init, no centring). For reference the plot and the JSON also carry
 FedMC-ADMM at fedrec's recommended defaults (rank 10, biases, tuned on validation).
 Seeds vary the initialisation and the tenant sampling, never the split. The centralised
-ALS ceiling (``fedrec bench centralised``) is drawn when its result file exists.
+ALS ceiling (``python -m bench centralised``) is drawn when its result file exists.
 
 The objective plotted is the data term of F, (1/p) 1/2 sum_i ||P_Omega_i(M_i - M_hat_i)||^2
 on the training ratings, computed identically for both methods (with lambda = gamma =
 1e-6 the regularisers are negligible; each method's own objective is in the JSON).
 
-    nice -n 10 fedrec bench fedmc_vs_fedmavg            # both data sets, 3 seeds
+    nice -n 10 python -m bench fedmc_vs_fedmavg            # both data sets, 3 seeds
 """
 
 from __future__ import annotations

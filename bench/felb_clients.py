@@ -9,7 +9,7 @@ local steps and ``--rounds`` rounds, local Elbmf + majority vote as the baseline
 RMSD and F1 of the reconstruction against the data, training seconds (as in Fig. 3, which
 gives curves only). Sizes are scaled down to fit the ten-minute budget.
 
-    nice -n 10 fedrec bench felb_clients
+    nice -n 10 python -m bench felb_clients
 """
 
 from __future__ import annotations

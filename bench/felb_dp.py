@@ -19,7 +19,7 @@ guarantee: the JSON also records, from the privatizer's ledger, the epsilon each
 actually spends over all entries and rounds (RDP accounting, fedrec's unit: the tenant's
 whole block), which is orders of magnitude larger. The paper gives Fig. 4 as curves only.
 
-    nice -n 10 fedrec bench felb_dp
+    nice -n 10 python -m bench felb_dp
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ The paper shows Fig. 2 as curves only (no numbers) and does not state the matrix
 the default here is 600 x 150 with 6 tiles and 30 rounds (fits the ten-minute budget).
 Seeds vary the data and the initialisation (the paper averages 10 trials).
 
-    nice -n 10 fedrec bench felb_noise
+    nice -n 10 python -m bench felb_noise
 """
 
 from __future__ import annotations

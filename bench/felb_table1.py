@@ -3,16 +3,15 @@ Table 1, row "Movielens").
 
 Setting: ML-1M, ratings >= 3.5 -> 1 (every other pair 0), 80/20 random split (seeded), 50
 tenants, k = 20, T = 10 local steps per round, all tenants every round, no DP (Sec. 4.2,
-Apx. D). Felb / Felb-MU run ``--rounds`` rounds (default 20; the paper's 100 took 288 s
-(Felb) and 202 s (Felb-MU) of training in the issue-4 run and give a lower F1 here, see
-BENCHMARKS.md); the baseline is local Elbmf (``--baseline-iters``, default 200 instead of
-Apx. D's 1000), majority vote (eq. 12), U_i refit. F1 is that of the Boolean
+Apx. D). Felb / Felb-MU run ``--rounds`` rounds (default 20 rather than the paper's 100;
+see docs/benchmarks/felb_table1.md); the baseline is local Elbmf (``--baseline-iters``,
+default 200 instead of Apx. D's 1000), majority vote (eq. 12), U_i refit. F1 is that of the Boolean
 reconstruction against the training matrix, as in Table 1. Seeds vary the split, the
-tenant partition and the initialisation. Reuses :mod:`bench.felb_targets`.
+tenant partition and the initialisation.
 
-    nice -n 10 fedrec bench felb_table1            # ML-1M, 3 seeds, ~210 s of CPU
-    fedrec bench felb_table1 --quick               # ML-100k, 5 rounds, 1 seed
-    nice -n 10 fedrec bench felb_table1 --paper-size   # MovieLens 25M's shape, 1 seed
+    nice -n 10 python -m bench felb_table1            # ML-1M, 3 seeds, ~210 s of CPU
+    python -m bench felb_table1 --quick               # ML-100k, 5 rounds, 1 seed
+    nice -n 10 python -m bench felb_table1 --paper-size   # MovieLens 25M's shape, 1 seed
 
 ``--paper-size`` is the paper's scale: MovieLens 25M itself is not available here, so a
 synthetic rating set of its shape (162,541 users, 59,047 rated movies, 25,000,095 ratings;
@@ -40,13 +39,14 @@ import time
 import numpy as np
 
 from algorithms import binary_baseline, felb
-from algorithms.binary_metrics import binarise, boolean_quality
+from algorithms._rng import SERVER, derive_rng
+from algorithms.binary_metrics import binarise, binary_report, boolean_quality
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, build_federation, load_movielens
+from algorithms.simulate import SimulationResult, initialise, run_round, simulate
 from algorithms.synthetic import generate_tenant_ratings
 from bench import _experiment as E
 from bench import _felb_synth as S
-from bench import felb_targets as T
 
 EXPERIMENT = "Felb paper Table 1 (Movielens): F1 of Felb, Felb-MU and the voting baseline"
 NEEDS_DATA = True
@@ -66,6 +66,48 @@ NOTE = {
 #: data, MovieLens 1M
 SHAPES = {"ml-25m": {"n_users": 162_541, "n_items": 59_047, "n_ratings": 25_000_095},
           "ml-1m": {"n_users": 6_040, "n_items": 3_706, "n_ratings": 1_000_209}}
+
+
+def _row(method, alg, result, fed, seconds, rounds, cfg) -> dict:
+    report = binary_report(alg, result, fed)
+    return {"method": method, **report.as_dict(), "train_seconds": round(seconds, 1),
+            "rounds": rounds, "config": cfg.model_dump()}
+
+
+def _run_felb(method: str, fed, args) -> dict:
+    alg = felb.ALGORITHMS[method]
+    start = getattr(args, "start", None)
+    server_prox = getattr(args, "server_prox", None)
+    cfg = alg.config(rank=args.rank, local_steps=args.local_steps, proximity=args.proximity,
+                     **({} if start is None else {"start": start}),
+                     **({} if server_prox is None else {"server_prox": server_prox}))
+    result = simulate(alg, cfg, fed, rounds=args.rounds, per_round=fed.n_clients,
+                      seed=args.seed, evaluate_every=args.rounds)
+    seconds = sum(h.seconds for h in result.history)
+    return _row(method, alg, result, fed, seconds, args.rounds, cfg)
+
+
+def _run_baselines(methods: list[str], fed, args) -> list[dict]:
+    """One local Elbmf fit per tenant (round 1, the same for every aggregation), then per
+    aggregation: the server step and one refit round. Equal to separate ``simulate`` runs."""
+    alg = binary_baseline.ALGORITHM
+    base = alg.config(rank=args.rank, local_iters=args.baseline_iters)
+    server, glob, locs = initialise(alg, base, fed.train, args.seed)
+    t0 = time.perf_counter()
+    _, _, fitted, _, uploads = run_round(alg, base, 1, args.seed, fed.n_clients, glob, server,
+                                         locs, fed.train)
+    fit_seconds = time.perf_counter() - t0
+    rows = []
+    for method in methods:
+        cfg = base.model_copy(update={"aggregation": method})
+        t0 = time.perf_counter()
+        srv, g = alg.server_step(server, uploads, cfg, derive_rng(args.seed, 1, SERVER))
+        g, srv, final, _, _ = run_round(alg, cfg, 2, args.seed, fed.n_clients, g, srv, fitted,
+                                        fed.train)
+        seconds = fit_seconds + time.perf_counter() - t0
+        result = SimulationResult([], g, srv, final)
+        rows.append(_row(method, alg, result, fed, seconds, 2, cfg))
+    return rows
 
 
 def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0,
@@ -155,8 +197,8 @@ def run_seed(data: str, seed: int, rounds: int, baseline_iters: int, clients: in
     args = argparse.Namespace(rank=20, local_steps=10, proximity=1.0, rounds=rounds,
                               seed=seed, baseline_iters=baseline_iters, start=start,
                               server_prox=server_prox)
-    rows = {m: T._run_felb(m, fed, args) for m in ("felb", "felb-mu")}
-    rows["vote"] = T._run_baselines(["vote"], fed, args)[0]
+    rows = {m: _run_felb(m, fed, args) for m in ("felb", "felb-mu")}
+    rows["vote"] = _run_baselines(["vote"], fed, args)[0]
     for m, r in rows.items():
         print(f"seed {seed} {m:8s} F1 {r['f1']:.4f} RMSD {r['rmsd']:.5f} "
               f"train {r['train_seconds']} s", flush=True)

@@ -15,7 +15,7 @@ Setting: DPALS uploads (rank 2, 5 ratings per user; gram, rhs and centre arrays)
 ``--tenants`` tenants over ``--items`` items, one release (the first of a plan of one),
 delta 1e-5, 95% confidence.
 
-    fedrec bench release_audit --epsilons 1 2 4 8 --runs 2000
+    python -m bench release_audit --epsilons 1 2 4 8 --runs 2000
 """
 
 from __future__ import annotations

@@ -6,17 +6,17 @@ Two settings per method:
     the paper's Sec. 4.1.3 hyper-parameters and protocol: one client per user, K = 100
     iterations, d = 20, alpha = 0.05 (RFRec) / 0.025 (RFRecF), lambda = 10, p = 0.5,
     lambda_u = 0.1, N(0, 1e-4) init, Algorithm 2's schedule for RFRecF. The printed
-    gradient step diverges at these settings (BENCHMARKS.md), so the step is the authors'
-    code's Adam with a sigmoid link on ratings scaled to [0, 1].
+    gradient step diverges at these settings (docs/benchmarks/rfrec_table2.md), so the
+    step is the authors' code's Adam with a sigmoid link on ratings scaled to [0, 1].
 ``ours``
     chosen on a validation carve-out of ML-100k (10% of each client's training ratings,
-    never the test ratings; ``python -m bench.rfrec_targets --validate``), starting from
+    never the test ratings: :func:`algorithms.tuning.validation_federation`), starting from
     the authors' notebooks, Adam + sigmoid. RFRec: 200 clients of users, lambda_u = 0.3,
     alpha = 0.1, lambda = 20, 200 iterations. RFRecF: the notebook's schedule
     (``schedule='code'``: every zeta = 0 iteration a main update, a full reset to V_bar
     after each aggregation), p = 0.8, alpha = 0.02 (Adam learning rate alpha/(1-p) = 0.1),
     lambda = 40 (move rate alpha lambda / p = 1), 50 clients, lambda_u = 3.0, 400
-    iterations (a second validation search, over 3 carve-outs, BENCHMARKS.md).
+    iterations (a second validation search, over 3 carve-outs).
 ``paper-code`` (RFRecF only)
     the ``paper`` setting with the notebook's schedule (main update at every zeta = 0
     iteration, move to the average at rate min(1, alpha lambda / p) after an aggregation),

@@ -1,9 +1,9 @@
 """Scale-out through the real service: a MovieLens-10M-shaped set uploaded through the API
 into PostgreSQL, then the same training job with 1 and with 2 Celery worker processes.
 
-    fedrec bench scale_out                         # 10M ratings, 70k users, 10k items
-    fedrec bench scale_out --quick                 # 60k ratings, 8 tenants (the tests')
-    fedrec bench scale_out --ratings 200000 --users 2000 --items 500 --tenants 10
+    python -m bench scale_out                         # 10M ratings, 70k users, 10k items
+    python -m bench scale_out --quick                 # 60k ratings, 8 tenants (the tests')
+    python -m bench scale_out --ratings 200000 --users 2000 --items 500 --tenants 10
 
 What runs: a fresh PostgreSQL database, ``fedrec serve --workers 2`` (the API), Redis as
 the broker (a private queue), ``celery worker --pool=solo`` processes on that queue. The

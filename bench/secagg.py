@@ -20,7 +20,7 @@ defaults), test RMSE at each ``--epsilons`` for central placement, placement ten
 without secure aggregation and placement tenant with it (run seeds vary the initial V and
 the noise; the split stays seed 0).
 
-    fedrec bench secagg --seeds 3
+    python -m bench secagg --seeds 3
 """
 
 from __future__ import annotations

@@ -1,11 +1,13 @@
-"""`fedrec bench`: every experiment runs at its --quick size, and the results table is
-built from the result files, never typed."""
+"""The lab (`python -m bench`, from a source checkout): every experiment runs at its
+--quick size, BENCHMARKS.md is generated from the result files (never typed) and is
+current, and the product's `fedrec bench` only says where the lab went."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -15,8 +17,8 @@ import numpy as np
 import pytest
 
 from algorithms.data import data_dir
-from app.commands.bench import experiments
 from bench import _experiment as E
+from bench.__main__ import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = experiments()
@@ -28,13 +30,13 @@ def test_experiment_runs_at_quick_size(name, tmp_path):
         if os.environ.get("CI"):
             pytest.fail("the MovieLens folder is missing (set FEDREC_DATA_DIR)")
         pytest.skip("MovieLens data not found (set FEDREC_DATA_DIR)")
-    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", name, "--quick",
+    run = subprocess.run([sys.executable, "-m", "bench", name, "--quick",
                           "--seeds", "1", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     doc = json.loads((tmp_path / f"{name}.json").read_text())
     assert doc["experiment"] == name and doc["quick"] is True
-    assert doc["command"].startswith(f"fedrec bench {name} --quick")
+    assert doc["command"].startswith(f"python -m bench {name} --quick")
     assert doc["machine"]["cores"] == os.cpu_count()
     assert 0 < doc["run_time"]["wall_seconds"] and 0 < doc["run_time"]["cpu_seconds"]
     for row in doc.get("comparisons", []):
@@ -56,32 +58,58 @@ def test_comparison_mean_std_and_difference():
     assert row["diff"] == pytest.approx(row["mean"] - 0.93)
 
 
-def test_table_skips_quick_runs_and_rewrites_between_markers(tmp_path):
+def test_table_skips_quick_runs_and_names_each_command(tmp_path):
     full = E.comparison("ML-1M", "RMSE", 0.8831, [0.8811, 0.8820])
     E.write_result(tmp_path, "demo", ["--seeds", "2"], False, {"comparisons": [full]})
     quick = E.comparison("tiny", "RMSE", 1.0, [2.0])
     E.write_result(tmp_path, "zz_quick", ["--quick"], True, {"comparisons": [quick]})
+    E.write_result(tmp_path, "audit", ["--runs", "5"], False, {"auc": 0.5})
+    old = json.loads((tmp_path / "audit.json").read_text())
+    (tmp_path / "old.json").write_text(json.dumps({**old, "experiment": "old",
+                                                   "command": "fedrec bench old --x 1"}))
     table = E.results_table(tmp_path)
     assert "| demo | ML-1M | RMSE | 0.8831 | 0.8816 ± 0.0006 | 2 | -0.0015 |" in table
-    assert "zz_quick" not in table and "`fedrec bench demo --seeds 2`" in table
+    assert "zz_quick" not in table and "`python -m bench demo --seeds 2`" in table
+    others = E.other_results_table(tmp_path)
+    assert "`python -m bench audit --runs 5`" in others and "demo" not in others
+    assert "`python -m bench old --x 1`" in others  # written before the lab left the CLI
     md = tmp_path / "B.md"
-    md.write_text(f"before\n{E.TABLE_START}\nold\n{E.TABLE_END}\nafter\n")
     E.write_table(md, tmp_path)
     text = md.read_text()
-    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
-    assert table in text
+    assert text == E.benchmarks_page(tmp_path) and table in text and others in text
     times = E.run_time_table(tmp_path)
     demo_row = next(line for line in times.splitlines() if line.startswith("| demo.json |"))
     wall = json.loads((tmp_path / "demo.json").read_text())["run_time"]["wall_seconds"]
     assert f"| {wall / 60:.1f} |" in demo_row and "zz_quick" not in times
     assert times in text
-    md.write_text("no markers")
-    with pytest.raises(ValueError, match="lacks the markers"):
-        E.write_table(md, tmp_path)
+
+
+def test_benchmarks_md_is_current():
+    """BENCHMARKS.md is what `python -m bench table --write` writes from bench/results/."""
+    assert (ROOT / "BENCHMARKS.md").read_text() == E.benchmarks_page(), (
+        "BENCHMARKS.md is stale: run `python -m bench table --write`")
+
+
+def test_every_experiment_has_a_page_listed_in_the_index():
+    index = (ROOT / "docs" / "benchmarks" / "index.md").read_text()
+    for name in EXPERIMENTS:
+        assert (ROOT / "docs" / "benchmarks" / f"{name}.md").exists(), name
+        assert f"({name}.md)" in index, name
+    linked = set(re.findall(r"\]\(([\w-]+\.md)\)", index))
+    pages = {p.name for p in (ROOT / "docs" / "benchmarks").glob("*.md")} - {"index.md"}
+    assert linked == pages, "docs/benchmarks/index.md and its pages differ"
+
+
+def test_fedrec_bench_says_where_the_lab_went():
+    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", "list"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and run.stdout == ""
+    (line,) = run.stderr.splitlines()
+    assert "source checkout" in line and "python -m bench" in line
 
 
 def test_unknown_experiment_is_refused_with_the_choices():
-    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", "nope"], cwd=ROOT,
+    run = subprocess.run([sys.executable, "-m", "bench", "nope"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 2
     assert "unknown experiment 'nope'; choose from:" in run.stderr
@@ -90,7 +118,7 @@ def test_unknown_experiment_is_refused_with_the_choices():
 def test_dp_utility_netflix_synthetic_quick(tmp_path):
     """The Netflix-shaped option: 17,770 items, its noise-free and epsilon-1 runs, and the
     ratio of their RMSEs (what the issue's 3% target is about)."""
-    run = subprocess.run([sys.executable, "-m", "app.cli", "bench", "dp_utility", "--data",
+    run = subprocess.run([sys.executable, "-m", "bench", "dp_utility", "--data",
                           "netflix-synthetic", "--quick", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -20,13 +20,13 @@ def test_scale_out_small_uploads_everything_and_two_workers_train_the_same_model
         tmp_path, postgres_admin, redis_test_url):
     out = tmp_path / "scale_out.json"
     run = subprocess.run(
-        [sys.executable, "-m", "app.cli", "bench", "scale_out", "--quick", "--port", "8743",
+        [sys.executable, "-m", "bench", "scale_out", "--quick", "--port", "8743",
          "--out", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
         env={**os.environ, "FEDREC_BENCH_REDIS": redis_test_url})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads(out.read_text())
-    assert result["quick"] and result["command"].startswith("fedrec bench scale_out --quick")
+    assert result["quick"] and result["command"].startswith("python -m bench scale_out --quick")
     assert result["shape"] == {"ratings": 60000, "users": 1200, "items": 400, "tenants": 8}
     assert result["upload"]["rows_per_second"] > 0 and result["ratings_table_mib"] > 0
     one, two = result["runs"]

@@ -14,17 +14,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-#: the packages a `pip install fedrec` puts in site-packages (bench: `fedrec bench` imports
-#: its experiments)
-PACKAGES = {"app", "worker", "algorithms", "privacy", "migrations", "agent", "fedrec", "bench"}
-#: files of those packages that are not read at run time: the lab's results (bench/results/
-#: and the figures beside the scripts); `fedrec bench` writes new ones where it runs
-NOT_SHIPPED = ("bench/results/",)
-
-
-def shipped(name: str) -> bool:
-    return not name.startswith(NOT_SHIPPED) and (
-        not name.startswith("bench/") or name.endswith(".py"))
+#: the packages a `pip install fedrec` puts in site-packages; the lab (bench/) stays in the
+#: source checkout (`python -m bench`)
+PACKAGES = {"app", "worker", "algorithms", "privacy", "migrations", "agent", "fedrec"}
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +51,7 @@ def wheel(tmp_path_factory) -> zipfile.ZipFile:
 def test_the_wheel_holds_every_file_of_the_product_packages(wheel):
     names = set(wheel.namelist())
     wanted = {n for n in source_tree() if n.split("/", 1)[0] in PACKAGES}
-    missing = sorted(f for f in wanted - names if shipped(f))
+    missing = sorted(wanted - names)
     assert not missing, f"not in the wheel (pyproject.toml package-data): {missing}"
 
 
@@ -75,10 +67,20 @@ def test_the_wheel_installs_only_the_product_packages(wheel):
     top = {n.split("/", 1)[0] for n in wheel.namelist()}
     dist_info = {t for t in top if t.endswith(".dist-info")}
     assert top - dist_info == PACKAGES
-    assert all(shipped(n) for n in wheel.namelist() if n.split("/", 1)[0] in PACKAGES)
+    assert not [n for n in wheel.namelist() if n.startswith("bench/")], "the lab is shipped"
     (info,) = dist_info
     assert f"{info}/licenses/LICENSE" in wheel.namelist() or f"{info}/LICENSE" in \
         wheel.namelist()
+
+
+def test_the_product_imports_nothing_from_the_lab():
+    """bench/ is not installed, so no product module may import it."""
+    import re
+
+    lab = re.compile(r"^\s*(from|import)\s+bench(\.|\s|$)", re.M)
+    offenders = [name for name in source_tree() if name.endswith(".py")
+                 and name.split("/", 1)[0] in PACKAGES and lab.search((ROOT / name).read_text())]
+    assert not offenders, offenders
 
 
 def test_the_dockerfile_copies_what_the_wheel_is_built_from():

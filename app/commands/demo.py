@@ -266,7 +266,8 @@ def _privacy_body(args: argparse.Namespace, ratings: Ratings) -> dict[str, Any]:
 
 def _demo_clip(ratings: Ratings, n_tenants: int) -> float:
     """A clip bound near the typical norm of an upload (FedMC-ADMM's W_i, Y_i): the median
-    measured on ML-100k with 100 tenants was 18.4 (BENCHMARKS.md), this gives 18.3."""
+    measured on ML-100k with 100 tenants by ``python -m bench.privacy_utility`` was 18.4,
+    this gives 18.3."""
     return float(np.sqrt(np.unique(ratings.items).size / n_tenants))
 
 

@@ -13,7 +13,7 @@ from algorithms import dpals as D
 from algorithms._scale import with_public_scale
 from algorithms.data import build_federation
 from algorithms.simulate import simulate
-from bench.skewed_ratings import describe, generate_skewed_ratings
+from algorithms.synthetic import describe, generate_skewed_ratings
 from privacy.user_level import UserLevelPrivatizer, plan
 
 DP = ["dpals", "dp-fedmavg", "dp-fedmc-admm"]
