@@ -140,10 +140,20 @@ class UserGradConfig(CentredScale, AlgorithmConfig):
 
 def user_bounds(cfg: UserGradConfig) -> UserBounds:
     """One user's term in (G, H) has joint L2 norm at most C (and its centre term in m,
-    when the centre is released, norm at most sqrt 2)."""
-    bounds = UserBounds.clipped_sum(("G", "H"), cfg.clip_norm,
-                                    {"G": "grad_noise", "H": "curv_noise"},
-                                    cfg.max_ratings_per_user, cfg.user_sample_rate)
+    when the centre is released, norm at most sqrt 2).
+
+    With a residual clip R, each item's gradient column is also bounded by its curvature
+    entry: a user's ``g_uj = e_uj x_u`` and ``h_uj = kappa ||x_u||^2`` carry the same clip
+    weight, ``|e_uj| <= R`` and ``||x_u|| >= c`` (its constant coordinate), so
+    ``||g_uj|| <= R h_uj / (kappa c)``, and summed over users ``||G_j|| <= R H_j / (kappa
+    c)``: the coordinator's check of an agent's values (``item_ratio``)."""
+    ratio = (None if cfg.residual_clip is None else
+             ("G", "H", cfg.residual_clip / (cfg.curvature_weight * cfg.bias_coordinate)))
+    bounds = dataclasses.replace(
+        UserBounds.clipped_sum(("G", "H"), cfg.clip_norm,
+                               {"G": "grad_noise", "H": "curv_noise"},
+                               cfg.max_ratings_per_user, cfg.user_sample_rate),
+        item_ratio=ratio)
     if _centre.released(cfg):
         bounds = bounds.with_centre(("m",), {"m": "centre_noise"}, cfg.centre_share)
     return bounds
