@@ -52,25 +52,12 @@ from pydantic import Field, model_validator
 
 from algorithms import _centre
 from algorithms import _user_kernels as UK
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms._scale import normalised
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
-from algorithms.config_fields import (
-    CentredScale,
-    CentreShare,
-    FactorMinRatings,
-    InitScaleV,
-    LamBias,
-    LamU,
-    Normalise,
-    PublicCentre,
-    ReleaseCentre,
-    ScaleMax,
-    ScaleMin,
-    UserBias,
-)
 from algorithms.dpals import (
     LocalState,
     capped,
@@ -81,7 +68,7 @@ from algorithms.dpals import (
 from algorithms.user_bounds import UserBounds, clipped_item_sums
 
 
-class UserGradConfig(CentredScale, AlgorithmConfig):
+class UserGradConfig(CF.CentredScale, AlgorithmConfig):
     """Settings shared by the user-level gradient methods."""
 
     rank: int = Field(4, description="r, latent factors (one item-bias row extra)")
@@ -99,21 +86,21 @@ class UserGradConfig(CentredScale, AlgorithmConfig):
     user_factor_clip: float = Field(1.0, description="bound of ||u_u|| in the term")
     bias_coordinate: float = Field(1.0, description="c, user coordinate paired with the "
                                    "item bias")
-    lam_u: LamU
-    factor_min_ratings: FactorMinRatings
-    lam_bias: LamBias
+    lam_u: CF.LamU
+    factor_min_ratings: CF.FactorMinRatings
+    lam_bias: CF.LamBias
     lam_u_count: float = Field(0.0, description="extra user ridge per rating of the user")
     noise_reg: float = Field(
         5.0, description="extra curvature per unit of the curvature noise's std")
     curvature_floor: float = Field(1e-4, description="lower bound of each item curvature")
-    user_bias: UserBias
-    scale_min: ScaleMin
-    scale_max: ScaleMax
-    public_centre: PublicCentre
-    release_centre: ReleaseCentre
-    centre_share: CentreShare
-    normalise: Normalise
-    init_scale: InitScaleV
+    user_bias: CF.UserBias
+    scale_min: CF.ScaleMin
+    scale_max: CF.ScaleMax
+    public_centre: CF.PublicCentre
+    release_centre: CF.ReleaseCentre
+    centre_share: CF.CentreShare
+    normalise: CF.Normalise
+    init_scale: CF.InitScaleV
 
     @model_validator(mode="after")
     def _check_shared(self) -> UserGradConfig:

@@ -62,36 +62,21 @@ from pydantic import Field, model_validator
 
 from algorithms import _centre
 from algorithms import _user_kernels as UK
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._pool import map_tasks, sum_arrays, width
 from algorithms._rng import UserDraws
 from algorithms._scale import normalised, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
-from algorithms.config_fields import (
-    BiasRank,
-    CentredScale,
-    CentreShare,
-    FactorMinRatings,
-    InitScaleV,
-    LamBias,
-    LamU,
-    NoiseRidge,
-    Normalise,
-    PublicCentre,
-    ReleaseCentre,
-    ScaleMax,
-    ScaleMin,
-    UserBias,
-)
 from algorithms.user_bounds import UserBounds
 
 
-class DPALSConfig(CentredScale, AlgorithmConfig):
+class DPALSConfig(CF.CentredScale, AlgorithmConfig):
     """Settings of DPALS (defaults: the setting tuned on a validation carve-out, see
     BENCHMARKS.md)."""
 
-    rank: BiasRank = 4
+    rank: CF.BiasRank = 4
     sweeps: int = Field(4, description="ALS sweeps, i.e. releases of V per user")
     max_ratings_per_user: int = Field(
         1000, description="k, ratings of a user that enter the released sums (random subset)")
@@ -101,15 +86,15 @@ class DPALSConfig(CentredScale, AlgorithmConfig):
     rating_clip: float | None = Field(
         1.0, description="Gamma_r, bound of centred ratings in the released sums "
         "(None: half the width of the public rating scale)")
-    scale_min: ScaleMin
-    scale_max: ScaleMax
-    public_centre: PublicCentre
-    release_centre: ReleaseCentre
-    centre_share: CentreShare
-    normalise: Normalise
-    lam_u: LamU
-    factor_min_ratings: FactorMinRatings
-    lam_bias: LamBias
+    scale_min: CF.ScaleMin
+    scale_max: CF.ScaleMax
+    public_centre: CF.PublicCentre
+    release_centre: CF.ReleaseCentre
+    centre_share: CF.CentreShare
+    normalise: CF.Normalise
+    lam_u: CF.LamU
+    factor_min_ratings: CF.FactorMinRatings
+    lam_bias: CF.LamBias
     lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
     lam_u_count: float = Field(
         0.0, description="extra user ridge per rating of the user (weighted-lambda ALS)")
@@ -119,7 +104,7 @@ class DPALSConfig(CentredScale, AlgorithmConfig):
     gram_shrink: float = Field(
         1.0, description="alpha in [0, 1]: each item's A_j is shrunk toward count_j times "
         "the average x x^T over all items (post-processing; 0: off)")
-    noise_reg: NoiseRidge
+    noise_reg: CF.NoiseRidge
     max_weight: float = Field(
         10.0, description="largest weight of one rating: a user with fewer than k kept "
         "ratings spends its whole budget sum_j w_uj^2 <= k with weights up to this (1: off)")
@@ -129,8 +114,8 @@ class DPALSConfig(CentredScale, AlgorithmConfig):
     user_sample_rate: float = Field(
         1.0, description="q, probability that a user enters a sweep's sums (Poisson, drawn "
         "inside the tenant; q < 1 amplifies privacy)")
-    user_bias: UserBias
-    init_scale: InitScaleV
+    user_bias: CF.UserBias
+    init_scale: CF.InitScaleV
 
     @model_validator(mode="after")
     def _check(self) -> DPALSConfig:

@@ -78,20 +78,13 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field
 
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._rng import sample_clients
 from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
-from algorithms.config_fields import (
-    Center,
-    FactorInit,
-    FactorInitScale,
-    FactorRank,
-    RidgeForm,
-    RidgeU,
-)
 
 #: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`):
 #: off, as FedMC-ADMM's (BENCHMARKS.md, "A fixed ridge on the item bias")
@@ -101,13 +94,13 @@ ITEM_BIAS_RIDGE = 0.0
 class FedMAvgConfig(AlgorithmConfig):
     """FedMAvg hyper-parameters; defaults are fedrec's recommended setting."""
 
-    rank: FactorRank
+    rank: CF.FactorRank
     q1: int = Field(10, ge=1, description="Q1: gradient steps on U_i per round")
     q2: int = Field(1, ge=1, description="Q2: gradient steps on W_i per round (constant)")
     q_hat: int | None = Field(None, ge=0, description="diminishing Q2^k = floor(q_hat/k)+1")
-    lam: RidgeU = 0.085
+    lam: CF.RidgeU = 0.085
     gamma: float = Field(0.085, ge=0, description="gamma: ridge weight on V (on W_i locally)")
-    reg: RidgeForm
+    reg: CF.RidgeForm
     c_factor: float = Field(
         1.0, gt=0, description="U step 1/c_t, c_t = c_factor*lmax(V V^T)+lam_t")
     d_factor: float = Field(
@@ -116,9 +109,9 @@ class FedMAvgConfig(AlgorithmConfig):
     participation: Literal["pcc", "pcp"] = Field(
         "pcc", description="pcc: all update, m upload; pcp: only the sampled run")
     uploads_per_round: int = Field(100, ge=1, description="m: uploads per round under pcc")
-    init: FactorInit
-    init_scale: FactorInitScale
-    center: Center
+    init: CF.FactorInit
+    init_scale: CF.FactorInitScale
+    center: CF.Center
     bias: bool = Field(True, description="user biases (local) and item biases (averaged as V)")
     item_bias_ridge: float = Field(
         ITEM_BIAS_RIDGE, ge=0, description="fixed l2 weight (not per rating) on the bias of "

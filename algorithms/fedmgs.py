@@ -44,18 +44,11 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field
 
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._scale import centre_of, normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
-from algorithms.config_fields import (
-    Center,
-    FactorInit,
-    FactorInitScale,
-    FactorRank,
-    RidgeForm,
-    RidgeU,
-)
 from algorithms.fedmavg import (
     draw_factor,
     local_objective,
@@ -68,20 +61,20 @@ from algorithms.fedmavg import (
 class FedMGSConfig(AlgorithmConfig):
     """FedMGS hyper-parameters; defaults are fedrec's recommended setting."""
 
-    rank: FactorRank
+    rank: CF.FactorRank
     q1: int = Field(10, ge=1, description="Q1: gradient steps on U_i per round (client)")
     q2: int = Field(10, ge=1, description="Q2: gradient steps on V per round (server)")
-    lam: RidgeU = 0.1
+    lam: CF.RidgeU = 0.1
     gamma: float = Field(0.1, ge=0, description="gamma: ridge weight on V")
-    reg: RidgeForm
+    reg: CF.RidgeForm
     c_factor: float = Field(1.0, gt=0, description="U step 1/c, c = c_factor*lmax(VV^T)+lam")
     d_factor: float = Field(1.0, gt=0, description="V step 1/d, d = d_factor*(L_V + gamma)")
     server_solver: Literal["gd", "exact"] = Field(
         "gd", description="gd: Q2 gradient steps (eq. 32); exact: solve each column of V")
     full_first_round: bool = Field(True, description="round 1 runs every tenant (G^0 of Alg. 2)")
-    init: FactorInit
-    init_scale: FactorInitScale
-    center: Center
+    init: CF.FactorInit
+    init_scale: CF.FactorInitScale
+    center: CF.Center
     privacy_preserving: Literal[False] = Field(
         False, description="always false: uploads reveal ratings (informational)")
 

@@ -59,11 +59,11 @@ import scipy.sparse as sp
 from pydantic import Field, model_validator
 
 from algorithms import _user_kernels as UK
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
-from algorithms.config_fields import BiasRank, NoiseRidge, ScaleMax, ScaleMin
 from algorithms.dpals import psd_project, shrink_grams
 from algorithms.user_bounds import UserBounds
 
@@ -77,7 +77,7 @@ class IALSConfig(AlgorithmConfig):
     """Settings of federated iALS (defaults: chosen on a validation carve-out of the
     training data, see BENCHMARKS.md)."""
 
-    rank: BiasRank = 32
+    rank: CF.BiasRank = 32
     sweeps: ItemSumSweeps = 8
     unobserved_weight: float = Field(
         1.0, description="w0, weight of every (user, item) pair as a negative (Gramian)")
@@ -89,8 +89,8 @@ class IALSConfig(AlgorithmConfig):
     bias_coordinate: float = Field(
         1.0, description="c, constant user coordinate paired with an item bias (its "
         "square times the count sits in each item's Gram)")
-    scale_min: ScaleMin
-    scale_max: ScaleMax
+    scale_min: CF.ScaleMin
+    scale_max: CF.ScaleMax
     init_scale: float = Field(0.1, description="std of the random initial V (public), "
                               "divided by sqrt(rank)")
     user_factor_clip: float | None = Field(
@@ -103,7 +103,7 @@ class IALSConfig(AlgorithmConfig):
         0.0, description="eta: released weights proportional to count_j^-eta (counts from "
         "the previous release)")
     gram_shrink: GramShrink = 0.0
-    noise_reg: NoiseRidge
+    noise_reg: CF.NoiseRidge
 
     @model_validator(mode="after")
     def _check(self) -> IALSConfig:
@@ -141,7 +141,7 @@ class DPIALSConfig(IALSConfig):
     """``dp-ials``: iALS with the per-user bounds user-level DP needs (defaults chosen on a
     validation carve-out under noise, see BENCHMARKS.md)."""
 
-    rank: BiasRank = 16
+    rank: CF.BiasRank = 16
     sweeps: ItemSumSweeps = 2
     lam: float = Field(0.001, description="lambda of the frequency-scaled ridge (the "
                        "ridge grows with the user and item counts: a larger lam drowns "
