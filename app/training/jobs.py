@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -553,10 +554,11 @@ _dry_slots = threading.BoundedSemaphore(MAX_DRY_ROUNDS)
 
 
 def _within(work: Callable[[], Any], seconds: float) -> Any:
-    """``work()`` on a thread of its own, answered within ``seconds`` of wall clock: its
-    result, its exception, or 422 naming the bound once it has run that long (the request
-    returns; the round finishes on its thread and is discarded). 503 while
-    :data:`MAX_DRY_ROUNDS` rounds are already running."""
+    """``work()`` on a thread of its own, answered within ``seconds`` of wall clock (the
+    wait for a slot included): its result, its exception, or 422 naming the bound once it
+    has run that long (the request returns; the round finishes on its thread and is
+    discarded). 503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
+    deadline = time.monotonic() + seconds
     if not _dry_slots.acquire(timeout=seconds):
         raise JobRefused(503, f"{MAX_DRY_ROUNDS} dry rounds are running already; retry in "
                               f"a few seconds (each is bounded by FEDREC_DRY_ROUND_SECONDS "
@@ -573,7 +575,7 @@ def _within(work: Callable[[], Any], seconds: float) -> Any:
 
     thread = threading.Thread(target=run, name="fedrec-dry-round", daemon=True)
     thread.start()
-    thread.join(seconds)
+    thread.join(max(deadline - time.monotonic(), 0.0))
     if thread.is_alive():
         raise JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound "
                               f"of {seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these "

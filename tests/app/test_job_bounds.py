@@ -80,7 +80,8 @@ def test_a_dry_run_with_a_used_idempotency_key_plans_instead_of_replaying(env):
 def test_a_dry_round_past_its_wall_clock_bound_is_refused_naming_it(admin_app, monkeypatch):
     """A config that passes the cheap checks but whose round 1 runs long (here: a client
     step slowed to 3 s) is answered within FEDREC_DRY_ROUND_SECONDS, for a dry run and a
-    creation alike, with a 422 naming the bound; nothing is stored."""
+    creation alike, with a 422 naming the bound; nothing is stored. Overrunning rounds
+    keep their slot until they end: past two, 503."""
     from app.training import jobs
 
     real = jobs.client_round
@@ -101,6 +102,11 @@ def test_a_dry_round_past_its_wall_clock_bound_is_refused_naming_it(admin_app, m
         assert "0.5 s (FEDREC_DRY_ROUND_SECONDS)" in detail, detail
         assert time.monotonic() - start < 2.5
     assert client.get("/v1/admin/jobs").json()["count"] == 0
+    # both overrunning rounds still run (a thread cannot be stopped) and hold the
+    # process's two slots: a third request waits out its bound for one, then 503
+    res = client.post("/v1/admin/jobs", params={"dry_run": True}, json=body)
+    status, _, detail = refusal(res)
+    assert status == 503 and "dry rounds are running already" in detail, detail
     time.sleep(3.0)  # the discarded rounds end and give their slots back
     monkeypatch.setattr(jobs, "client_round", real)
     assert client.post("/v1/admin/jobs", params={"dry_run": True}, json=body
