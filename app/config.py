@@ -94,8 +94,8 @@ class Settings(BaseSettings):
     """Wall-clock bound of the dry round the API runs before creating or planning a job
     (round 1 of the first tenant, checking the config): longer gets 422 naming this bound,
     and nothing is created. The default leaves room for a first round that compiles its
-    numba kernels and for Felb on MovieLens 1M in one tenant (about 8 s on the 2-core
-    machine under load), and stops the binary baseline's there (about 6 minutes)."""
+    numba kernels and for the recommended configs on MovieLens 1M in one tenant, and stops
+    a round that would take minutes (the binary baseline's there)."""
     job_max_attempts: int = Field(3, ge=1)
     """A job whose steps raise this many times without a round committing in between is
     marked ``failed`` with the error (the watchdog then leaves it alone)."""
