@@ -52,14 +52,13 @@ from pydantic import Field, model_validator
 
 from algorithms import _centre
 from algorithms import _user_kernels as UK
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
-from algorithms._scale import normalised, public_unit
+from algorithms._scale import normalised
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import (
-    FACTOR_MIN_RATINGS,
-    USER_BIAS_RIDGE,
     LocalState,
     capped,
     sample_users,
@@ -69,7 +68,7 @@ from algorithms.dpals import (
 from algorithms.user_bounds import UserBounds, clipped_item_sums
 
 
-class UserGradConfig(AlgorithmConfig):
+class UserGradConfig(CF.CentredScale, AlgorithmConfig):
     """Settings shared by the user-level gradient methods."""
 
     rank: int = Field(4, description="r, latent factors (one item-bias row extra)")
@@ -87,35 +86,21 @@ class UserGradConfig(AlgorithmConfig):
     user_factor_clip: float = Field(1.0, description="bound of ||u_u|| in the term")
     bias_coordinate: float = Field(1.0, description="c, user coordinate paired with the "
                                    "item bias")
-    lam_u: float = Field(1.0, description="ridge weight of the local user solve")
-    factor_min_ratings: int = Field(
-        FACTOR_MIN_RATINGS, description="users with fewer ratings get no factor, only "
-        "their bias (1: off)")
-    lam_bias: float | None = Field(
-        USER_BIAS_RIDGE, description="ridge weight of the user bias in the local solve "
-        "(a user with n ratings keeps n / (n + lam_bias) of its mean offset; None: lam_u)")
+    lam_u: CF.LamU
+    factor_min_ratings: CF.FactorMinRatings
+    lam_bias: CF.LamBias
     lam_u_count: float = Field(0.0, description="extra user ridge per rating of the user")
     noise_reg: float = Field(
         5.0, description="extra curvature per unit of the curvature noise's std")
     curvature_floor: float = Field(1e-4, description="lower bound of each item curvature")
-    user_bias: bool = Field(True, description="learn a local user bias")
-    scale_min: float = Field(1.0, description="public rating scale: lowest rating")
-    scale_max: float = Field(5.0, description="public rating scale: highest rating")
-    public_centre: float | None = Field(
-        None, description="public centre mu (default: the middle of the rating scale); "
-        "with release_centre, only until the first release")
-    release_centre: bool = Field(
-        True, description="mu is the mean of the users' mean ratings, estimated from "
-        "centre_share of each release and charged with it (false: public_centre, nothing "
-        "spent on it, as jobs stored before this field)")
-    centre_share: float = Field(
-        _centre.DEFAULT_SHARE, description="share of each release's privacy spent on "
-        "the centre (release_centre)")
-    normalise: bool = Field(
-        True, description="divide ratings by the public scale's unit, (scale_max - "
-        "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
-        "scale as on 1-5 stars (false: raw ratings, as jobs stored before this field)")
-    init_scale: float = Field(0.1, description="std of the random initial V (public)")
+    user_bias: CF.UserBias
+    scale_min: CF.ScaleMin
+    scale_max: CF.ScaleMax
+    public_centre: CF.PublicCentre
+    release_centre: CF.ReleaseCentre
+    centre_share: CF.CentreShare
+    normalise: CF.Normalise
+    init_scale: CF.InitScaleV
 
     @model_validator(mode="after")
     def _check_shared(self) -> UserGradConfig:
@@ -129,12 +114,7 @@ class UserGradConfig(AlgorithmConfig):
             raise ValueError("residual_clip must be positive")
         if not 0 < self.user_sample_rate <= 1:
             raise ValueError("user_sample_rate must be in (0, 1]")
-        if not self.scale_max > self.scale_min:
-            raise ValueError("scale_max must exceed scale_min")
-        if not 0 < self.centre_share < 1:
-            raise ValueError("centre_share must be in (0, 1)")
-        if self.factor_min_ratings < 1:
-            raise ValueError("factor_min_ratings must be at least 1")
+        self.check_centred_scale()
         if min(self.lam_u, self.lam_u_count, self.noise_reg, self.lam_bias or 0.0) < 0:
             raise ValueError("lam_u, lam_bias, lam_u_count and noise_reg must be "
                              "non-negative")
@@ -144,24 +124,23 @@ class UserGradConfig(AlgorithmConfig):
     def d(self) -> int:
         return self.rank + 1
 
-    @property
-    def unit(self) -> float:
-        """Ratings are divided by this inside the tenant (:func:`public_unit`)."""
-        return public_unit(self)
-
-    @property
-    def mu(self) -> float:
-        """The public centre, in units."""
-        mid = (self.scale_min + self.scale_max) / 2
-        return (mid if self.public_centre is None else self.public_centre) / self.unit
-
 
 def user_bounds(cfg: UserGradConfig) -> UserBounds:
     """One user's term in (G, H) has joint L2 norm at most C (and its centre term in m,
-    when the centre is released, norm at most sqrt 2)."""
-    bounds = UserBounds.clipped_sum(("G", "H"), cfg.clip_norm,
-                                    {"G": "grad_noise", "H": "curv_noise"},
-                                    cfg.max_ratings_per_user, cfg.user_sample_rate)
+    when the centre is released, norm at most sqrt 2).
+
+    With a residual clip R, each item's gradient column is also bounded by its curvature
+    entry: a user's ``g_uj = e_uj x_u`` and ``h_uj = kappa ||x_u||^2`` carry the same clip
+    weight, ``|e_uj| <= R`` and ``||x_u|| >= c`` (its constant coordinate), so
+    ``||g_uj|| <= R h_uj / (kappa c)``, and summed over users ``||G_j|| <= R H_j / (kappa
+    c)``: the coordinator's check of an agent's values (``item_ratio``)."""
+    ratio = (None if cfg.residual_clip is None else
+             ("G", "H", cfg.residual_clip / (cfg.curvature_weight * cfg.bias_coordinate)))
+    bounds = dataclasses.replace(
+        UserBounds.clipped_sum(("G", "H"), cfg.clip_norm,
+                               {"G": "grad_noise", "H": "curv_noise"},
+                               cfg.max_ratings_per_user, cfg.user_sample_rate),
+        item_ratio=ratio)
     if _centre.released(cfg):
         bounds = bounds.with_centre(("m",), {"m": "centre_noise"}, cfg.centre_share)
     return bounds

@@ -62,26 +62,21 @@ from pydantic import Field, model_validator
 
 from algorithms import _centre
 from algorithms import _user_kernels as UK
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._pool import map_tasks, sum_arrays, width
 from algorithms._rng import UserDraws
-from algorithms._scale import normalised, public_unit, rating_factors
+from algorithms._scale import normalised, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.user_bounds import UserBounds
 
-#: default ridge of the local user bias: a user with one rating keeps a quarter of its
-#: offset from the centre (sparse data: docs/benchmarks/sparse_sets.md)
-USER_BIAS_RIDGE = 3.0
-#: default fewest ratings of a user with a factor (fewer: its bias alone)
-FACTOR_MIN_RATINGS = 3
 
-
-class DPALSConfig(AlgorithmConfig):
+class DPALSConfig(CF.CentredScale, AlgorithmConfig):
     """Settings of DPALS (defaults: the setting tuned on a validation carve-out, see
     docs/benchmarks/dp_utility.md)."""
 
-    rank: int = Field(4, description="r, latent factors (one item-bias coordinate extra)")
+    rank: CF.BiasRank = 4
     sweeps: int = Field(4, description="ALS sweeps, i.e. releases of V per user")
     max_ratings_per_user: int = Field(
         1000, description="k, ratings of a user that enter the released sums (random subset)")
@@ -91,29 +86,15 @@ class DPALSConfig(AlgorithmConfig):
     rating_clip: float | None = Field(
         1.0, description="Gamma_r, bound of centred ratings in the released sums "
         "(None: half the width of the public rating scale)")
-    scale_min: float = Field(1.0, description="public rating scale: lowest rating")
-    scale_max: float = Field(5.0, description="public rating scale: highest rating")
-    public_centre: float | None = Field(
-        None, description="public centre mu (default: the middle of the rating scale); "
-        "with release_centre, only until the first release")
-    release_centre: bool = Field(
-        True, description="mu is the mean of the users' mean ratings, estimated from "
-        "centre_share of each release and charged with it (false: public_centre, nothing "
-        "spent on it, as jobs stored before this field)")
-    centre_share: float = Field(
-        _centre.DEFAULT_SHARE, description="share of each release's privacy spent on "
-        "the centre (release_centre)")
-    normalise: bool = Field(
-        True, description="divide ratings by the public scale's unit, (scale_max - "
-        "scale_min) / 4, inside the tenant, so clips, ridges and steps mean the same on any "
-        "scale as on 1-5 stars (false: raw ratings, as jobs stored before this field)")
-    lam_u: float = Field(1.0, description="ridge weight of the local user solve")
-    factor_min_ratings: int = Field(
-        FACTOR_MIN_RATINGS, description="users with fewer ratings get no factor, only "
-        "their bias (1: off)")
-    lam_bias: float | None = Field(
-        USER_BIAS_RIDGE, description="ridge weight of the user bias in the local solve "
-        "(a user with n ratings keeps n / (n + lam_bias) of its mean offset; None: lam_u)")
+    scale_min: CF.ScaleMin
+    scale_max: CF.ScaleMax
+    public_centre: CF.PublicCentre
+    release_centre: CF.ReleaseCentre
+    centre_share: CF.CentreShare
+    normalise: CF.Normalise
+    lam_u: CF.LamU
+    factor_min_ratings: CF.FactorMinRatings
+    lam_bias: CF.LamBias
     lam_v: float = Field(1.0, description="ridge weight of the item solve (prior at 0)")
     lam_u_count: float = Field(
         0.0, description="extra user ridge per rating of the user (weighted-lambda ALS)")
@@ -123,8 +104,7 @@ class DPALSConfig(AlgorithmConfig):
     gram_shrink: float = Field(
         1.0, description="alpha in [0, 1]: each item's A_j is shrunk toward count_j times "
         "the average x x^T over all items (post-processing; 0: off)")
-    noise_reg: float = Field(
-        1.0, description="extra item ridge per unit of the noise's spectral norm")
+    noise_reg: CF.NoiseRidge
     max_weight: float = Field(
         10.0, description="largest weight of one rating: a user with fewer than k kept "
         "ratings spends its whole budget sum_j w_uj^2 <= k with weights up to this (1: off)")
@@ -134,8 +114,8 @@ class DPALSConfig(AlgorithmConfig):
     user_sample_rate: float = Field(
         1.0, description="q, probability that a user enters a sweep's sums (Poisson, drawn "
         "inside the tenant; q < 1 amplifies privacy)")
-    user_bias: bool = Field(True, description="learn a local user bias")
-    init_scale: float = Field(0.1, description="std of the random initial V (public)")
+    user_bias: CF.UserBias
+    init_scale: CF.InitScaleV
 
     @model_validator(mode="after")
     def _check(self) -> DPALSConfig:
@@ -150,12 +130,7 @@ class DPALSConfig(AlgorithmConfig):
                 raise ValueError(f"{name} must be positive")
         if self.rating_clip is not None and not self.rating_clip > 0:
             raise ValueError("rating_clip must be positive")
-        if not self.scale_max > self.scale_min:
-            raise ValueError("scale_max must exceed scale_min")
-        if not 0 < self.centre_share < 1:
-            raise ValueError("centre_share must be in (0, 1)")
-        if self.factor_min_ratings < 1:
-            raise ValueError("factor_min_ratings must be at least 1")
+        self.check_centred_scale()
         if not 0 <= self.gram_shrink <= 1:
             raise ValueError("gram_shrink must be in [0, 1]")
         if not self.max_weight >= 1:
@@ -177,17 +152,6 @@ class DPALSConfig(AlgorithmConfig):
     def d(self) -> int:
         """Length of x_u and w_j: r factors + the bias coordinate."""
         return self.rank + 1
-
-    @property
-    def unit(self) -> float:
-        """Ratings are divided by this inside the tenant (:func:`public_unit`)."""
-        return public_unit(self)
-
-    @property
-    def mu(self) -> float:
-        """The public centre, in units."""
-        mid = (self.scale_min + self.scale_max) / 2
-        return (mid if self.public_centre is None else self.public_centre) / self.unit
 
     @property
     def r_clip(self) -> float:

@@ -77,6 +77,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field
 
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._rng import sample_clients
 from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
@@ -92,14 +93,13 @@ ITEM_BIAS_RIDGE = 0.0
 class FedMAvgConfig(AlgorithmConfig):
     """FedMAvg hyper-parameters; defaults are fedrec's recommended setting."""
 
-    rank: int = Field(10, ge=1, description="rank r of U_i V")
+    rank: CF.FactorRank
     q1: int = Field(10, ge=1, description="Q1: gradient steps on U_i per round")
     q2: int = Field(1, ge=1, description="Q2: gradient steps on W_i per round (constant)")
     q_hat: int | None = Field(None, ge=0, description="diminishing Q2^k = floor(q_hat/k)+1")
-    lam: float = Field(0.085, ge=0, description="lambda: ridge weight on U_i")
+    lam: CF.RidgeU = 0.085
     gamma: float = Field(0.085, ge=0, description="gamma: ridge weight on V (on W_i locally)")
-    reg: Literal["plain", "per_rating"] = Field(
-        "per_rating", description="ridge form: plain, or weighted by rating counts")
+    reg: CF.RidgeForm
     c_factor: float = Field(
         1.0, gt=0, description="U step 1/c_t, c_t = c_factor*lmax(V V^T)+lam_t")
     d_factor: float = Field(
@@ -108,9 +108,9 @@ class FedMAvgConfig(AlgorithmConfig):
     participation: Literal["pcc", "pcp"] = Field(
         "pcc", description="pcc: all update, m upload; pcp: only the sampled run")
     uploads_per_round: int = Field(100, ge=1, description="m: uploads per round under pcc")
-    init: Literal["normal", "uniform"] = Field("normal", description="distribution of U, V")
-    init_scale: float = Field(0.1, gt=0, description="std (normal) or upper bound (uniform)")
-    center: bool = Field(True, description="predict U V + the tenant's mean training rating")
+    init: CF.FactorInit
+    init_scale: CF.FactorInitScale
+    center: CF.Center
     bias: bool = Field(True, description="user biases (local) and item biases (averaged as V)")
     item_bias_ridge: float = Field(
         ITEM_BIAS_RIDGE, ge=0, description="fixed l2 weight (not per rating) on the bias of "

@@ -44,6 +44,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import Field
 
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._scale import centre_of, normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
@@ -60,21 +61,20 @@ from algorithms.fedmavg import (
 class FedMGSConfig(AlgorithmConfig):
     """FedMGS hyper-parameters; defaults are fedrec's recommended setting."""
 
-    rank: int = Field(10, ge=1, description="rank r of U_i V")
+    rank: CF.FactorRank
     q1: int = Field(10, ge=1, description="Q1: gradient steps on U_i per round (client)")
     q2: int = Field(10, ge=1, description="Q2: gradient steps on V per round (server)")
-    lam: float = Field(0.1, ge=0, description="lambda: ridge weight on U_i")
+    lam: CF.RidgeU = 0.1
     gamma: float = Field(0.1, ge=0, description="gamma: ridge weight on V")
-    reg: Literal["plain", "per_rating"] = Field(
-        "per_rating", description="ridge form: plain, or weighted by rating counts")
+    reg: CF.RidgeForm
     c_factor: float = Field(1.0, gt=0, description="U step 1/c, c = c_factor*lmax(VV^T)+lam")
     d_factor: float = Field(1.0, gt=0, description="V step 1/d, d = d_factor*(L_V + gamma)")
     server_solver: Literal["gd", "exact"] = Field(
         "gd", description="gd: Q2 gradient steps (eq. 32); exact: solve each column of V")
     full_first_round: bool = Field(True, description="round 1 runs every tenant (G^0 of Alg. 2)")
-    init: Literal["normal", "uniform"] = Field("normal", description="distribution of U, V")
-    init_scale: float = Field(0.1, gt=0, description="std (normal) or upper bound (uniform)")
-    center: bool = Field(True, description="predict U V + the tenant's mean training rating")
+    init: CF.FactorInit
+    init_scale: CF.FactorInitScale
+    center: CF.Center
     privacy_preserving: Literal[False] = Field(
         False, description="always false: uploads reveal ratings (informational)")
 

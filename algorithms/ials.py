@@ -52,13 +52,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import numpy as np
 import scipy.sparse as sp
 from pydantic import Field, model_validator
 
 from algorithms import _user_kernels as UK
+from algorithms import config_fields as CF
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
@@ -66,13 +67,18 @@ from algorithms.block import RatingBlock
 from algorithms.dpals import psd_project, shrink_grams
 from algorithms.user_bounds import UserBounds
 
+#: the sweeps and the item-Gram shrinkage of iALS, whose defaults dp-ials replaces
+ItemSumSweeps = Annotated[int, Field(description="ALS sweeps, i.e. releases of the item sums")]
+GramShrink = Annotated[float, Field(description="alpha in [0, 1]: noisy item Grams shrunk "
+                                    "toward count_j times the average x x^T")]
+
 
 class IALSConfig(AlgorithmConfig):
     """Settings of federated iALS (defaults: chosen on a validation carve-out of the
     training data, see docs/benchmarks/ranking.md)."""
 
-    rank: int = Field(32, description="r, latent factors (one item-bias coordinate extra)")
-    sweeps: int = Field(8, description="ALS sweeps, i.e. releases of the item sums")
+    rank: CF.BiasRank = 32
+    sweeps: ItemSumSweeps = 8
     unobserved_weight: float = Field(
         1.0, description="w0, weight of every (user, item) pair as a negative (Gramian)")
     lam: float = Field(0.001, description="lambda of the frequency-scaled ridge")
@@ -83,8 +89,8 @@ class IALSConfig(AlgorithmConfig):
     bias_coordinate: float = Field(
         1.0, description="c, constant user coordinate paired with an item bias (its "
         "square times the count sits in each item's Gram)")
-    scale_min: float = Field(1.0, description="public rating scale: lowest rating")
-    scale_max: float = Field(5.0, description="public rating scale: highest rating")
+    scale_min: CF.ScaleMin
+    scale_max: CF.ScaleMax
     init_scale: float = Field(0.1, description="std of the random initial V (public), "
                               "divided by sqrt(rank)")
     user_factor_clip: float | None = Field(
@@ -96,10 +102,8 @@ class IALSConfig(AlgorithmConfig):
     rare_item_power: float = Field(
         0.0, description="eta: released weights proportional to count_j^-eta (counts from "
         "the previous release)")
-    gram_shrink: float = Field(0.0, description="alpha in [0, 1]: noisy item Grams shrunk "
-                               "toward count_j times the average x x^T")
-    noise_reg: float = Field(1.0, description="extra item ridge per unit of the noise's "
-                             "spectral norm")
+    gram_shrink: GramShrink = 0.0
+    noise_reg: CF.NoiseRidge
 
     @model_validator(mode="after")
     def _check(self) -> IALSConfig:
@@ -137,8 +141,8 @@ class DPIALSConfig(IALSConfig):
     """``dp-ials``: iALS with the per-user bounds user-level DP needs (defaults chosen on a
     validation carve-out under noise, see docs/benchmarks/ranking.md)."""
 
-    rank: int = Field(16, description="r, latent factors (one item-bias coordinate extra)")
-    sweeps: int = Field(2, description="ALS sweeps, i.e. releases of the item sums")
+    rank: CF.BiasRank = 16
+    sweeps: ItemSumSweeps = 2
     lam: float = Field(0.001, description="lambda of the frequency-scaled ridge (the "
                        "ridge grows with the user and item counts: a larger lam drowns "
                        "every factor and leaves the popularity list)")
@@ -150,11 +154,7 @@ class DPIALSConfig(IALSConfig):
         0.3, description="Gamma_u, norm bound of a released user factor")
     max_ratings_per_user: int | None = Field(
         300, description="k: each user's released weights have sum of squares k")
-    rare_item_power: float = Field(
-        0.0, description="eta: released weights proportional to count_j^-eta (counts from "
-        "the previous release)")
-    gram_shrink: float = Field(0.5, description="alpha in [0, 1]: noisy item Grams shrunk "
-                               "toward count_j times the average x x^T")
+    gram_shrink: GramShrink = 0.5
 
     @model_validator(mode="after")
     def _bounded(self) -> DPIALSConfig:

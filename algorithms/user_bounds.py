@@ -68,6 +68,11 @@ class UserBounds:
     #: diagonal entry is then ``count_coordinate^2`` times the (weighted) count of terms,
     #: which bounds what the matching rhs array can hold (the privacy layer's value check)
     count_coordinate: float = 0.0
+    #: clipped arrays ``(num, den, ratio)`` such that every user's term has, at each item j
+    #: (the last axis), ``||num[..., j]|| <= ratio * den[j]``, and so has any sum of them:
+    #: the value check of the privacy layer, as ``count_coordinate`` is for gram/rhs arrays
+    #: (None: no such relation)
+    item_ratio: tuple[str, str, float] | None = None
 
     def __post_init__(self) -> None:
         if self.clipped and (self.gram or self.rhs):

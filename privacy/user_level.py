@@ -557,7 +557,10 @@ def bound_problem(upload: Message, bounds: UserBounds, stds: Mapping[str, float]
     noise norm is at most ``sigma (sqrt(d) + TAIL)``. An rhs beyond this was not built
     from bounded users: receiving it would let one tenant move the items' factors
     without limit (norm bounding, "Can You Really Backdoor Federated Learning?", Sun et
-    al., 2019, at the bound the user-level sensitivity already implies)."""
+    al., 2019, at the bound the user-level sensitivity already implies). Clipped-sum
+    arrays with an ``item_ratio`` are checked alike (:func:`_ratio_problem`)."""
+    if bounds.item_ratio is not None:
+        return _ratio_problem(upload, bounds.item_ratio, stds)
     c = bounds.count_coordinate
     if not c or not bounds.gram or len(bounds.gram) != len(bounds.rhs):
         return None
@@ -573,3 +576,26 @@ def bound_problem(upload: Message, bounds: UserBounds, stds: Mapping[str, float]
                     f"allows for bounded users plus the declared noise ({allowed[j]:.6g}); "
                     f"{over.size} item(s) over")
     return None
+
+
+def _ratio_problem(upload: Message, ratio: tuple[str, str, float],
+                   stds: Mapping[str, float]) -> str | None:
+    """Why clipped sums ``num``, ``den`` with ``||num[..., j]|| <= r den[j]`` per user
+    (:attr:`UserBounds.item_ratio`) cannot be such sums plus their noise: with ``den[j]``
+    read at most ``TAIL`` standard deviations low and the noise norm of item j's column
+    of ``num`` at most ``sigma (sqrt(d) + TAIL)`` (d its entries), as for gram/rhs
+    arrays; a non-finite value is outside too."""
+    num, den, r = ratio
+    top, bottom = getattr(upload, num), getattr(upload, den)
+    n = bottom.shape[-1]
+    column = top.reshape(-1, n)
+    norms = np.linalg.norm(column, axis=0)
+    allowed = (r * np.maximum(bottom + TAIL * stds[den], 0.0)
+               + stds[num] * (math.sqrt(column.shape[0]) + TAIL))
+    over = np.flatnonzero(~(norms <= allowed))
+    if not over.size:
+        return None
+    j = int(over[0])
+    return (f"{num}[:, {j}] has norm {norms[j]:.6g}, more than {den}[{j}] allows for "
+            f"bounded users plus the declared noise ({allowed[j]:.6g}); {over.size} "
+            f"item(s) over")

@@ -142,7 +142,8 @@ def create_training_job(body: JobCreate, request: Request, response: Response,
                    max_attempts=settings.job_max_attempts, agents=list(body.agents),
                    round_seconds=body.round_seconds, wire=body.wire,
                    rounds_given="rounds" in body.model_fields_set,
-                   validation_fraction=body.validation_fraction, lists=body.lists)
+                   validation_fraction=body.validation_fraction, lists=body.lists,
+                   dry_round_seconds=settings.dry_round_seconds)
     try:
         specs = (default_pair(spec, "rounds" in body.model_fields_set)
                  if body.algorithm is None else [spec])

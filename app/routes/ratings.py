@@ -28,7 +28,7 @@ from app.schemas import (
     UploadResult,
     UserRatingsDeleted,
 )
-from app.training.forget import forget_agent_user, forget_user, is_agent_tenant
+from app.training.forget import forget_agent_user, forget_user, forgets_on_agent
 from app.uploads import IdempotencyConflict, request_digest, upload_ratings
 
 router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: ratings"],
@@ -201,9 +201,11 @@ def delete_user_ratings(request: Request, response: Response, tenant: OwnTenantD
     rating statistics (recomputed in the background; repeatable: 0 deleted when the user
     was forgotten before). For an agent tenant (``fedrec agent``; the coordinator holds no
     ratings of it) the request is recorded for its agent, which forgets the user on the
-    tenant's machine when it next polls: 202 with ``agent`` true."""
+    tenant's machine when it next polls: 202 with ``agent`` true. So is the request of a
+    tenant that holds no ratings here yet, as an agent tenant before its first job: its
+    agent leaves the user out from the first job it joins."""
     deleted = forget_user(session, tenant.id, user)
-    agent = not deleted and is_agent_tenant(session, tenant.id)
+    agent = not deleted and forgets_on_agent(session, tenant.id, deleted is not None)
     if agent:
         forget_agent_user(session, tenant.id, user)
         response.status_code = status.HTTP_202_ACCEPTED

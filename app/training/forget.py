@@ -87,6 +87,23 @@ def is_agent_tenant(s: Session, tenant_id: int) -> bool:
     return any(tenant_id in (agents or {}).get("tenants", []) for agents in jobs)
 
 
+def forgets_on_agent(s: Session, tenant_id: int, known: bool) -> bool:
+    """Whether the request to forget a user this database holds no ratings of is for the
+    tenant's agent to carry out: the tenant is an agent of a job (:func:`is_agent_tenant`),
+    or the user is not ``known`` here and the tenant holds no ratings here at all, as an
+    agent tenant before its first job. Its agent fetches the request before it joins a
+    job and leaves the user out from the start; for a tenant that has simply uploaded
+    nothing yet the request forgets nothing, and ratings of the user uploaded later are a
+    new consent (:class:`ForgottenUser`)."""
+    if is_agent_tenant(s, tenant_id):
+        return True
+    if known:
+        return False
+    rated = sa.select(Rating.user_id).join(User, User.id == Rating.user_id).where(
+        User.tenant_id == tenant_id).limit(1)
+    return s.scalar(rated) is None
+
+
 def forget_agent_user(s: Session, tenant_id: int, user_key: str) -> int:
     """Record that the tenant's agent must forget the user (caller commits): a tombstone
     of a new ratings version (the agent fetches tombstones newer than the last it applied,

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -84,6 +87,9 @@ class JobSpec:
     """Who serves the lists once the job completes: "auto", the better of its model and
     popularity on held-out data (:func:`app.training.selection.lists_decision`), or
     "model", its model whatever the comparison (which the report still shows)."""
+    dry_round_seconds: float | None = None
+    """Wall-clock bound of the dry round (:func:`_dry_run`): the API sets its
+    ``FEDREC_DRY_ROUND_SECONDS``; None (a scheduled retraining in the worker): unbounded."""
 
 
 def useful_rounds(cfg: Any) -> int | None:
@@ -337,12 +343,13 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         first = (train, test, keys, initialise_client(alg, cfg, fit(train, i), glob,
                                                       spec.seed, i))
         size, upload = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
-                                (tenants[i].rating_min, tenants[i].rating_max), i)
+                                (tenants[i].rating_min, tenants[i].rating_max), i,
+                                spec.dry_round_seconds)
     else:  # nobody's ratings here: the config is tried on a public stand-in block
         stand_in = _stand_in(len(item_ids), scale)
         size, upload = _dry_run(alg, cfg, spec.seed, server, glob,
                                 initialise_client(alg, cfg, stand_in, glob, spec.seed, 0),
-                                stand_in, stand_in, scale, 0)
+                                stand_in, stand_in, scale, 0, spec.dry_round_seconds)
     if isinstance(dp, dict):
         # agents' users are not counted here (their number is theirs to keep)
         n_users = sum(users[tenants[i].id] for i in hosted)
@@ -510,26 +517,72 @@ def upload_schema(upload) -> dict[str, Any]:
 
 
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
-             test: RatingBlock, scale: tuple[float, float], client: int = 0) -> tuple[int, Any]:
+             test: RatingBlock, scale: tuple[float, float], client: int = 0,
+             seconds: float | None = None) -> tuple[int, Any]:
     """Round 1 of the first tenant, unprivatised and discarded: its client step, the server
-    step on its upload, the evaluation and the serving factors, as the pipeline runs them.
+    step on its upload, the evaluation and the serving factors, as the pipeline runs them,
+    within ``seconds`` of wall clock (None: unbounded; :func:`_within`).
 
     A config that validates but makes a step raise (e.g. RFRec's ``link='sigmoid'``,
     whose predictions are no factor product to serve) is refused here with 422 instead of
     failing in a worker. Returns the number of values of an upload (for the DP event) and
     the upload (its shape is what agents must send).
     """
-    try:
-        local, upload = client_round(alg, cfg, 1, seed, client, glob, local, train)
+    def round_1() -> Any:
+        local_1, upload = client_round(alg, cfg, 1, seed, client, glob, local, train)
         uploads = {} if upload is None else {0: upload}
-        _, glob = server_round(alg, cfg, 1, seed, server, uploads)
-        tenant_errors(alg, glob, local, test, scale)
-        alg.objective(glob, local, train, cfg)
-        alg.factors(glob, local)
+        _, glob_1 = server_round(alg, cfg, 1, seed, server, uploads)
+        tenant_errors(alg, glob_1, local_1, test, scale)
+        alg.objective(glob_1, local_1, train, cfg)
+        alg.factors(glob_1, local_1)
+        return upload
+
+    try:
+        upload = round_1() if seconds is None else _within(round_1, seconds)
+    except JobRefused:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
         raise JobRefused(422, f"invalid config: round 1 fails with these settings "
                               f"({type(exc).__name__}: {exc})") from None
     return (n_entries(upload) if upload is not None else 1), upload
+
+
+#: dry rounds that may run at once in one process, the overrunning ones included (a
+#: thread cannot be stopped: one past its bound runs to its end, holding its slot)
+MAX_DRY_ROUNDS = 2
+_dry_slots = threading.BoundedSemaphore(MAX_DRY_ROUNDS)
+
+
+def _within(work: Callable[[], Any], seconds: float) -> Any:
+    """``work()`` on a thread of its own, answered within ``seconds`` of wall clock (the
+    wait for a slot included): its result, its exception, or 422 naming the bound once it
+    has run that long (the request returns; the round finishes on its thread and is
+    discarded). 503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
+    deadline = time.monotonic() + seconds
+    if not _dry_slots.acquire(timeout=seconds):
+        raise JobRefused(503, f"{MAX_DRY_ROUNDS} dry rounds are running already; retry in "
+                              f"a few seconds (each is bounded by FEDREC_DRY_ROUND_SECONDS "
+                              f"= {seconds:g} s)")
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the request's thread
+            box["error"] = exc
+        finally:
+            _dry_slots.release()
+
+    thread = threading.Thread(target=run, name="fedrec-dry-round", daemon=True)
+    thread.start()
+    thread.join(max(deadline - time.monotonic(), 0.0))
+    if thread.is_alive():
+        raise JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound "
+                              f"of {seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these "
+                              f"settings on this data; a smaller rank or fewer steps fit")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,

@@ -67,6 +67,42 @@ def test_clipped_sums_match_an_independent_per_user_computation(clip):
     np.testing.assert_allclose(h, h_ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("settings", [
+    {"residual_clip": 2.0},                      # the defaults: clips rarely bind
+    {"residual_clip": 0.05, "clip_norm": 0.3},   # every residual and every user clipped
+    {"residual_clip": 5.0, "user_factor_clip": 20.0, "bias_coordinate": 0.1,
+     "curvature_weight": 3.0},                   # ||x|| far above c
+])
+def test_honest_sums_keep_their_declared_item_ratio_and_a_scaled_gradient_does_not(settings):
+    """What the coordinator checks an agent's upload against (``item_ratio``,
+    :func:`privacy.user_level.bound_problem`): ||G_j|| <= R H_j / (kappa c) for every
+    item of honest sums, whatever the factors; G scaled up past it is named."""
+    from privacy.user_level import bound_problem
+
+    rng = np.random.default_rng(3)
+    cfg = FA.DPFedMAvgConfig(rank=3, max_ratings_per_user=100, **settings)
+    bounds = UG.user_bounds(cfg)
+    num, den, ratio = bounds.item_ratio
+    assert (num, den) == ("G", "H")
+    block = _block(rng, m=40, n=9)
+    v = rng.normal(0, 3.0, size=(cfg.d, block.n_items))
+    u = UG.solve_users(v, block, cfg) * rng.uniform(0.1, 10.0, size=(block.n_users, 1))
+    g, h = UG.clipped_sums(u, v, np.arange(block.nnz), block, cfg)
+    assert np.all(np.linalg.norm(g, axis=0) <= ratio * h * (1 + 1e-12))
+    stds = {"G": 0.0, "H": 0.0}
+    assert bound_problem(UG.Upload(G=g, H=h), bounds, stds) is None
+    worst = int(np.argmax(np.linalg.norm(g, axis=0) / h))
+    tight = np.linalg.norm(g[:, worst]) / (ratio * h[worst])
+    bad = UG.Upload(G=g * (1.01 / tight), H=h)
+    assert f"G[:, {worst}] has norm" in bound_problem(bad, bounds, stds)
+    assert "G[:, " in bound_problem(UG.Upload(G=g * np.nan, H=h), bounds, stds)
+
+
+def test_without_a_residual_clip_no_item_ratio_is_declared():
+    """The gradient is then not bounded by the curvature: nothing to check it against."""
+    assert UG.user_bounds(FA.DPFedMAvgConfig(residual_clip=None)).item_ratio is None
+
+
 def _without_user(block, user):
     """The neighbouring block: ``user`` removed (rows renumbered)."""
     keep = block.rows != user

@@ -127,8 +127,6 @@ def test_the_coordinators_forget_request_reaches_the_agent(fed, tmp_path):
     app, client, hosted, agent_tenants, rows = fed
     (tid, key), user = agent_tenants[0], rows[0][0][0]
     auth = {"Authorization": f"Bearer {key}"}
-    assert client.delete(f"/v1/tenants/{tid}/users/{user}/ratings",
-                         headers=auth).status_code == 404  # not an agent of any job yet
     agents = [make_agent(client, k, rows[t], tmp_path / f"a{t}")
               for t, (_, k) in enumerate(agent_tenants)]
     job_id = _job(client, agent_tenants)
@@ -163,3 +161,29 @@ def test_the_coordinators_forget_request_reaches_the_agent(fed, tmp_path):
                         headers={"Authorization": f"Bearer {hkey}"})
     assert res.status_code == 200 and res.json() == {
         "user": user, "deleted": _mine(rows[0], user)}  # as before: no "agent"
+
+
+def test_a_request_before_the_tenants_first_job_reaches_its_agent_when_it_joins(fed,
+                                                                               tmp_path):
+    """An agent tenant that is in no job yet (the coordinator holds none of its ratings):
+    DELETE is recorded for its agent (202, ``agent`` true), not 404; the agent's loop
+    fetches it before it joins its first job and trains without the user. A hosted tenant
+    holding ratings still gets 404 for a user it does not have."""
+    app, client, hosted, agent_tenants, rows = fed
+    (tid, key), user = agent_tenants[0], rows[0][0][0]
+    auth = {"Authorization": f"Bearer {key}"}
+    res = client.delete(f"/v1/tenants/{tid}/users/{user}/ratings", headers=auth)
+    assert res.status_code == 202, res.text
+    assert res.json() == {"user": user, "deleted": 0, "agent": True}
+    listed = client.get(f"/v1/tenants/{tid}/agent/forgotten", headers=auth).json()
+    assert [r["user"] for r in listed["data"]] == [user]
+    job_id = _job(client, agent_tenants[:1])
+    root = tmp_path / "a0"
+    agent = make_agent(client, key, rows[0], root)
+    assert agent.run(until_done=True, poll=0.05, max_seconds=60) == 0
+    users, train, _, _ = _stored(root, job_id)
+    assert user not in users and len(users) == len({u for u, _, _ in rows[0]}) - 1
+    hid, hkey = hosted[0]
+    res = client.delete(f"/v1/tenants/{hid}/users/nobody/ratings",
+                        headers={"Authorization": f"Bearer {hkey}"})
+    assert res.status_code == 404

@@ -123,6 +123,9 @@ USER_LEVEL = {"algorithm": "dpals", "config": {"rank": 3}, "dp": None,
 @pytest.mark.parametrize("body, poisoned, says", [
     ({"dp": {"mechanism": "gaussian", "noise_multiplier": 1.0}}, None, "l2 norm"),
     (USER_LEVEL, "b", "b["),  # the user-level DPALS attack: b = 1e6 x the honest sums
+    # the gradient methods' attack: G = 1e6 x the honest gradient sums, H left as it was
+    ({**USER_LEVEL, "algorithm": "dp-fedmavg"}, "G", "G[:, "),
+    ({**USER_LEVEL, "algorithm": "dp-fedmc-admm"}, "G", "G[:, "),
 ])
 def test_an_upload_past_its_bound_drops_its_tenant_and_the_round_goes_on(fed, tmp_path,
                                                                       body, poisoned, says):

@@ -75,3 +75,48 @@ def test_a_dry_run_with_a_used_idempotency_key_plans_instead_of_replaying(env):
     assert plan.status_code == 200 and "Idempotency-Replayed" not in plan.headers
     assert "id" not in plan.json() and set(plan.json()["tenants"]) == {
         str(t) for t, _ in tenants}
+
+
+def test_a_dry_round_past_its_wall_clock_bound_is_refused_naming_it(admin_app, monkeypatch):
+    """A config that passes the cheap checks but whose round 1 runs long (here: a client
+    step slowed to 3 s) is answered within FEDREC_DRY_ROUND_SECONDS, for a dry run and a
+    creation alike, with a 422 naming the bound; nothing is stored. Overrunning rounds
+    keep their slot until they end: past two, 503."""
+    from app.training import jobs
+
+    real = jobs.client_round
+
+    def slow(*args, **kwargs):
+        time.sleep(3.0)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "client_round", slow)
+    _, client = admin_app(dry_round_seconds=0.5)
+    tenants = make_tenants(client)
+    body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
+    for dry_run in (True, False):
+        start = time.monotonic()
+        res = client.post("/v1/admin/jobs", params={"dry_run": dry_run}, json=body)
+        status, code, detail = refusal(res)
+        assert (status, code) == (422, "invalid_config"), detail
+        assert "0.5 s (FEDREC_DRY_ROUND_SECONDS)" in detail, detail
+        assert time.monotonic() - start < 2.5
+    assert client.get("/v1/admin/jobs").json()["count"] == 0
+    # both overrunning rounds still run (a thread cannot be stopped) and hold the
+    # process's two slots: a third request waits out its bound for one, then 503
+    res = client.post("/v1/admin/jobs", params={"dry_run": True}, json=body)
+    status, _, detail = refusal(res)
+    assert status == 503 and "dry rounds are running already" in detail, detail
+    time.sleep(3.0)  # the discarded rounds end and give their slots back
+    monkeypatch.setattr(jobs, "client_round", real)
+    assert client.post("/v1/admin/jobs", params={"dry_run": True}, json=body
+                       ).status_code == 200
+
+
+def test_a_quick_dry_round_is_not_affected_by_its_bound(admin_app):
+    """The bound is a wall clock, not a budget of work: a round well within it plans."""
+    _, client = admin_app(dry_round_seconds=30.0)
+    tenants = make_tenants(client)
+    body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
+    res = client.post("/v1/admin/jobs", params={"dry_run": True}, json=body)
+    assert res.status_code == 200, res.text

@@ -121,7 +121,12 @@ def test_tenant_a_can_never_read_or_delete_tenant_b(api):
     # Through its own URL, A sees only its own (empty) data and cannot reach B's user.
     assert api.ratings(a, key_a, user="victim") == []
     mine = c.delete(f"/v1/tenants/{a}/users/victim/ratings", headers=key_a)
-    assert refusal(mine) == (404, "user_not_found", "User not found")
+    # A holds no ratings here: the request is recorded for A's own agent, if it runs one
+    # (app.training.forget.forgets_on_agent), and never touches B's user
+    assert mine.status_code == 202 and mine.json() == {"user": "victim", "deleted": 0,
+                                                       "agent": True}, mine.text
+    assert [r["user"] for r in c.get(f"/v1/tenants/{b}/agent/forgotten",
+                                     headers=key_b).json()["data"]] == []
     assert api.ratings(b, key_b) == [("victim", "m1", 4.0)]
 
 
