@@ -38,10 +38,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from algorithms import Message, RatingBlock, registry
 from algorithms.base import Algorithm
 from algorithms.simulate import (
+    RoundState,
+    Staged,
     client_round,
     combine_errors,
     select_clients,
     server_round,
+    step,
     tenant_errors,
 )
 from app import queue
@@ -453,17 +456,30 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         # past the deadline, agents that sent nothing sit the round out (state unchanged)
         uploads = states.load_uploads(s, job_id, round_,
                                       [staged[i] for i in selected if i in staged])
-        if release_of(job.dp) is Release.USER_SECURE:
-            from app.training import secure  # the server step gets the unmasked sum only
+        released_refusals: dict[str, str] = {}
+        n_uploads = len(uploads)
 
-            received, survivors = secure.secure_sum(s, job, round_, selected)
-            released_refusals, n_uploads = {}, len(survivors)
-        else:
-            received, released_refusals = _release_central(s, job, cfg, round_, uploads)
-            n_uploads = len(uploads)
+        def release(ups: dict[int, Message], k: int) -> dict[int, Message]:
+            """The round's release as the job's settings decide it, charged in this
+            transaction: a secure sum (the server step gets the unmasked sum only) or
+            central noise on the sum (:func:`_release_central`), else the uploads."""
+            nonlocal n_uploads
+            if release_of(job.dp) is Release.USER_SECURE:
+                from app.training import secure
+
+                received, survivors = secure.secure_sum(s, job, k, selected)
+                n_uploads = len(survivors)
+                return received
+            received, refusals = _release_central(s, job, cfg, k, ups)
+            released_refusals.update(refusals)
+            return received
+
         remote = agent_clients(job)
         before = states.load_server(s, job)
-        server, glob = server_round(alg, cfg, round_, job.seed, before, received)
+        done_round = step(Staged(alg, cfg, job.seed, selected, uploads, server_round),
+                          RoundState(round_ - 1, states.load_global(job), before, None),
+                          round_, release)
+        server, glob = done_round.server_state, done_round.global_msg
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
                                  .order_by(JobClient.client_index)
                                  .with_for_update(key_share=True)))  # before tombstones
