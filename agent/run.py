@@ -6,8 +6,8 @@ step (:func:`algorithms.simulate.client_round`, the same public streams as a hos
 tenant's: ``client_rng(seed, round, client)``; under user-level DP the users' caps and
 Poisson samples from the agent's own secret key, :attr:`agent.state.AgentState.
 user_draws_key`); check-privatise-charge on the agent's *own* ledger
-(:func:`privacy.wrapper.release` for the tenant unit, :func:`privacy.user_level.release_one`
-for user-level placement ``tenant``; noise from a fresh secret generator,
+(:func:`privacy.release.release_upload`, the release the job's settings decide, as a hosted
+tenant's; noise from a fresh secret generator,
 :func:`privacy.randomness.fresh_noise_generator`); persist the charge with the pending upload
 (:mod:`agent.state`); send through :attr:`Agent.uploader` (the one function a secure
 aggregation wrapper replaces); adopt the new local state once the coordinator accepted it.
@@ -41,11 +41,9 @@ from algorithms.simulate import (
     tenant_errors,
 )
 from app.ingest import Collected, UploadRejected
-from privacy import user_level
 from privacy.accountant import load_analyses
-from privacy.distributed import charge_release
 from privacy.randomness import fresh_noise_generator, with_user_draws
-from privacy.wrapper import DPSpec, release
+from privacy.release import Release, release_of, release_upload
 
 RUNNING = ("queued", "running")
 #: fault injection for the process tests: "die-before-send:K" kills the agent in round K
@@ -144,7 +142,7 @@ class Agent:
     def _setup(self, job_id: int) -> None:
         manifest = self.coord.manifest(job_id)
         dp = manifest["privacy"]
-        if user_level.is_user_level(dp) and dp.get("placement") != "tenant":
+        if release_of(dp) is Release.USER_CENTRAL:
             raise ValueError(f"job {job_id}: placement {dp.get('placement')!r} would need "
                              "this tenant's un-noised sum; agents send noised uploads only")
         try:
@@ -272,7 +270,7 @@ class Agent:
     def _private(self, manifest: dict[str, Any], train: RatingBlock, users) -> RatingBlock:
         """The training block with the tenant's secret per-user draws under user-level DP
         (:func:`privacy.randomness.with_user_draws`, the agent's own key)."""
-        if not user_level.is_user_level(manifest["privacy"]):
+        if not release_of(manifest["privacy"]).user_level:
             return train
         return with_user_draws(train, self.state.user_draws_key, self.state.account,
                                [str(u) for u in users])
@@ -287,19 +285,12 @@ class Agent:
         return self._memo[key]
 
     def _release(self, manifest, rec, alg, cfg, upload: Message, round_: int):
-        """Check the agent's own budget, privatise, charge its own ledger (privacy/)."""
-        dp, rng = manifest["privacy"], fresh_noise_generator()
-        ledger, account = self.state.ledger, self.state.account
-        if user_level.is_user_level(dp) and dp.get("secure_aggregation"):
-            # noised and masked later, in the secure-aggregation phases (agent.secure)
-            return charge_release(user_level.from_settings(dp), upload, account, ledger,
-                                  rec["releases"], round_)
-        if user_level.is_user_level(dp):
-            return user_level.release_one(
-                user_level.from_settings(dp), registry.user_bounds(alg.name, cfg), upload,
-                account, ledger, rec["releases"], rng, round_)
-        return release(upload, DPSpec(**dp), account, ledger, rng, round_,
-                       manifest["privacy_preserving"])
+        """Check the agent's own budget, privatise, charge its own ledger: the release
+        :func:`privacy.release.release_upload` decides for the job's settings (under secure
+        aggregation only the charge here; the noise and the masks in :mod:`agent.secure`)."""
+        return release_upload(manifest["privacy"], alg.name, cfg, upload,
+                              self.state.account, self.state.ledger, fresh_noise_generator(),
+                              round_, rec["releases"], manifest["privacy_preserving"])
 
     def _send_pending(self, job_id: int) -> None:
         st, rec = self.state, self.state.jobs[str(job_id)]

@@ -356,6 +356,38 @@ class PerClient:
         return state, rec, False
 
 
+class Staged:
+    """The :class:`Steps` of a round whose client steps ran elsewhere (the service's Celery
+    client-step tasks and tenant agents, which staged their released uploads): ``select``
+    is the round's S_k as drawn before, ``clients`` hands on the staged uploads (the local
+    states stay where the tenants committed them), ``server`` is the algorithm's server
+    step (``server_step``: :func:`server_round` or a wrapper of it with its signature).
+    The service's aggregate task runs :func:`step` over it, so the server side of a round
+    (aggregation, then the server step) is the simulator's, not a copy of it."""
+
+    def __init__(self, alg: Algorithm, cfg: Any, seed: int, selected: Sequence[int],
+                 uploads: Mapping[int, Message],
+                 server_step: Callable[..., tuple[Message, Message]] | None = None) -> None:
+        self.alg, self.cfg, self.seed = alg, cfg, int(seed)
+        self.selected = np.asarray(list(selected), dtype=np.int64)
+        self.uploads = uploads
+        self.server_step = server_round if server_step is None else server_step
+
+    def select(self, k: int, state: RoundState) -> np.ndarray:
+        return self.selected
+
+    def clients(self, k: int, state: RoundState, selected: np.ndarray
+                ) -> tuple[Any, Mapping[int, Message]]:
+        return state.local_states, self.uploads
+
+    def server(self, k: int, server_state: Message, received: Mapping[int, Message]
+               ) -> tuple[Message, Message]:
+        return self.server_step(self.alg, self.cfg, k, self.seed, server_state, received)
+
+    def record(self, state: RoundState, due: bool) -> tuple[RoundState, None, bool]:
+        return state, None, False  # the service evaluates and records the round itself
+
+
 def run_round(alg: Algorithm, cfg: Any, round_: int, seed: int, per_round: int,
               global_msg: Message, server_state: Message, local_states: list[Message],
               blocks: Sequence[RatingBlock], privatizer: Privatizer | None = None,

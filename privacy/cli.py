@@ -16,7 +16,7 @@ from collections.abc import Hashable, Mapping
 
 from privacy.accountant import noise_for_epsilon
 from privacy.ledger import Budget, Ledger, worst_case_plan
-from privacy.release import transmission_plan
+from privacy.release import Release, release_of, transmission_plan
 from privacy.wrapper import DPPrivatizer, DPSpec
 
 DEFAULT_EPSILON = 8.0
@@ -200,7 +200,7 @@ def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n
     """A :class:`privacy.user_level.UserLevelPrivatizer` for ``--privacy user``."""
     from pydantic import ValidationError
 
-    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec, to_settings
 
     delta = args.delta if args.delta is not None else min(DEFAULT_USER_DELTA,
                                                           0.1 / n_users)
@@ -220,7 +220,7 @@ def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n
         field = str(err["loc"][0]).replace("_", "-") if err["loc"] else ""
         msg = err["msg"].removeprefix("Value error, ")
         raise ValueError(f"--{field}: {msg}" if field else msg) from None
-    if spec.secure_aggregation:
+    if release_of(to_settings(spec)) is Release.USER_SECURE:
         from privacy.distributed import SecureAggregationPrivatizer
 
         return SecureAggregationPrivatizer(spec, bounds, n_clients, seed)

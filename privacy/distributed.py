@@ -230,12 +230,14 @@ class SecureAggregationPrivatizer(UserLevelPrivatizer):
         self.drop = set(drop)
 
     def __call__(self, upload: Message, client: int, round_: int) -> Message | None:
-        index = len(self.releases)
-        event = self.event(index)
-        if not self._affordable(client, round_, event):
+        """The tenant's side: :func:`charge_release` (check, charge) before its input
+        leaves, as ``fedrec agent`` does; a refused tenant stops for the rest of the run."""
+        if str(client) in self.ledger.stopped():
             return None
-        kept, _, _ = charged_release(self.ledger, [client], event, round_,  # before the
-                                     lambda _: upload, "user-level release")  # input leaves
+        kept, _, refused = charge_release(self.spec, upload, client, self.ledger,
+                                          len(self.releases), round_)
+        if refused is not None:
+            self.ledger.stop(client, round_)
         return kept
 
     def aggregate(self, uploads: Mapping[int, Message], round_: int

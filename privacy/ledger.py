@@ -233,6 +233,42 @@ def charged_release(ledger: Ledger, accounts: Iterable[Hashable], event: Event, 
     return released, {a: event for a in kept}, refused
 
 
+#: who released a charged transmission: the coordinator (a hosted tenant's upload or a
+#: central sum), the tenant's own agent (recorded by the coordinator), or a tuning job
+BY_COORDINATOR, BY_AGENT, BY_TUNING = "coordinator", "agent", "tuning"
+
+
+@dataclasses.dataclass(frozen=True)
+class Charge:
+    """One charged transmission as a persisted ledger stores it, whoever released it: the
+    event (:meth:`privacy.accountant.Event.as_list`), the privacy settings it was charged
+    under (None for a tuning job), who released it (:data:`BY_COORDINATOR`,
+    :data:`BY_AGENT`, :data:`BY_TUNING`) and a note (why a charged release was never
+    used, or what a tuning job did). :meth:`row` is the one row shape written;
+    :meth:`from_row` also reads the shapes stored before it."""
+
+    event: Event
+    dp: Mapping[str, Any] | None = None
+    by: str = BY_COORDINATOR
+    note: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        """The JSON row: ``{"event", "dp", "by", "note"}``, every key always present."""
+        return {"event": self.event.as_list(),
+                "dp": None if self.dp is None else dict(self.dp),
+                "by": self.by, "note": self.note}
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Charge:
+        """A stored row, of :meth:`row`'s shape or an older one: ``{"event", "dp"}`` (a
+        hosted release), ``{"event", "dp", "by", "refused"?}`` (an agent's upload),
+        ``{"event", "dp", "by", "secure_aggregation"}`` (an agent's masked input),
+        ``{"event", "tuning", "reason"}`` (a tuning job)."""
+        by = row.get("by") or (BY_TUNING if row.get("tuning") else BY_COORDINATOR)
+        note = row.get("note") or row.get("refused") or row.get("reason")
+        return cls(Event.from_list(row["event"]), row.get("dp"), str(by), note)
+
+
 def worst_case_plan(tenants: Iterable[Hashable], rounds: int) -> dict[str, int]:
     """Every tenant transmits in every round: the safe plan for refusing a run."""
     return {_key(t): int(rounds) for t in tenants}

@@ -47,6 +47,7 @@ from privacy.cli import (
     user_privatizer_from_args,
 )
 from privacy.randomness import private_federation
+from privacy.release import Release, cli_settings, release_of
 from privacy.threat_model import UNIT, threat_model
 
 _RUN_FLAGS = ("clients", "per_round", "rounds")
@@ -447,18 +448,8 @@ def _run(args: argparse.Namespace, write_json) -> int:
                              f"{rating_fed.scale[0]:g} to {rating_fed.scale[1]:g}): the "
                              "binary algorithms have no positive to learn; set --threshold")
     per_round = run_cfg["per_round"] or fed.n_clients
-    if unit == "user":
-        fed = private_federation(fed)  # per-user caps and samples from a fresh secret
-        privatizer = _user_privatizer(args, alg, cfg, fed, run_cfg["rounds"])
-        aggregator = privatizer.aggregate
-    else:
-        privatizer, aggregator = _privatizer(args, alg, cfg, fed, run_cfg["rounds"],
-                                             per_round), None
-    if unit == "none" and getattr(args, "secure_aggregation", False):
-        from privacy.distributed import SecureSum
-
-        aggregator = SecureSum(args.seed, dropout_tolerance=args.dropout_tolerance
-                               if args.dropout_tolerance is not None else 0.1)
+    kind, fed, privatizer, aggregator = release_parts(args, unit, alg, cfg, fed,
+                                                      run_cfg["rounds"], per_round)
     t0 = time.perf_counter()
     bar = RoundsBar(run_cfg["rounds"], alg.name)
     try:
@@ -491,7 +482,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
         privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer \
             else {"mechanism": "none", "private": False,
                   "threat_model": threat_model("central", private=False)}
-    if unit == "none" and aggregator is not None:
+    if kind is Release.SECURE_SUM:
         privacy["secure_aggregation"] = {"rounds": aggregator.rounds}
         print("secure aggregation (no noise): the server step saw only each round's sum")
     if unit == "tenant" and privatizer is not None:
@@ -519,6 +510,28 @@ def _upload_size(alg, cfg, fed, seed: int) -> int:
     server, glob, locs = initialise(alg, cfg, fed.train[:1], seed)
     _, up = client_round(alg, cfg, 1, seed, 0, glob, locs[0], fed.train[0])
     return 1 if up is None else int(sum(a.size for a in up.arrays().values()))
+
+
+def release_parts(args: argparse.Namespace, unit: str, alg, cfg, fed, rounds: int,
+                  per_round: int):
+    """(release, federation, privatizer, aggregator) of a run: the release
+    :func:`privacy.release.release_of` decides for the flags (``unit`` from
+    :func:`privacy.cli.privacy_unit`), built for the in-process engine. The user unit
+    gives the federation its per-user caps and samples from a fresh secret."""
+    kind = release_of(cli_settings(unit, getattr(args, "placement", None),
+                                   getattr(args, "secure_aggregation", False)))
+    if kind.user_level:
+        fed = private_federation(fed)
+        privatizer = _user_privatizer(args, alg, cfg, fed, rounds)
+        return kind, fed, privatizer, privatizer.aggregate
+    if kind is Release.SECURE_SUM:
+        from privacy.distributed import SecureSum
+
+        return kind, fed, None, SecureSum(args.seed, dropout_tolerance=args.dropout_tolerance
+                                          if args.dropout_tolerance is not None else 0.1)
+    if kind is Release.TENANT:
+        return kind, fed, _privatizer(args, alg, cfg, fed, rounds, per_round), None
+    return kind, fed, None, None
 
 
 def _user_privatizer(args, alg, cfg, fed, rounds: int):

@@ -53,7 +53,8 @@ from app.training.ledger import charge_received
 from app.training.models import RoundUpload, TrainingJob
 from privacy import user_level
 from privacy.accountant import Event
-from privacy.wrapper import DPSpec, bound_problem, n_entries, transmission_event
+from privacy.release import expected_event, release_of
+from privacy.wrapper import DPSpec, bound_problem, n_entries
 
 PROTOCOL = 1
 PHASES = ("upload",)
@@ -233,14 +234,18 @@ _SCALAR_KINDS = {float: (float, int), int: (int,), bool: (bool,), str: (str,),
                  type(None): (type(None),)}
 
 
-def expected_charge(s: Session, job: TrainingJob, tenant_id: int, upload: Message) -> Event:
+def expected_charge(s: Session, job: TrainingJob, tenant_id: int, upload: Message | None
+                    ) -> Event:
     """The event the job's privacy settings charge this transmission, as a hosted tenant's
-    would be charged (:func:`pipeline._privatise`, :func:`pipeline._release_tenant`)."""
-    if user_level.is_user_level(job.dp):
-        index = pipeline._job_releases(s, job.id, tenant_id)
-        return user_level.release_event(user_level.from_settings(job.dp), index)
-    alg = registry.get(job.algorithm)
-    return transmission_event(DPSpec(**job.dp), n_entries(upload), alg.privacy_preserving)
+    would be charged: :func:`privacy.release.expected_event` of the tenant's next release
+    (``upload``: its size, for the tenant unit; None under secure aggregation)."""
+    kind = release_of(job.dp)
+    index = pipeline._job_releases(s, job.id, tenant_id) if kind.user_level else 0
+    event = expected_event(job.dp, index, 0 if upload is None else n_entries(upload),
+                           registry.get(job.algorithm).privacy_preserving)
+    if event is None:  # a stored job always has privacy settings
+        raise AgentRefused(409, f"job {job.id} has no privacy settings to charge by")
+    return event
 
 
 def same_reported(reported: Any, event: Event) -> bool:
@@ -285,8 +290,8 @@ def accept_upload(s: Session, job_id: int, tenant_id: int, round_: int, data: by
     _check_reported(job, reported, event)
     _check_noise_fields(s, job, tenant_id, upload)
     problem = _bound_problem(s, job, tenant_id, upload)
-    refused = charge_received(s, job.id, tenant_id, round_, event, {
-        "dp": job.dp, "by": "agent", **({"refused": problem} if problem else {})})
+    refused = charge_received(s, job.id, tenant_id, round_, event, job.dp,
+                              None if problem is None else f"refused: upload {problem}")
     if refused is not None:  # its data is discarded unread; nothing was charged
         _drop(s, job, client, round_, f"refused: {refused}", None)
     if problem is not None:  # charged (it was released), never used

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
@@ -12,7 +13,16 @@ from sqlalchemy.orm import Session
 from app.models import Tenant
 from app.training.models import LedgerEntry, TrainingJob
 from privacy.accountant import NOT_PRIVATE, Event, compose, spend
-from privacy.ledger import Budget, Ledger, charged_release, rebudget
+from privacy.ledger import (
+    BY_AGENT,
+    BY_COORDINATOR,
+    BY_TUNING,
+    Budget,
+    Charge,
+    Ledger,
+    charged_release,
+    rebudget,
+)
 
 TUNING_NOT_PRIVATE = "not private: tuning used raw ratings"
 """What every later report of a tuned tenant says (its spend is epsilon = infinity)."""
@@ -38,7 +48,7 @@ def load_ledger(s: Session, tenant_ids: Iterable[int], job_id: int | None = None
     # a deleted tenant's budget and charges went with it: the ledger holds those that exist
     events: dict[str, list[Event]] = {str(t): [] for t, *_ in tenants}
     for tenant_id, round_, event in rows:
-        events[str(tenant_id)].append(Event.from_list(event["event"]))
+        events[str(tenant_id)].append(Charge.from_row(event).event)
         state["tenants"][str(tenant_id)]["rounds"].append(int(round_))
     for key, evs in events.items():
         state["tenants"][key]["history"] = [e.as_list() for e in compose(evs)]
@@ -65,11 +75,22 @@ def charge_tuning(s: Session, tuning_job_id: int, tenant_ids: list[int]) -> dict
                                           lambda _: None, "tuning job")
     if refused:  # all or nothing: the in-memory charges of the others are dropped
         return refused
-    for tenant_id, event in charged.items():
-        s.add(LedgerEntry(tenant_id=tenant_id, tuning_job_id=tuning_job_id, round=0,
-                          event={"event": event.as_list(), "tuning": True,
-                                 "reason": TUNING_NOT_PRIVATE}))
+    record_charges(s, charged, 0, tuning_job_id=tuning_job_id, by=BY_TUNING,
+                   note=TUNING_NOT_PRIVATE)
     return refused
+
+
+def record_charges(s: Session, charged: Mapping[int, Event], round_: int, *,
+                   job_id: int | None = None, tuning_job_id: int | None = None,
+                   dp: Mapping[str, Any] | None = None, by: str = BY_COORDINATOR,
+                   note: str | None = None) -> None:
+    """The service's one ledger writer: one row per tenant that
+    :func:`privacy.ledger.charged_release` charged (``charged``: its second result), in
+    the one shape :meth:`privacy.ledger.Charge.row`, added to the session so the caller
+    commits it in the transaction that stores (or uses) the release it pays for."""
+    for tenant_id, event in charged.items():
+        s.add(LedgerEntry(tenant_id=tenant_id, job_id=job_id, tuning_job_id=tuning_job_id,
+                          round=int(round_), event=Charge(event, dp, by, note).row()))
 
 
 def tuned_tenants(s: Session, tenant_ids: Iterable[int]) -> dict[str, list[int]]:
@@ -139,16 +160,16 @@ def spend_summary(s: Session, tenant: Tenant) -> dict:
 
 
 def charge_received(s: Session, job_id: int, tenant_id: int, round_: int, event: Event,
-                    record: dict) -> str | None:
+                    dp: Mapping[str, Any], note: str | None = None) -> str | None:
     """Charge a release a tenant privatised itself (an agent's upload or masked input)
     through :func:`privacy.ledger.charged_release`, under the tenant's lock
-    (:func:`load_ledger`), as a hosted tenant's release is charged: the entry (``record``
-    plus the event) is added, not committed. Returns why the tenant's budget refuses it
-    (nothing added; the caller must not use the release), or None."""
+    (:func:`load_ledger`), as a hosted tenant's release is charged: the row
+    (:func:`record_charges`, by the agent, with ``note``) is added, not committed.
+    Returns why the tenant's budget refuses it (nothing added; the caller must not use
+    the release), or None."""
     ledger = load_ledger(s, [tenant_id], lock=True)
     _, charged, refused = charged_release(ledger, [tenant_id], event, round_, lambda _: None)
     if refused:
         return refused[tenant_id]
-    s.add(LedgerEntry(tenant_id=tenant_id, job_id=job_id, round=round_,
-                      event={"event": charged[tenant_id].as_list(), **record}))
+    record_charges(s, charged, round_, job_id=job_id, dp=dp, by=BY_AGENT, note=note)
     return None

@@ -38,10 +38,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from algorithms import Message, RatingBlock, registry
 from algorithms.base import Algorithm
 from algorithms.simulate import (
+    RoundState,
+    Staged,
     client_round,
     combine_errors,
     select_clients,
     server_round,
+    step,
     tenant_errors,
 )
 from app import queue
@@ -55,11 +58,13 @@ from app.training.forget import (
     scrub_job_clients,
     without_forgotten,
 )
-from app.training.ledger import load_ledger
+from app.training.ledger import load_ledger, record_charges
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
 from privacy import release as privacy_release
 from privacy import user_level
+from privacy.accountant import Event
 from privacy.randomness import fresh_noise_generator, process_key, with_user_draws
+from privacy.release import Release, release_of
 
 TASK_START = queue.TRAINING_START_ROUND
 TASK_CLIENT = queue.TRAINING_CLIENT_STEP
@@ -251,17 +256,17 @@ def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
 
 def _privatise(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id: int,
                client: int, round_: int, upload: Message
-               ) -> tuple[Message | None, list | None, str | None]:
-    """(upload as sent, ledger event, refusal reason) for one upload of a tenant:
+               ) -> tuple[Message | None, Event | None, str | None]:
+    """(upload as sent, event charged, refusal reason) for one upload of a tenant:
     :func:`privacy.release.release_upload` on the tenant's ledger, whatever the unit. The
     tenant row is locked (:func:`load_ledger`) so two jobs cannot both spend the last of
     its budget."""
     ledger = load_ledger(s, [tenant_id], lock=True)
-    index = _job_releases(s, job.id, tenant_id) if user_level.is_user_level(job.dp) else 0
+    index = _job_releases(s, job.id, tenant_id) if release_of(job.dp).user_level else 0
     sent, event, refused = privacy_release.release_upload(
         job.dp, job.algorithm, cfg, upload, tenant_id, ledger, fresh_noise_generator(),
         round_, index, alg.privacy_preserving)
-    return sent, None if event is None else event.as_list(), refused
+    return sent, event, refused
 
 
 def _job_releases(s: Session, job_id: int, tenant_id: int | None = None) -> int:
@@ -287,9 +292,7 @@ def _release_central(s: Session, job: TrainingJob, cfg: Any, round_: int,
     received, charged, refused = privacy_release.release_round(
         job.dp, job.algorithm, cfg, {tenant_of[i]: up for i, up in uploads.items()},
         ledger, _job_releases(s, job.id), fresh_noise_generator(), round_)
-    for tenant_id, event in charged.items():  # committed with the round that uses the sum
-        s.add(LedgerEntry(tenant_id=tenant_id, job_id=job.id, round=round_,
-                          event={"event": event.as_list(), "dp": job.dp}))
+    record_charges(s, charged, round_, job_id=job.id, dp=job.dp)  # committed with the round
     return received, {str(t): why for t, why in refused.items()}
 
 
@@ -335,9 +338,8 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                 states.stage_local(s, job_id, client, round_, local)
                 states.stage_upload(s, job_id, client, round_, local, upload, refused)
                 if event is not None:  # charged in the transaction that stores the upload
-                    s.execute(_INSERT_CHARGE, {"tenant_id": jc.tenant_id, "job_id": job_id,
-                                               "round": round_,
-                                               "event": {"event": event, "dp": job.dp}})
+                    record_charges(s, {jc.tenant_id: event}, round_, job_id=job_id,
+                                   dp=job.dp)
                 s.commit()
                 computed = time.perf_counter() - started
             except IntegrityError:  # a duplicate delivery of this task got there first
@@ -354,9 +356,8 @@ def round_complete(s: Session, job: TrainingJob, alg: Algorithm, round_: int) ->
     return staged >= len(_selected(job, alg, round_))
 
 
-#: the statements every client step runs, built once (building one costs more than
-#: executing it): the charge of an upload, and the count of a round's staged results
-_INSERT_CHARGE = sa.insert(LedgerEntry.__table__)
+#: the statement every client step runs, built once (building one costs more than
+#: executing it): the count of a round's staged results
 _STAGED_COUNT = sa.select(sa.func.count()).select_from(RoundUpload).where(
     RoundUpload.job_id == sa.bindparam("job_id"), RoundUpload.round == sa.bindparam("round"))
 
@@ -455,17 +456,30 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         # past the deadline, agents that sent nothing sit the round out (state unchanged)
         uploads = states.load_uploads(s, job_id, round_,
                                       [staged[i] for i in selected if i in staged])
-        if user_level.is_user_level(job.dp) and job.dp.get("secure_aggregation"):
-            from app.training import secure  # the server step gets the unmasked sum only
+        released_refusals: dict[str, str] = {}
+        n_uploads = len(uploads)
 
-            received, survivors = secure.secure_sum(s, job, round_, selected)
-            released_refusals, n_uploads = {}, len(survivors)
-        else:
-            received, released_refusals = _release_central(s, job, cfg, round_, uploads)
-            n_uploads = len(uploads)
+        def release(ups: dict[int, Message], k: int) -> dict[int, Message]:
+            """The round's release as the job's settings decide it, charged in this
+            transaction: a secure sum (the server step gets the unmasked sum only) or
+            central noise on the sum (:func:`_release_central`), else the uploads."""
+            nonlocal n_uploads
+            if release_of(job.dp) is Release.USER_SECURE:
+                from app.training import secure
+
+                received, survivors = secure.secure_sum(s, job, k, selected)
+                n_uploads = len(survivors)
+                return received
+            received, refusals = _release_central(s, job, cfg, k, ups)
+            released_refusals.update(refusals)
+            return received
+
         remote = agent_clients(job)
         before = states.load_server(s, job)
-        server, glob = server_round(alg, cfg, round_, job.seed, before, received)
+        done_round = step(Staged(alg, cfg, job.seed, selected, uploads, server_round),
+                          RoundState(round_ - 1, states.load_global(job), before, None),
+                          round_, release)
+        server, glob = done_round.server_state, done_round.global_msg
         clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job_id)
                                  .order_by(JobClient.client_index)
                                  .with_for_update(key_share=True)))  # before tombstones

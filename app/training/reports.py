@@ -21,6 +21,7 @@ from app.training.models import JobRound, LedgerEntry, TrainingJob
 from app.training.schemas import JobPublic, JobReport, RoundPublic, TenantRoundPublic
 from privacy import user_level
 from privacy.accountant import Event
+from privacy.ledger import Charge
 from privacy.threat_model import LEDGER_UNIT, threat_model
 from privacy.wrapper import DPSpec, privacy_report
 
@@ -116,7 +117,7 @@ def _charges(s: Session, job_id: int, tenant_ids: list[int]) -> list[tuple[int, 
                      .where(LedgerEntry.job_id == job_id,
                             LedgerEntry.tenant_id.in_(tenant_ids))
                      .order_by(LedgerEntry.id)).all()
-    return [(t, r, Event.from_list(e["event"])) for t, r, e in rows]
+    return [(t, r, Charge.from_row(e).event) for t, r, e in rows]
 
 
 def _not_private_report(spec: DPSpec, job: TrainingJob, ledger) -> dict[str, Any]:
@@ -138,7 +139,7 @@ def _units(s: Session, tenant_ids: list[int]) -> dict[str, str]:
     rows = s.execute(sa.select(LedgerEntry.tenant_id, LedgerEntry.event)
                      .where(LedgerEntry.tenant_id.in_(tenant_ids))).all()
     return {str(t): "user" for t, e in rows
-            if user_level.is_user_level((e or {}).get("dp") or {})}
+            if user_level.is_user_level(Charge.from_row(e).dp or {})}
 
 
 def _json_spend(figures: dict[str, Any]) -> dict[str, Any]:

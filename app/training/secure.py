@@ -50,6 +50,7 @@ from app.training import pipeline
 from app.training.ledger import charge_received
 from app.training.models import RoundUpload, SecAggMessage, TrainingJob
 from privacy import distributed, secagg, user_level
+from privacy.release import Release, release_of
 
 PHASES = ("keys", "shares", "masked", "unmask")
 TYPES = {"keys": secagg.AdvertiseKeys, "shares": secagg.ShareKeys,
@@ -66,7 +67,7 @@ class Refused(Exception):
 
 def enabled(job: TrainingJob | dict[str, Any]) -> bool:
     dp = job.dp if isinstance(job, TrainingJob) else job
-    return bool(dp and user_level.is_user_level(dp) and dp.get("secure_aggregation"))
+    return bool(dp) and release_of(dp) is Release.USER_SECURE
 
 
 def round_id(job: TrainingJob, round_: int) -> bytes:
@@ -269,8 +270,7 @@ def accept(s: Session, job: TrainingJob, client: int, round_: int, phase: str,
         if reported is not None and not agents.same_reported(reported, event):
             raise Refused(422, f"charge {reported} is not what job {job.id} charges this "
                                f"release ({event.as_list()})")
-        why = charge_received(s, job.id, tenant_id, round_, event, {
-            "dp": job.dp, "by": "agent", "secure_aggregation": True})
+        why = charge_received(s, job.id, tenant_id, round_, event, job.dp)
         if why is not None:  # never unmasked: the tenant drops out of the round
             raise Refused(409, f"budget exceeded: tenant {tenant_id}'s masked input is "
                                f"refused ({why})")

@@ -170,3 +170,35 @@ def test_a_rounds_uploads_are_freed_before_the_next_rounds_are_made():
                    privatizer=privatizer)
     assert len(refs[1]) == 3 and alive_in_round_2 == [0]
     assert res.final.round == 3
+
+
+@pytest.mark.parametrize("name", ["fedmc-admm", "dpals", "fedmavg"])
+def test_a_round_staged_elsewhere_runs_the_simulators_server_side_bit_for_bit(name):
+    """The service's aggregate task runs :func:`algorithms.simulate.step` over
+    :class:`~algorithms.simulate.Staged` (uploads staged by other processes): the same
+    aggregation and server step as the in-process round, number for number."""
+    from algorithms import registry
+    from algorithms.simulate import PerClient, Staged, initialise, step
+
+    alg = registry.get(name)
+    cfg = alg.config()
+    fed = build_federation(generate_ratings(80, 40, 1600, rank=3, seed=2), 4, 7)
+    server, glob, locals_ = initialise(alg, cfg, fed.train, 7)
+    seen = []
+
+    def total(uploads, k):  # an aggregator: what the server step receives is its output
+        seen.append((k, sorted(uploads)))
+        return dict(uploads)
+
+    state = RoundState(0, glob, server, locals_)
+    for k in (1, 2):
+        here = step(PerClient(alg, cfg, 7, 3, fed.train, workers=1), state, k, total)
+        staged = step(Staged(alg, cfg, 7, here.selected, here.uploads), state, k, total)
+        assert np.array_equal(staged.selected, here.selected)
+        for a, b in ((staged.global_msg, here.global_msg),
+                     (staged.server_state, here.server_state)):
+            assert a.arrays().keys() == b.arrays().keys()
+            for key, arr in a.arrays().items():
+                assert np.array_equal(arr, b.arrays()[key]), (name, k, key)
+        state = here
+    assert [k for k, _ in seen] == [1, 1, 2, 2] and seen[0][1] == seen[1][1]

@@ -9,6 +9,7 @@ from privacy.accountant import NOT_PRIVATE, Event, spend
 from privacy.ledger import (
     Budget,
     BudgetExceeded,
+    Charge,
     Ledger,
     NotPrivateRefused,
     check_plan,
@@ -158,3 +159,41 @@ def test_not_private_events_have_no_noise():
     with pytest.raises(ValueError, match="noise multiplier 0"):
         Event("none", 1.0)
     assert spend([NOT_PRIVATE.times(0)], 1e-5).epsilon == 0.0
+
+
+# --- the one row shape of a persisted ledger --------------------------------------------
+
+def test_a_charge_is_written_in_one_shape_and_read_back():
+    dp = {"unit": "user", "placement": "tenant", "epsilon": 4.0}
+    event = Event("gaussian", 1.5, 1, 0.25)
+    for by, note in (("coordinator", None), ("agent", "refused: upload x[0] too large"),
+                     ("tuning", "not private")):
+        row = Charge(event, dp, by, note).row()
+        assert set(row) == {"event", "dp", "by", "note"}
+        assert json.loads(json.dumps(row)) == row  # plain JSON
+        assert Charge.from_row(row) == Charge(event, dp, by, note)
+    assert Charge(NOT_PRIVATE).row() == {"event": ["none", 0.0, 1], "dp": None,
+                                         "by": "coordinator", "note": None}
+
+
+#: rows as the service stored them before the one shape, and what each reads as
+OLD_ROWS = [
+    ({"event": ["gaussian", 2.0, 1], "dp": {"mechanism": "gaussian"}},
+     Charge(Event("gaussian", 2.0, 1), {"mechanism": "gaussian"}, "coordinator", None)),
+    ({"event": ["gaussian", 2.0, 1, 0.5], "dp": {"unit": "user"}, "by": "agent",
+      "refused": "x[3] has norm 9"},
+     Charge(Event("gaussian", 2.0, 1, 0.5), {"unit": "user"}, "agent", "x[3] has norm 9")),
+    ({"event": ["gaussian", 3.0, 1], "dp": {"unit": "user"}, "by": "agent"},
+     Charge(Event("gaussian", 3.0, 1), {"unit": "user"}, "agent", None)),
+    ({"event": ["gaussian", 3.0, 1], "dp": {"unit": "user"}, "by": "agent",
+      "secure_aggregation": True},
+     Charge(Event("gaussian", 3.0, 1), {"unit": "user"}, "agent", None)),
+    ({"event": ["none", 0.0, 1], "tuning": True, "reason": "not private: tuning"},
+     Charge(NOT_PRIVATE, None, "tuning", "not private: tuning")),
+]
+
+
+@pytest.mark.parametrize(("row", "charge"), OLD_ROWS)
+def test_rows_of_the_older_shapes_are_still_read(row, charge):
+    assert Charge.from_row(row) == charge
+    assert Charge.from_row(Charge.from_row(row).row()) == charge  # rewritten: the same
