@@ -11,8 +11,8 @@ from app.deps import UNPROCESSABLE, AdminDep, SessionDep, SettingsDep, check_lim
 from app.models import Tenant
 from app.problems import ApiError
 from app.routes import API_PREFIX
-from app.routes.jobs import refused
 from app.schemas import Limit, Offset, PathId
+from app.services.jobs import refused
 from app.training.jobs import JobRefused
 from app.training.models import LedgerEntry, TuningJob
 from app.training.runner import start_tuning
