@@ -136,21 +136,21 @@ def test_the_checker_sees_each_kind_of_violation(tmp_path) -> None:
     for pkg in ("algorithms", "app", "app/commands", "agent"):
         (tmp_path / pkg).mkdir(parents=True, exist_ok=True)
         (tmp_path / pkg / "__init__.py").write_text("")
-    (tmp_path / "algorithms" / "_rng.py").write_text("def _seed():\n    pass\n")
+    (tmp_path / "algorithms" / "_hidden.py").write_text("def _seed():\n    pass\n")
     (tmp_path / "algorithms" / "base.py").write_text(
-        "from algorithms import _rng\n"  # allowed: an underscore module of its own package
-        "from algorithms._rng import _seed\n"
+        "from algorithms import _hidden\n"  # allowed: an underscore module of its own package
+        "from algorithms._hidden import _seed\n"
         "def f():\n    from app import models\n")  # a function-level climb counts too
-    (tmp_path / "app" / "x.py").write_text("from algorithms._rng import seed\n"
+    (tmp_path / "app" / "x.py").write_text("from algorithms._hidden import seed\n"
                                            "from .commands import demo\n"
                                            "from app.y import _helper\n")
     (tmp_path / "agent" / "run.py").write_text("import app.ingest\n")
     found = violations(sources("algorithms", "app", "agent", root=tmp_path), root=tmp_path)
     assert found == [
         "agent/run.py:1 imports app.ingest: agent may not import app",
-        "algorithms/base.py:2 imports algorithms._rng._seed: another module's underscore name",
+        "algorithms/base.py:2 imports algorithms._hidden._seed: another module's underscore name",
         "algorithms/base.py:4 imports app.models: algorithms may not import app",
-        "app/x.py:1 imports algorithms._rng.seed: an underscore module or name of another "
+        "app/x.py:1 imports algorithms._hidden.seed: an underscore module or name of another "
         "package",
         "app/x.py:2 imports app.commands.demo: app may not import cli",
         "app/x.py:3 imports app.y._helper: another module's underscore name",
