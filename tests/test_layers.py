@@ -123,6 +123,22 @@ def test_every_package_imports_only_those_below_it() -> None:
     assert not bad, "imports against the package order:\n" + "\n".join(bad)
 
 
+def test_no_handler_calls_another_handler() -> None:
+    """Route modules are imported by the application that mounts them (app/main.py) and
+    by nothing else: the dashboard, the command line and other routes call the use cases
+    of app/services instead."""
+    bad = []
+    for path in sources(*PRODUCT):
+        rel = path.relative_to(ROOT)
+        for line, module, name in imports(path, ROOT):
+            dotted = module if module.startswith("app.routes.") or not name else \
+                f"{module}.{name}"
+            if (dotted.startswith("app.routes.") and is_module(dotted, ROOT)
+                    and rel != Path("app/main.py")):
+                bad.append(f"{rel}:{line} imports the route module {dotted}")
+    assert not bad, "\n".join(bad)
+
+
 @pytest.mark.xfail(strict=True, reason="`fedrec bench` (app/commands/bench.py) imports the "
                    "lab until the branch moving the lab out of the product removes it; "
                    "drop this marker then (XPASS fails it)")

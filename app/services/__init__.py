@@ -8,3 +8,15 @@ layer answers as a problem document and the dashboard shows on its page. No hand
 another handler: both call these (the split of the FastAPI full-stack template's
 ``crud.py`` and ``api/routes/``).
 """
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+
+def newest_first(session: Session, model: type, limit: int, offset: int) -> tuple[list, int]:
+    """A page of ``model`` rows, newest (highest id) first, and how many there are."""
+    rows = session.scalars(sa.select(model).order_by(model.id.desc())
+                           .limit(limit).offset(offset)).all()
+    return list(rows), session.scalar(sa.select(sa.func.count()).select_from(model))

@@ -20,6 +20,7 @@ from app.deps import check_limit
 from app.logs import bind
 from app.models import Tenant
 from app.problems import ApiError
+from app.services import newest_first
 from app.training.jobs import (
     DEFAULT_RATING,
     JobRefused,
@@ -182,10 +183,7 @@ def _discard(session: Session, job_id: int) -> None:
 
 def list_jobs(session: Session, limit: int, offset: int) -> tuple[list[TrainingJob], int]:
     """A page of training jobs, newest first, and how many there are."""
-    jobs = session.scalars(sa.select(TrainingJob).order_by(TrainingJob.id.desc())
-                           .limit(limit).offset(offset)).all()
-    count = session.scalar(sa.select(sa.func.count()).select_from(TrainingJob))
-    return list(jobs), count
+    return newest_first(session, TrainingJob, limit, offset)
 
 
 def cancel(session: Session, job_id: int) -> TrainingJob:

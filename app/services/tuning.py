@@ -18,6 +18,7 @@ from app.config import Settings
 from app.deps import check_limit
 from app.models import Tenant
 from app.problems import ApiError
+from app.services import newest_first
 from app.services.jobs import refused
 from app.training.jobs import JobRefused
 from app.training.models import LedgerEntry, TuningJob
@@ -80,10 +81,7 @@ def create(session: Session, settings: Settings, app: FastAPI,
 def list_tuning_jobs(session: Session, limit: int,
                      offset: int) -> tuple[list[TuningJob], int]:
     """A page of tuning jobs, newest first, and how many there are."""
-    jobs = session.scalars(sa.select(TuningJob).order_by(TuningJob.id.desc())
-                           .limit(limit).offset(offset)).all()
-    count = session.scalar(sa.select(sa.func.count()).select_from(TuningJob))
-    return list(jobs), count
+    return newest_first(session, TuningJob, limit, offset)
 
 
 def get(session: Session, job_id: int) -> TuningJob:
