@@ -152,7 +152,7 @@ def require_admin(request: Request, creds: Annotated[Credentials, Depends(admin_
         raise _unauthorized("invalid_admin_token", "Invalid admin token")
 
 
-def _verified_tenant(request: Request, session: Session, presented: str,
+def verified_tenant(request: Request, session: Session, presented: str,
                      force: bool = False) -> Tenant:
     """The tenant of an unrevoked key (cached per process, see KeyCache); 401 otherwise.
     ``force`` re-verifies against the database even when the key is cached."""
@@ -182,7 +182,7 @@ def current_tenant(request: Request, session: SessionDep,
     are cached per process for FEDREC_SERVING_CACHE_SECONDS, see KeyCache)."""
     if creds is None:
         raise _unauthorized("api_key_required", "API key required")
-    tenant = _verified_tenant(request, session, creds.credentials)
+    tenant = verified_tenant(request, session, creds.credentials)
     bind(tenant_id=tenant.id)
     return tenant
 
@@ -221,7 +221,7 @@ async def key_tenant(request: Request, tenant_id: int, presented: str | None) ->
 
     def verify() -> Tenant:
         with state.sessions() as session:
-            return _verified_tenant(request, session, presented, force=True)
+            return verified_tenant(request, session, presented, force=True)
 
     digest = hash_key(presented)
     tenant, recheck = state.key_cache.lookup(digest, time.monotonic())

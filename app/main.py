@@ -22,6 +22,7 @@ from app.edge import RequestEdge
 from app.limits import TOO_MANY_POLLS, UploadSlots
 from app.logs import configure_logging
 from app.metrics import Metrics
+from app.queue import create_celery_app
 from app.routes import (
     agents,
     health,
@@ -40,7 +41,6 @@ from app.security import FailedSignIns, KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
 from privacy.accountant import load_analyses
-from worker.celery_app import create_celery_app
 
 log = logging.getLogger("fedrec")
 

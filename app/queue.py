@@ -1,10 +1,19 @@
-"""Enqueue Celery tasks by name; the API never imports the task modules themselves."""
+"""The Celery app and its task names; enqueue tasks by name.
+
+The API never imports the task modules (:mod:`worker`) themselves: the app built here
+names them in ``include`` and Celery loads them where tasks run (a worker, or this process
+when there is no broker). With FEDREC_BROKER_URL (or REDIS_URL) set, tasks go through that
+broker to workers; without one, the app is eager: tasks run in the calling process (the
+embedded default).
+"""
 
 from __future__ import annotations
 
 from celery import Celery
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
+
+from app.config import Settings, get_settings
 
 RECOMPUTE_RATING_STATS = "fedrec.recompute_rating_stats"
 REFRESH_ALL_RATING_STATS = "fedrec.refresh_all_rating_stats"
@@ -14,6 +23,52 @@ TRAINING_AGGREGATE = "fedrec.training.aggregate"
 TRAINING_RETRAIN = "fedrec.training.retrain"
 TRAINING_RESUME_STALLED = "fedrec.training.resume_stalled"
 TUNING_RUN = "fedrec.tuning.run"
+
+TASK_MODULES = ["worker.celery_app", "worker.tasks", "worker.training_tasks"]
+"""Loaded by Celery where tasks run; the first connects the worker's signal handlers
+(log context, task metrics, beat heartbeat)."""
+
+BEAT_KEY = "fedrec:beat:watchdog_last_run"
+"""Unix time of the watchdog's last run (a beat-scheduled task, written by the worker)."""
+BEAT_STARTED_KEY = "fedrec:beat:started"
+"""Unix time beat last started (written by beat itself): until the watchdog's first run,
+one period later, ``fedrec doctor`` says beat is starting instead of failing."""
+
+
+def create_celery_app(settings: Settings | None = None) -> Celery:
+    """A Celery app wired to the settings' broker, or eager when there is none."""
+    settings = settings or get_settings()
+    celery = Celery("fedrec", include=TASK_MODULES, set_as_current=False)
+    celery.conf.update(
+        fedrec_database_url=settings.database_url,
+        task_default_queue=settings.task_queue,
+        task_serializer="json", result_serializer="json", accept_content=["json"],
+        task_acks_late=True, worker_prefetch_multiplier=1, timezone="UTC",
+        broker_connection_retry_on_startup=True,
+        beat_schedule=beat_schedule(settings),
+        fedrec_stalled_job_seconds=settings.stalled_job_seconds,
+    )
+    if settings.broker_url:
+        celery.conf.update(broker_url=settings.broker_url,
+                           result_backend=settings.result_backend or settings.broker_url,
+                           result_expires=24 * 3600)
+    else:
+        celery.conf.update(broker_url="memory://", task_always_eager=True,
+                           task_eager_propagates=False, task_store_eager_result=False)
+    return celery
+
+
+def beat_schedule(settings: Settings) -> dict:
+    """Beat's periodic tasks: statistics refresh, the stalled-job watchdog, retraining."""
+    schedule = {
+        "refresh-rating-stats": {"task": REFRESH_ALL_RATING_STATS,
+                                 "schedule": settings.stats_refresh_seconds},
+        "resume-stalled-jobs": {"task": TRAINING_RESUME_STALLED,
+                                "schedule": min(60.0, settings.stalled_job_seconds)},
+    }
+    if settings.retrain_seconds:
+        schedule["retrain"] = {"task": TRAINING_RETRAIN, "schedule": settings.retrain_seconds}
+    return schedule
 
 
 def enqueue(celery: Celery, name: str, args: list) -> tuple[str, str]:

@@ -1,8 +1,10 @@
-"""The Celery app, built from the settings on first use (never at import time).
+"""The worker's side of the Celery app: its signal handlers (log format and context, task
+metrics, the beat heartbeat for ``fedrec doctor``) and the process-wide app.
 
-``celery -A worker.celery_app worker`` finds ``app`` through the module ``__getattr__``.
-With FEDREC_BROKER_URL (or REDIS_URL) set, tasks go through that broker to workers; without
-one, the app is eager: tasks run in the calling process (the embedded default).
+``celery -A worker.celery_app worker`` finds ``app`` through the module ``__getattr__``;
+the app itself is built by :func:`app.queue.create_celery_app`. The API builds it too but
+never imports this package: Celery loads it with the task modules
+(:data:`app.queue.TASK_MODULES`).
 """
 
 from __future__ import annotations
@@ -11,45 +13,14 @@ from functools import lru_cache
 
 from celery import Celery, signals
 
-from app.config import Settings, get_settings
+from app.config import get_settings
 from app.logs import configure_logging, context, new_context
-from app.queue import REFRESH_ALL_RATING_STATS, TRAINING_RESUME_STALLED, TRAINING_RETRAIN
-
-
-def create_celery_app(settings: Settings | None = None) -> Celery:
-    """A Celery app wired to the settings' broker, or eager when there is none."""
-    settings = settings or get_settings()
-    celery = Celery("fedrec", include=["worker.tasks", "worker.training_tasks"],
-                    set_as_current=False)
-    celery.conf.update(
-        fedrec_database_url=settings.database_url,
-        task_default_queue=settings.task_queue,
-        task_serializer="json", result_serializer="json", accept_content=["json"],
-        task_acks_late=True, worker_prefetch_multiplier=1, timezone="UTC",
-        broker_connection_retry_on_startup=True,
-        beat_schedule=_beat_schedule(settings),
-        fedrec_stalled_job_seconds=settings.stalled_job_seconds,
-    )
-    if settings.broker_url:
-        celery.conf.update(broker_url=settings.broker_url,
-                           result_backend=settings.result_backend or settings.broker_url,
-                           result_expires=24 * 3600)
-    else:
-        celery.conf.update(broker_url="memory://", task_always_eager=True,
-                           task_eager_propagates=False, task_store_eager_result=False)
-    return celery
-
-
-def _beat_schedule(settings: Settings) -> dict:
-    schedule = {
-        "refresh-rating-stats": {"task": REFRESH_ALL_RATING_STATS,
-                                 "schedule": settings.stats_refresh_seconds},
-        "resume-stalled-jobs": {"task": TRAINING_RESUME_STALLED,
-                                "schedule": min(60.0, settings.stalled_job_seconds)},
-    }
-    if settings.retrain_seconds:
-        schedule["retrain"] = {"task": TRAINING_RETRAIN, "schedule": settings.retrain_seconds}
-    return schedule
+from app.queue import (  # noqa: F401 - create_celery_app re-exported for `celery -A`
+    BEAT_KEY,
+    BEAT_STARTED_KEY,
+    TRAINING_RESUME_STALLED,
+    create_celery_app,
+)
 
 
 @signals.setup_logging.connect
@@ -140,8 +111,6 @@ def _beat_heartbeat(sender=None, **_: object) -> None:
 
     import redis
 
-    from app.commands.doctor import BEAT_KEY
-
     try:
         with redis.Redis.from_url(url, socket_timeout=2) as client:
             client.set(BEAT_KEY, time.time())
@@ -159,8 +128,6 @@ def _beat_started(sender=None, **_: object) -> None:
     import time
 
     import redis
-
-    from app.commands.doctor import BEAT_STARTED_KEY
 
     try:
         with redis.Redis.from_url(url, socket_timeout=2) as client:

@@ -2,9 +2,9 @@
 
 Checks, in order: the database answers; its schema is at the latest migration; the broker
 answers; at least one Celery worker answers a ping; beat has run its watchdog recently
-(the worker records each run in the broker's Redis, :data:`BEAT_KEY`), or beat started
+(the worker records each run in the broker's Redis, :data:`app.queue.BEAT_KEY`), or beat started
 less than a watchdog period ago (``wait beat: ...``, not a failure: beat records its start,
-:data:`BEAT_STARTED_KEY`). Exit status 1 when any check fails, 0 otherwise.
+:data:`app.queue.BEAT_STARTED_KEY`). Exit status 1 when any check fails, 0 otherwise.
 """
 
 from __future__ import annotations
@@ -13,12 +13,8 @@ import argparse
 import time
 
 from app.config import Settings, get_settings
+from app.queue import BEAT_KEY, BEAT_STARTED_KEY, create_celery_app
 
-BEAT_KEY = "fedrec:beat:watchdog_last_run"
-"""Unix time of the watchdog's last run (a beat-scheduled task, written by the worker)."""
-BEAT_STARTED_KEY = "fedrec:beat:started"
-"""Unix time beat last started (written by beat itself): until the watchdog's first run,
-one period later, doctor says beat is starting instead of failing."""
 STARTING = "starting: "
 
 
@@ -83,8 +79,6 @@ def check_broker(settings: Settings, timeout: float) -> tuple[bool, str]:
 
 
 def check_workers(settings: Settings, timeout: float) -> tuple[bool, str]:
-    from worker.celery_app import create_celery_app
-
     replies = create_celery_app(settings).control.ping(timeout=timeout) or []
     if not replies:
         return False, (f"no Celery worker answered a ping within {timeout:g} s: training "

@@ -24,7 +24,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from fastapi import HTTPException, Request
 from sqlalchemy.orm import Session
 
-from app.deps import _verified_tenant
+from app.deps import verified_tenant
 from app.models import RevokedSession, Tenant
 from app.security import key_prefix, same_secret
 
@@ -77,7 +77,7 @@ def check_secret(request: Request, session: Session, secret: str) -> Tenant | No
         return None
     if key_prefix(secret) is None:
         raise HTTPException(401, "Not the admin token, nor a tenant API key (fk_...)")
-    return _verified_tenant(request, session, secret)
+    return verified_tenant(request, session, secret)
 
 
 def session_cookie(request: Request, secret: str) -> str:

@@ -1,16 +1,16 @@
 """The dashboard's pages: sign-in, operator pages (tenants, jobs, a job, start a job,
 health) and tenant pages (its data, budget, report and curve, recommendation preview).
 
-Pages call the API's own functions (route functions included, e.g. job creation with its
-dry run, cancel and resume), never the API over HTTP. A tenant signed in sees only its own
-pages: any other tenant's page, and every operator page, is a 404 (never a 403).
+Pages call the service layer the API calls (:mod:`app.services`: job creation with its
+dry run, cancel and resume, readiness), never a route function nor the API over HTTP. A
+tenant signed in sees only its own pages: any other tenant's page, and every operator
+page, is a 404 (never a 403).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import hmac
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,8 +27,8 @@ from app.dashboard import auth, charts, data
 from app.deps import client_of, get_session, refuse_if_locked_out
 from app.models import Tenant, User
 from app.problems import ApiError
-from app.routes import health as health_routes
-from app.routes import jobs as job_routes
+from app.services import jobs as job_service
+from app.services.health import broker_state, database_state
 from app.training import reports
 from app.training.curves import job_chart, mean_baselines
 from app.training.models import TrainingJob
@@ -244,10 +244,8 @@ async def create_job(request: Request, viewer: OperatorDep, session: Db) -> Resp
         return _job_form(request, viewer, session, form, error=msg, status=422)
     dry_run = form.get("action") != "start"
     try:
-        result = job_routes.create_training_job(
-            body=body, request=request, response=Response(), session=session,
-            settings=request.app.state.settings, _=None, idempotency_key=None,
-            dry_run=dry_run)
+        result = job_service.create_job(session, request.app.state.settings, request.app,
+                                        body, dry_run=dry_run)
     except HTTPException as exc:
         return _job_form(request, viewer, session, form, error=exc.detail,
                          status=exc.status_code)
@@ -255,10 +253,10 @@ async def create_job(request: Request, viewer: OperatorDep, session: Db) -> Resp
         return _job_form(request, viewer, session, form,
                          error=[e["msg"] for e in exc.errors()], status=422)
     if dry_run:
-        plan = json.loads(result.body)
+        plan = result.model_dump(mode="json")
         names = {str(t.id): t.name for t in data.all_tenants(session)}
         return _job_form(request, viewer, session, form, plan={**plan, "names": names})
-    return RedirectResponse(f"/dashboard/jobs/{result.id}", status_code=303)
+    return RedirectResponse(f"/dashboard/jobs/{result.job.id}", status_code=303)
 
 
 DONE = {"cancel": "Cancel requested: the job stops after its current round.",
@@ -293,13 +291,11 @@ def _job_page(request: Request, job_id: int, viewer: auth.Viewer, session: Sessi
 @router.post("/jobs/{job_id}/{action}")
 def job_action(request: Request, job_id: int, action: str, viewer: OperatorDep, session: Db,
                csrf: Annotated[str, Form()] = "") -> Response:
-    """Cancel or resume through the admin API's own route functions."""
+    """Cancel or resume through the service the admin API calls too."""
     auth.check_csrf(viewer, csrf)
     _job(session, job_id)
-    calls = {"cancel": lambda: job_routes.cancel_training_job(
-                 job_id=job_id, session=session, _=None),
-             "resume": lambda: job_routes.resume_training_job(
-                 job_id=job_id, request=request, response=Response(), session=session, _=None)}
+    calls = {"cancel": lambda: job_service.cancel(session, job_id),
+             "resume": lambda: job_service.resume_job(session, request.app, job_id)}
     if action not in calls:
         raise auth.PageNotFound()
     try:
@@ -314,8 +310,8 @@ def job_action(request: Request, job_id: int, action: str, viewer: OperatorDep, 
 @router.get("/health")
 def health_page(request: Request, viewer: OperatorDep, session: Db) -> HTMLResponse:
     settings = request.app.state.settings
-    database = health_routes._database_state(request)
-    broker = health_routes._broker_state(request)
+    database = database_state(request.app.state.engine)
+    broker = broker_state(settings.broker_url)
     if not settings.broker_url:
         workers = "none needed: tasks run in the API process"
     elif broker != "ok":

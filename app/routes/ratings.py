@@ -15,7 +15,6 @@ from app.idempotency import IdempotencyKey
 from app.ingest import BodyTooLarge, TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
 from app.problems import ApiError
-from app.queue import RECOMPUTE_RATING_STATS, enqueue
 from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.routes import API_PREFIX
 from app.schemas import (
@@ -28,7 +27,7 @@ from app.schemas import (
     UploadResult,
     UserRatingsDeleted,
 )
-from app.training.forget import forget_agent_user, forget_user, forgets_on_agent
+from app.services import ratings
 from app.uploads import IdempotencyConflict, request_digest, upload_ratings
 
 router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: ratings"],
@@ -204,14 +203,7 @@ def delete_user_ratings(request: Request, response: Response, tenant: OwnTenantD
     tenant's machine when it next polls: 202 with ``agent`` true. So is the request of a
     tenant that holds no ratings here yet, as an agent tenant before its first job: its
     agent leaves the user out from the first job it joins."""
-    deleted = forget_user(session, tenant.id, user)
-    agent = not deleted and forgets_on_agent(session, tenant.id, deleted is not None)
+    deleted, agent = ratings.forget(session, request.app.state.celery, tenant.id, user)
     if agent:
-        forget_agent_user(session, tenant.id, user)
         response.status_code = status.HTTP_202_ACCEPTED
-    elif deleted is None:
-        raise ApiError(status.HTTP_404_NOT_FOUND, "user_not_found", "User not found")
-    session.commit()
-    if deleted:
-        enqueue(request.app.state.celery, RECOMPUTE_RATING_STATS, [tenant.id])
-    return UserRatingsDeleted(user=user, deleted=deleted or 0, agent=agent or None)
+    return UserRatingsDeleted(user=user, deleted=deleted, agent=agent or None)

@@ -6,8 +6,8 @@ from fastapi import APIRouter
 
 from app.deps import OwnTenantDep, SessionDep, errors
 from app.routes import API_PREFIX
-from app.routes.tenants import privacy_public
 from app.schemas import TenantPrivacy
+from app.services.tenants import privacy_of
 
 router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: privacy"],
                    responses=errors(401, 404))
@@ -17,4 +17,4 @@ router = APIRouter(prefix=API_PREFIX + "/tenants/{tenant_id}", tags=["tenant: pr
 def read_privacy(tenant: OwnTenantDep, session: SessionDep) -> TenantPrivacy:
     """The epsilon this tenant has spent over all jobs, what remains of its budget, and
     what each job spent (404 for any tenant but the key's own)."""
-    return privacy_public(session, tenant)
+    return privacy_of(session, tenant)
