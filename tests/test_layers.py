@@ -139,9 +139,6 @@ def test_no_handler_calls_another_handler() -> None:
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason="`fedrec bench` (app/commands/bench.py) imports the "
-                   "lab until the branch moving the lab out of the product removes it; "
-                   "drop this marker then (XPASS fails it)")
 def test_the_product_never_imports_the_lab() -> None:
     bad = violations(sources(*PRODUCT), targets={LAB})
     assert not bad, "the product imports the lab:\n" + "\n".join(bad)
