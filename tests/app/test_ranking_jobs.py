@@ -227,7 +227,7 @@ def test_a_selecting_ials_job_chooses_its_popularity_prior_on_the_carve_out(env)
     prior's beta there (the best validation NDCG@10 of the grid, recorded in its
     selection), and its held-out ranking and served factors use that beta; a job without
     the carve-out keeps the configured one."""
-    from algorithms.ials import PRIOR_GRID
+    from algorithms.ials import DEFAULT_PRIOR, PRIOR_GRID
 
     _, client = env
     make_tenants(client)
@@ -238,7 +238,7 @@ def test_a_selecting_ials_job_chooses_its_popularity_prior_on_the_carve_out(env)
     assert job["status"] == "completed", job
     record = job["selection"]["popularity_prior"]
     scores = dict(record["validation_ndcg"])
-    assert sorted(scores) == sorted(PRIOR_GRID) and record["default"] == 0.03
+    assert sorted(scores) == sorted(PRIOR_GRID) and record["default"] == DEFAULT_PRIOR
     assert scores[record["chosen"]] == max(v for v in scores.values() if v is not None)
     assert len({round(v, 6) for v in scores.values() if v is not None}) > 1  # beta matters
     plain = wait_job(client, client.post("/v1/admin/jobs", json={
