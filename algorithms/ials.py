@@ -86,7 +86,6 @@ from algorithms.dpals import psd_project, shrink_grams
 from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
 from algorithms.user_bounds import UserBounds
 
-
 #: default beta of the popularity prior (ials and dp-ials; BENCHMARKS.md, issue 30)
 DEFAULT_PRIOR = 0.03
 #: default share of each dp-ials release spent on the prior's item counts

@@ -354,8 +354,7 @@ def test_prior_chosen_on_a_carve_out_follows_the_data():
         n_users=1500, n_items=300, n_ratings=6000, seed=1), 4, 0, 0.2))
     beta, scores = chosen(skewed, I.IALSConfig(rank=8, sweeps=4))
     pop = sum(np.bincount(t.cols, minlength=skewed.n_items) for t in skewed.train)
-    from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, \
-        tenant_ranking
+    from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
     total = RankingSums(skewed.n_items)
     for tr, te in zip(skewed.train, skewed.test, strict=True):
         total = total.add(tenant_ranking(np.ones((tr.n_users, 1)), pop[None, :].astype(float),
