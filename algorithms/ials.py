@@ -46,6 +46,24 @@ user solve inside the tenant uses all of the user's ratings with their plain con
 only the released sums are bounded. The server's item solve post-processes the noisy sums
 (:func:`solve_items`: counts read off b, shrinkage toward the average Gram and PSD
 projection as DPALS's, a ridge growing with the noise left unshrunk).
+
+**Popularity prior.** The served score is ``x_u . v_j + beta z_j`` with ``z_j`` the
+standardised ``log(1 + n_j)`` of the items' counts (:func:`popularity_row`) and ``beta =
+popularity_prior``: a most-popular list is a strong top-k baseline (Cremonesi, Koren and
+Turrin, *Performance of Recommender Algorithms on Top-N Recommendation Tasks*, RecSys 2010),
+and where the factors carry little (users who rate once or twice, items chosen by
+popularity) the iALS scores are nearly flat and the prior orders the list. The prior only
+adds a column to the served factors (:func:`factors`): the iALS fit itself is unchanged.
+The counts come from an extra array ``pop`` of each upload, one user adding their items'
+indicators scaled by ``min(1, sqrt(k_p / n_u))`` (the DP popularity list's term,
+:func:`algorithms.popularity.item_counts`, ``k_p = prior_items_per_user``; exact counts
+without bounds). Under user-level DP it is declared as a small-norm array of the same
+release (:class:`~algorithms.user_bounds.UserBounds` ``centre``, norm ``sqrt(k_p)``, the
+share ``prior_share`` of each release's privacy, :func:`privacy.user_level.array_shares`):
+noised and charged with the factors' sums, the server averaging the releases by inverse
+noise variance. ``beta`` is a fixed public default; where a run has a validation carve-out
+and no DP, :func:`choose_prior_weight` picks it from :data:`PRIOR_GRID` (post-processing of
+the fitted model, nothing re-fitted).
 """
 
 from __future__ import annotations
@@ -60,17 +78,26 @@ from pydantic import Field, model_validator
 
 from algorithms import _user_kernels as UK
 from algorithms import config_fields as CF
+from algorithms import popularity as P
 from algorithms._messages import Message
 from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import psd_project, shrink_grams
+from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
 from algorithms.user_bounds import UserBounds
 
 #: the sweeps and the item-Gram shrinkage of iALS, whose defaults dp-ials replaces
 ItemSumSweeps = Annotated[int, Field(description="ALS sweeps, i.e. releases of the item sums")]
 GramShrink = Annotated[float, Field(description="alpha in [0, 1]: noisy item Grams shrunk "
                                     "toward count_j times the average x x^T")]
+
+#: default beta of the popularity prior (ials and dp-ials)
+DEFAULT_PRIOR = 0.03
+#: default share of each dp-ials release spent on the prior's item counts
+DEFAULT_PRIOR_SHARE = 0.1
+#: the betas a run with a validation carve-out chooses from (:func:`choose_prior_weight`)
+PRIOR_GRID = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 
 
 class IALSConfig(AlgorithmConfig):
@@ -104,6 +131,16 @@ class IALSConfig(AlgorithmConfig):
         "the previous release)")
     gram_shrink: GramShrink = 0.0
     noise_reg: CF.NoiseRidge
+    popularity_prior: float = Field(
+        DEFAULT_PRIOR, description="beta: served score x_u . v_j + beta z_j, z_j the "
+        "standardised log(1 + count_j) of the released item counts (0: no prior, no count "
+        "release)")
+    prior_items_per_user: int = Field(
+        P.DP_ITEMS_PER_USER, description="k_p: with user-level bounds, a user's items add "
+        "to the released counts with total L2 weight sqrt(k_p)")
+    prior_share: float = Field(
+        DEFAULT_PRIOR_SHARE, description="with user-level bounds: share of each release's "
+        "privacy spent on the item counts of the popularity prior")
 
     @model_validator(mode="after")
     def _check(self) -> IALSConfig:
@@ -123,7 +160,18 @@ class IALSConfig(AlgorithmConfig):
             raise ValueError("gram_shrink must be in [0, 1]")
         if self.max_weight < 1 or self.rare_item_power < 0 or self.noise_reg < 0:
             raise ValueError("max_weight must be >= 1, rare_item_power and noise_reg >= 0")
+        if not (np.isfinite(self.popularity_prior) and self.popularity_prior >= 0):
+            raise ValueError("popularity_prior must be a finite number >= 0")
+        if self.prior_items_per_user < 1:
+            raise ValueError("prior_items_per_user must be at least 1")
+        if not 0 < self.prior_share < 1:
+            raise ValueError("prior_share must be in (0, 1)")
         return self
+
+    @property
+    def prior_counts_k(self) -> int | None:
+        """k_p of the counts' per-user scaling, or None (exact counts) without bounds."""
+        return None if self.max_ratings_per_user is None else self.prior_items_per_user
 
     @property
     def d(self) -> int:
@@ -168,27 +216,40 @@ def user_bounds(cfg: IALSConfig) -> UserBounds | None:
     None for a config without them (plain ``ials``)."""
     if cfg.user_factor_clip is None or cfg.max_ratings_per_user is None:
         return None
-    return UserBounds(cfg.max_ratings_per_user + 1, cfg.x_norm, 1.0, ("A",), ("b",),
-                      {"A": "gram_noise", "b": "rhs_noise"})
+    bounds = UserBounds(cfg.max_ratings_per_user + 1, cfg.x_norm, 1.0, ("A",), ("b",),
+                        {"A": "gram_noise", "b": "rhs_noise"})
+    if cfg.popularity_prior > 0:  # the prior's counts: one user's term has norm sqrt(k_p)
+        bounds = dataclasses.replace(
+            bounds, centre=("pop",), centre_norm=float(np.sqrt(cfg.prior_items_per_user)),
+            centre_share=cfg.prior_share,
+            noise_fields={**bounds.noise_fields, "pop": "pop_noise"})
+    return bounds
 
 
 @dataclasses.dataclass(frozen=True)
 class GlobalModel(Message):
     """V (d x n: factor rows and the item-bias row), the sweeps released so far and each
-    item's (weighted) count from the last release (zeros before)."""
+    item's (weighted) count from the last release (zeros before); the popularity prior's
+    row z (None: no prior) and its weight beta in the served score."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
+    prior: np.ndarray | None = None
+    prior_weight: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerState(Message):
-    """The current V and counts (every sweep is solved from fresh sums)."""
+    """The current V and counts (every sweep is solved from fresh sums); the prior's
+    released counts so far, summed with inverse-noise-variance weights, and the weights'
+    sum (None / 0 before any)."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
+    pop_sum: np.ndarray | None = None
+    pop_weight: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,12 +265,15 @@ class LocalState(Message):
 @dataclasses.dataclass(frozen=True)
 class Upload(Message):
     """Per-item sums over this tenant's users: ``A`` (n + 1 x d x d; row n the Gramian of
-    all its users), ``b`` (n x d); the standard deviation of the noise already in them."""
+    all its users), ``b`` (n x d), ``pop`` (n, the prior's item counts; None without a
+    prior); the standard deviation of the noise already in them."""
 
     A: np.ndarray
     b: np.ndarray
     gram_noise: float = 0.0
     rhs_noise: float = 0.0
+    pop: np.ndarray | None = None
+    pop_noise: float = 0.0
 
 
 def init_server(n_items: int, n_clients: int, cfg: IALSConfig, rng: np.random.Generator
@@ -343,7 +407,8 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
     w = released_weights(block.rows, block.cols, conf, block.n_users, global_msg.counts,
                          cfg)
     a, b = item_sums(user_vectors(u, cfg), block.rows, block.cols, w, block.n_items)
-    return new, Upload(A=a, b=b)
+    pop = (P.item_counts(block, cfg.prior_counts_k) if cfg.popularity_prior > 0 else None)
+    return new, Upload(A=a, b=b, pop=pop)
 
 
 def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: IALSConfig
@@ -374,31 +439,88 @@ def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: IALSConfig
     return np.linalg.solve(m, b[..., None])[..., 0].T, counts
 
 
+def popularity_row(counts: np.ndarray) -> np.ndarray:
+    """z_j: ``log(1 + n_j)`` (negative noisy counts read as 0) standardised to mean 0 and
+    standard deviation 1 over the catalogue (all zeros for a constant row), so that beta
+    means the same on any catalogue size and rating volume."""
+    lc = np.log1p(np.maximum(np.asarray(counts, dtype=float), 0.0))
+    sd = float(lc.std())
+    return (lc - lc.mean()) / sd if sd > 0 else np.zeros_like(lc)
+
+
+def _global(state: ServerState, cfg: IALSConfig) -> GlobalModel:
+    """The broadcast model of a server state (the prior's row from the counts so far)."""
+    prior = (popularity_row(state.pop_sum / state.pop_weight)
+             if state.pop_sum is not None and state.pop_weight > 0 else None)
+    return GlobalModel(V=state.V.copy(), sweep=state.sweep, counts=state.counts.copy(),
+                       prior=prior, prior_weight=cfg.popularity_prior if prior is not None
+                       else 0.0)
+
+
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: IALSConfig,
                 rng: np.random.Generator) -> tuple[ServerState, GlobalModel]:
-    """Sum the uploads (noise standard deviations add in quadrature) and solve V; no
-    uploads: keep V."""
+    """Sum the uploads (noise standard deviations add in quadrature) and solve V; add the
+    summed prior counts to the running inverse-noise-variance-weighted sum (weight 1
+    without noise); no uploads: keep V."""
     if not uploads:
-        return state, GlobalModel(V=state.V.copy(), sweep=state.sweep,
-                                  counts=state.counts.copy())
+        return state, _global(state, cfg)
     ups = [uploads[i] for i in sorted(uploads)]
     a, b = sum_arrays([u.A for u in ups]), sum_arrays([u.b for u in ups])
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
     v, counts = solve_items(a, b, sigma, cfg)
-    return (ServerState(V=v, sweep=state.sweep + 1, counts=counts),
-            GlobalModel(V=v.copy(), sweep=state.sweep + 1, counts=counts.copy()))
+    pop_sum, pop_weight = state.pop_sum, state.pop_weight
+    if all(u.pop is not None for u in ups):
+        var = float(sum(u.pop_noise ** 2 for u in ups))
+        w = 1.0 / var if var > 0 else 1.0
+        total = w * sum_arrays([u.pop for u in ups])
+        pop_sum = total if pop_sum is None else pop_sum + total
+        pop_weight = pop_weight + w
+    new = ServerState(V=v, sweep=state.sweep + 1, counts=counts, pop_sum=pop_sum,
+                      pop_weight=pop_weight)
+    return new, _global(new, cfg)
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B) with A @ B the scores ``u_u . v_j + c beta_j`` (a ranking, not a rating)."""
+    """(A, B) with A @ B the scores ``u_u . v_j + c beta_j`` (a ranking, not a rating),
+    plus ``prior_weight * z_j`` (an extra column of A and row of B) with a prior."""
     u = state.U
-    return np.hstack([u, np.full((u.shape[0], 1), state.bias_coordinate)]), global_msg.V
+    x = np.hstack([u, np.full((u.shape[0], 1), state.bias_coordinate)])
+    if global_msg.prior is None or not global_msg.prior_weight > 0:
+        return x, global_msg.V
+    return (np.hstack([x, np.full((u.shape[0], 1), global_msg.prior_weight)]),
+            np.vstack([global_msg.V, global_msg.prior[None, :]]))
+
+
+def choose_prior_weight(global_msg: GlobalModel, states, fit_blocks, valid_blocks, scales,
+                        grid=PRIOR_GRID) -> tuple[float, dict[float, float]]:
+    """(beta with the best pooled NDCG@10 on the validation carve-out, NDCG of each beta)
+    for a fitted model: the tenants' ``states`` fitted on ``fit_blocks`` (their items are
+    excluded from the ranking), ``valid_blocks`` the carve-out, one ``(lo, hi)`` scale per
+    tenant. Post-processing of the model on data the fit never saw; ties go to the smaller
+    beta. Not for a DP run: the choice would read private ratings uncharged."""
+    if global_msg.prior is None:
+        return 0.0, {}
+    scores: dict[float, float] = {}
+    for beta in grid:
+        glob = global_msg.replace(prior_weight=float(beta))
+        total = RankingSums(global_msg.V.shape[1])
+        for state, fit, valid, scale in zip(states, fit_blocks, valid_blocks, scales,
+                                            strict=True):
+            a, b = factors(glob, state)
+            total = total.add(tenant_ranking(a, b, fit, valid, relevance_threshold(scale)))
+        scores[float(beta)] = RankingReport.from_sums(total, 10, None).ndcg_at_k
+    finite = {b: s for b, s in scores.items() if np.isfinite(s)}
+    if not finite:
+        return global_msg.prior_weight, scores
+    best = max(finite.values())
+    return min(b for b, s in finite.items() if s == best), scores
 
 
 def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
               cfg: IALSConfig) -> float:
     """Tenant i's share of the iALS loss (its users' terms; ridge of the users only)."""
-    x, v = factors(global_msg, state)
+    x = np.hstack([state.U, np.full((state.U.shape[0], 1), state.bias_coordinate)])
+    v = global_msg.V
     conf = confidences(block.vals, cfg)
     p = np.einsum("ij,ji->i", x[block.rows], v[:, block.cols])
     everything = np.einsum("ui,ij,uj->", x, v @ v.T, x)

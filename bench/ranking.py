@@ -114,10 +114,10 @@ def score(pairs, fed: Federation) -> dict[str, Any]:
     return {**rep, "rare_slot_share": rare / max(slots, 1)}
 
 
-def federated(name: str, fed: Federation, cfg=None, epsilon: float | None = None,
-              placement: str = "central") -> tuple[list, float]:
+def run(name: str, fed: Federation, cfg=None, epsilon: float | None = None,
+        placement: str = "central") -> tuple[Any, float]:
     """A run of registered algorithm ``name`` (user-level DP at ``epsilon``, placement
-    ``central`` or ``tenant+secagg``); returns its factor pairs and wall seconds."""
+    ``central`` or ``tenant+secagg``); returns its simulation result and wall seconds."""
     alg = registry.get(name)
     cfg = cfg or alg.config()
     priv = None if epsilon is None else privatizer(registry.user_bounds(name, cfg),
@@ -126,8 +126,33 @@ def federated(name: str, fed: Federation, cfg=None, epsilon: float | None = None
     res = simulate(alg, cfg, fed, rounds=cfg.sweeps + 1, per_round=fed.n_clients, seed=SEED,
                    privatizer=priv, aggregator=None if priv is None else priv.aggregate,
                    evaluate_every=0)
-    wall = time.perf_counter() - t0
+    return res, time.perf_counter() - t0
+
+
+def federated(name: str, fed: Federation, cfg=None, epsilon: float | None = None,
+              placement: str = "central") -> tuple[list, float]:
+    """:func:`run`'s factor pairs and wall seconds."""
+    res, wall = run(name, fed, cfg, epsilon, placement)
+    alg = registry.get(name)
     return [alg.factors(res.global_msg, s) for s in res.local_states], wall
+
+
+def ials_selected(fed: Federation, cfg) -> tuple[list, float, float]:
+    """Non-private ``ials`` as a job with a validation carve-out runs it: fitted on the
+    training ratings minus the carve-out (:func:`validation`), its popularity prior's beta
+    chosen there (:func:`algorithms.ials.choose_prior_weight`), then fitted on all the
+    training ratings and served with that beta. Returns the factor pairs, the wall seconds
+    of both fits and the beta."""
+    from algorithms.ials import choose_prior_weight
+
+    alg = registry.get("ials")
+    val = validation(fed)
+    res, wall_val = run("ials", val, cfg)
+    beta, _ = choose_prior_weight(res.global_msg, res.local_states, val.train, val.test,
+                                  [val.scale] * val.n_clients)
+    res, wall = run("ials", fed, cfg)
+    glob = res.global_msg.replace(prior_weight=beta)
+    return [alg.factors(glob, s) for s in res.local_states], wall_val + wall, beta
 
 
 def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement: str):
@@ -201,15 +226,16 @@ def rows_of(data: str, quick: bool, only: list[str] | None = None) -> list[dict[
     if not quick:
         runs += [(f"centralised iALS (rank {CEILING_RANK})",
                   lambda: central_ials(fed, CEILING_RANK))]
-    runs += [("ials", lambda: federated("ials", fed, ials_cfg))]
+    runs += [("ials", lambda: ials_selected(fed, ials_cfg))]
     places = ("central",) if quick else ("central", "tenant+secagg")
     runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: federated(
         "dp-ials", fed, dp_cfg, e, p)) for e in eps for p in places]
-    runs = [(label, run) for label, run in runs if not only or label in only]
+    runs = [(label, fit) for label, fit in runs if not only or label in only]
     out = []
-    for label, run in runs:
-        pairs, wall = run()
-        row = {"data": data, "row": label, **score(pairs, fed), "seconds": round(wall, 1)}
+    for label, fit in runs:
+        pairs, wall, *chosen = fit()
+        row = {"data": data, "row": label, **score(pairs, fed), "seconds": round(wall, 1),
+               **({"popularity_prior": chosen[0]} if chosen else {})}
         print(f"{data:8s} {label:38s} P@10 {row['precision_at_k']:.4f} NDCG@10 "
               f"{row['ndcg_at_k']:.4f} rare {row['rare_slot_share']:.4f} "
               f"{row['seconds']:.1f} s", flush=True)

@@ -3,7 +3,7 @@ stored job of an algorithm gets, for each field added since it was written, the 
 keeps its earlier behaviour (a field it has already is left alone); downgrading removes the
 fields again, since the earlier code refuses configs with unknown fields. Used by
 0012 (FedMC-ADMM, FedMAvg), 0014 and 0016 (RFRec, RFRecF), 0015 and 0017 (the user-level DP
-algorithms).
+algorithms) and 0022 (ials and dp-ials: the popularity prior).
 """
 
 from __future__ import annotations

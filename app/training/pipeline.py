@@ -430,6 +430,24 @@ def _select(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
     return stop
 
 
+def _choose_prior(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
+                  clients: list[JobClient], locals_: dict[int, Message]) -> Message:
+    """The final model with its popularity prior chosen on the validation carve-out, for a
+    job that selects (:func:`app.training.selection.choose_prior`), recorded in its
+    selection; the model unchanged otherwise."""
+    from app.training import selection
+
+    if not (job.selection or {}).get("metric"):
+        return glob
+    scales = _scales(s, job)
+    parts = [(locals_[jc.client_index], *_fit_and_valid(job, jc), scales[jc.tenant_id])
+             for jc in clients if jc.client_index in locals_]
+    glob, record = selection.choose_prior(alg, glob, parts)
+    if record is not None:
+        job.selection = {**job.selection, "popularity_prior": record}
+    return glob
+
+
 def _num(x: float) -> float | None:
     return None if not np.isfinite(x) else float(x)
 
@@ -497,6 +515,8 @@ def aggregate(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: int
         started = (job.latest_metrics or {}).get("round_started", time.time())
         seconds = max(0.0, time.time() - started)
         done = _select(s, job, alg, glob, clients, locals_, round_) or round_ >= job.rounds
+        if done:
+            glob = _choose_prior(s, job, alg, glob, clients, locals_)
         ranking = _final_ranking(s, job, alg, glob, clients, locals_) if done else None
         missed = [job.tenant_ids[i] for i in missing]
         if missed:

@@ -7,6 +7,9 @@ model, RMSE for a rating model (Cremonesi, Koren, Turrin, "Performance of recomm
 algorithms on top-N recommendation tasks": a model is chosen by the measure of the task
 it serves). It stops once :data:`PATIENCE` rounds in a row failed to beat its best
 round, so a model that overfits with rounds does not run on to the configured length.
+A ranking model with a popularity prior (ials) also gets the prior's weight chosen there
+when the job ends (:func:`choose_prior`): how much the popularity list should count is a
+property of the data, not a constant.
 
 A DP job does not select: choosing the round on the tenants' validation ratings would be
 a data-dependent release the ledger never charged. Its run length is the configured one
@@ -88,6 +91,25 @@ def validation_score(alg: Algorithm, glob: Message, parts: Iterable[tuple[Messag
         total = sums if total is None else total.add(sums)
     report = RankingReport.from_sums(total or RankingSums(0), K, None)
     return float(report.ndcg_at_k)
+
+
+def choose_prior(alg: Algorithm, glob: Message, parts: Iterable[tuple[Message, RatingBlock,
+                 RatingBlock, tuple[float, float]]]) -> tuple[Message, dict[str, Any] | None]:
+    """(the model with its popularity prior's beta chosen on the validation carve-out, the
+    record of the choice) for a model with such a prior (ials, :func:`algorithms.ials.
+    choose_prior_weight`: the beta of best pooled NDCG@10 over the tenants' (local state,
+    fit block, carve-out, scale)); (``glob``, None) for any other model. Only a job that
+    selects calls it, i.e. never a DP job: the choice reads the carve-out uncharged."""
+    from algorithms.ials import GlobalModel, choose_prior_weight
+
+    parts = list(parts)
+    if not isinstance(glob, GlobalModel) or glob.prior is None or not parts:
+        return glob, None
+    states, fits, valids, scales = (list(x) for x in zip(*parts, strict=True))
+    beta, scores = choose_prior_weight(glob, states, fits, valids, scales)
+    record = {"default": glob.prior_weight, "chosen": beta,
+              "validation_ndcg": [[b, _num(v)] for b, v in scores.items()]}
+    return glob.replace(prior_weight=beta), record
 
 
 def better(metric: str, value: float, best: float | None) -> bool:

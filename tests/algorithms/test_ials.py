@@ -55,8 +55,16 @@ def test_noise_free_federated_ials_equals_centralised_ials_on_the_pooled_data(
                     sweeps=cfg.sweeps, unobserved_weight=0.2, lam=0.05, ridge_power=power,
                     bias_coordinate=0.7)
     np.testing.assert_allclose(result.global_msg.V, v, atol=1e-8)
-    fed_x = np.vstack([alg.factors(result.global_msg, s)[0] for s in result.local_states])
-    np.testing.assert_allclose(fed_x, x, atol=1e-8)
+    # served factors: the centralised iALS's [x | beta] and [V ; z], z the standardised
+    # log(1 + count) of the pooled training ratings
+    fed_a = np.vstack([alg.factors(result.global_msg, s)[0] for s in result.local_states])
+    _, fed_b = alg.factors(result.global_msg, result.local_states[0])
+    counts = np.bincount(items, minlength=fed.n_items)
+    lc = np.log1p(counts)
+    np.testing.assert_allclose(fed_a, np.hstack([x, np.full((n_users, 1), I.DEFAULT_PRIOR)]),
+                               atol=1e-8)
+    np.testing.assert_allclose(fed_b, np.vstack([v, ((lc - lc.mean()) / lc.std())[None]]),
+                               atol=1e-8)
     assert np.abs(v).max() > 1e-2  # a model, not the zero solution
 
 
@@ -263,3 +271,100 @@ def test_dp_ials_spends_what_dp_accounting_computes_for_its_releases(placement, 
     assert rdp.get_epsilon(1e-4) == pytest.approx(report["epsilon_max"], rel=1e-6)
     assert 3.99 < report["epsilon_max"] <= 4.0
     assert np.all(np.isfinite(result.global_msg.V))
+
+
+def test_prior_counts_move_by_at_most_their_declared_norm_when_a_user_is_removed():
+    """dp-ials's prior counts are declared as a small-norm array of each release: removing
+    any user moves the uploaded counts by at most sqrt(k_p) (the privacy layer's
+    sensitivity of that array), and the array gets the configured share of the release."""
+    from privacy.user_level import array_sensitivity, array_shares
+
+    cfg = I.DPIALSConfig(rank=2, prior_items_per_user=2, prior_share=0.2)
+    b = _federation(4).train[1]
+    bounds = I.user_bounds(cfg)
+    assert bounds.centre == ("pop",) and bounds.noise_fields["pop"] == "pop_noise"
+    assert array_sensitivity(bounds, "pop") == pytest.approx(np.sqrt(2.0))
+    assert array_shares(bounds)["pop"] == pytest.approx(0.2)
+    glob = I.GlobalModel(V=I.initial_v(b.n_items, cfg, np.random.default_rng(0)), sweep=0,
+                         counts=np.zeros(b.n_items))
+    state = I.init_client(b, glob, cfg, np.random.default_rng(0))
+    full = I.client_step(glob, state, b, cfg, np.random.default_rng(0))[1].pop
+    worst = 0.0
+    for user in range(b.n_users):
+        keep = b.rows != user
+        rest = RatingBlock(b.rows[keep], b.cols[keep], b.vals[keep], b.n_users, b.n_items)
+        pop = I.client_step(glob, state, rest, cfg, np.random.default_rng(0))[1].pop
+        worst = max(worst, float(np.linalg.norm(full - pop)))
+    assert np.sqrt(2.0) - 1e-9 <= worst <= np.sqrt(2.0) + 1e-12  # users rate >= 2 items
+
+
+def test_no_prior_releases_no_counts_and_serves_the_plain_ials_scores():
+    cfg = I.DPIALSConfig(rank=2, popularity_prior=0.0)
+    assert I.user_bounds(cfg).centre == ()
+    fed = _federation()
+    alg = registry.get("dp-ials")
+    res = simulate(alg, cfg, fed, rounds=cfg.sweeps + 1, per_round=3, seed=0,
+                   evaluate_every=0)
+    assert res.global_msg.prior is None
+    a, b = alg.factors(res.global_msg, res.local_states[0])
+    assert a.shape[1] == b.shape[0] == cfg.d
+    with pytest.raises(ValueError, match="popularity_prior"):
+        I.IALSConfig(popularity_prior=-1.0)
+    with pytest.raises(ValueError, match="prior_share"):
+        I.DPIALSConfig(prior_share=1.0)
+
+
+def test_prior_orders_the_list_where_the_factors_know_little():
+    """The popularity prior's row ranks items by their released counts: with a zero user
+    factor and beta > 0 the served list is the popularity list; beta 0 leaves the item
+    bias alone."""
+    n = 6
+    counts = np.array([5.0, 50.0, 0.0, 20.0, 1.0, 50.0])
+    glob = I.GlobalModel(V=np.zeros((2, n)), sweep=1, counts=counts,
+                         prior=I.popularity_row(counts), prior_weight=0.5)
+    state = I.LocalState(U=np.zeros((1, 1)), bias_coordinate=1.0)
+    a, b = I.factors(glob, state)
+    assert list(np.argsort(-(a @ b)[0], kind="stable")) == [1, 5, 3, 0, 4, 2]
+    assert I.popularity_row(counts).std() == pytest.approx(1.0)
+    np.testing.assert_array_equal(I.popularity_row(np.full(n, 3.0)), np.zeros(n))
+
+
+def test_prior_chosen_on_a_carve_out_follows_the_data():
+    """choose_prior_weight picks a large beta where the choices are popularity only (the
+    skewed synthetic set: items drawn regardless of the user) and a small one where users
+    have tastes (two groups with their own items); the chosen beta lifts ials's NDCG on
+    the skewed set's carve-out to the popularity list's level."""
+    from algorithms.data import build_federation, split_block
+    from bench.skewed_ratings import generate_skewed_ratings
+
+    def carve(fed):
+        rng = np.random.default_rng(5)
+        parts = [split_block(b, 0.2, rng) for b in fed.train]
+        return Federation([p[0] for p in parts], [p[1] for p in parts], fed.user_ids,
+                          fed.item_ids, fed.scale)
+
+    def chosen(fed, cfg):
+        alg = registry.get("ials")
+        res = simulate(alg, cfg, fed, rounds=cfg.sweeps + 1, per_round=fed.n_clients,
+                       seed=0, evaluate_every=0)
+        return I.choose_prior_weight(res.global_msg, res.local_states, fed.train, fed.test,
+                                     [fed.scale] * fed.n_clients)
+
+    skewed = carve(build_federation(generate_skewed_ratings(
+        n_users=1500, n_items=300, n_ratings=6000, seed=1), 4, 0, 0.2))
+    beta, scores = chosen(skewed, I.IALSConfig(rank=8, sweeps=4))
+    pop = sum(np.bincount(t.cols, minlength=skewed.n_items) for t in skewed.train)
+    from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
+    total = RankingSums(skewed.n_items)
+    for tr, te in zip(skewed.train, skewed.test, strict=True):
+        total = total.add(tenant_ranking(np.ones((tr.n_users, 1)), pop[None, :].astype(float),
+                                         tr, te, relevance_threshold(skewed.scale)))
+    pop_ndcg = RankingReport.from_sums(total, 10, None).ndcg_at_k
+    assert beta >= 1.0
+    assert scores[beta] > 1.3 * scores[0.0]
+    assert scores[beta] >= 0.97 * pop_ndcg
+    tastes = _two_tastes()
+    tastes = carve(Federation(tastes.train, tastes.train, tastes.user_ids, tastes.item_ids,
+                              tastes.scale))
+    beta, scores = chosen(tastes, I.IALSConfig(rank=4, sweeps=4))
+    assert beta <= 0.1 and scores[beta] > scores[10.0]

@@ -489,3 +489,40 @@ def test_migration_0017_keeps_stored_dp_jobs_on_the_public_centre(env):
             assert registry.user_bounds(name, cfg).centre == ()
             assert registry.user_bounds(name, registry.get(name).config()).centre == ("m",)
         assert s.get(TrainingJob, has).config == mine
+
+
+def test_migration_0022_keeps_stored_ranking_jobs_without_the_popularity_prior(env):
+    """ials / dp-ials jobs stored before the popularity prior keep beta 0 (their earlier
+    lists, and for dp-ials the privacy plan it was accepted with: no count array in its
+    releases); a config that has the field keeps its value."""
+    app, client = env
+    make_tenants(client, n=2)
+    with app.state.sessions() as s:
+        url = str(s.get_bind().url)
+        tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
+        old_ials, old_dp, has = (
+            create_job(s, JobSpec(name, tids, 3, 2, 5, {"rank": 2}, {"mechanism": "none"},
+                                  validation_fraction=0)).id
+            for name in ("ials", "dp-ials", "ials"))
+    app.state.sessions.kw["bind"].dispose()
+    downgrade(url, "0021")  # drops the field (the earlier code refuses unknown ones)
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        before = {j: json.loads(conn.execute(sa.text(
+            "SELECT config FROM training_jobs WHERE id = :j"), {"j": j}).scalar())
+            for j in (old_ials, old_dp, has)}
+        assert not any("popularity_prior" in c for c in before.values())
+        mine = {**before[has], "popularity_prior": 0.5}
+        conn.execute(sa.text("UPDATE training_jobs SET config = :c WHERE id = :j"),
+                     {"c": json.dumps(mine), "j": has})
+    engine.dispose()
+    migrate(url)
+    with app.state.sessions() as s:
+        for j, name in ((old_ials, "ials"), (old_dp, "dp-ials")):
+            config = s.get(TrainingJob, j).config
+            assert config == {**before[j], "popularity_prior": 0.0}
+            assert registry.get(name).config(**config).popularity_prior == 0.0
+        assert registry.user_bounds("dp-ials", registry.get("dp-ials").config(
+            **s.get(TrainingJob, old_dp).config)).centre == ()
+        assert registry.get("dp-ials").config().popularity_prior > 0  # the new default
+        assert s.get(TrainingJob, has).config == mine
