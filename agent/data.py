@@ -12,7 +12,7 @@ import numpy as np
 
 from algorithms import RatingBlock
 from algorithms.data import tenant_split
-from app.ingest import Collected, Collector, RowError, UploadRejected, collect
+from algorithms.ingest import Collected, Collector, RowError, UploadRejected, collect
 
 TSV = "text/tab-separated-values"
 MEDIA = {".csv": "text/csv", ".tsv": TSV, ".data": TSV, ".dat": "text/csv", ".txt": "text/csv",
@@ -34,7 +34,7 @@ def media_of(path: Path) -> str:
 
 def read_file(path: Path | str, scale: tuple[float, float]) -> Collected:
     """A ratings file read by the one ratings reader and validated with the upload API's
-    rules (:func:`app.ingest.collect`)."""
+    rules (:func:`algorithms.ingest.collect`)."""
     path = Path(path)
     with path.open("rb") as f:
         return collect(f, media_of(path), scale)

@@ -120,7 +120,7 @@ def scrub_job(where: Path, forgotten: set[str]) -> int:
 
 
 def without_users(collected, forgotten: set[str]):
-    """The rows of an :class:`app.ingest.Collected` whose user is not ``forgotten``."""
+    """The rows of an :class:`algorithms.ingest.Collected` whose user is not ``forgotten``."""
     if not forgotten:
         return collected
     gone = np.array([k in forgotten for k in collected.user_keys] or [False], dtype=bool)

@@ -33,6 +33,7 @@ from agent.client import Coordinator, Refused
 from agent.secure import SecAggUploader
 from agent.state import AgentState, sync_dir
 from algorithms import Message, RatingBlock, registry
+from algorithms.ingest import Collected, UploadRejected
 from algorithms.recommend import top_k
 from algorithms.simulate import (
     client_round,
@@ -40,7 +41,6 @@ from algorithms.simulate import (
     initialise_server,
     tenant_errors,
 )
-from app.ingest import Collected, UploadRejected
 from privacy.accountant import load_analyses
 from privacy.randomness import fresh_noise_generator, with_user_draws
 from privacy.release import Release, release_of, release_upload

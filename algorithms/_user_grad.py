@@ -53,9 +53,6 @@ from pydantic import Field, model_validator
 from algorithms import _centre
 from algorithms import _user_kernels as UK
 from algorithms import config_fields as CF
-from algorithms._messages import Message
-from algorithms._pool import sum_arrays
-from algorithms._scale import normalised
 from algorithms.base import AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import (
@@ -65,6 +62,9 @@ from algorithms.dpals import (
     solve_users,
     user_vectors,
 )
+from algorithms.messages import Message
+from algorithms.pool import sum_arrays
+from algorithms.scale import normalised
 from algorithms.user_bounds import UserBounds, clipped_item_sums
 
 
@@ -231,7 +231,7 @@ def client_step(global_msg: GlobalModel, state: LocalState, block: RatingBlock,
                 ) -> tuple[LocalState, Upload | None]:
     """Solve the users against V; while releases remain, upload the clipped sums over the
     users drawn at rate q from ``rng`` (the tenant's client stream of the round); ratings
-    in units of the public scale (:func:`algorithms._scale.public_unit`)."""
+    in units of the public scale (:func:`algorithms.scale.public_unit`)."""
     block = normalised(block, cfg.unit)
     cfg = _centre.with_centre(cfg, global_msg.centre)
     u = solve_users(global_msg.V, block, cfg)

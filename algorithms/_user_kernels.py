@@ -3,7 +3,7 @@ DP-FedMC-ADMM): one compiled pass over a tenant's ratings instead of a few dozen
 scipy calls on small arrays.
 
 Those calls hold the GIL between their (short) array loops, so two tenants' client steps on
-the pool of :mod:`algorithms._pool` waited for each other; these kernels release it for
+the pool of :mod:`algorithms.pool` waited for each other; these kernels release it for
 the whole step. Each computes the same quantity as the numpy code it replaces
 (:func:`algorithms.dpals.solve_users`, :func:`algorithms.dpals.item_sums`,
 :func:`algorithms._user_grad.clipped_sums`), summing in another order, so the results
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from algorithms._mf_kernels import HAVE_NUMBA
+from algorithms.mf_kernels import HAVE_NUMBA
 
 if HAVE_NUMBA:
     import numba

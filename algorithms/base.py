@@ -39,8 +39,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from algorithms._messages import Message
 from algorithms.block import RatingBlock
+from algorithms.messages import Message
 
 
 class AlgorithmConfig(BaseModel):
@@ -64,7 +64,7 @@ def default_select(
     global_msg: Message, n_clients: int, per_round: int, rng: np.random.Generator
 ) -> np.ndarray:
     """S_k: ``per_round`` clients uniformly without replacement (FedMC-ADMM's scheme)."""
-    from algorithms._rng import sample_clients
+    from algorithms.rng import sample_clients
 
     return sample_clients(rng, n_clients, per_round)
 

@@ -18,7 +18,6 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from algorithms._messages import Message
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.felb import (
@@ -28,6 +27,7 @@ from algorithms.felb import (
     prox_grad_step,
     squared_error,
 )
+from algorithms.messages import Message
 
 
 class BinaryBaselineConfig(AlgorithmConfig):

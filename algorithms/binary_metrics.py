@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from algorithms._messages import Message
 from algorithms.base import Algorithm
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
+from algorithms.messages import Message
 from algorithms.recommend import top_k
 from algorithms.simulate import SimulationResult
 

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from algorithms._rng import UserDraws
+from algorithms.rng import UserDraws
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -31,7 +31,7 @@ class RatingBlock:
         Shape of the block M_i.
     scale : (lo, hi) or None
         The tenant's declared rating scale (e.g. 1-5 stars, -10..10). Algorithms normalise
-        ratings by it (:mod:`algorithms._scale`) so their settings mean the same on every
+        ratings by it (:mod:`algorithms.scale`) so their settings mean the same on every
         scale; ``None`` (blocks stored before the field existed) falls back to the data's
         own range.
     user_draws : UserDraws or None

@@ -64,16 +64,16 @@ import scipy.sparse as sp
 from pydantic import Field
 from scipy.optimize import linear_sum_assignment
 
-from algorithms._messages import Message
-from algorithms._rng import (
+from algorithms.base import AlgorithmConfig
+from algorithms.fedmgs import full_statistics
+from algorithms.messages import Message
+from algorithms.rng import (
     SAMPLING,
     SERVER,
     client_init_rng,
     derive_rng,
     sample_clients,
 )
-from algorithms.base import AlgorithmConfig
-from algorithms.fedmgs import full_statistics
 from algorithms.simulate import RoundState, drive
 
 

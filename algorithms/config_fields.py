@@ -10,7 +10,7 @@ stored job's config, and pydantic puts a base class's fields before the subclass
 
 Groups: the public rating scale and the released centre, with the local user solve, of
 the user-level methods (DPALS, DP-FedMAvg, DP-FedMC-ADMM; :mod:`algorithms._centre`,
-:mod:`algorithms._scale`); the item solve of the ALS methods (DPALS, iALS); the factor
+:mod:`algorithms.scale`); the item solve of the ALS methods (DPALS, iALS); the factor
 model of FedMAvg and FedMGS.
 """
 
@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from algorithms._centre import DEFAULT_SHARE
-from algorithms._scale import public_unit
+from algorithms.scale import public_unit
 
 #: default ridge of the local user bias: a user with one rating keeps a quarter of its
 #: offset from the centre (sparse data: docs/benchmarks/sparse_sets.md)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from algorithms._rng import PARTITION, SPLIT, derive_rng
 from algorithms.block import RatingBlock
+from algorithms.rng import PARTITION, SPLIT, derive_rng
 
 DATA_DIR_ENV = "FEDREC_DATA_DIR"
 

@@ -72,9 +72,9 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from algorithms import _user_grad as UG
-from algorithms._messages import Message
 from algorithms.base import Algorithm
 from algorithms.dpals import factors, objective
+from algorithms.messages import Message
 
 
 class DPFedMCADMMConfig(UG.UserGradConfig):

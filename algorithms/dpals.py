@@ -63,12 +63,12 @@ from pydantic import Field, model_validator
 from algorithms import _centre
 from algorithms import _user_kernels as UK
 from algorithms import config_fields as CF
-from algorithms._messages import Message
-from algorithms._pool import map_tasks, sum_arrays, width
-from algorithms._rng import UserDraws
-from algorithms._scale import normalised, rating_factors
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
+from algorithms.messages import Message
+from algorithms.pool import map_tasks, sum_arrays, width
+from algorithms.rng import UserDraws
+from algorithms.scale import normalised, rating_factors
 from algorithms.user_bounds import UserBounds
 
 
@@ -247,7 +247,7 @@ def cap_per_user(rows: np.ndarray, n_users: int, k: int, rng: np.random.Generato
                  ) -> np.ndarray:
     """Sorted indices of at most ``k`` entries per row, uniformly at random within a row.
 
-    With ``draws`` (the tenant's secret per-user draws, :class:`algorithms._rng.
+    With ``draws`` (the tenant's secret per-user draws, :class:`algorithms.rng.
     UserDraws`, and ``cols``) a user's kept ratings depend only on that user's own
     ratings and the secret, not on the other users; else on ``rng``."""
     counts = np.bincount(rows, minlength=n_users)
@@ -499,7 +499,7 @@ def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: DPALSConfi
                 ) -> np.ndarray:
     """V (d x n) from the summed (possibly noisy) A and b. Items are solved independently
     (shrinkage, PSD projection, a d x d solve each): in slices of items on the pool's
-    threads (:mod:`algorithms._pool`), by the fused ``nogil`` kernel when numba is
+    threads (:mod:`algorithms.pool`), by the fused ``nogil`` kernel when numba is
     installed (:func:`algorithms._user_kernels.solve_items_into`), else by
     :func:`solve_items_numpy` (each item as in one batch)."""
     counts = count_estimate(a, cfg)

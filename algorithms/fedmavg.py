@@ -78,12 +78,12 @@ import scipy.sparse as sp
 from pydantic import Field
 
 from algorithms import config_fields as CF
-from algorithms._messages import Message
-from algorithms._rng import sample_clients
-from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.centralised import gram_sums
+from algorithms.messages import Message
+from algorithms.rng import sample_clients
+from algorithms.scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 
 #: the default fixed ridge on the item biases (see :attr:`FedMAvgConfig.item_bias_ridge`):
 #: off, as FedMC-ADMM's
@@ -175,7 +175,7 @@ class FedMAvgServer(Message):
 class FedMAvgLocal(Message):
     """Tenant state, never uploaded: U_i, its ticket and its mean training rating, in the
     tenant's rating units; ``scale_unit`` maps predictions back to the tenant's
-    scale (:mod:`algorithms._scale`; the defaults are the identity of older states)."""
+    scale (:mod:`algorithms.scale`; the defaults are the identity of older states)."""
 
     user_rows: ClassVar[tuple[str, ...]] = ("u",)
 
@@ -228,7 +228,7 @@ def penalties(block: RatingBlock, cfg) -> tuple[np.ndarray, np.ndarray]:
 
     plain: lambda and gamma everywhere; per_rating: lambda n_t and gamma n_j^(i), times the
     tenant's ridge scale (its rating variance in units relative to MovieLens,
-    :func:`algorithms._scale.ridge_scale_of`; ``block`` is in the tenant's units).
+    :func:`algorithms.scale.ridge_scale_of`; ``block`` is in the tenant's units).
     """
     if cfg.reg == "plain":
         return np.full(block.n_users, cfg.lam), np.full(block.n_items, cfg.gamma)

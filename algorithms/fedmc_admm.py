@@ -54,7 +54,7 @@ weighted-lambda one (as ALS-WR): ``lam_rating`` n_t on each user row t of U_i wi
 ratings, and, inside each tenant's f_i, ``gamma_rating`` n_ij on item column j of W_i
 with n_ij the tenant's own ratings of j (summed over tenants at consensus: gamma_rating
 n_j ||v_j||^2, with no count leaving a tenant). Both are multiplied by the tenant's ridge
-scale, its rating variance in units over MovieLens' (:func:`algorithms._scale.ridge_scale_of`):
+scale, its rating variance in units over MovieLens' (:func:`algorithms.scale.ridge_scale_of`):
 a ridge on factors is not invariant under rescaling the ratings, so without it one weight
 would be too strong on data spread over less of the declared range (-10..10 sets) and too
 weak on 0/1 data. The U-step's prox and the W-step's bound simply add these per-row /
@@ -80,12 +80,12 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from algorithms import _mf_kernels as K
-from algorithms._messages import Message
-from algorithms._pool import copy_parts, map_tasks, run_all, width
-from algorithms._scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
+from algorithms import mf_kernels as K
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
+from algorithms.messages import Message
+from algorithms.pool import copy_parts, map_tasks, run_all, width
+from algorithms.scale import centre_of, normalised, rating_factors, ridge_scale_of, unit_of
 
 #: the default fixed ridge on the item-bias row (see :attr:`FedMCADMMConfig.item_bias_ridge`):
 #: off, because no value helps ranking without costing RMSE elsewhere (ML-1M precision@10
@@ -232,7 +232,7 @@ class LocalState(Message):
     """Tenant i's private state: U_i (m_i x q_u), W_i and Y_i (q_w x n), its mean offset
     and the rank r (columns of U / rows of V beyond r are bias terms); ratings are divided by
     the tenant's unit and ``scale_unit`` maps predictions back to the
-    tenant's (:mod:`algorithms._scale`; the defaults are the identity of older states)."""
+    tenant's (:mod:`algorithms.scale`; the defaults are the identity of older states)."""
 
     user_rows: ClassVar[tuple[str, ...]] = ("U",)
 

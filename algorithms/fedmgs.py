@@ -45,8 +45,6 @@ import scipy.sparse as sp
 from pydantic import Field
 
 from algorithms import config_fields as CF
-from algorithms._messages import Message
-from algorithms._scale import centre_of, normalised, rating_factors, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig, default_select
 from algorithms.block import RatingBlock
 from algorithms.fedmavg import (
@@ -56,6 +54,8 @@ from algorithms.fedmavg import (
     penalties,
     u_steps,
 )
+from algorithms.messages import Message
+from algorithms.scale import centre_of, normalised, rating_factors, unit_of
 
 
 class FedMGSConfig(AlgorithmConfig):
@@ -117,7 +117,7 @@ class FedMGSServer(Message):
 @dataclasses.dataclass(frozen=True)
 class FedMGSLocal(Message):
     """Tenant state: U_i, the U_i whose statistics the server holds (if sent), mu_i (in the
-    tenant's rating units) and the unit back to the tenant's scale (:mod:`algorithms._scale`)."""
+    tenant's rating units) and the unit back to the tenant's scale (:mod:`algorithms.scale`)."""
 
     user_rows: ClassVar[tuple[str, ...]] = ("u", "u_sent")
 

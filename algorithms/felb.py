@@ -48,9 +48,9 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from algorithms._messages import Message
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
+from algorithms.messages import Message
 
 _EPS = 1e-12
 _MAX_LOG_GROWTH = 50.0  # lambda_t stops growing at lambda e^50: already fully Boolean

@@ -79,11 +79,11 @@ from pydantic import Field, model_validator
 from algorithms import _user_kernels as UK
 from algorithms import config_fields as CF
 from algorithms import popularity as P
-from algorithms._messages import Message
-from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.dpals import psd_project, shrink_grams
+from algorithms.messages import Message
+from algorithms.pool import sum_arrays
 from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
 from algorithms.user_bounds import UserBounds
 

@@ -27,10 +27,10 @@ from collections.abc import Mapping
 import numpy as np
 from pydantic import Field
 
-from algorithms._messages import Message
-from algorithms._pool import sum_arrays
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
+from algorithms.messages import Message
+from algorithms.pool import sum_arrays
 from algorithms.user_bounds import UserBounds
 
 

@@ -32,9 +32,9 @@ from collections.abc import Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from algorithms._messages import Message
 from algorithms.base import Algorithm
 from algorithms.block import RatingBlock
+from algorithms.messages import Message
 
 _CHUNK = 1024  # users scored at once
 #: where relevance starts, as a share of the scale's spread above its minimum

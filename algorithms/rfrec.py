@@ -79,7 +79,7 @@ lambda_u = 0.1, Algorithm 2's schedule, a constant step and lambda, torch's Adam
 ``rating_range="tenant"`` (default), ``(lo, hi)`` or ``None``
     train on (r - lo)/(hi - lo) and predict lo + (hi - lo) U_i V_bar, as the authors' code
     scales (the paper does not say); with ``"tenant"`` (lo, hi) is the tenant's declared
-    scale or its data's range (:func:`algorithms._scale.scale_of`), kept in its local state,
+    scale or its data's range (:func:`algorithms.scale.scale_of`), kept in its local state,
     so any rating scale works; ``None`` trains on raw ratings.
 ``optimizer="adam"``
     RFRec: one Adam step (learning rate alpha) on f_i + lambda psi_i per iteration instead
@@ -120,7 +120,7 @@ client step (the algorithm uploads the clean V_(i)); :func:`paper_dp` gives the 
     a weighted-lambda ridge inside f_i (as ALS-WR and fedrec's FedMC-ADMM and FedMAvg
     defaults): lam_u_rating n_t ||u_t||^2 per user and lam_v_rating n_j^(i) ||v_j||^2 per
     item the tenant rated n_j^(i) times (summed over tenants, n_j ||v_j||^2), both times
-    the tenant's ridge scale :func:`algorithms._scale.ridge_scale_of`. The paper omits a
+    the tenant's ridge scale :func:`algorithms.scale.ridge_scale_of`. The paper omits a
     lambda_v term (psi alone ties V); the per-rating form shrinks rarely rated items and
     light users more, which a fixed weight cannot. Adam's per-coordinate steps make
     FedMAvg's per-row step bounds unnecessary here (the paper's GD form keeps alpha).
@@ -138,13 +138,13 @@ import scipy.sparse as sp
 from pydantic import ConfigDict, Field, model_validator
 from scipy.special import expit, logit
 
-from algorithms._messages import Message
-from algorithms._rng import SERVER, derive_rng, sample_clients
-from algorithms._scale import ridge_scale_of, scale_of, unit_of
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.data import Federation
 from algorithms.fedmavg import bias_masks
+from algorithms.messages import Message
+from algorithms.rng import SERVER, derive_rng, sample_clients
+from algorithms.scale import ridge_scale_of, scale_of, unit_of
 from algorithms.simulate import (
     AGGREGATE,
     RoundRecord,
@@ -179,7 +179,7 @@ class RFRecConfig(AlgorithmConfig):
     rating_range: tuple[float, float] | Literal["tenant"] | None = "tenant"
     """(lo, hi): train on (r - lo)/(hi - lo), as the authors' code does (the paper is silent);
     "tenant" (default): (lo, hi) is the tenant's declared scale, or its data's range
-    (:func:`algorithms._scale.scale_of`), so any rating scale works; None trains on raw
+    (:func:`algorithms.scale.scale_of`), so any rating scale works; None trains on raw
     ratings."""
     optimizer: Literal["gd", "adam"] = "adam"
     """gd: the paper's gradient step (eq. 6). adam: one Adam step with learning rate alpha on
@@ -608,7 +608,7 @@ def ridge_weights(block: RatingBlock, cfg: RFRecConfig) -> tuple[np.ndarray, np.
     """The weighted-lambda ridge of U_i's rows (m_i,) and of V_(i)'s rated columns
     (|rated|,): lam_u_rating n_t s and lam_v_rating n_j s, n_t the user's ratings, n_j the
     tenant's ratings of item j and s the tenant's ridge scale
-    (:func:`algorithms._scale.ridge_scale_of`, from its own training ratings)."""
+    (:func:`algorithms.scale.ridge_scale_of`, from its own training ratings)."""
     if cfg.lam_u_rating == 0 and cfg.lam_v_rating == 0:
         return np.zeros(block.n_users), np.zeros(block.rated_items.shape[0])
     s = ridge_scale_of(block, unit_of(block))

@@ -5,7 +5,7 @@ step, record, hooks); :class:`PerClient` is the default set of steps, and varian
 all-clients-at-once path, federated clustering) plug in their own :class:`Steps` instead of
 copying the loop. :func:`simulate` is the CLI's and the benchmarks' entry point.
 The same pure functions run one per Celery task in the service; this driver derives
-every public random stream exactly as the service does (:mod:`algorithms._rng`), so
+every public random stream exactly as the service does (:mod:`algorithms.rng`), so
 without privacy a seeded service job and a seeded simulation give the same numbers (privacy
 noise and per-user sampling are fresh and secret, :mod:`privacy.randomness`).
 """
@@ -22,18 +22,18 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from algorithms import _pool
-from algorithms._messages import Message
-from algorithms._rng import (
+from algorithms import pool
+from algorithms.base import Algorithm, predict
+from algorithms.block import RatingBlock
+from algorithms.data import Federation
+from algorithms.messages import Message
+from algorithms.rng import (
     SAMPLING,
     SERVER,
     client_init_rng,
     deferred_client_rng,
     derive_rng,
 )
-from algorithms.base import Algorithm, predict
-from algorithms.block import RatingBlock
-from algorithms.data import Federation
 
 #: key under which an aggregated upload (a sum over tenants) reaches the server step
 AGGREGATE = -1
@@ -280,7 +280,7 @@ def drive(steps: Steps, state: RoundState, rounds: int, *,
 
 class PerClient:
     """The default :class:`Steps`: clients of ``alg`` selected by its ``select``, stepped on
-    ``workers`` threads (None: one per core, :func:`algorithms._pool.map_tasks`; 1: one by
+    ``workers`` threads (None: one per core, :func:`algorithms.pool.map_tasks`; 1: one by
     one in the calling thread; the same numbers either way), each upload through
     ``privatizer``, the algorithm's server step, and a :class:`RoundRecord` evaluated on
     ``test`` (when given)."""
@@ -319,8 +319,8 @@ class PerClient:
             self._prepared = (state.server_state, fresh, ids)
             tasks += fill
             weights += [0.0] * len(fill)  # a stable sort keeps them last, in their order
-        with _pool.using(self.workers):
-            stepped = _pool.run_all(tasks, weights=weights)[:len(ids)]
+        with pool.using(self.workers):
+            stepped = pool.run_all(tasks, weights=weights)[:len(ids)]
         uploads: dict[int, Message] = {}
         for i, (local, up) in zip(ids, stepped, strict=True):
             locals_[i] = local
@@ -335,7 +335,7 @@ class PerClient:
         """The server step; the second part only (``server_apply``) when :meth:`clients`
         prepared the first for this very state."""
         prepared, self._prepared = self._prepared, None
-        with _pool.using(self.workers):  # e.g. FedMC-ADMM's server state copied on them
+        with pool.using(self.workers):  # e.g. FedMC-ADMM's server state copied on them
             if prepared is not None and prepared[0] is server_state:
                 return self.alg.server_apply(prepared[1], received, self.cfg,
                                              derive_rng(self.seed, k, SERVER),

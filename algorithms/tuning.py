@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from algorithms._rng import derive_rng
 from algorithms.base import Algorithm
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, split_mask
+from algorithms.rng import derive_rng
 from algorithms.simulate import RoundState, simulate
 
 #: stream of the validation carve-out (tenant i uses ``(seed, 0, VALIDATION + i)``)

@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from algorithms.block import RatingBlock
-from app.ingest import NO_TIME, Batch, Collected
+from algorithms.ingest import NO_TIME, Batch, Collected
 from app.models import REGISTERED, UPLOADED, Item, Rating, RatingStats, Tenant, User, utcnow
 from app.stats import BlockStats
 

@@ -15,9 +15,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from algorithms.ingest import UploadRejected, collect
 from app import store
 from app.idempotency import IdempotencyError, check_key, conflict
-from app.ingest import UploadRejected, collect
 from app.models import IdempotencyRecord, Tenant
 
 IdempotencyConflict = IdempotencyError
@@ -83,10 +83,10 @@ def upload_ratings(session: Session, tenant: Tenant, body: bytes | BinaryIO, con
 
     ``body`` is the bytes or a binary file positioned at their start (then ``digest`` is
     their :func:`request_hash`); it is read as a stream. More than ``max_rows`` rows raise
-    :class:`app.ingest.TooManyRows` and store nothing; a rejection lists the first
+    :class:`algorithms.ingest.TooManyRows` and store nothing; a rejection lists the first
     ``keep_errors`` offending rows (all when None) and counts the others. A gzip body
     (``content_encoding`` or its magic bytes) is decompressed to at most ``max_bytes``
-    (:class:`app.ingest.BodyTooLarge` beyond)."""
+    (:class:`algorithms.ingest.BodyTooLarge` beyond)."""
     if idempotency_key is not None:
         check_key(idempotency_key)
     if isinstance(body, bytes):

@@ -18,9 +18,9 @@ import numpy as np
 
 from algorithms import centralised as C
 from algorithms import dpals
-from algorithms._rng import derive_rng
 from algorithms.base import default_select
 from algorithms.data import Federation
+from algorithms.rng import derive_rng
 from algorithms.simulate import simulate
 from algorithms.tuning import validation_federation
 from bench.centralised import INIT_STREAM, pooled

@@ -23,10 +23,10 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algorithms import binary_baseline, felb  # noqa: E402
-from algorithms._rng import SPLIT, derive_rng  # noqa: E402
 from algorithms.binary_metrics import reconstruction_quality  # noqa: E402
 from algorithms.block import RatingBlock  # noqa: E402
 from algorithms.data import Federation  # noqa: E402
+from algorithms.rng import SPLIT, derive_rng  # noqa: E402
 from algorithms.simulate import SimulationResult, initialise, run_round, simulate  # noqa: E402
 
 METHODS = ("felb", "felb-mu", "vote")

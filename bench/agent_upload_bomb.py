@@ -20,7 +20,7 @@ import zipfile
 
 import numpy as np
 
-from algorithms._messages import Message, read_expected
+from algorithms.messages import Message, read_expected
 
 
 def npy(shape, descr="<f8") -> bytes:

@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from algorithms import centralised as C
-from algorithms._rng import derive_rng
 from algorithms.data import Federation, build_federation, load_movielens
+from algorithms.rng import derive_rng
 from algorithms.tuning import validation_federation
 from bench import _experiment as E
 

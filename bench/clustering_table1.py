@@ -36,7 +36,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algorithms import clustering as cl  # noqa: E402
-from algorithms._rng import SPLIT, derive_rng  # noqa: E402
+from algorithms.rng import SPLIT, derive_rng  # noqa: E402
 from bench import _experiment as E  # noqa: E402
 
 EXPERIMENT = ("FedMAvg/FedMGS paper Table I (syn): FedMAvg/FedMGS clustering accuracy, "

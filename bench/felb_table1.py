@@ -39,10 +39,10 @@ import time
 import numpy as np
 
 from algorithms import binary_baseline, felb
-from algorithms._rng import SERVER, derive_rng
 from algorithms.binary_metrics import binarise, binary_report, boolean_quality
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, build_federation, load_movielens
+from algorithms.rng import SERVER, derive_rng
 from algorithms.simulate import SimulationResult, initialise, run_round, simulate
 from algorithms.synthetic import generate_tenant_ratings
 from bench import _experiment as E

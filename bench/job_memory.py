@@ -65,10 +65,10 @@ def fill(url: str, args: argparse.Namespace) -> list[int]:
     import numpy as np
     from sqlalchemy.orm import Session
 
+    from algorithms.ingest import Batch
     from algorithms.synthetic import generate_tenant_ratings
     from app import store
     from app.db import engine_for
-    from app.ingest import Batch
     from app.models import Tenant
 
     data = generate_tenant_ratings(args.users, args.items, args.ratings, args.tenants, seed=0)

@@ -31,13 +31,13 @@ import time
 
 import numpy as np
 
-from algorithms import _mf_kernels as K
-from algorithms import _pool, registry
+from algorithms import mf_kernels as K
+from algorithms import pool, registry
 from algorithms.data import build_federation, load_movielens
 from algorithms.simulate import run_round, simulate
 
 SERIAL = 1 << 62
-"""``_mf_kernels.PARALLEL_MIN_ROWS`` for the serial fused kernel (no block is this large)."""
+"""``mf_kernels.PARALLEL_MIN_ROWS`` for the serial fused kernel (no block is this large)."""
 
 VARIANTS = {  # name -> (workers, PARALLEL_MIN_ROWS or None for the default, kernel)
     "pool": (None, None, "numba"), "serial": (1, SERIAL, "numba"),
@@ -70,15 +70,15 @@ def prepared_states(alg, cfg, fed, per_round: int, warm_rounds: int):
 
 
 class ThreadClock:
-    """Per-thread CPU seconds of the pool's tasks (:mod:`algorithms._pool`), by section
-    (one :func:`algorithms._pool.map_tasks` call that used the threads)."""
+    """Per-thread CPU seconds of the pool's tasks (:mod:`algorithms.pool`), by section
+    (one :func:`algorithms.pool.map_tasks` call that used the threads)."""
 
     def __init__(self) -> None:
         self.spent: dict[tuple[int, int], float] = {}
         self.section = 0
 
     def __enter__(self) -> ThreadClock:
-        self._saved = _pool._marked, _pool._executor
+        self._saved = pool._marked, pool._executor
         marked, executor = self._saved
 
         def timed(fn, item):
@@ -93,11 +93,11 @@ class ThreadClock:
             self.section += 1
             return executor(workers)
 
-        _pool._marked, _pool._executor = timed, counted
+        pool._marked, pool._executor = timed, counted
         return self
 
     def __exit__(self, *exc) -> None:
-        _pool._marked, _pool._executor = self._saved
+        pool._marked, pool._executor = self._saved
 
     def busiest(self) -> float:
         """Sum over sections of the busiest thread's CPU seconds in it."""

@@ -151,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", help="write a cProfile (process CPU clock) of the rounds")
     args = parser.parse_args(argv)
     if getattr(args, "serial", False):
-        from algorithms import _mf_kernels
+        from algorithms import mf_kernels
 
-        _mf_kernels.PARALLEL_MIN_ROWS = 1 << 62
+        mf_kernels.PARALLEL_MIN_ROWS = 1 << 62
         args.workers = 1
     if args.cmd == "write":
         write_csv(generate(args.name, args.seed), args.path, SETS[args.name][1],

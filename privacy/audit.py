@@ -184,7 +184,7 @@ def clopper_pearson(k: np.ndarray | int, n: int, alpha: float = 0.05
     return lo, hi
 
 
-def _epsilon_from_rates(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray:
+def epsilon_from_rates(fpr: np.ndarray, fnr: np.ndarray, delta: float) -> np.ndarray:
     """max(log((1 - delta - FNR) / FPR), log((1 - delta - FPR) / FNR), 0), elementwise."""
     with np.errstate(divide="ignore", invalid="ignore"):
         a = np.log(np.maximum(1.0 - delta - fnr, 0.0) / fpr)
@@ -199,7 +199,7 @@ def epsilon_lower_bound(scores_in: np.ndarray, scores_out: np.ndarray, delta: fl
     For every threshold t among the observed scores: FPR = share of "out" runs with score
     >= t, FNR = share of "in" runs below t, each replaced by its Clopper-Pearson upper
     bound (confidence 1 - alpha); the bound is the best threshold's
-    :func:`_epsilon_from_rates` (module docstring). The direction (higher = in) must be
+    :func:`epsilon_from_rates` (module docstring). The direction (higher = in) must be
     fixed before looking at the scores. The threshold is chosen on the same runs, as in
     the papers above, so the stated confidence is per threshold (no multiple-testing
     correction).
@@ -215,7 +215,7 @@ def epsilon_lower_bound(scores_in: np.ndarray, scores_out: np.ndarray, delta: fl
     fn = (pos[None, :] < t[:, None]).sum(axis=1)
     fpr_hi = clopper_pearson(fp, neg.size, alpha)[1]
     fnr_hi = clopper_pearson(fn, pos.size, alpha)[1]
-    eps = _epsilon_from_rates(fpr_hi, fnr_hi, delta)
+    eps = epsilon_from_rates(fpr_hi, fnr_hi, delta)
     best = int(np.argmax(eps))
     return {"epsilon_lower_bound": float(eps[best]), "threshold": float(t[best]),
             "fpr": float(fp[best] / neg.size), "fnr": float(fn[best] / pos.size),
@@ -229,5 +229,5 @@ def max_measurable_epsilon(n_in: int, n_out: int, delta: float, alpha: float = 0
                            ) -> float:
     """The lower bound of a perfect attack (no error at all) with these run counts: no
     audit with so few runs can show more."""
-    return float(_epsilon_from_rates(clopper_pearson(0, n_out, alpha)[1],
+    return float(epsilon_from_rates(clopper_pearson(0, n_out, alpha)[1],
                                      clopper_pearson(0, n_in, alpha)[1], delta))

@@ -44,8 +44,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms._messages import Message
 from algorithms.dpals import UserBounds
+from algorithms.messages import Message
 from privacy import secagg
 from privacy.ledger import charged_release
 from privacy.randomness import fresh_noise_generator

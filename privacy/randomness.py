@@ -4,7 +4,7 @@ per-user draws of privacy sampling.
 Differential privacy rests on randomness the adversary cannot know. The job seed is
 stored, returned by the admin API and sent to every agent, so nothing a guarantee relies
 on may derive from it: it governs the public, non-private draws only (initialisation, the
-train/test split, tenant selection, :mod:`algorithms._rng`). Two kinds of privacy
+train/test split, tenant selection, :mod:`algorithms.rng`). Two kinds of privacy
 randomness come from here instead:
 
 * **noise** (:func:`fresh_noise_generator`): a ``numpy.random.Generator`` over ChaCha20
@@ -87,7 +87,7 @@ def _uniforms(raw: bytes) -> np.ndarray:
 
 
 class UserPRF:
-    """Keyed per-user draws of one tenant (implements :class:`algorithms._rng.UserDraws`).
+    """Keyed per-user draws of one tenant (implements :class:`algorithms.rng.UserDraws`).
 
     Parameters
     ----------

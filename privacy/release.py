@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from algorithms import registry
-from algorithms._messages import Message
-from algorithms._rng import SAMPLING, derive_rng, sample_clients
 from algorithms.base import default_select
+from algorithms.messages import Message
+from algorithms.rng import SAMPLING, derive_rng, sample_clients
 from privacy import user_level
 from privacy.accountant import Event
 from privacy.distributed import charge_release

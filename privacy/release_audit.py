@@ -46,11 +46,11 @@ from typing import Any
 import numpy as np
 from scipy.stats import chi2, norm
 
-from algorithms._messages import Message
+from algorithms.messages import Message
 from algorithms.user_bounds import UserBounds
 from privacy import distributed, secagg, user_level
 from privacy.accountant import spend
-from privacy.audit import _epsilon_from_rates, clopper_pearson, epsilon_lower_bound
+from privacy.audit import clopper_pearson, epsilon_from_rates, epsilon_lower_bound
 from privacy.gaussian import analytic_delta
 from privacy.ledger import Budget, Ledger
 from privacy.randomness import fresh_noise_generator
@@ -109,8 +109,8 @@ def held_out_bound(s_in: np.ndarray, s_out: np.ndarray, delta: float, alpha: flo
     fp, fn = int(np.sum(test_out >= t)), int(np.sum(test_in < t))
     fpr_hi = clopper_pearson(fp, test_out.size, alpha)[1]
     fnr_hi = clopper_pearson(fn, test_in.size, alpha)[1]
-    eps = float(_epsilon_from_rates(np.asarray(fpr_hi), np.asarray(fnr_hi), delta))
-    cap = float(_epsilon_from_rates(clopper_pearson(0, test_out.size, alpha)[1],
+    eps = float(epsilon_from_rates(np.asarray(fpr_hi), np.asarray(fnr_hi), delta))
+    cap = float(epsilon_from_rates(clopper_pearson(0, test_out.size, alpha)[1],
                                     clopper_pearson(0, test_in.size, alpha)[1], delta))
     return {"epsilon": eps, "threshold": float(t), "fpr": fp / test_out.size,
             "fnr": fn / test_in.size, "test_runs": int(test_in.size + test_out.size),

@@ -68,8 +68,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from algorithms._messages import Message
-from algorithms._pool import sum_arrays
+from algorithms.messages import Message
+from algorithms.pool import sum_arrays
 from algorithms.user_bounds import UserBounds
 from privacy import samplers
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend

@@ -47,7 +47,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from algorithms._messages import Message
+from algorithms.messages import Message
 from privacy.accountant import NOT_PRIVATE, Event
 from privacy.bernoulli import (
     bernoulli_epsilon,

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from app.commands.demo import TENANT_NAMES, _start_server, _titles
+    from app.commands.demo import TENANT_NAMES, item_titles, start_server
     from app.config import Settings
     from app.db import migrate
 
@@ -83,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
     url = f"sqlite:///{db}"
     migrate(url)
     token = secrets.token_urlsafe(32)
-    server, thread = _start_server(Settings(database_url=url, admin_token=token), args.port)
+    server, thread = start_server(Settings(database_url=url, admin_token=token), args.port)
     base_url = f"http://127.0.0.1:{args.port}"
     api = Client(base_url, token=token, timeout=120)
-    titles = _titles(path)
+    titles = item_titles(path)
     items = np.unique(ratings.items)
     api.put_items({"key": str(i), "title": titles.get(int(i))} for i in items.tolist())
     users = np.unique(ratings.users)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from algorithms import clustering as cl
-from algorithms._rng import SPLIT, derive_rng
+from algorithms.rng import SPLIT, derive_rng
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -73,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _titles(path: Path | None) -> dict[int, str]:
+def item_titles(path: Path | None) -> dict[int, str]:
     """MovieLens titles beside the ratings file, when present (items.tsv or movies.dat)."""
     if path is None:
         return {}
@@ -98,7 +98,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_server(settings, port: int):
+def start_server(settings, port: int):
     import uvicorn
 
     from app.main import create_app
@@ -285,12 +285,12 @@ def run(args: argparse.Namespace) -> int:
     settings = Settings(database_url=args.database_url, admin_token=token, broker_url=None)
     migrate(settings.database_url)
     port = args.port or _free_port()
-    server, thread = _start_server(settings, port)
+    server, thread = start_server(settings, port)
     base = f"http://127.0.0.1:{port}"
     print(f"fedrec API on {base} (docs: {base}/docs), database {args.database_url}")
     with Client(base, token=token, timeout=120) as api:
         print(f"Uploading {len(ratings)} ratings for {args.tenants} tenants through the API:")
-        titles = _titles(args.data)
+        titles = item_titles(args.data)
         budget = args.budget or 2 * args.epsilon
         tenants = _setup(api, ratings, titles, args.tenants, budget, args.seed)
         privacy = _privacy_body(args, ratings)

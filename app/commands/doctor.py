@@ -38,10 +38,10 @@ def check_database(settings: Settings) -> tuple[bool, str]:
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    from app.commands.migrate import _safe
+    from app.commands.migrate import redacted_url
     from app.db import alembic_config, make_engine
 
-    where = _safe(settings.database_url)
+    where = redacted_url(settings.database_url)
     engine = make_engine(settings.database_url)
     try:
         with engine.connect() as connection:
@@ -64,7 +64,7 @@ def check_database(settings: Settings) -> tuple[bool, str]:
 def check_broker(settings: Settings, timeout: float) -> tuple[bool, str]:
     from kombu import Connection
 
-    from app.commands.migrate import _safe
+    from app.commands.migrate import redacted_url
 
     if not settings.broker_url:
         return True, "no broker configured: tasks run inside the API process"
@@ -72,10 +72,10 @@ def check_broker(settings: Settings, timeout: float) -> tuple[bool, str]:
         with Connection(settings.broker_url, connect_timeout=timeout) as connection:
             connection.ensure_connection(max_retries=1, interval_start=0, interval_step=0)
     except Exception as exc:  # noqa: BLE001
-        return False, (f"cannot reach the broker at {_safe(settings.broker_url)}: "
+        return False, (f"cannot reach the broker at {redacted_url(settings.broker_url)}: "
                        f"{_first_line(exc)}. Check FEDREC_BROKER_URL / REDIS_URL and that "
                        "Redis runs.")
-    return True, f"broker at {_safe(settings.broker_url)} reachable"
+    return True, f"broker at {redacted_url(settings.broker_url)} reachable"
 
 
 def check_workers(settings: Settings, timeout: float) -> tuple[bool, str]:

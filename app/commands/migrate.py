@@ -21,11 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     url = args.url or get_settings().database_url
     migrate(url, args.revision)
-    print(f"database at {_safe(url)} is at revision {args.revision}")
+    print(f"database at {redacted_url(url)} is at revision {args.revision}")
     return 0
 
 
-def _safe(url: str) -> str:
+def redacted_url(url: str) -> str:
     """The URL without its password."""
     from sqlalchemy.engine import make_url
 

@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from algorithms import registry
-from algorithms._scale import with_public_scale
 from algorithms.base import default_select
 from algorithms.binary_metrics import binarise, binary_report
 from algorithms.data import (
@@ -29,6 +28,7 @@ from algorithms.data import (
     load_ratings,
 )
 from algorithms.ranking import relevance_threshold
+from algorithms.scale import with_public_scale
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
 from algorithms.synthetic import generate_ratings
 from app.commands.evaluation import (
@@ -367,7 +367,7 @@ def data_label(data: Path) -> str:
     return str(data)
 
 
-def _load(data: Path | None, seed: int) -> tuple[Ratings, str]:
+def load_data(data: Path | None, seed: int) -> tuple[Ratings, str]:
     """The ratings to simulate on and a label for the report (:func:`data_label`).
 
     ``--data synthetic``, or no ``--data`` on a machine without MovieLens, draws the
@@ -420,7 +420,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
         run_cfg["rounds"] = cfg.releases + 1  # the same for the user-level gradient methods
     elif args.rounds is None and "iterations" in type(cfg).model_fields:
         run_cfg["rounds"] = cfg.iterations  # RFRec's K (the paper's 100 with --preset paper)
-    ratings, data = _load(args.data, args.seed)
+    ratings, data = load_data(args.data, args.seed)
     if ratings.duplicates:
         print(f"note: {ratings.duplicates} (user, item) pair(s) rated more than once in "
               f"{data}; the last rating of each is used", file=sys.stderr)

@@ -27,7 +27,7 @@ from algorithms.data import build_federation, check_rating_values, default_clien
 from algorithms.tuning import METRICS, Trial, metric_value, search_space, tune
 from app.commands.evaluation import add_partition_argument
 from app.commands.output import json_output
-from app.commands.simulate import _load, flag_of, format_value
+from app.commands.simulate import flag_of, format_value, load_data
 
 #: default trials and wall budget of ``fedrec tune`` (fit ML-1M in 10 minutes with room)
 TRIALS, BUDGET = 18, 540.0
@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
     alg = registry.get(args.algorithm)
     search_space(alg)  # refuses an algorithm without one
     run_cfg = _run_rounds(alg, args)
-    ratings, data = _load(args.data, args.seed)
+    ratings, data = load_data(args.data, args.seed)
     check_rating_values(ratings)
     if args.clients is None:
         run_cfg["clients"] = default_clients(run_cfg["clients"], ratings)

@@ -9,13 +9,13 @@ from fastapi import APIRouter, Request, Response, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
+from algorithms.ingest import BodyTooLarge, TooManyRows, UnsupportedMediaType, UploadRejected
+from algorithms.readers import MULTIPART, media_type, unwrap_multipart
 from app import store
 from app.deps import OwnTenantDep, SessionDep, SettingsDep, check_limit, errors
 from app.idempotency import IdempotencyKey
-from app.ingest import BodyTooLarge, TooManyRows, UnsupportedMediaType, UploadRejected
 from app.limits import too_large
 from app.problems import ApiError
-from app.readers import MULTIPART, media_type, unwrap_multipart
 from app.routes import API_PREFIX
 from app.schemas import (
     Limit,

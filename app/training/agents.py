@@ -46,7 +46,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from algorithms import Message, registry
-from algorithms._messages import MessageRefused, messages_equal, read_expected
+from algorithms.messages import MessageRefused, messages_equal, read_expected
 from app.models import Item, Tenant
 from app.training import pipeline, secure
 from app.training.ledger import charge_received
@@ -183,7 +183,7 @@ def parse_upload(job: TrainingJob, data: bytes) -> Message:
 
     Names, shapes and dtypes are checked against the job's upload schema from the
     archive's headers before any array is inflated, and each array is read up to the size
-    its schema allows (:func:`algorithms._messages.read_expected`): a compressed body
+    its schema allows (:func:`algorithms.messages.read_expected`): a compressed body
     cannot make the coordinator allocate more than one expected upload. Every scalar field
     must be one the message declares, of the type the job's own round 1 produced, and
     finite (:func:`_checked_scalars`)."""

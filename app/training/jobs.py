@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from algorithms import RatingBlock, registry
-from algorithms._scale import with_public_scale
 from algorithms.base import Algorithm
 from algorithms.data import tenant_split
+from algorithms.scale import with_public_scale
 from algorithms.simulate import (
     client_round,
     initialise_client,
@@ -219,7 +219,7 @@ def _public_scale(alg: Algorithm, cfg: Any, request: dict[str, Any],
     """``cfg`` with the tenants' declared rating scale as its public scale, for a config
     that takes one (DPALS: ``scale_min``/``scale_max`` set its centre and rating clip, and
     so the per-user sensitivity) and was not given one: the declared scales are public,
-    the data's own range is not (:func:`algorithms._scale.with_public_scale`)."""
+    the data's own range is not (:func:`algorithms.scale.with_public_scale`)."""
     return with_public_scale(cfg, request, scale)
 
 
@@ -256,7 +256,7 @@ def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False
                        block.n_users, block.n_items), user_keys
 
 
-def _snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
+def snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
                                                                  list[np.ndarray], np.ndarray]:
     """Every tenant's ratings (:func:`_tenant_block`) and the catalogue's item ids."""
     read = [_tenant_block(s, t) for t in tenants]

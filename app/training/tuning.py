@@ -38,7 +38,7 @@ from algorithms.data import Federation, federation_from_tenants
 from algorithms.tuning import Trial, metric_value, search_space, tune
 from app import store
 from app.models import Tenant, utcnow
-from app.training.jobs import JobRefused, _snapshot_blocks
+from app.training.jobs import JobRefused, snapshot_blocks
 from app.training.ledger import charge_tuning
 from app.training.models import TuningJob
 
@@ -117,7 +117,7 @@ def training_federation(s: Session, job: TuningJob) -> Federation:
     tenants = [s.get(Tenant, t) for t in job.tenant_ids]
     if any(t is None for t in tenants):
         raise ValueError("a tenant of the tuning job was deleted")
-    blocks, keys, item_ids = _snapshot_blocks(s, tenants)
+    blocks, keys, item_ids = snapshot_blocks(s, tenants)
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     fed = federation_from_tenants(blocks, keys, item_ids, job.seed, job.test_fraction, scale)
     return Federation(fed.train, [], fed.user_ids, fed.item_ids, fed.scale)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from algorithms import clustering as cl
-from algorithms._messages import Message, messages_equal
+from algorithms.messages import Message, messages_equal
 
 
 def _small(seed: int = 0):

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from algorithms import Algorithm, AlgorithmConfig, Message, RatingBlock, messages_equal
-from algorithms._rng import client_rng, derive_rng, sample_clients
 from algorithms.data import build_federation, load_ratings
+from algorithms.rng import client_rng, derive_rng, sample_clients
 from algorithms.simulate import evaluate, simulate
 
 
@@ -191,7 +191,7 @@ def test_a_message_of_an_algorithm_not_yet_imported_is_read_and_others_are_refus
     import sys
 
     code = ("import sys, numpy as np\n"
-            "from algorithms._messages import Message\n"
+            "from algorithms.messages import Message\n"
             "assert 'algorithms.fedmc_admm' not in sys.modules\n"
             "m = Message.from_bytes(sys.stdin.buffer.read())\n"
             "print(type(m).__module__, m.U.shape)\n")

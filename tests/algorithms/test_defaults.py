@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from algorithms import registry
-from algorithms._scale import with_public_scale
 from algorithms.base import predict
 from algorithms.binary_metrics import binarise
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, build_federation
 from algorithms.ranking import relevance_threshold
+from algorithms.scale import with_public_scale
 from algorithms.simulate import simulate, tenant_errors
 from algorithms.synthetic import SCALES, generate_ratings
 

@@ -161,7 +161,7 @@ def test_poisson_sampling_rate_is_q_seeded_without_privacy_keyed_with_it():
 
 
 def test_the_upload_sums_exactly_the_users_drawn_from_the_tenants_client_stream():
-    from algorithms._rng import client_rng
+    from algorithms.rng import client_rng
 
     rng = np.random.default_rng(2)
     cfg = FC.DPFedMCADMMConfig(rank=2, user_sample_rate=0.4, clip_norm=1.0)

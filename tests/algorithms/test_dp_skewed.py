@@ -10,8 +10,8 @@ import pytest
 from algorithms import RatingBlock, registry
 from algorithms import _user_kernels as UK
 from algorithms import dpals as D
-from algorithms._scale import with_public_scale
 from algorithms.data import build_federation
+from algorithms.scale import with_public_scale
 from algorithms.simulate import simulate
 from algorithms.synthetic import describe, generate_skewed_ratings
 from privacy.user_level import UserLevelPrivatizer, plan

@@ -10,9 +10,9 @@ import pytest
 
 from algorithms import clustering as cl
 from algorithms import fedmc_admm as F
-from algorithms._rng import derive_rng
 from algorithms.data import build_federation
 from algorithms.rfrec import RFRecConfig, RFRecFConfig, run_batched
+from algorithms.rng import derive_rng
 from algorithms.simulate import RoundState, run_round, simulate
 from algorithms.synthetic import generate_ratings
 from tests.algorithms.test_rfrec import R15, _federation

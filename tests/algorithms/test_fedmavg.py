@@ -72,7 +72,7 @@ def test_penalties_per_rating_are_local_counts_times_weights():
     cfg = fm.FedMAvgConfig(lam=0.5, gamma=0.25, reg="per_rating")
     lam_rows, gamma_cols = fm.penalties(block, cfg)
     # the tenant's rating variance over MovieLens', shrunk toward 1 by a prior worth 200
-    # ratings (algorithms._scale.ridge_scale_of)
+    # ratings (algorithms.scale.ridge_scale_of)
     ridge = (np.var(block.vals) / 1.1257**2) ** (block.nnz / (block.nnz + 200))
     np.testing.assert_allclose(lam_rows, ridge * 0.5 * mask.sum(axis=1), rtol=1e-12)
     np.testing.assert_allclose(gamma_cols, ridge * 0.25 * mask.sum(axis=0), rtol=1e-12)

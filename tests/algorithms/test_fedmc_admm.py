@@ -1,7 +1,7 @@
 """FedMC-ADMM's update rules against a direct dense evaluation of the paper's equations.
 
 The reference below is written from the FedMC-ADMM paper Sec. 5 with dense matrices and an
-explicit 0/1 mask, independently of algorithms/_mf_kernels.py.
+explicit 0/1 mask, independently of algorithms/mf_kernels.py.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from algorithms import RatingBlock
-from algorithms import _mf_kernels as K
 from algorithms import fedmc_admm as F
+from algorithms import mf_kernels as K
 from algorithms.data import build_federation, data_dir, load_movielens
 from algorithms.simulate import initialise, run_round, simulate
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from algorithms import _mf_kernels as K
+from algorithms import mf_kernels as K
 
 pytestmark = pytest.mark.skipif(not K.HAVE_NUMBA, reason="numba not installed")
 MODES = [(K.LIP_GIVEN, 3.0), (K.LIP_BLOCK_FRO, 0.0), (K.LIP_BLOCK_DIAG, 0.0)]

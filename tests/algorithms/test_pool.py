@@ -1,4 +1,4 @@
-"""Client steps on a pool of threads (algorithms._pool): the same numbers as one by one,
+"""Client steps on a pool of threads (algorithms.pool): the same numbers as one by one,
 in the same order, with the kernels serial inside the pool's threads."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import threading
 import numpy as np
 import pytest
 
-from algorithms import _mf_kernels as K
-from algorithms import _pool, dp_fedmavg, dp_fedmc_admm, dpals
+from algorithms import dp_fedmavg, dp_fedmc_admm, dpals, pool
 from algorithms import fedmc_admm as F
+from algorithms import mf_kernels as K
 from algorithms.data import build_federation
 from algorithms.simulate import simulate
 from algorithms.synthetic import generate_ratings
@@ -28,7 +28,7 @@ def test_map_tasks_keeps_the_order_of_the_items_and_uses_several_threads():
         return x * x
 
     # weights put items 0 and 1 first, so two threads must hold them together
-    got = _pool.map_tasks(task, list(range(7)), workers=2,
+    got = pool.map_tasks(task, list(range(7)), workers=2,
                           weights=[9, 8, 1, 2, 3, 4, 5])
     assert got == [x * x for x in range(7)]
     assert len(seen) == 2 and threading.get_ident() not in seen
@@ -36,17 +36,17 @@ def test_map_tasks_keeps_the_order_of_the_items_and_uses_several_threads():
 
 def test_map_tasks_runs_in_the_calling_thread_with_one_worker_or_inside_the_pool():
     caller = threading.get_ident()
-    assert _pool.map_tasks(lambda _: threading.get_ident(), [1, 2, 3], workers=1) \
+    assert pool.map_tasks(lambda _: threading.get_ident(), [1, 2, 3], workers=1) \
         == [caller] * 3
 
     def nested(_: int) -> tuple[bool, list[int]]:
         me = threading.get_ident()
-        inner = _pool.map_tasks(lambda _: threading.get_ident(), [1, 2, 3], workers=2)
-        return _pool.in_pool(), [t == me for t in inner]
+        inner = pool.map_tasks(lambda _: threading.get_ident(), [1, 2, 3], workers=2)
+        return pool.in_pool(), [t == me for t in inner]
 
-    for inside, same in _pool.map_tasks(nested, [0, 1], workers=2):
+    for inside, same in pool.map_tasks(nested, [0, 1], workers=2):
         assert inside and all(same)
-    assert not _pool.in_pool()
+    assert not pool.in_pool()
 
 
 def test_map_tasks_reraises_the_first_failure_and_rejects_zero_workers():
@@ -56,25 +56,25 @@ def test_map_tasks_reraises_the_first_failure_and_rejects_zero_workers():
         return x
 
     with pytest.raises(KeyError, match="item 3"):
-        _pool.map_tasks(task, list(range(8)), workers=2)
+        pool.map_tasks(task, list(range(8)), workers=2)
     with pytest.raises(ValueError, match="workers must be at least 1"):
-        _pool.map_tasks(task, [1], workers=0)
+        pool.map_tasks(task, [1], workers=0)
 
 
 def test_using_sets_the_default_width_in_this_thread_only():
-    with _pool.using(1):
-        assert _pool.width() == 1
-        assert _pool.map_tasks(lambda _: threading.get_ident(), [1, 2]) \
+    with pool.using(1):
+        assert pool.width() == 1
+        assert pool.map_tasks(lambda _: threading.get_ident(), [1, 2]) \
             == [threading.get_ident()] * 2
-        with _pool.using(None):
-            assert _pool.width() == 1
-    assert _pool.width() == _pool.cores()
+        with pool.using(None):
+            assert pool.width() == 1
+    assert pool.width() == pool.cores()
 
 
 @pytest.mark.parametrize("shape", [(3,), (5, 4), (300, 200, 11), (1, 3000, 400)])
 def test_copy_is_an_equal_independent_array(shape):
     a = np.random.default_rng(0).normal(size=shape)
-    b = _pool.copy(a, workers=2)
+    b = pool.copy(a, workers=2)
     assert b.flags.c_contiguous and b.shape == a.shape
     np.testing.assert_array_equal(b, a)
     b.flat[0] += 1.0
@@ -82,7 +82,7 @@ def test_copy_is_an_equal_independent_array(shape):
 
 
 def test_kernels_run_serially_inside_the_pool():
-    assert _pool.map_tasks(lambda _: K._use_parallel(None, 10**6), [0, 1], workers=2) \
+    assert pool.map_tasks(lambda _: K._use_parallel(None, 10**6), [0, 1], workers=2) \
         == [False, False]
     assert K._use_parallel(None, 10**6) == (K.threads() > 1)
 
@@ -138,7 +138,7 @@ def test_dp_algorithms_on_two_threads_give_the_serial_numbers_and_charges(mod, p
 def test_sum_arrays_gives_np_sum_to_the_bit(shape, count, workers):
     rng = np.random.default_rng(len(shape) + count)
     arrays = [rng.normal(size=shape) * 10.0 ** rng.uniform(-8, 8) for _ in range(count)]
-    got = _pool.sum_arrays(arrays, workers=workers)
+    got = pool.sum_arrays(arrays, workers=workers)
     assert got.shape == shape
     np.testing.assert_array_equal(got, np.sum(arrays, axis=0))
     assert not any(np.shares_memory(got, a) for a in arrays)
@@ -146,12 +146,12 @@ def test_sum_arrays_gives_np_sum_to_the_bit(shape, count, workers):
 
 def test_copy_parts_fill_an_equal_array_in_any_order():
     a = np.random.default_rng(1).normal(size=(100, 600, 11))  # over COPY_CHUNK_BYTES
-    out, fill = _pool.copy_parts(a, 8)
+    out, fill = pool.copy_parts(a, 8)
     assert len(fill) == 8
     for task in reversed(fill):
         task()
     np.testing.assert_array_equal(out, a)
-    out, fill = _pool.copy_parts(a[:2, :3], 8)  # small: one piece
+    out, fill = pool.copy_parts(a[:2, :3], 8)  # small: one piece
     assert len(fill) == 1
 
 
@@ -170,7 +170,7 @@ def test_fedmc_admm_server_step_is_its_two_parts_and_leaves_its_input_alone():
     direct = F.server_step(state, ups, cfg, np.random.default_rng(0))
     fresh, fill = F.server_prepare(state, cfg)
     assert not np.shares_memory(fresh.C, state.C)
-    _pool.run_all(fill, workers=2)
+    pool.run_all(fill, workers=2)
     split = F.server_apply(fresh, ups, cfg, np.random.default_rng(0))
     for a, b in zip(direct, split, strict=True):
         for name, value in vars(a).items():
@@ -195,13 +195,13 @@ def test_fedmc_admm_server_copies_no_row_of_a_tenant_expected_to_upload():
     ups = {i: F.client_step(glob, res.local_states[i], fed.train[i], cfg, None)[1]
            for i in (0, 1, 4, 7)}
     fresh, fill = F.server_prepare(state, cfg)
-    _pool.run_all(fill, workers=2)
+    pool.run_all(fill, workers=2)
     want = F.server_apply(fresh, ups, cfg, np.random.default_rng(0))
     expected = [0, 1, 2, 4, 7]  # tenant 2 ran but its upload was dropped
     fresh, fill = F.server_prepare(state, cfg, 3, expected=expected)
     copied = sum(task.args[1].shape[0] for task in fill)  # np.copyto(fresh rows, old rows)
     assert copied == state.C.shape[0] - len(expected)  # only the other tenants' rows
-    _pool.run_all(fill, workers=2)
+    pool.run_all(fill, workers=2)
     got = F.server_apply(fresh, ups, cfg, np.random.default_rng(0), previous=state,
                          expected=expected)
     for a, b in zip(want, got, strict=True):
@@ -231,7 +231,7 @@ def test_dpals_item_solve_in_slices_gives_the_same_numbers_on_one_or_two_threads
     expected = np.linalg.solve(g, b[..., None])[..., 0].T
     got = []
     for workers in (1, 2):
-        with _pool.using(workers):
+        with pool.using(workers):
             got.append(dpals.solve_items(a, b, 0.5, cfg))
     np.testing.assert_array_equal(got[0], got[1])
     np.testing.assert_allclose(got[0], expected, rtol=0, atol=1e-12)
@@ -240,7 +240,7 @@ def test_dpals_item_solve_in_slices_gives_the_same_numbers_on_one_or_two_threads
 
 
 def test_a_deferred_client_stream_draws_what_the_stream_draws_and_only_derives_on_use():
-    from algorithms._rng import Deferred, client_rng, deferred_client_rng
+    from algorithms.rng import Deferred, client_rng, deferred_client_rng
 
     calls = []
     lazy = Deferred(lambda: calls.append(1) or client_rng(3, 4, 5))
@@ -259,13 +259,13 @@ def test_the_engine_keeps_the_server_step_on_its_workers(workers, expected, monk
     """``workers=1`` is the serial baseline: no part of the round, the server step's
     slices included, may use the pool's threads."""
     seen: set[int] = set()
-    real = _pool._marked
+    real = pool._marked
 
     def marked(fn, item):
         seen.add(threading.get_ident())
         return real(fn, item)
 
-    monkeypatch.setattr(_pool, "_marked", marked)
+    monkeypatch.setattr(pool, "_marked", marked)
     fed = build_federation(generate_ratings(240, 1200, 3000, rank=3, seed=4), 12, 0)
     simulate(F.ALGORITHM, F.FedMCADMMConfig(rank=3), fed, rounds=2, per_round=5, seed=2,
              workers=workers)

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from algorithms import RatingBlock, messages_equal
-from algorithms._rng import SAMPLING, SERVER, derive_rng
 from algorithms.data import Federation, build_federation, data_dir, load_movielens
 from algorithms.rfrec import (
     ALGORITHMS,
@@ -28,6 +27,7 @@ from algorithms.rfrec import (
     run_batched,
     step_size,
 )
+from algorithms.rng import SAMPLING, SERVER, derive_rng
 from algorithms.simulate import initialise, run_round, simulate
 
 RFREC, RFRECF = ALGORITHMS["rfrec"], ALGORITHMS["rfrecf"]

@@ -1,4 +1,4 @@
-"""Rating-scale normalisation (algorithms._scale) and the block's declared scale."""
+"""Rating-scale normalisation (algorithms.scale) and the block's declared scale."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_a_state_stored_before_units_keeps_training_on_raw_ratings():
 
 
 def test_ridge_scale_is_the_rating_variance_in_units_over_movielens():
-    from algorithms._scale import ridge_scale_of
+    from algorithms.scale import ridge_scale_of
 
     rng = np.random.default_rng(4)
     vals = rng.uniform(-10.0, 10.0, 500)

@@ -15,7 +15,7 @@ from agent.data import parse_bytes
 from agent.run import Agent
 from agent.state import AgentState
 from algorithms import Message, RatingBlock
-from algorithms._messages import messages_equal
+from algorithms.messages import messages_equal
 from algorithms.synthetic import generate_ratings
 from app.training.models import JobRound as JobRoundRow
 from app.training.models import LedgerEntry, RoundUpload, TrainingJob

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import sqlalchemy as sa
 
-from app.ingest import RowError, check_rows, parse_body
+from algorithms.ingest import RowError, check_rows, parse_body
 from app.models import Tenant
 from app.training import pipeline
 from app.training.models import FactorSnapshot

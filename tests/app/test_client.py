@@ -369,10 +369,10 @@ def test_an_answer_that_is_not_a_problem_still_raises_api_error():
 @pytest.fixture
 def live(database_url, monkeypatch):
     """A uvicorn server (a thread) on the database; FEDREC_URL and the token set."""
-    from app.commands.demo import _free_port, _start_server
+    from app.commands.demo import _free_port, start_server
 
     port = _free_port()
-    server, thread = _start_server(Settings(database_url=database_url,
+    server, thread = start_server(Settings(database_url=database_url,
                                             admin_token=ADMIN_TOKEN, broker_url=None), port)
     monkeypatch.setenv("FEDREC_URL", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("FEDREC_ADMIN_TOKEN", ADMIN_TOKEN)
@@ -512,10 +512,10 @@ def readme_blocks() -> tuple[str, list[str]]:
 @pytest.fixture
 def fresh_live(sqlite_url, monkeypatch):
     """A live server on a fresh SQLite database (the documented ids start at 1)."""
-    from app.commands.demo import _free_port, _start_server
+    from app.commands.demo import _free_port, start_server
 
     port = _free_port()
-    server, thread = _start_server(Settings(database_url=sqlite_url, admin_token=ADMIN_TOKEN,
+    server, thread = start_server(Settings(database_url=sqlite_url, admin_token=ADMIN_TOKEN,
                                             broker_url=None), port)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True

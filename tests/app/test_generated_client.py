@@ -61,13 +61,13 @@ def test_every_json_answer_has_a_named_schema():
 def live_pg(make_postgres_db):
     """A uvicorn server (a thread) on a database of its own on the real PostgreSQL (its
     items stay out of the other tests' catalogue), jobs run in-process."""
-    from app.commands.demo import _free_port, _start_server
+    from app.commands.demo import _free_port, start_server
     from app.db import migrate
 
     url = make_postgres_db()
     migrate(url)
     port = _free_port()
-    server, thread = _start_server(Settings(database_url=url, admin_token=ADMIN_TOKEN,
+    server, thread = start_server(Settings(database_url=url, admin_token=ADMIN_TOKEN,
                                             broker_url=None), port)
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True

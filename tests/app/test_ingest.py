@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.ingest import (
+from algorithms.ingest import (
     RawRows,
     RowError,
     UploadRejected,

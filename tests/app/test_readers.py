@@ -1,4 +1,4 @@
-"""The streaming readers (app/readers.py) read the same rows whatever the chunk size: a
+"""The streaming readers (algorithms/readers.py) read the same rows whatever the chunk size: a
 line ending, a multi-byte character, a JSON number or string cut by a chunk boundary is
 reassembled, and errors name the same line or byte."""
 
@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from algorithms import ratings_io
-from app import readers
-from app.ingest import RowError, UploadRejected
+from algorithms import ratings_io, readers
+from algorithms.ingest import RowError, UploadRejected
 
 
 def rows_of(body: bytes, media: str, chunk: int, monkeypatch) -> list:

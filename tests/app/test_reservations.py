@@ -67,7 +67,7 @@ def _open_upload(api, tenant, headers, job_id):
 
     import numpy as np
 
-    from algorithms._messages import _message_class
+    from algorithms.messages import _message_class
 
     path = f"/v1/tenants/{tenant}/agent/jobs/{job_id}"
     end = time.monotonic() + 30

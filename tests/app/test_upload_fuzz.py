@@ -1,4 +1,4 @@
-"""Property-based tests of the upload parser (app/ingest.py) and of upload atomicity.
+"""Property-based tests of the upload parser (algorithms/ingest.py) and of upload atomicity.
 
 Whatever the bytes, parsing raises only its domain errors (:class:`UploadRejected`,
 :class:`TooManyRows`, :class:`UnsupportedMediaType`) and validation raises nothing; through
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.ingest import (
+from algorithms.ingest import (
     MAX_KEY_LENGTH,
     TooManyRows,
     UnsupportedMediaType,

@@ -60,7 +60,7 @@ def _csv(users, items, values) -> bytes:
 def service(tmp_path_factory):
     """The API on a free port with three tenants (and their noise-free copies, trained
     without noise as the reference curve), each with an API key and uploaded ratings."""
-    from app.commands.demo import _free_port, _start_server
+    from app.commands.demo import _free_port, start_server
     from app.config import Settings
     from app.db import migrate
 
@@ -69,7 +69,7 @@ def service(tmp_path_factory):
     migrate(url)
     token = secrets.token_urlsafe(32)
     port = _free_port()
-    server, thread = _start_server(Settings(database_url=url, admin_token=token,
+    server, thread = start_server(Settings(database_url=url, admin_token=token,
                                             broker_url=None), port)
     base = f"http://127.0.0.1:{port}"
     ratings = generate_ratings(300, 200, 12_000, seed=3)

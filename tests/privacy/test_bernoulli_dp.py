@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from opacus.accountants.analysis import rdp as opacus_rdp
 
-from algorithms._messages import Message
+from algorithms.messages import Message
 from privacy.accountant import ORDERS, Event, spend
 from privacy.bernoulli import bernoulli_rdp, flip_prob_for_epsilon
 from privacy.cli import add_dp_arguments, privatizer_from_args, spec_from_args

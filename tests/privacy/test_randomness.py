@@ -15,8 +15,8 @@ import pytest
 
 from algorithms import RatingBlock, registry
 from algorithms import dpals as D
-from algorithms._rng import derive_rng
 from algorithms.data import build_federation
+from algorithms.rng import derive_rng
 from algorithms.simulate import initialise
 from algorithms.synthetic import generate_ratings
 from app.cli import main

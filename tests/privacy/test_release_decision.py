@@ -25,9 +25,9 @@ import pytest
 
 from agent.run import Agent
 from algorithms import registry
-from algorithms._messages import messages_equal
-from algorithms._scale import with_public_scale
 from algorithms.data import build_federation
+from algorithms.messages import messages_equal
+from algorithms.scale import with_public_scale
 from algorithms.simulate import client_round, initialise
 from algorithms.synthetic import generate_ratings
 from app.commands.simulate import release_parts

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from algorithms._messages import Message
+from algorithms.messages import Message
 from privacy.accountant import Event, spend
 from privacy.gaussian import gaussian_release
 from privacy.laplace import laplace_release

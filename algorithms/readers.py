@@ -3,8 +3,8 @@ delimited text with its delimiter sniffed, JSON, Parquet) and the unwrapping of 
 ``multipart/form-data`` body's file. Pure: no HTTP, no SQL.
 
 Problems that make the rest of the body unreadable raise
-:class:`app.ingest.UploadRejected`; an unsupported media type raises
-:class:`app.ingest.UnsupportedMediaType`. Nothing here holds more than one chunk plus one
+:class:`algorithms.ingest.UploadRejected`; an unsupported media type raises
+:class:`algorithms.ingest.UnsupportedMediaType`. Nothing here holds more than one chunk plus one
 row (or one JSON entry) of the body, whatever its size.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from algorithms.ingest import RowError, UploadRejected
 from algorithms.ratings_io import (  # noqa: F401 - the reader's names, as the API uses them
     CHUNK_BYTES,
     CSV_TYPES,
@@ -24,7 +25,6 @@ from algorithms.ratings_io import (  # noqa: F401 - the reader's names, as the A
     read_rows,
     text_rows,
 )
-from app.ingest import RowError, UploadRejected
 
 
 def csv_rows(stream: BinaryIO, delimiter: str | None = None) -> Iterator[RawRow | RowError]:

@@ -6,7 +6,7 @@ anything is stored; :class:`UploadRejected` carries the offending rows (line, fi
 reason). ``line`` is the CSV line number (the header counts) or, for JSON, the 1-based
 position in ``ratings``.
 
-Uploads are read as a stream (:mod:`app.readers`) into a :class:`Collector`, which keeps the
+Uploads are read as a stream (:mod:`algorithms.readers`) into a :class:`Collector`, which keeps the
 valid rows in compact arrays (keys interned, about 40 bytes a row) and only the first
 ``keep_errors`` offending rows (the others are counted): a 2M-row upload, valid or not,
 never becomes millions of Python objects.
@@ -488,15 +488,15 @@ def _raw(rows: Iterator[tuple | RowError], max_rows: int | None) -> RawRows:
 
 
 def parse_csv(data: bytes, max_rows: int | None = None) -> RawRows:
-    """The raw rows of a whole CSV body (see :func:`app.readers.csv_rows`)."""
-    from app.readers import csv_rows
+    """The raw rows of a whole CSV body (see :func:`algorithms.readers.csv_rows`)."""
+    from algorithms.readers import csv_rows
 
     return _raw(csv_rows(io.BytesIO(data)), max_rows)
 
 
 def parse_json(data: bytes, max_rows: int | None = None) -> RawRows:
-    """The raw rows of a whole JSON body (see :func:`app.readers.json_rows`)."""
-    from app.readers import json_rows
+    """The raw rows of a whole JSON body (see :func:`algorithms.readers.json_rows`)."""
+    from algorithms.readers import json_rows
 
     return _raw(json_rows(io.BytesIO(data)), max_rows)
 
@@ -507,7 +507,7 @@ def parse_body(data: bytes, content_type: str, max_rows: int | None = None) -> R
     Raises only :class:`UploadRejected`, :class:`TooManyRows` (over ``max_rows``) and
     :class:`UnsupportedMediaType`, whatever the bytes.
     """
-    from app.readers import read_rows
+    from algorithms.readers import read_rows
 
     return _raw(read_rows(io.BytesIO(data), content_type), max_rows)
 

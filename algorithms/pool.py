@@ -10,7 +10,7 @@ balance across the threads, and a thread the machine's scheduler holds back simp
 fewer of them.
 
 Inside a pool thread the kernels must not start numba's own threads as well
-(:func:`in_pool`; :mod:`algorithms._mf_kernels` runs its serial kernels there).
+(:func:`in_pool`; :mod:`algorithms.mf_kernels` runs its serial kernels there).
 """
 
 from __future__ import annotations

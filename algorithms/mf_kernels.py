@@ -26,7 +26,7 @@ import threading
 import numpy as np
 import scipy.sparse as sp
 
-from algorithms._pool import in_pool
+from algorithms.pool import in_pool
 
 try:  # numba is optional: the numpy path is always available
     import numba
