@@ -15,8 +15,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PRODUCT = ("algorithms", "privacy", "app", "worker", "agent", "fedrec")
 LAB = "bench"
