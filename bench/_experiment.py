@@ -211,6 +211,27 @@ def other_results_table(folder: Path = RESULTS) -> str:
     return "\n".join(lines)
 
 
+def ranking_table(folder: Path = RESULTS) -> str:
+    """Every row of the top-k ranking results (``ranking_<data>.json``, written by
+    ``bench/ranking.py``): the lists' precision, recall and NDCG@k, catalogue coverage,
+    the share of top-k slots on items with fewer than 5 training ratings, and the fit's
+    wall seconds, beside the popularity rows of the same split."""
+    lines = ["| data | row | P@10 | R@10 | NDCG@10 | coverage | top-10 slots on items with "
+             "< 5 training ratings | seconds | command |", "|---|---|---|---|---|---|---|---|---|"]
+    for path, doc in _results(folder):
+        if doc.get("experiment") != "ranking" or not doc.get("rows"):
+            continue
+        for row in doc["rows"]:
+            lines.append(" | ".join([
+                f"| {row['data']}", row["row"] + ("" if row.get("popularity_prior") is None
+                                                  else f" (prior {row['popularity_prior']:g})"),
+                f"{row['precision_at_k']:.4f}",
+                f"{row['recall_at_k']:.4f}", f"{row['ndcg_at_k']:.4f}",
+                f"{row['coverage']:.3f}", f"{100 * row['rare_slot_share']:.2f}%",
+                f"{row['seconds']:.1f}", f"`{shown_command(doc['command'])}` |"]))
+    return "\n".join(lines)
+
+
 def run_time_table(folder: Path = RESULTS) -> str:
     """How long each full-size result took: wall and CPU minutes, and the machine's load."""
     lines = ["| result file | command | wall min | CPU min | 1-min load at the end | date |",
@@ -251,6 +272,16 @@ Measurements of fedrec alone (audits, costs, load, ranking lists, tuning runs); 
 figures are in the file and on the experiment's page.
 
 {other_results_table(folder)}
+
+## Top-k ranking
+
+The protocol of `algorithms/ranking.py` (80/20 split seed 0, 100 tenants, k = 10, a
+held-out rating at or above 62.5% of the scale relevant, training items excluded; delta
+1e-6 for the DP rows, one noise draw each); seconds are wall time of the fit on a shared
+machine (compare rows of one data set only). What the rows mean:
+[docs/benchmarks/ranking.md](docs/benchmarks/ranking.md).
+
+{ranking_table(folder)}
 
 ## Run time
 
