@@ -2,6 +2,8 @@
 
     python -m bench.job_memory                       # 2M ratings, 20k users, 20 tenants
     python -m bench.job_memory --baseline ../other   # also another checkout's code, same data
+    python -m bench.job_memory --ratings 10000000 --users 100000 --items 10000 \
+        --database fedrec_jobmem_10m                 # keep the filled database, reuse it
 
 A fresh PostgreSQL database (127.0.0.1:5432) is filled with a synthetic set
 (``algorithms.synthetic.generate_tenant_ratings``) through the service's own upload path
@@ -11,17 +13,21 @@ and calls ``app.training.jobs.create_job`` for one FedMC-ADMM job over every ten
 ``POST /v1/admin/jobs`` does. It reports the process's resident memory just before the
 call, its peak (VmHWM) after it, and the call's wall and CPU seconds. Runs alternate
 between the codes (``--repeats``); the job rows written are the same for both (checked:
-equal digests of every stored block).
+equal digests of every stored block). Filling 10M ratings takes long: ``--database NAME``
+fills a database of that name once (it is kept, not dropped) and later runs with the same
+name and shape reuse it; drop it with ``dropdb NAME`` when done.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +98,40 @@ def fill(url: str, args: argparse.Namespace) -> list[int]:
     return ids
 
 
+@contextlib.contextmanager
+def kept_database(name: str) -> Iterator[tuple[str, bool]]:
+    """The database ``name`` (created and migrated if absent, never dropped); yields its URL
+    and whether it already held this bench's tenants."""
+    import psycopg
+
+    from app.db import migrate
+    from bench._server import ADMIN_DSN
+
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                              (name,)).fetchone() is not None
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    migrate(url)
+    yield url, exists
+
+
+def filled_tenants(url: str, args: argparse.Namespace) -> list[int] | None:
+    """The tenant ids of a database this bench filled with the same shape, else None."""
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from app.db import engine_for
+    from app.models import Rating, Tenant
+
+    with Session(engine_for(url)) as s:
+        ids = list(s.scalars(sa.select(Tenant.id).where(Tenant.name.like("t%"))
+                             .order_by(Tenant.id)))
+        n = s.scalar(sa.select(sa.func.count()).select_from(Rating))
+    return ids if len(ids) == args.tenants and n == args.ratings else None
+
+
 def child(code: Path, url: str, tenant_ids: list[int]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
     out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids)],
@@ -107,16 +147,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenants", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--baseline", type=Path, help="another checkout to compare, same data")
+    p.add_argument("--database", help="fill (once) and keep a database of this name")
     args = p.parse_args(argv)
 
     from bench._server import fresh_database
 
     codes = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
-    with fresh_database("fedrec_jobmem") as url:
+    database = (kept_database(args.database) if args.database
+                else fresh_database("fedrec_jobmem"))
+    with database as opened:
+        url = opened[0] if args.database else opened
         t0 = time.perf_counter()
-        tenant_ids = fill(url, args)
-        print(f"filled {args.ratings:,} ratings, {args.tenants} tenants in "
-              f"{time.perf_counter() - t0:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        tenant_ids = filled_tenants(url, args) if args.database and opened[1] else None
+        if args.database and opened[1] and tenant_ids is None:
+            sys.exit(f"{args.database} holds another shape or an interrupted fill: "
+                     f"dropdb {args.database} and run again")
+        if tenant_ids is not None:
+            print(f"reusing {args.database}: {args.ratings:,} ratings, {args.tenants} tenants",
+                  flush=True)
+        else:
+            tenant_ids = fill(url, args)
+            print(f"filled {args.ratings:,} ratings, {args.tenants} tenants in "
+                  f"{time.perf_counter() - t0:.1f} s (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         runs: dict[str, list[dict]] = {name: [] for name, _ in codes}
         for n in range(args.repeats):
             for name, code in (codes if n % 2 == 0 else codes[::-1]):
