@@ -10,7 +10,8 @@ A fresh PostgreSQL database (127.0.0.1:5432) is filled with a synthetic set
 (``app.store.upsert_ratings``, the binary COPY of a CSV upload), one tenant at a time.
 Then a new Python process (the code under test, or ``--baseline``'s) opens the database
 and calls ``app.training.jobs.create_job`` for one FedMC-ADMM job over every tenant, as
-``POST /v1/admin/jobs`` does. It reports the process's resident memory just before the
+``POST /v1/admin/jobs`` does (``--dp gaussian``: a job with Gaussian noise, whose
+creation accounts each tenant's budget). It reports the process's resident memory just before the
 call, its peak (VmHWM) after it, and the call's wall and CPU seconds. Runs alternate
 between the codes (``--repeats``); the job rows written are the same for both (checked:
 equal digests of every stored block). Filling 10M ratings takes long: ``--database NAME``
@@ -44,7 +45,7 @@ def status(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
 
-url, tenant_ids = sys.argv[1], json.loads(sys.argv[2])
+url, tenant_ids, dp = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 from app.training.jobs import JobSpec, create_job
 from app.training.models import JobClient
 import numpy, algorithms.fedmc_admm  # imported before the baseline reading
@@ -54,7 +55,7 @@ with Session(engine) as s:
     s.rollback()
     before = status("VmRSS")
     spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
-                   seed=0, config={}, dp={"mechanism": "none"})
+                   seed=0, config={}, dp=dp)
     t0, c0 = time.perf_counter(), time.process_time()
     job = create_job(s, spec)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -62,7 +63,8 @@ with Session(engine) as s:
     digests = [d for (d,) in s.execute(sa.select(JobClient.train_digest).where(
         JobClient.job_id == job.id).order_by(JobClient.client_index))]
 print(json.dumps({"rss_before": before, "peak": peak, "wall": wall, "cpu": cpu,
-                  "job": job.id, "digests": digests}))
+                  "rss_after": status("VmRSS"), "job": job.id, "digests": digests,
+                  "torch": "torch" in sys.modules}))
 """
 
 
@@ -132,9 +134,15 @@ def filled_tenants(url: str, args: argparse.Namespace) -> list[int] | None:
     return ids if len(ids) == args.tenants and n == args.ratings else None
 
 
-def child(code: Path, url: str, tenant_ids: list[int]) -> dict:
+#: ``--dp``: the job's privacy settings (a Gaussian job accounts while it is created)
+DP = {"none": {"mechanism": "none"},
+      "gaussian": {"mechanism": "gaussian", "noise_multiplier": 1.0}}
+
+
+def child(code: Path, url: str, tenant_ids: list[int], dp: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids)],
+    out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
+                          json.dumps(dp)],
                          cwd=code, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -148,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--baseline", type=Path, help="another checkout to compare, same data")
     p.add_argument("--database", help="fill (once) and keep a database of this name")
+    p.add_argument("--dp", choices=sorted(DP), default="none",
+                   help="the job's privacy: none, or Gaussian noise (accounted at creation)")
     args = p.parse_args(argv)
 
     from bench._server import fresh_database
@@ -173,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = {name: [] for name, _ in codes}
         for n in range(args.repeats):
             for name, code in (codes if n % 2 == 0 else codes[::-1]):
-                r = child(code, url, tenant_ids)
+                r = child(code, url, tenant_ids, DP[args.dp])
                 r["load"] = os.getloadavg()[0]
                 runs[name].append(r)
                 print(f"{name:8s} create_job: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, "
                       f"RSS before {r['rss_before'] / 2**20:.0f} MiB, peak "
                       f"{r['peak'] / 2**20:.0f} MiB (+{(r['peak'] - r['rss_before']) / 2**20:.0f}"
-                      f" MiB), load {r['load']:.1f}", flush=True)
+                      f" MiB), after {r['rss_after'] / 2**20:.0f} MiB"
+                      f"{', torch imported' if r['torch'] else ''}, load {r['load']:.1f}",
+                      flush=True)
         if args.baseline:
             assert runs["this"][0]["digests"] == runs["baseline"][0]["digests"], (
                 "the two codes stored different blocks")
