@@ -134,6 +134,18 @@ def filled_tenants(url: str, args: argparse.Namespace) -> list[int] | None:
     return ids if len(ids) == args.tenants and n == args.ratings else None
 
 
+def discard(url: str, job_id: int) -> None:
+    """Delete the job a run created: queued, it holds its tenants' reservations, and a
+    non-private one would leave them no budget for a private run on the same database."""
+    from sqlalchemy.orm import Session
+
+    from app.db import engine_for
+    from app.training.jobs import discard_job
+
+    with Session(engine_for(url)) as s:
+        discard_job(s, job_id)
+
+
 #: ``--dp``: the job's privacy settings (a Gaussian job accounts while it is created)
 DP = {"none": {"mechanism": "none"},
       "gaussian": {"mechanism": "gaussian", "noise_multiplier": 1.0}}
@@ -143,7 +155,9 @@ def child(code: Path, url: str, tenant_ids: list[int], dp: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
     out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
                           json.dumps(dp)],
-                         cwd=code, env=env, capture_output=True, text=True, check=True)
+                         cwd=code, env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"create_job failed in {code}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -184,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in range(args.repeats):
             for name, code in (codes if n % 2 == 0 else codes[::-1]):
                 r = child(code, url, tenant_ids, DP[args.dp])
+                discard(url, r["job"])
                 r["load"] = os.getloadavg()[0]
                 runs[name].append(r)
                 print(f"{name:8s} create_job: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, "
