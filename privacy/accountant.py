@@ -71,7 +71,6 @@ import numpy as np
 
 from privacy.bernoulli import bernoulli_rdp
 from privacy.laplace import discrete_laplace_rdp, laplace_rdp
-from privacy.prv import gaussian_epsilon_bounds
 from privacy.rdp import DEFAULT_ORDERS, epsilon_from_rdp, gaussian_rdp_curve
 from privacy.samplers import LAPLACE_GRID_BITS
 
@@ -102,6 +101,10 @@ def prv_epsilon(history: Iterable[Event], delta: float, eps_error: float = 0.01)
         raise ValueError("PRV accounting covers Gaussian events only")
     if not history:
         return 0.0
+    # imported here: scipy.signal and scipy.integrate cost ~45 MB in every process that
+    # imports the accountant (the API, the workers) and only PRV accounting needs them
+    from privacy.prv import gaussian_epsilon_bounds
+
     runs = [(ev.sample_rate, ev.noise_multiplier, ev.count) for ev in history]
     with np.errstate(divide="ignore", over="ignore"):  # log(0) and exp overflow far out
         return gaussian_epsilon_bounds(runs, delta, delta / 1000, eps_error)[2]

@@ -197,3 +197,20 @@ def test_accounting_imports_neither_torch_nor_opacus():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True, cwd=Path(__file__).resolve().parents[2])
     assert out.stdout.split() == ["[]"]
+
+
+def test_the_api_loads_the_prv_machinery_only_when_it_composes_prvs():
+    """scipy.signal and scipy.integrate (~45 MB) wait for the first PRV accounting: the API
+    and the workers import the accountant, and most of them only ever account by RDP."""
+    import subprocess
+    import sys
+
+    code = ("import sys, app.main, app.training.jobs, worker.celery_app\n"
+            "from privacy.accountant import Event, prv_epsilon, spend\n"
+            "spend([Event('gaussian', 2.0, 3)], 1e-5)\n"
+            "print('privacy.prv' in sys.modules, 'scipy.signal' in sys.modules)\n"
+            "prv_epsilon([Event('gaussian', 3.0, 10)], 1e-6)\n"
+            "print('privacy.prv' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["False", "False", "True"]
