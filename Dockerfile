@@ -4,14 +4,7 @@ FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1
 WORKDIR /srv/fedrec
 
-# opacus depends on torch; install the CPU build first so pip never pulls a CUDA build
-# (several GB): the lock's `torch==2.13.0` matches PyTorch's `2.13.0+cpu`. Override
-# TORCH_INDEX_URL for a local mirror.
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
-COPY constraints.txt ./
-RUN pip install --no-deps --index-url "$TORCH_INDEX_URL" "$(grep "^torch==" constraints.txt)"
-
-COPY pyproject.toml README.md LICENSE alembic.ini ./
+COPY constraints.txt pyproject.toml README.md LICENSE NOTICE alembic.ini ./
 COPY app ./app
 COPY worker ./worker
 COPY algorithms ./algorithms

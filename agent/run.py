@@ -41,7 +41,6 @@ from algorithms.simulate import (
     initialise_server,
     tenant_errors,
 )
-from privacy.accountant import load_analyses
 from privacy.randomness import fresh_noise_generator, with_user_draws
 from privacy.release import Release, release_of, release_upload
 
@@ -360,7 +359,6 @@ class Agent:
             max_seconds: float | None = None) -> int:
         """Take part in every enrolled job; with ``until_done`` return once every job
         joined has ended (after at least one)."""
-        load_analyses()  # opacus and torch now, not inside a round's deadline
         start = time.monotonic()
         while max_seconds is None or time.monotonic() - start < max_seconds:
             self.sync_forgotten()

@@ -88,7 +88,7 @@ class TextFormatter(logging.Formatter):
 
 
 REROUTED = ("uvicorn", "uvicorn.error", "uvicorn.access", "celery", "celery.task",
-            "celery.worker", "celery.beat", "celery.app.trace", "opacus")
+            "celery.worker", "celery.beat", "celery.app.trace")
 """Loggers that come with handlers of their own: emptied, so they log through the root's."""
 
 
@@ -112,7 +112,7 @@ def logging_config(fmt: str = "text", level: int = logging.INFO,
 
 
 def configure_logging(fmt: str = "text", level: int = logging.INFO) -> None:
-    """Route every logger (fedrec, uvicorn, celery, opacus...) through one handler on the
+    """Route every logger (fedrec, uvicorn, celery...) through one handler on the
     root logger in ``fmt``; idempotent."""
     logging.config.dictConfig(logging_config(fmt, level))
 

@@ -40,7 +40,6 @@ from app.routes import (
 from app.security import FailedSignIns, KeyCache
 from app.training.serving import RatingsCache
 from app.training.snapshots import FactorCache
-from privacy.accountant import load_analyses
 
 log = logging.getLogger("fedrec")
 
@@ -86,9 +85,6 @@ def create_app(settings: Settings | None = None, *, freeze_heap: bool = False) -
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         if freeze_heap:
-            # opacus and torch (seconds, ~100k objects) now rather than in the first
-            # request that accounts, and frozen with the rest
-            load_analyses()
             gc.collect()
             gc.freeze()
         yield

@@ -2,26 +2,33 @@
 
     python -m bench.job_memory                       # 2M ratings, 20k users, 20 tenants
     python -m bench.job_memory --baseline ../other   # also another checkout's code, same data
+    python -m bench.job_memory --ratings 10000000 --users 100000 --items 10000 \
+        --database fedrec_jobmem_10m                 # keep the filled database, reuse it
 
 A fresh PostgreSQL database (127.0.0.1:5432) is filled with a synthetic set
 (``algorithms.synthetic.generate_tenant_ratings``) through the service's own upload path
 (``app.store.upsert_ratings``, the binary COPY of a CSV upload), one tenant at a time.
 Then a new Python process (the code under test, or ``--baseline``'s) opens the database
 and calls ``app.training.jobs.create_job`` for one FedMC-ADMM job over every tenant, as
-``POST /v1/admin/jobs`` does. It reports the process's resident memory just before the
+``POST /v1/admin/jobs`` does (``--dp gaussian``: a job with Gaussian noise, whose
+creation accounts each tenant's budget). It reports the process's resident memory just before the
 call, its peak (VmHWM) after it, and the call's wall and CPU seconds. Runs alternate
 between the codes (``--repeats``); the job rows written are the same for both (checked:
-equal digests of every stored block).
+equal digests of every stored block). Filling 10M ratings takes long: ``--database NAME``
+fills a database of that name once (it is kept, not dropped) and later runs with the same
+name and shape reuse it; drop it with ``dropdb NAME`` when done.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +45,7 @@ def status(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
 
-url, tenant_ids = sys.argv[1], json.loads(sys.argv[2])
+url, tenant_ids, dp = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 from app.training.jobs import JobSpec, create_job
 from app.training.models import JobClient
 import numpy, algorithms.fedmc_admm  # imported before the baseline reading
@@ -48,7 +55,7 @@ with Session(engine) as s:
     s.rollback()
     before = status("VmRSS")
     spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
-                   seed=0, config={}, dp={"mechanism": "none"})
+                   seed=0, config={}, dp=dp)
     t0, c0 = time.perf_counter(), time.process_time()
     job = create_job(s, spec)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -56,7 +63,8 @@ with Session(engine) as s:
     digests = [d for (d,) in s.execute(sa.select(JobClient.train_digest).where(
         JobClient.job_id == job.id).order_by(JobClient.client_index))]
 print(json.dumps({"rss_before": before, "peak": peak, "wall": wall, "cpu": cpu,
-                  "job": job.id, "digests": digests}))
+                  "rss_after": status("VmRSS"), "job": job.id, "digests": digests,
+                  "torch": "torch" in sys.modules}))
 """
 
 
@@ -92,10 +100,64 @@ def fill(url: str, args: argparse.Namespace) -> list[int]:
     return ids
 
 
-def child(code: Path, url: str, tenant_ids: list[int]) -> dict:
+@contextlib.contextmanager
+def kept_database(name: str) -> Iterator[tuple[str, bool]]:
+    """The database ``name`` (created and migrated if absent, never dropped); yields its URL
+    and whether it already held this bench's tenants."""
+    import psycopg
+
+    from app.db import migrate
+    from bench._server import ADMIN_DSN
+
+    with psycopg.connect(ADMIN_DSN, autocommit=True) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                              (name,)).fetchone() is not None
+        if not exists:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    migrate(url)
+    yield url, exists
+
+
+def filled_tenants(url: str, args: argparse.Namespace) -> list[int] | None:
+    """The tenant ids of a database this bench filled with the same shape, else None."""
+    import sqlalchemy as sa
+    from sqlalchemy.orm import Session
+
+    from app.db import engine_for
+    from app.models import Rating, Tenant
+
+    with Session(engine_for(url)) as s:
+        ids = list(s.scalars(sa.select(Tenant.id).where(Tenant.name.like("t%"))
+                             .order_by(Tenant.id)))
+        n = s.scalar(sa.select(sa.func.count()).select_from(Rating))
+    return ids if len(ids) == args.tenants and n == args.ratings else None
+
+
+def discard(url: str, job_id: int) -> None:
+    """Delete the job a run created: queued, it holds its tenants' reservations, and a
+    non-private one would leave them no budget for a private run on the same database."""
+    from sqlalchemy.orm import Session
+
+    from app.db import engine_for
+    from app.training.jobs import discard_job
+
+    with Session(engine_for(url)) as s:
+        discard_job(s, job_id)
+
+
+#: ``--dp``: the job's privacy settings (a Gaussian job accounts while it is created)
+DP = {"none": {"mechanism": "none"},
+      "gaussian": {"mechanism": "gaussian", "noise_multiplier": 1.0}}
+
+
+def child(code: Path, url: str, tenant_ids: list[int], dp: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids)],
-                         cwd=code, env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
+                          json.dumps(dp)],
+                         cwd=code, env=env, capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"create_job failed in {code}:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -107,26 +169,44 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tenants", type=int, default=20)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--baseline", type=Path, help="another checkout to compare, same data")
+    p.add_argument("--database", help="fill (once) and keep a database of this name")
+    p.add_argument("--dp", choices=sorted(DP), default="none",
+                   help="the job's privacy: none, or Gaussian noise (accounted at creation)")
     args = p.parse_args(argv)
 
     from bench._server import fresh_database
 
     codes = [("this", ROOT)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
-    with fresh_database("fedrec_jobmem") as url:
+    database = (kept_database(args.database) if args.database
+                else fresh_database("fedrec_jobmem"))
+    with database as opened:
+        url = opened[0] if args.database else opened
         t0 = time.perf_counter()
-        tenant_ids = fill(url, args)
-        print(f"filled {args.ratings:,} ratings, {args.tenants} tenants in "
-              f"{time.perf_counter() - t0:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+        tenant_ids = filled_tenants(url, args) if args.database and opened[1] else None
+        if args.database and opened[1] and tenant_ids is None:
+            sys.exit(f"{args.database} holds another shape or an interrupted fill: "
+                     f"dropdb {args.database} and run again")
+        if tenant_ids is not None:
+            print(f"reusing {args.database}: {args.ratings:,} ratings, {args.tenants} tenants",
+                  flush=True)
+        else:
+            tenant_ids = fill(url, args)
+            print(f"filled {args.ratings:,} ratings, {args.tenants} tenants in "
+                  f"{time.perf_counter() - t0:.1f} s (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         runs: dict[str, list[dict]] = {name: [] for name, _ in codes}
         for n in range(args.repeats):
             for name, code in (codes if n % 2 == 0 else codes[::-1]):
-                r = child(code, url, tenant_ids)
+                r = child(code, url, tenant_ids, DP[args.dp])
+                discard(url, r["job"])
                 r["load"] = os.getloadavg()[0]
                 runs[name].append(r)
                 print(f"{name:8s} create_job: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU, "
                       f"RSS before {r['rss_before'] / 2**20:.0f} MiB, peak "
                       f"{r['peak'] / 2**20:.0f} MiB (+{(r['peak'] - r['rss_before']) / 2**20:.0f}"
-                      f" MiB), load {r['load']:.1f}", flush=True)
+                      f" MiB), after {r['rss_after'] / 2**20:.0f} MiB"
+                      f"{', torch imported' if r['torch'] else ''}, load {r['load']:.1f}",
+                      flush=True)
         if args.baseline:
             assert runs["this"][0]["digests"] == runs["baseline"][0]["digests"], (
                 "the two codes stored different blocks")

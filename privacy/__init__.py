@@ -1,6 +1,6 @@
 """Differential privacy for fedrec uploads: clipping, mechanisms, accounting, budgets.
 
-Pure code (numpy, scipy, opacus' RDP analysis): no web, SQL or Celery imports. The
+Pure code (numpy, scipy): no web, SQL or Celery imports. The
 algorithms never import this package; :class:`DPPrivatizer` wraps their uploads.
 """
 

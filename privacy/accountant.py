@@ -1,11 +1,11 @@
 """Privacy accounting: compose a tenant's transmissions in Renyi DP and convert to (eps, delta).
 
 A tenant's history is a list of :class:`Event` runs ``(mechanism, noise_multiplier, count)``
-(the shape of opacus' ``RDPAccountant.history``), one per group of identical transmissions.
+(the shape of an RDP accountant's history), one per group of identical transmissions.
 The noise multiplier is the noise relative to the sensitivity of the release: sigma / Delta_2
 for "gaussian", b / Delta_1 for "laplace" (see :mod:`privacy.wrapper` for Delta).
 
-* Gaussian runs: ``opacus.accountants.analysis.rdp.compute_rdp`` with sampling rate q = 1.
+* Gaussian runs: the (subsampled) Gaussian curve of :mod:`privacy.rdp` with sampling rate q = 1.
   The server sees which tenants transmit, so client sampling gives no amplification
   against it: every transmission counts in full, and rounds in which a tenant did not
   transmit cost it nothing.
@@ -20,9 +20,9 @@ rounding (``Delta / gamma + sqrt(d)`` in L2, ``Delta / gamma + d`` in L1; proof 
 :mod:`privacy.samplers`). So z is the multiplier of the mechanism that actually runs:
 
 * discrete Gaussian: Renyi DP ``alpha / (2 z^2)`` (Canonne, Kamath and Steinke 2020,
-  Thm. 4), the curve opacus computes at q = 1: unchanged. With q < 1 the subsampled
-  curve is opacus' for the continuous Gaussian (the sampled mixture of discrete
-  Gaussians is not covered by a proof here);
+  Thm. 4), the curve :mod:`privacy.rdp` computes at q = 1: unchanged. With q < 1 the
+  subsampled curve is the continuous Gaussian's (Mironov, Talwar and Zhang 2019; the
+  sampled mixture of discrete Gaussians is not covered by a proof here);
 * ``method="prv"`` composes the *continuous* Gaussian's privacy loss: for the discrete
   Gaussian at fedrec's integer scales (about 2^28) the two privacy-loss distributions
   differ by a relative O(Delta_int / sigma_int^2), far below the PRV's own error, but
@@ -37,8 +37,7 @@ rounding (``Delta / gamma + sqrt(d)`` in L2, ``Delta / gamma + d`` in L1; proof 
   sums convex per-entry divergences, at most the divergence of the whole shift), which
   also bounds a continuous Laplace event of an older ledger.
 * The RDP curves add up (Mironov 2017, Prop. 1, adaptive composition) and are converted to
-  (epsilon, delta) by ``opacus.accountants.analysis.rdp.get_privacy_spent`` (Balle et al.
-  2020, Thm. 21).
+  (epsilon, delta) by :func:`privacy.rdp.epsilon_from_rdp` (Balle et al. 2020, Thm. 21).
 * Bernoulli (XOR) runs: a transmission whose bits are flipped with probability p is pure
   eps-DP with eps = d ln((1-p)/p) over its d bits (noise multiplier z = 1 / eps); its RDP
   is bounded by that of randomized response at eps (:func:`privacy.bernoulli.bernoulli_rdp`).
@@ -49,13 +48,13 @@ rounding (``Delta / gamma + sqrt(d)`` in L2, ``Delta / gamma + d`` in L1; proof 
   (epsilon, 0) guarantee; the reported epsilon is the smaller of the two.
 
 * ``method="prv"`` (Gaussian and subsampled-Gaussian histories): the numerical composition
-  of privacy loss random variables (Gopi et al. 2021) by opacus' PRV analysis
-  (:func:`opacus_prv`, :func:`prv_epsilon`: its upper bound at ``eps_error`` 0.01). It is
+  of privacy loss random variables (Gopi et al. 2021) by :mod:`privacy.prv`
+  (:func:`prv_epsilon`: its upper bound at ``eps_error`` 0.01). It is
   tighter than the RDP conversion (Gaussian at q = 1: within 1% of the exact figure), and
   the reported epsilon is then min(RDP, PRV upper bound). Histories with Laplace or
-  Bernoulli runs fall back to RDP (opacus' PRVs are Gaussian only). The default stays
-  ``"rdp"`` everywhere (budgets, ledgers, reports); dp-accounting's PLD accountant
-  cross-checks both in the tests (PLD <= PRV <= RDP).
+  Bernoulli runs fall back to RDP (:mod:`privacy.prv` has the Gaussian's PRV only). The
+  default stays ``"rdp"`` everywhere (budgets, ledgers, reports); dp-accounting's PLD
+  accountant cross-checks both in the tests (PLD <= PRV <= RDP).
 
 Worked example: 100 Gaussian transmissions at z = 10, delta = 1e-5 give epsilon = 4.7285
 (optimal order 5.4; dp_accounting's RdpAccountant on the same orders agrees to 1e-9);
@@ -65,16 +64,14 @@ Worked example: 100 Gaussian transmissions at z = 10, delta = 1e-5 give epsilon 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
-import warnings
 from collections.abc import Iterable, Sequence
-from types import ModuleType
 
 import numpy as np
 
 from privacy.bernoulli import bernoulli_rdp
 from privacy.laplace import discrete_laplace_rdp, laplace_rdp
+from privacy.rdp import DEFAULT_ORDERS, epsilon_from_rdp, gaussian_rdp_curve
 from privacy.samplers import LAPLACE_GRID_BITS
 
 #: a transmission without a DP guarantee (no noise, or an algorithm whose uploads reveal
@@ -84,70 +81,33 @@ MECHANISMS: tuple[str, ...] = ("gaussian", "laplace", "bernoulli", NONE)
 #: mechanisms that are pure epsilon-DP per transmission (epsilon = 1 / noise multiplier)
 PURE: tuple[str, ...] = ("laplace", "bernoulli")
 
-#: opacus' default orders (``RDPAccountant.DEFAULT_ALPHAS``, checked equal in a test),
-#: extended upwards so that large budgets (Laplace, few rounds) do not hit the largest order.
-ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))) + (
+#: the customary orders (:data:`privacy.rdp.DEFAULT_ORDERS`, opacus' and TF Privacy's
+#: defaults), extended upwards so that large budgets (Laplace, few rounds) do not hit the
+#: largest order.
+ORDERS: tuple[float, ...] = DEFAULT_ORDERS + (
     64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024, 2048, 4096)
-
-
-def opacus_rdp() -> ModuleType:
-    """opacus' RDP analysis, ``opacus.accountants.analysis.rdp``, imported on first use.
-
-    Importing opacus imports torch (seconds), which fedrec needs for nothing else: the
-    import waits until a process first accounts, so the API, the CLI and the workers start
-    without it."""
-    return importlib.import_module("opacus.accountants.analysis.rdp")
 
 
 #: the accounting methods :func:`spend` offers
 METHODS: tuple[str, ...] = ("rdp", "prv")
 
 
-def opacus_prv() -> ModuleType:
-    """opacus' PRV analysis, ``opacus.accountants.analysis.prv``, imported on first use (see
-    :func:`opacus_rdp`)."""
-    return importlib.import_module("opacus.accountants.analysis.prv")
-
-
-def load_analyses() -> None:
-    """Import opacus' analyses now, torch with them: for a server that would rather pay the
-    import while it starts than in the first request that accounts."""
-    opacus_rdp()
-    opacus_prv()
-
-
 def prv_epsilon(history: Iterable[Event], delta: float, eps_error: float = 0.01) -> float:
     """Upper bound on epsilon at ``delta`` of a Gaussian (possibly Poisson-subsampled)
-    history by PRV composition: ``opacus.accountants.PRVAccountant.get_epsilon`` (same
-    domain, mesh and error split: ``delta_error = delta / 1000``)."""
+    history by PRV composition (:func:`privacy.prv.gaussian_epsilon_bounds`, Gopi et al.
+    2021, with ``delta_error = delta / 1000``)."""
     history = compose(history)
     if any(ev.mechanism != "gaussian" for ev in history):
         raise ValueError("PRV accounting covers Gaussian events only")
     if not history:
         return 0.0
-    with warnings.catch_warnings():
-        # opacus' own: log(0) at q = 1 and "optimal order is the largest alpha" while
-        # sizing the domain; both leave a valid bound
-        warnings.simplefilter("ignore", UserWarning)
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return _prv_epsilon(history, delta, eps_error)
+    # imported here: scipy.signal and scipy.integrate cost ~45 MB in every process that
+    # imports the accountant (the API, the workers) and only PRV accounting needs them
+    from privacy.prv import gaussian_epsilon_bounds
 
-
-def _prv_epsilon(history: list[Event], delta: float, eps_error: float) -> float:
-    prv = opacus_prv()
-    delta_error = delta / 1000
-    prvs = [prv.PoissonSubsampledGaussianPRV(ev.sample_rate, ev.noise_multiplier)
-            for ev in history]
-    counts = [ev.count for ev in history]
-    size = prv.compute_safe_domain_size(prvs=prvs, max_self_compositions=counts,
-                                        eps_error=eps_error, delta_error=delta_error)
-    mesh = eps_error / np.sqrt(sum(counts) * np.log(12 / delta_error) / 2)
-    domain = prv.Domain.create_aligned(-size, size, mesh)
-    dprvs = [prv.discretize(prv.TruncatedPrivacyRandomVariable(p, domain.t_min, domain.t_max),
-                            domain) for p in prvs]
-    composed = prv.compose_heterogeneous(dprvs=dprvs, num_self_compositions=counts)
-    _, _, eps_upper = composed.compute_epsilon(delta, delta_error, eps_error)
-    return float(eps_upper)
+    runs = [(ev.sample_rate, ev.noise_multiplier, ev.count) for ev in history]
+    with np.errstate(divide="ignore", over="ignore"):  # log(0) and exp overflow far out
+        return gaussian_epsilon_bounds(runs, delta, delta / 1000, eps_error)[2]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,7 +171,7 @@ class Spend:
     """What a history costs at one delta."""
 
     epsilon: float          #: the reported figure: min(epsilon_rdp, epsilon_pure)
-    epsilon_rdp: float      #: RDP composition converted by opacus
+    epsilon_rdp: float      #: RDP composition converted (Balle et al. 2020, Thm. 21)
     epsilon_pure: float     #: basic composition of pure DP (inf unless Laplace only)
     order: float | None     #: the optimal Renyi order (None for an empty history)
     transmissions: int
@@ -242,9 +202,8 @@ def rdp_curve(history: Iterable[Event], orders: Sequence[float] = ORDERS) -> np.
         if ev.mechanism == NONE:
             total += math.inf if ev.count else 0.0
         elif ev.mechanism == "gaussian":
-            total += np.asarray(opacus_rdp().compute_rdp(
-                q=ev.sample_rate, noise_multiplier=ev.noise_multiplier, steps=ev.count,
-                orders=list(orders)))
+            total += gaussian_rdp_curve(ev.sample_rate, ev.noise_multiplier, ev.count,
+                                        orders)
         elif ev.mechanism == "bernoulli":
             total += ev.count * bernoulli_rdp(ev.noise_multiplier, np.asarray(orders))
         else:  # the discrete curve, never below the continuous one (float rounding)
@@ -291,11 +250,7 @@ def spend(history: Iterable[Event], delta: float, orders: Sequence[float] = ORDE
         return Spend(math.inf, math.inf, math.inf, None, n)
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    with warnings.catch_warnings():
-        # "optimal order is the largest/smallest alpha": still a valid (looser) bound
-        warnings.simplefilter("ignore", UserWarning)
-        eps_rdp, order = opacus_rdp().get_privacy_spent(
-            orders=list(orders), rdp=rdp_curve(history, orders), delta=delta)
+    eps_rdp, order = epsilon_from_rdp(orders, rdp_curve(history, orders), delta)
     eps_pure = pure_epsilon(history)
     eps = float(min(eps_rdp, eps_pure))
     if method == "prv" and all(ev.mechanism == "gaussian" for ev in history):

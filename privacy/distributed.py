@@ -33,7 +33,7 @@ the noise leaves the tenant. With no dropout the excess is ``sqrt(n / t)`` (1.05
 default tolerance of 10%), the price of robustness. Against the coordinator together with
 c colluding tenants, who know their own noise, the multiplier is ``z sqrt((T' - c) / t)``.
 Subsampled users (q < 1) are refused: the discrete Gaussian's subsampled RDP is not the
-continuous one opacus computes.
+continuous one privacy.rdp computes.
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def release_central_uncharged(s: Scenario, c: Mapping[str, np.ndarray] | None,
     """What :func:`privacy.user_level.release_sum` noises, without its ledger charge: the
     sum (:func:`privacy.user_level.sum_uploads`) noised by :func:`privacy.user_level.
     add_noise` at release 0's standard deviations. Used at q < 1, where each charge
-    costs seconds (opacus' subsampled-Gaussian RDP at fractional orders)."""
+    costs seconds (the subsampled-Gaussian RDP at fractional orders, privacy.rdp)."""
     ups = dict(s.uploads)
     if c is not None:
         ups[0] = with_canary(ups[0], c)

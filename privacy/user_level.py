@@ -40,8 +40,8 @@ centre arrays, they get the share ``rho_c`` (the bounds' ``centre_share``) and e
 array's share is multiplied by ``1 - rho_c`` (:func:`array_shares`): the shares still sum to
 1, so the whole release, centre included, is still one Gaussian event of noise
 multiplier z per user per release, composed in Renyi DP by :mod:`privacy.accountant` (with
-Poisson sampling of users inside a tenant at rate q, opacus' subsampled-Gaussian RDP;
-no amplification for which tenants transmit, which the server sees).
+Poisson sampling of users inside a tenant at rate q, the subsampled-Gaussian RDP of
+:mod:`privacy.rdp`; no amplification for which tenants transmit, which the server sees).
 
 Placement (a property of the round, not of the algorithm):
 
@@ -85,10 +85,10 @@ UNIT_USER = (f"user: {UNIT} (add/remove all of its ratings); joint DP, each user
 AGGREGATE = -1
 
 ACCOUNTING_USER = (
-    "Renyi DP of the Gaussian mechanism per user and release (opacus compute_rdp; "
+    "Renyi DP of the Gaussian mechanism per user and release (privacy.rdp; "
     "q = the Poisson rate of users inside a tenant, 1 when every user contributes; no "
     "amplification by tenant selection), composed over the counted releases and converted "
-    "to (epsilon, delta) by opacus get_privacy_spent")
+    "to (epsilon, delta) by privacy.rdp.epsilon_from_rdp")
 
 #: who each placement protects the users against
 ADVERSARY = {
@@ -287,7 +287,7 @@ class UserLevelSpec(BaseModel):
 @functools.lru_cache(maxsize=256)
 def _solved_noise(spec: UserLevelSpec) -> float:
     """The bisection of :meth:`UserLevelSpec.noise_multiplier`, once per spec: about 4 ms at
-    q = 1 (closed-form RDP), but seconds at q < 1 (opacus' subsampled-Gaussian RDP at
+    q = 1 (closed-form RDP), but seconds at q < 1 (the subsampled-Gaussian RDP at
     fractional orders), and every release asks for its event."""
     return noise_for_epsilon("gaussian", spec.epsilon, spec.delta, spec.releases,
                              sample_rate=spec.sample_rate, weights=spec.weights())

@@ -340,18 +340,18 @@ class DPPrivatizer:
 
 
 ACCOUNTING = {
-    "gaussian": "Renyi DP of the Gaussian mechanism (opacus.accountants.analysis.rdp."
-                "compute_rdp, q=1: no amplification by client sampling, the server sees who "
-                "transmits), composed over the rounds each tenant transmitted, converted to "
-                "(epsilon, delta) by opacus get_privacy_spent",
+    "gaussian": "Renyi DP of the Gaussian mechanism (privacy.rdp, q=1: no amplification by "
+                "client sampling, the server sees who transmits), composed over the rounds "
+                "each tenant transmitted, converted to (epsilon, delta) by Balle et al. "
+                "2020, Thm. 21 (privacy.rdp.epsilon_from_rdp)",
     "laplace": "Renyi DP of the Laplace mechanism (closed form, Mironov 2017 Prop. 6) on "
-               "opacus' orders, composed over the rounds each tenant transmitted, converted "
-               "by opacus get_privacy_spent; reported epsilon = min(that, basic composition "
-               "of pure epsilon)",
+               "the accountant's orders, composed over the rounds each tenant transmitted, "
+               "converted by privacy.rdp.epsilon_from_rdp; reported epsilon = min(that, "
+               "basic composition of pure epsilon)",
     "bernoulli": "XOR noise: each transmission of d bits flipped with probability p is pure "
                  "d ln((1-p)/p)-DP; Renyi DP bounded by randomized response at that epsilon, "
-                 "composed over the rounds each tenant transmitted, converted by opacus "
-                 "get_privacy_spent; reported epsilon = min(that, basic composition)",
+                 "composed over the rounds each tenant transmitted, converted by "
+                 "privacy.rdp.epsilon_from_rdp; reported epsilon = min(that, basic composition)",
 }
 
 

@@ -51,20 +51,21 @@ def closure(root: str, extras: tuple[str, ...]) -> dict[str, set[str]]:
     return wanted
 
 
-#: what PyPI's (CUDA) build of torch requires on Linux beyond the CPU build the lock is made
-#: for: torch pins these itself, so the lock leaves them out
-CUDA_BUILD = re.compile(r"nvidia-.*|cuda-.*|triton")
-
-
 def matches(installed: str, pin: str) -> bool:
-    """pip's reading of ``name==pin``: a pin without a local label (``torch==2.13.0``)
-    matches any build of that release (``2.13.0+cpu``)."""
+    """pip's reading of ``name==pin``: a pin without a local label (``1.2.0``) matches any
+    build of that release (``1.2.0+cpu``)."""
     return SpecifierSet(f"=={pin}").contains(installed, prereleases=True)
+
+
+#: what the accountant once imported (opacus) and what that pulled in: gigabytes, and on
+#: Linux a CUDA build unless pinned to PyTorch's own index. privacy/rdp.py and
+#: privacy/prv.py do the accounting now; nothing fedrec[dev] installs may bring them back.
+HEAVY = {"torch", "opacus", "triton"}
 
 
 def test_every_installed_requirement_is_locked_at_its_installed_version():
     pins = locked()
-    needed = {n for n in closure("fedrec", ("dev",)) if not CUDA_BUILD.fullmatch(n)}
+    needed = set(closure("fedrec", ("dev",)))
     needed.discard("fedrec")
     missing = sorted(n for n in needed if n not in pins)
     assert not missing, f"not in constraints.txt: {missing}; refresh it with `{REFRESH}`"
@@ -80,13 +81,20 @@ def test_the_lock_holds_nothing_fedrec_does_not_need():
                       f"refresh it with `{REFRESH}`"
 
 
-def test_the_lock_pins_public_releases_and_a_pin_matches_both_builds_of_torch():
+def test_the_lock_pins_public_releases():
     """Every pin names a release PyPI serves: no local label such as ``+cpu``, which only
-    PyTorch's own index serves."""
+    a vendor's own index serves."""
     labelled = {n: v for n, v in locked().items() if "+" in v}
     assert not labelled, f"constraints.txt pins local builds {labelled}; pin the release"
     assert matches("2.13.0+cpu", "2.13.0") and matches("2.13.0", "2.13.0")
     assert not matches("2.13.1", "2.13.0")
+
+
+def test_neither_the_lock_nor_the_install_needs_torch():
+    needed = set(closure("fedrec", ("dev",)))
+    heavy = sorted(HEAVY & (needed | set(locked())) | {n for n in needed | set(locked())
+                                                        if n.startswith("nvidia-")})
+    assert not heavy, f"fedrec[dev] requires or the lock pins {heavy}"
 
 
 def test_closure_follows_extras_and_markers():

@@ -42,15 +42,6 @@ def _task_context(task_id=None, task=None, args=None, kwargs=None, **_: object) 
 
 
 @signals.worker_init.connect
-def _load_analyses(**_: object) -> None:
-    """opacus and torch (seconds under load) while the worker starts, before the pool
-    forks, not inside the first task that accounts (a round with a deadline)."""
-    from privacy.accountant import load_analyses
-
-    load_analyses()
-
-
-@signals.worker_init.connect
 def _start_metrics(**_: object) -> None:
     """FEDREC_WORKER_METRICS_PORT set: this worker serves its Prometheus metrics there
     (:mod:`worker.metrics`); started before the pool forks, so every pool process counts."""

@@ -405,3 +405,27 @@ def test_entry_predictions_and_objective_equal_the_catalogue_factors(n):
         reg += ridge * cfg.gamma_rating * (n_j @ np.sum(glob.V**2, axis=0))
         want = (0.5 * e @ e + reg) / 3
         assert F.objective(glob, state, block, cfg) == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("n", [500, 12])
+def test_objective_in_chunks_is_the_one_pass_objective_to_the_bit(n, monkeypatch):
+    """The objective gathers factors ENTRY_CHUNK entries at a time (bounded memory on a
+    large block): each entry's residual, and so the objective, is the same float as from
+    one pass over all entries, on both gathering paths (entries < items, n = 500; else the
+    full factors, n = 12)."""
+    rng = np.random.default_rng(23)
+    m = 9
+    rows, cols = rng.integers(0, m, 60), rng.integers(0, n, 60)
+    keep = np.unique(rows * n + cols, return_index=True)[1]
+    block = RatingBlock(rows[keep], cols[keep], rng.uniform(1, 5, keep.size), m, n)
+    cfg = F.FedMCADMMConfig(rank=4)
+    glob = F.GlobalModel(V=rng.normal(size=(cfg.q_w, n)), n_clients=3)
+    state = F.init_client(block, glob, cfg, np.random.default_rng(1))
+    state = state.replace(U=rng.normal(size=state.U.shape))
+    whole = F._entry_errors(glob, state, block)
+    one_pass = F.objective(glob, state, block, cfg)
+    monkeypatch.setattr(F, "ENTRY_CHUNK", 7)
+    np.testing.assert_array_equal(F._entry_errors(glob, state, block), whole)
+    assert F.objective(glob, state, block, cfg) == one_pass
+    a, b = F._entry_factors(glob, state, block.rows, block.cols)
+    np.testing.assert_array_equal(whole, np.einsum("ij,ji->i", a, b) - block.vals)

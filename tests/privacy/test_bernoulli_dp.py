@@ -4,11 +4,10 @@ ledger's charge and the ``--dp bernoulli`` options."""
 import argparse
 import dataclasses
 import math
-import warnings
 
 import numpy as np
 import pytest
-from opacus.accountants.analysis import rdp as opacus_rdp
+from dp_accounting.rdp import rdp_privacy_accountant as dpa_rdp
 
 from algorithms.messages import Message
 from privacy.accountant import ORDERS, Event, spend
@@ -116,9 +115,7 @@ def test_ledger_charges_each_transmission_and_spend_is_min_of_rdp_and_pure():
     s = priv.ledger.spent(0)
     assert s.transmissions == 40 and priv.ledger.rounds(0) == list(range(1, 41))
     curve = np.array([40 * _rr_divergence(eps0, a) for a in ORDERS])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        eps_rdp, _ = opacus_rdp.get_privacy_spent(orders=list(ORDERS), rdp=curve, delta=1e-5)
+    eps_rdp, _ = dpa_rdp.compute_epsilon(list(ORDERS), curve, 1e-5)
     assert s.epsilon_pure == pytest.approx(40 * eps0)
     assert s.epsilon_rdp == pytest.approx(eps_rdp, rel=1e-9)
     assert s.epsilon == pytest.approx(min(eps_rdp, 40 * eps0))

@@ -102,7 +102,7 @@ def test_noise_for_the_target_meets_it_by_dp_accounting(epsilon, delta, releases
     rdp = dpa.rdp.RdpAccountant(orders=list(ORDERS))
     rdp.compose(event, releases)
     assert rdp.get_epsilon(delta) == pytest.approx(epsilon, rel=1e-5)
-    # opacus' and dp-accounting's subsampled-Gaussian RDP differ in the 6th digit
+    # fedrec's (privacy.rdp) and dp-accounting's subsampled-Gaussian RDP differ in the 6th digit
     assert rdp.get_epsilon(delta) <= epsilon * (1 + (1e-9 if q == 1 else 1e-5))
     pld = dpa.pld.PLDAccountant(value_discretization_interval=1e-4)
     pld.compose(event, releases)

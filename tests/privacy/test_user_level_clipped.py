@@ -77,7 +77,7 @@ def test_plan_takes_the_algorithms_equal_release_shares_unless_the_request_overr
     (8.0, 1.0, 10), (8.0, 0.2, 10), (1.0, 0.2, 10), (8.0, 0.05, 30)])
 def test_subsampled_gaussian_epsilon_is_cross_checked_by_dp_accountings_pld(
         epsilon, q, releases):
-    """The noise solved for the target by opacus' RDP: dp-accounting's RDP on the same
+    """The noise solved for the target by the accountant's RDP: dp-accounting's RDP on the same
     Poisson-subsampled Gaussian events agrees (to 1e-5; 5e-4 below z = 1), and its PLD
     accountant (tighter) stays at or below the target and within 20% of it (measured
     0.85-0.94 of it here)."""

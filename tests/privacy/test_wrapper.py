@@ -199,7 +199,7 @@ def test_report_is_json_ready_and_complete():
     assert rep["stopped"] == {"0": 3} and rep["delta"] == 1e-5
     assert rep["unit"].startswith("tenant: a tenant's whole rating block")
     assert rep["sensitivity"] == 1.0 and rep["noise_scale"] == 2.0
-    assert "opacus" in rep["accounting"]
+    assert "privacy.rdp" in rep["accounting"]
 
 
 def test_report_gives_rfrecs_figure_labelled_per_entry_per_transmission():
