@@ -218,7 +218,7 @@ def ranking_table(folder: Path = RESULTS) -> str:
     wall seconds, beside the popularity rows of the same split."""
     lines = ["| data | row | P@10 | R@10 | NDCG@10 | coverage | top-10 slots on items with "
              "< 5 training ratings | seconds | command |", "|---|---|---|---|---|---|---|---|---|"]
-    for path, doc in _results(folder):
+    for _path, doc in _results(folder):
         if doc.get("experiment") != "ranking" or not doc.get("rows"):
             continue
         for row in doc["rows"]:
