@@ -1,7 +1,7 @@
 """Who learns what about a user, at what epsilon: the one statement of the threat model.
 
 Every privacy report (``fedrec simulate --json``, a job's and a tenant's report) carries
-:func:`threat_model` for its placement, and the README's privacy section shows
+:func:`threat_model` for its placement, and docs/explanation/privacy.md shows
 :func:`markdown_table` verbatim (a test keeps the two equal), so a claim is made once.
 
 The unit is :data:`UNIT`: one user account of one tenant. Neighbouring datasets differ by
@@ -136,7 +136,7 @@ def _figure(cell: str, epsilon: float | str | None) -> float | str:
 
 
 def markdown_table() -> str:
-    """The README's table: adversaries as rows, placements as columns, each cell what the
+    """The table docs/explanation/privacy.md shows: adversaries as rows, placements as columns, each cell what the
     adversary learns and at what epsilon."""
     head = "| adversary | " + " | ".join(f"`{p}`" for p in PLACEMENTS) + " |"
     lines = [head, "|---" * (len(PLACEMENTS) + 1) + "|"]

@@ -357,7 +357,7 @@ ACCOUNTING = {
 
 def privacy_report(spec: DPSpec, ledger: Ledger, n_entries: int | None = None
                    ) -> dict[str, Any]:
-    """JSON-ready report of a run's privacy (see the README's privacy section)."""
+    """JSON-ready report of a run's privacy (docs/explanation/privacy.md explains it)."""
     if spec.mechanism == "none":
         return {"mechanism": "none", "epsilon_per_tenant": None, "epsilon_max": None,
                 "delta": None, "unit": None, "threat_model": threat_model("tenant",
