@@ -136,8 +136,8 @@ def _figure(cell: str, epsilon: float | str | None) -> float | str:
 
 
 def markdown_table() -> str:
-    """The table docs/explanation/privacy.md shows: adversaries as rows, placements as columns, each cell what the
-    adversary learns and at what epsilon."""
+    """The table docs/explanation/privacy.md shows: adversaries as rows, placements as
+    columns, each cell what the adversary learns and at what epsilon."""
     head = "| adversary | " + " | ".join(f"`{p}`" for p in PLACEMENTS) + " |"
     lines = [head, "|---" * (len(PLACEMENTS) + 1) + "|"]
     for adversary in ADVERSARIES:
