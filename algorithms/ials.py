@@ -84,7 +84,7 @@ from algorithms.block import RatingBlock
 from algorithms.dpals import psd_project, shrink_grams
 from algorithms.messages import Message
 from algorithms.pool import sum_arrays
-from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
+from algorithms.ranking import pooled_ndcg
 from algorithms.user_bounds import UserBounds
 
 #: the sweeps and the item-Gram shrinkage of iALS, whose defaults dp-ials replaces
@@ -500,15 +500,10 @@ def choose_prior_weight(global_msg: GlobalModel, states, fit_blocks, valid_block
     beta. Not for a DP run: the choice would read private ratings uncharged."""
     if global_msg.prior is None:
         return 0.0, {}
-    scores: dict[float, float] = {}
-    for beta in grid:
-        glob = global_msg.replace(prior_weight=float(beta))
-        total = RankingSums(global_msg.V.shape[1])
-        for state, fit, valid, scale in zip(states, fit_blocks, valid_blocks, scales,
-                                            strict=True):
-            a, b = factors(glob, state)
-            total = total.add(tenant_ranking(a, b, fit, valid, relevance_threshold(scale)))
-        scores[float(beta)] = RankingReport.from_sums(total, 10, None).ndcg_at_k
+    parts = list(zip(states, fit_blocks, valid_blocks, scales, strict=True))
+    scores = {float(beta): pooled_ndcg(factors, global_msg.replace(prior_weight=float(beta)),
+                                       parts)
+              for beta in grid}
     finite = {b: s for b, s in scores.items() if np.isfinite(s)}
     if not finite:
         return global_msg.prior_weight, scores

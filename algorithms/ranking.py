@@ -27,7 +27,8 @@ The work is vectorised per chunk of users (one dense ``chunk x n_items`` score m
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -183,6 +184,24 @@ def tenant_ranking(a: np.ndarray, b: np.ndarray, train: RatingBlock, test: Ratin
         sums.recommended[top[valid]] = True
     return sums
 
+
+
+def pooled_ndcg(factors: Callable[[Any, Any], tuple[np.ndarray, np.ndarray]], glob: Any,
+                parts: Iterable[tuple[Any, RatingBlock, RatingBlock, tuple[float, float]]],
+                k: int = 10) -> float:
+    """NDCG@k pooled over tenants' (local state, fit block, held-out block, scale): each
+    tenant ranks its users by ``factors(glob, state)`` (:func:`tenant_ranking`, the fit
+    block's items excluded, relevance at the scale's default cut,
+    :func:`relevance_threshold`); the per-user sums are added before the mean. NaN when no
+    user is ranked. The one score that model selection on a validation carve-out uses."""
+    total: RankingSums | None = None
+    for state, fit, held, scale in parts:
+        a, b = factors(glob, state)
+        sums = tenant_ranking(a, b, fit, held, relevance_threshold(scale), k)
+        total = sums if total is None else total.add(sums)
+    if total is None:
+        return float("nan")
+    return float(RankingReport.from_sums(total, k, None).ndcg_at_k)
 
 def ranking_report(alg: Algorithm, global_msg: Message, local_states: Sequence[Message],
                    train: Sequence[RatingBlock], test: Sequence[RatingBlock],

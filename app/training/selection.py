@@ -31,7 +31,13 @@ import numpy as np
 from algorithms import Message, registry
 from algorithms.base import Algorithm
 from algorithms.block import RatingBlock
-from algorithms.ranking import RankingReport, RankingSums, relevance_threshold, tenant_ranking
+from algorithms.ranking import (
+    RankingReport,
+    RankingSums,
+    pooled_ndcg,
+    relevance_threshold,
+    tenant_ranking,
+)
 from algorithms.simulate import combine_errors, tenant_errors
 from algorithms.tuning import validation_split
 
@@ -84,13 +90,7 @@ def validation_score(alg: Algorithm, glob: Message, parts: Iterable[tuple[Messag
         errs = [tenant_errors(alg, glob, state, valid, scale)
                 for state, _, valid, scale in parts]
         return float(combine_errors(errs)[0])
-    total = None
-    for state, fit, valid, scale in parts:
-        a, b = alg.factors(glob, state)
-        sums = tenant_ranking(a, b, fit, valid, relevance_threshold(scale), K)
-        total = sums if total is None else total.add(sums)
-    report = RankingReport.from_sums(total or RankingSums(0), K, None)
-    return float(report.ndcg_at_k)
+    return pooled_ndcg(alg.factors, glob, parts, K)
 
 
 def choose_prior(alg: Algorithm, glob: Message, parts: Iterable[tuple[Message, RatingBlock,
