@@ -56,6 +56,16 @@ def test_no_page_points_at_the_shared_folder():
         assert "../shared" not in text and "/work/shared" not in text, page
 
 
+
+def test_no_code_fence_is_indented():
+    """The site's Markdown (Python-Markdown's fenced_code) renders a fence only at the left
+    margin: one indented under a list item shows as inline text with a stray "bash". A
+    code block follows its list instead."""
+    bad = [f"{page.relative_to(ROOT)}:{n}" for page in doc_pages()
+           for n, line in enumerate(page.read_text().splitlines(), 1)
+           if re.match(r"^\s+```", line)]
+    assert not bad, "indented code fences (not rendered): " + ", ".join(bad)
+
 def test_the_command_checks_read_every_page(tmp_path):
     """The tests that parse documented commands (tests/test_cli.py, tests/app/test_client.py)
     read README.md and every docs page: a command on a how-to page is among them."""
