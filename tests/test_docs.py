@@ -66,6 +66,23 @@ def test_no_code_fence_is_indented():
            if re.match(r"^\s+```", line)]
     assert not bad, "indented code fences (not rendered): " + ", ".join(bad)
 
+
+def test_every_list_starts_after_a_blank_line():
+    """Python-Markdown starts a list only after a blank line: a list right under a
+    paragraph line runs into that paragraph as "- a - b" text on the site."""
+    item = re.compile(r"^\s*([-*+]|\d+\.)\s+\S")
+    bad = []
+    for page in doc_pages():
+        fence, prev = False, ""
+        for n, line in enumerate(page.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fence = not fence
+            elif not fence and item.match(line) and prev.strip() and not (
+                    item.match(prev) or prev.startswith(("|", "#", " "))):
+                bad.append(f"{page.relative_to(ROOT)}:{n}")
+            prev = line
+    assert not bad, "lists without a blank line before them: " + ", ".join(bad)
+
 def test_the_command_checks_read_every_page(tmp_path):
     """The tests that parse documented commands (tests/test_cli.py, tests/app/test_client.py)
     read README.md and every docs page: a command on a how-to page is among them."""
