@@ -564,6 +564,8 @@ def test_readme_dp_options_equal_the_help(capsys):
 
     lines = doc_text().splitlines()
     start = lines.index("**Command line.** `fedrec simulate` takes these options:") + 1
+    while not lines[start]:  # the blank line a Markdown list needs before it
+        start += 1
     block = "\n".join(lines[start:lines.index("", start)])
     text = _help([], capsys)
     flags = re.findall(r"`(--[a-z-]+)", block)

@@ -15,9 +15,14 @@ from privacy.gaussian import analytic_sigma
 from privacy.user_level import array_sensitivity
 
 #: releases with the canary (and as many without) per audit; the held-out half of 120
-#: per side can show up to epsilon 2.8 at 95%, above the claim of 1
+#: per side can show up to epsilon 2.8 at 95% and 2.0 at 99.9%, above the claim of 1
 RUNS = 120
 CLAIM = 1.0
+#: the confidence of the audits of fresh noise: the exact epsilon of the audited release
+#: (0.915) sits close to its claim (1.0), so an audit at 95% refutes the true mechanism
+#: about once in a hundred (3 of 300 measured) and three placements a run made CI fail
+#: about once in twenty; at 99.9% none of 150 did, and the audit can still show 2x the claim
+FRESH_ALPHA = 0.001
 
 
 def test_canary_moves_every_bounded_array_by_its_sensitivity():
@@ -62,13 +67,14 @@ def test_gdp_fit_recovers_mu_of_gaussian_scores():
 @pytest.mark.parametrize("placement", ["central", "tenant", "secure_aggregation"])
 def test_audit_catches_reused_and_known_noise_and_passes_fresh_noise(placement):
     s = scenario(placement, CLAIM)
-    fresh = A.run_audit(s, placement, A.FRESH, RUNS)
+    fresh = A.run_audit(s, placement, A.FRESH, RUNS, alpha=FRESH_ALPHA)
     assert fresh["claimed_epsilon"] == pytest.approx(CLAIM, rel=1e-3)
     assert not fresh["refutes_claim"]
     assert fresh["held_out"]["epsilon"] < CLAIM and fresh["gdp"]["epsilon_lower"] < CLAIM
-    assert fresh["held_out"]["max_measurable"] > 2.5 * CLAIM  # the audit could have failed
-    # the attack is the claimed test: the fitted mu is the release's 1 / z (+- noise)
-    assert fresh["gdp"]["mu"] == pytest.approx(fresh["mu_claimed"], abs=0.35)
+    assert fresh["held_out"]["max_measurable"] > 1.9 * CLAIM  # the audit could have failed
+    # the attack is the claimed test: the fitted mu is the release's 1 / z (+- noise; its
+    # spread over runs is about 0.13, so 0.5 is four standard deviations)
+    assert fresh["gdp"]["mu"] == pytest.approx(fresh["mu_claimed"], abs=0.5)
     for source in (A.REUSED, A.KNOWN):
         control = A.run_audit(s, placement, source, RUNS)
         assert control["refutes_claim"], (placement, source, control)
