@@ -162,10 +162,12 @@ def test_a_central_run_with_the_centre_meets_its_target_by_dp_accounting(name):
         assert priv.ledger.rounds(t) == list(range(1, releases + 1))
     assert report["epsilon_max"] == pytest.approx(3.0, rel=1e-5)
     # and the centre the model serves was released: near the mean of the users' means
+    # (its noise's spread over runs is 0.10-0.12 here, measured over 25 runs of each
+    # algorithm: 0.5 is four standard deviations; 0.3 failed about one run in 150)
     centre = res.global_msg.centre
     per_user = [b.vals[b.rows == u].mean() for b in fed.train for u in range(b.n_users)
                 if np.any(b.rows == u)]
-    assert centre is not None and abs(centre - np.mean(per_user)) < 0.3
+    assert centre is not None and abs(centre - np.mean(per_user)) < 0.5
 
 
 @pytest.mark.parametrize("name", DP)
