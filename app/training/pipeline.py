@@ -421,13 +421,21 @@ def _select(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
 
     if not (job.selection or {}).get("metric"):
         return False
-    scales = _scales(s, job)
-    hosted = [jc for jc in clients if jc.client_index in locals_]
-    parts = [(locals_[jc.client_index], *_fit_and_valid(job, jc), scales[jc.tenant_id])
-             for jc in hosted]
-    value = selection.validation_score(alg, glob, parts, job.selection["metric"])
+    value = selection.validation_score(alg, glob, _validation_parts(s, job, clients, locals_),
+                                       job.selection["metric"])
     job.selection, stop = selection.update(job.selection, round_, value)
     return stop
+
+
+def _validation_parts(s: Session, job: TrainingJob, clients: list[JobClient],
+                      locals_: dict[int, Message]
+                      ) -> list[tuple[Message, RatingBlock, RatingBlock | None,
+                                      tuple[float, float]]]:
+    """(local state, fit block, validation carve-out, scale) of each hosted tenant: what
+    :mod:`app.training.selection` scores a model on."""
+    scales = _scales(s, job)
+    return [(locals_[jc.client_index], *_fit_and_valid(job, jc), scales[jc.tenant_id])
+            for jc in clients if jc.client_index in locals_]
 
 
 def _choose_prior(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
@@ -439,10 +447,8 @@ def _choose_prior(s: Session, job: TrainingJob, alg: Algorithm, glob: Message,
 
     if not (job.selection or {}).get("metric"):
         return glob
-    scales = _scales(s, job)
-    parts = [(locals_[jc.client_index], *_fit_and_valid(job, jc), scales[jc.tenant_id])
-             for jc in clients if jc.client_index in locals_]
-    glob, record = selection.choose_prior(alg, glob, parts)
+    glob, record = selection.choose_prior(alg, glob,
+                                          _validation_parts(s, job, clients, locals_))
     if record is not None:
         job.selection = {**job.selection, "popularity_prior": record}
     return glob
