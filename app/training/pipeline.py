@@ -659,14 +659,17 @@ def resume(sessions: Sessions, dispatch: Dispatcher, job_id: int) -> bool:
 
 def _publish(s: Session, job: TrainingJob) -> None:
     """Finish a job whose rounds are all committed (it failed at publication): evaluate
-    nothing and charge nothing again, only :func:`_finish` on the committed states."""
+    nothing and charge nothing again, only :func:`_finish` on the committed states, with
+    the final round's stored ranking (so the lists decision compares the same figures)."""
     alg, _ = algorithm_of(job)
+    ranking = s.scalar(sa.select(JobRound.ranking).where(JobRound.job_id == job.id,
+                                                         JobRound.round == job.current_round))
     remote = agent_clients(job)
     clients = list(s.scalars(sa.select(JobClient).where(JobClient.job_id == job.id)
                              .order_by(JobClient.client_index)))
     locals_ = states.load_locals(s, job.id, [jc for jc in clients
                                              if jc.client_index not in remote])
-    _finish(s, job, alg, states.load_global(job), clients, locals_)
+    _finish(s, job, alg, states.load_global(job), clients, locals_, ranking)
     s.commit()
 
 

@@ -72,7 +72,8 @@ def test_resuming_a_job_that_failed_at_publication_runs_no_further_round(service
     """A 2-round job whose rounds all committed but whose publication failed (as
     ``_finish`` leaves it when a factor is not finite): resume publishes only, on the real
     worker, PostgreSQL and Redis; no round 3 runs and nobody is charged again (it used to
-    run round 3 and charge every tenant on each resume)."""
+    run round 3 and charge every tenant on each resume), and who serves the lists is
+    decided on the same held-out figures as at the first publication."""
     settings, worker = services
     app = create_app(settings)
     with TestClient(app) as client:
@@ -92,6 +93,8 @@ def test_resuming_a_job_that_failed_at_publication_runs_no_further_round(service
         wait_for(lambda: _job(app, job_id).status == "completed", 90, "the job")
         with app.state.sessions() as s:
             job = s.get(TrainingJob, job_id)
+            serving = job.serving
+            assert serving["model"] is not None  # the first publication compared figures
             job.status, job.error = "failed", "publication failed (planted)"
             s.commit()
             charges = s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
@@ -108,6 +111,7 @@ def test_resuming_a_job_that_failed_at_publication_runs_no_further_round(service
         time.sleep(3.0)  # a round 3, had one been sent, runs on the worker by now
         job = _job(app, job_id)
         assert job.current_round == 2
+        assert job.serving == serving
         with app.state.sessions() as s:
             assert s.scalar(sa.select(sa.func.count()).select_from(LedgerEntry)
                             .where(LedgerEntry.job_id == job_id)) == charges
