@@ -189,3 +189,30 @@ def test_job_page_shows_the_final_ranking_metrics_of_the_report(client):
         assert [float(p), float(r), float(n)] == pytest.approx(
             [figures["precision_at_k"], figures["recall_at_k"], figures["ndcg_at_k"]],
             abs=1e-4)
+
+
+def test_preview_says_why_popularity_serves_and_what_its_column_holds(client):
+    """A model that lost to popularity on held-out data: the preview says so (not "no
+    trained factors"), and its last column is the items' mean rating, since the list is
+    ordered by the number of ratings, not by that column. A model that serves names its
+    own privacy status (a non-DP job is not called private)."""
+    admin = TestClient(client.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    (tid, key), _ = make_tenants(admin, 2, seed=2)
+    created = submit_job(admin, lists="auto")
+    assert created.status_code == 202, created.text
+    lost = wait_job(admin, created.json()["id"])
+    assert lost["serving"]["lists"] == "popularity"
+    user = admin.get(f"/v1/tenants/{tid}/ratings", params={"limit": 1},
+                     headers={"Authorization": f"Bearer {key}"}).json()["data"][0]["user"]
+    assert sign_in(client, ADMIN_TOKEN).status_code == 303
+    page = client.get(f"/dashboard/tenants/{tid}/recommendations",
+                      params={"user": user}).text
+    card = page[page.index('id="recommendations"'):]
+    assert "ordered by number of ratings" in card and "NDCG@10" in card
+    assert "no trained factors" not in card and ">Mean rating</th>" in card
+    wait_job(admin, submit_job(admin).json()["id"])  # lists="model", no DP
+    page = client.get(f"/dashboard/tenants/{tid}/recommendations",
+                      params={"user": user}).text
+    card = page[page.index('id="recommendations"'):]
+    assert "not private" in card and "private model" not in card
+    assert ">Score</th>" in card
