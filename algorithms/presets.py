@@ -61,14 +61,14 @@ PAPER_RUNS: dict[str, PaperRun] = {
     "fedmc-admm": PaperRun(
         {}, 100, 10, 100,
         "FedMC-ADMM paper Sec. 5.2, Fig. 2 (ML-1M at rank 5)", "fedmc_vs_fedmavg",
-        "the authors' beta and tiny init; lambda = 1e-6 regularises nothing, so on ML-100k "
-        "it ends near 1.05 test RMSE (the recommended preset: about 0.92)"),
+        "the authors' beta and tiny init; lambda = 1e-6 regularises nothing, so its ML-100k "
+        "test RMSE is well above the recommended preset's (the bench's ML-100k rows)"),
     "fedmavg": PaperRun(
         {}, 100, 10, 100,
         "FedMC-ADMM paper Sec. 5.2, Fig. 2: the FedMAvg baseline (ML-1M at rank 5)",
         "fedmc_vs_fedmavg",
-        "the baseline as that paper states it (Uniform[0, 1] init, no centring): about 1.23 "
-        "test RMSE on ML-100k and ML-1M, the weak baseline of Fig. 2"),
+        "the baseline as that paper states it (Uniform[0, 1] init, no centring): the weak "
+        "baseline of Fig. 2, above the global mean's error on MovieLens (the bench's rows)"),
     "rfrec": PaperRun(
         _ADAM_SIGMOID, 0, 0, 100,
         "RFRec paper Table 2 and Table 3 (ML-100k, ML-1M), one device per user",
@@ -80,8 +80,8 @@ PAPER_RUNS: dict[str, PaperRun] = {
          "lam_u": 0.1, "iterations": 200}, 200, 0, 200,
         "RFRec paper Table 2 and Table 3, RFRecF (ML-1M)", "rfrec_dropped",
         "the authors' released notebook, which prints Table 2's ML-1M figure: Algorithm 2 "
-        "as printed (p = 0.5) makes a quarter of the iterations main updates and ends near "
-        "1.20 test RMSE on ML-100k"),
+        "as printed (p = 0.5) makes a quarter of the iterations main updates and stays near "
+        "its init (rfrec_table2's RFRecF paper rows)"),
     "felb": PaperRun(
         {}, 50, 0, 20,
         "Felb paper Table 1, Movielens (ML-25M: about 3,250 users per tenant)", "felb_table1",

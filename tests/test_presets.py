@@ -89,8 +89,8 @@ def test_clustering_presets_are_the_papers_rules():
 
 
 def test_cluster_command_stops_by_the_preset(tmp_path):
-    argv = ["cluster", "--algorithm", "fedmgs", "--M", "30", "--N", "200", "--K", "3",
-            "--clients", "5", "--per-round", "5", "--every", "1000"]
+    argv = ["cluster", "--algorithm", "fedmgs", "--M", "20", "--N", "100", "--K", "3",
+            "--clients", "4", "--per-round", "4", "--every", "1000"]
     for preset in ("paper", "authors"):
         out = tmp_path / f"{preset}.json"
         assert main([*argv, "--preset", preset, "--json", str(out)]) == 0
@@ -126,6 +126,8 @@ def ml100k_subset(tmp_path_factory):
 BOUND = {"rfrec": 1.1, "rfrecf": 1.1, "fedmc-admm": 1.2, "fedmavg": 1.35}
 
 
+@pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BOUND))
 def test_the_paper_preset_trains_on_movielens(name, ml100k_subset, tmp_path):
     """Before the presets were shared with the benches, RFRec's diverged in round 15 and
@@ -136,6 +138,7 @@ def test_the_paper_preset_trains_on_movielens(name, ml100k_subset, tmp_path):
     report = json.loads(out.read_text())
     run = PAPER_RUNS[name]
     assert report["rounds"] == run.rounds and len(report["rounds_detail"]) == run.rounds
-    assert report["clients"] == (120 if run.clients == 0 else run.clients)
+    # one tenant per user, or the preset's tenants (at most one per user)
+    assert report["clients"] == (120 if run.clients == 0 else min(run.clients, 120))
     rmse = [r["test_rmse"] for r in report["rounds_detail"]]
     assert np.all(np.isfinite(rmse)) and rmse[-1] < BOUND[name]
