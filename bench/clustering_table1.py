@@ -9,13 +9,19 @@ Table I reports Case 2 only (M = 2000, N = 10000, K = 20, up to the stopping rul
 default size here is scaled down (M = 2000, N = 2000, K = 20, at most 100 rounds) to fit
 the ten-minute budget of a benchmark on 2 shared cores. ``--paper-size`` is the paper's
 setting: M = 2000, N = 10000, K = 20, its stopping rule (relative change of F below 1e-8)
-and round cap (500), Case 2 only unless ``--partitions`` says otherwise; it writes
+and round cap (500, Sec. V-A), Case 2 only unless ``--partitions`` says otherwise; it writes
 ``clustering_table1_paper-size.json`` / ``.png`` beside the default result (``--jobs``
-runs the cells in parallel processes). Seeds vary the data, the partition and the
-algorithms' randomness. Reuses :mod:`algorithms.clustering`.
+runs the cells in parallel processes, ``--methods`` chooses cells). ``--preset authors``
+(implies ``--paper-size``) stops by Sec. V-F's rule for the clustering experiment, the
+relative change alone, capped at 1,000 rounds (``algorithms.presets.CLUSTER_PRESETS``, as
+``fedrec cluster --preset authors``), and writes ``clustering_table1_authors.json``. Seeds
+vary the data, the partition and the algorithms' randomness. Reuses
+:mod:`algorithms.clustering`.
 
     OPENBLAS_NUM_THREADS=1 nice -n 10 python -m bench clustering_table1
     OPENBLAS_NUM_THREADS=1 nice -n 10 python -m bench clustering_table1 --paper-size --jobs 3
+    OPENBLAS_NUM_THREADS=1 python -m bench clustering_table1 --preset authors \
+        --methods fedmavg/100 --jobs 3
 
 Set OPENBLAS_NUM_THREADS=1 in the environment: ``fedrec`` imports numpy before this module,
 so a setting made here is too late, and threaded BLAS on a loaded 2-core box runs several
@@ -36,6 +42,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from algorithms import clustering as cl  # noqa: E402
+from algorithms.presets import CLUSTER_PRESETS  # noqa: E402
 from algorithms.rng import SPLIT, derive_rng  # noqa: E402
 from bench import _experiment as E  # noqa: E402
 
@@ -78,8 +85,13 @@ def run_cell(args, seed: int, kind: str, method: str, m: int) -> dict:
                                                                 derive_rng(seed, 2, SPLIT)))}
     xs, ls = _data(args, seed, kind)
     cfg = cl.ClusterConfig(method=method, k=args.k, per_round=min(m, len(xs)),
-                           rounds=args.rounds, q1=10)
-    res = cl.run(xs, cfg, seed, ls)
+                           rounds=args.rounds, q1=10, stop_tol=args.stop_tol)
+
+    def progress(r: cl.ClusterRound) -> None:
+        if r.round % 250 == 0:
+            print(f"seed {seed} {kind}/{method}/{m} round {r.round}: accuracy "
+                  f"{100 * r.accuracy:.1f}% ({time.perf_counter() - t0:.0f} s)", flush=True)
+    res = cl.run(xs, cfg, seed, ls, on_round=progress)
     out = {"accuracy": 100 * res.accuracy, "rounds": len(res.history), "clients": len(xs),
            "seconds": time.perf_counter() - t0,
            "curve": [100 * r.accuracy for r in res.history]}
@@ -99,7 +111,7 @@ def run_all(args) -> list[dict]:
     work done sooner than one per seed)."""
     cells = [(s, "pooled", "kmeans", 0) for s in range(args.seeds)] + [
         (s, kind, method, m) for s in range(args.seeds) for kind in args.partitions
-        for method, m in METHODS]
+        for method, m in args.methods]
     if args.jobs > 1:
         from concurrent.futures import ProcessPoolExecutor
 
@@ -120,10 +132,11 @@ def run_all(args) -> list[dict]:
     return runs
 
 
-def comparisons(runs: list[dict], size: str, partitions=PARTITIONS) -> list[dict]:
+def comparisons(runs: list[dict], size: str, partitions=PARTITIONS, methods=METHODS
+                ) -> list[dict]:
     rows = []
     for kind in partitions:
-        for method, m in METHODS:
+        for method, m in methods:
             paper = PAPER[(method, m)] if kind == "noniid" else None
             note = (f"{size}; paper at M 2000, N 10000, K 20" if paper is not None else
                     "Table I is Case 2 only; iid accuracy is shown in Fig. 4 as a curve")
@@ -136,7 +149,7 @@ def comparisons(runs: list[dict], size: str, partitions=PARTITIONS) -> list[dict
     return rows
 
 
-def plot(runs: list[dict], path, partitions=PARTITIONS) -> None:
+def plot(runs: list[dict], path, partitions=PARTITIONS, methods=METHODS) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -144,7 +157,7 @@ def plot(runs: list[dict], path, partitions=PARTITIONS) -> None:
     fig, axes = plt.subplots(1, len(partitions), figsize=(5 * len(partitions) + 0.5, 3.8),
                              sharey=True, squeeze=False)
     for ax, kind in zip(axes[0], partitions, strict=True):
-        for method, m in METHODS:
+        for method, m in methods:
             curve = runs[0][f"{kind}/{method}/{m}"]["curve"]
             ax.plot(np.arange(1, len(curve) + 1), curve, label=label(method, m))
             if kind == "noniid":
@@ -170,15 +183,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--snr-db", type=float, default=-3.0)
     ap.add_argument("--paper-size", action="store_true",
-                    help="the paper's M 2000, N 10000, K 20, <= 500 rounds, Case 2 only; "
-                         "writes clustering_table1_paper-size.json")
+                    help="the paper's M 2000, N 10000, K 20, Case 2 only, stopped by "
+                         "--preset; writes clustering_table1_paper-size.json")
+    ap.add_argument("--preset", choices=sorted(CLUSTER_PRESETS), default="paper",
+                    help="with --paper-size, the stopping rule: 'paper' (Sec. V-A: relative "
+                         "change of F below 1e-8 or 500 rounds) or 'authors' (Sec. V-F's "
+                         "clustering rule: the relative change alone, capped at "
+                         f"{CLUSTER_PRESETS['authors']['rounds']} rounds to bound the "
+                         "compute; implies --paper-size, writes "
+                         "clustering_table1_authors.json) (default: paper)")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    choices=[f"{method}/{m}" for method, m in METHODS],
+                    help="cells to run, method/m (default: all four)")
     ap.add_argument("--partitions", nargs="+", choices=PARTITIONS, default=None,
                     help="partitions to run (default: both; noniid with --paper-size)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="cells (seed, partition, method, m) run in parallel processes")
     args = ap.parse_args(argv)
-    small = ((100, 800, 5, 40) if args.quick else (2000, 10000, 20, 500) if args.paper_size
-             else (2000, 2000, 20, 100))
+    args.paper_size = args.paper_size or args.preset == "authors"
+    stop = CLUSTER_PRESETS[args.preset]
+    small = ((100, 800, 5, 40) if args.quick else
+             (2000, 10000, 20, stop["rounds"]) if args.paper_size else (2000, 2000, 20, 100))
+    args.stop_tol = stop["stop_tol"]
+    args.methods = tuple(mm for mm in METHODS if args.methods is None
+                         or f"{mm[0]}/{mm[1]}" in args.methods)
     args.m, args.n, args.k, args.rounds = (v if v is not None else d for v, d in zip(
         (args.m, args.n, args.k, args.rounds), small, strict=True))
     if args.partitions is None:
@@ -188,20 +216,24 @@ def main(argv: list[str] | None = None) -> int:
         args.clients = min(args.clients, 20)
     runs = run_all(args)
     size = (f"{'paper size: ' if (args.m, args.n, args.k) == (2000, 10000, 20) else ''}"
-            f"M {args.m}, N {args.n}, K {args.k}, stop at 1e-8 or {args.rounds} rounds"
-            if args.paper_size else
+            f"M {args.m}, N {args.n}, K {args.k}, stop at {args.stop_tol:g} or {args.rounds} "
+            f"rounds" if args.paper_size else
             f"M {args.m}, N {args.n}, K {args.k}, <= {args.rounds} rounds")
-    stem = "clustering_table1_paper-size" if args.paper_size else "clustering_table1"
+    stem = ("clustering_table1" if not args.paper_size else "clustering_table1_paper-size"
+            if args.preset == "paper" else f"clustering_table1_{args.preset}")
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
               "cpu_seconds": round(time.process_time(), 1)}
     E.write_result(args.out, "clustering_table1", argv, args.quick, {**timing,
         "settings": {"M": args.m, "N": args.n, "K": args.k, "rounds": args.rounds,
+                     "stop_tol": args.stop_tol, "preset": args.preset,
                      "clients": args.clients, "snr_db": args.snr_db, "q1": 10,
                      "partitions": list(args.partitions),
+                     "methods": [f"{method}/{m}" for method, m in args.methods],
                      "config": {method: cl.ClusterConfig(method=method).model_dump()
                                 for method in ("fedmavg", "fedmgs")}},
-        "comparisons": comparisons(runs, size, args.partitions), "runs": runs}, stem=stem)
-    plot(runs, args.out / f"{stem}.png", args.partitions)
+        "comparisons": comparisons(runs, size, args.partitions, args.methods), "runs": runs},
+        stem=stem)
+    plot(runs, args.out / f"{stem}.png", args.partitions, args.methods)
     return 0
 
 

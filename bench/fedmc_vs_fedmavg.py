@@ -3,8 +3,10 @@ Sec. 5.2, Fig. 2) on MovieLens 100k and 1M.
 
 Paper settings unless stated: 80/20 split seed 0, 100 tenants, 10 per round, 100 rounds,
 N = Q1 = Q2 = 10, lambda = gamma = 1e-6, rank 5 (the paper's ML-1M rank, used for both
-data sets). FedMC-ADMM = ``FedMCADMMConfig.paper_settings()`` (the authors' beta 1e4 and
-Uniform(0, 2e-4) init, tenant-mean centring); FedMAvg = ``fedmavg.paper_settings()``
+data sets). Both are ``fedrec simulate --preset paper`` (:mod:`algorithms.presets`, one
+definition of config and run): FedMC-ADMM = ``FedMCADMMConfig.paper_settings()`` (the
+authors' beta 1e4 and Uniform(0, 2e-4) init, tenant-mean centring); FedMAvg =
+``FedMAvgConfig.paper_settings()``
 (Sec. 5.2 as written: all tenants update U_i each round, 10 upload, W gradient / p,
 Uniform(0, 1) init, no centring). For reference the plot and the JSON also carry
 FedMC-ADMM at fedrec's recommended defaults (rank 10, biases, tuned on validation).
@@ -29,29 +31,32 @@ import numpy as np
 from algorithms import fedmavg
 from algorithms import fedmc_admm as F
 from algorithms.data import build_federation, load_movielens
+from algorithms.presets import PAPER_RUNS, paper_config
 from bench import _experiment as E
 from bench._fedmc_trace import mean_curve, trace
 
 EXPERIMENT = "FedMC-ADMM paper Sec. 5.2, Fig. 2: FedMC-ADMM vs FedMAvg, objective and RMSE by round"
 NEEDS_DATA = True
 VARIANTS = {
-    "FedMC-ADMM (paper)": (F.ALGORITHM, F.FedMCADMMConfig.paper_settings),
-    "FedMAvg (paper)": (fedmavg.ALGORITHM, fedmavg.paper_settings),
+    "FedMC-ADMM (paper)": (F.ALGORITHM, lambda: paper_config("fedmc-admm")),
+    "FedMAvg (paper)": (fedmavg.ALGORITHM, lambda: paper_config("fedmavg")),
     "FedMC-ADMM (recommended)": (F.ALGORITHM, F.FedMCADMMConfig),
 }
+#: the paper preset's run (tenants, tenants per round, rounds), the same for both methods
+RUN = PAPER_RUNS["fedmc-admm"]
 PAPER_NOTE = ("paper: figure only (Fig. 2 has ML-1M, 10M, Netflix curves, no numbers; "
               "FedMC-ADMM below FedMAvg)")
 
 
 def run_dataset(name: str, rounds: int, every: int, seeds: int) -> dict:
-    fed = build_federation(load_movielens(name), 100, 0)
+    fed = build_federation(load_movielens(name), RUN.clients, 0)
     out = {}
     for label, (alg, make) in VARIANTS.items():
         runs = []
         for seed in range(seeds):
             t0 = time.perf_counter()
-            runs.append(trace(alg, make(), fed, rounds=rounds, per_round=10, seed=seed,
-                              every=every))
+            runs.append(trace(alg, make(), fed, rounds=rounds, per_round=RUN.per_round,
+                              seed=seed, every=every))
             print(f"{name} {label} seed {seed}: test RMSE {runs[-1][-1]['test_rmse']:.4f} "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
         out[label] = {"config": make().model_dump(), "runs": runs}
@@ -114,12 +119,13 @@ def comparisons(results: dict, rounds: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     args = E.parser("fedmc_vs_fedmavg", __doc__).parse_args(argv)
     datasets = ["ml-100k"] if args.quick else ["ml-100k", "ml-1m"]
-    rounds, every = (10, 5) if args.quick else (100, 5)
+    rounds, every = (10, 5) if args.quick else (RUN.rounds, 5)
     results = {d: run_dataset(d, rounds, every, args.seeds) for d in datasets}
     args.out.mkdir(parents=True, exist_ok=True)
     plot(results, ceilings(args.out, args.quick), args.out / "fedmc_vs_fedmavg.png")
     E.write_result(args.out, "fedmc_vs_fedmavg", argv, args.quick,
-                   {"rounds": rounds, "per_round": 10, "clients": 100, "results": results,
+                   {"rounds": rounds, "per_round": RUN.per_round, "clients": RUN.clients,
+                    "results": results,
                     "comparisons": comparisons(results, rounds)})
     return 0
 

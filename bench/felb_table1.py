@@ -42,6 +42,7 @@ from algorithms import binary_baseline, felb
 from algorithms.binary_metrics import binarise, binary_report, boolean_quality
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, build_federation, load_movielens
+from algorithms.presets import PAPER_RUNS, paper_config
 from algorithms.rng import SERVER, derive_rng
 from algorithms.simulate import SimulationResult, initialise, run_round, simulate
 from algorithms.synthetic import generate_tenant_ratings
@@ -74,13 +75,20 @@ def _row(method, alg, result, fed, seconds, rounds, cfg) -> dict:
             "rounds": rounds, "config": cfg.model_dump()}
 
 
-def _run_felb(method: str, fed, args) -> dict:
-    alg = felb.ALGORITHMS[method]
+def felb_config(method: str, args) -> felb.FelbConfig:
+    """Felb / Felb-MU's config: ``fedrec simulate --preset paper``'s
+    (:func:`algorithms.presets.paper_config`), the options given replacing its fields."""
     start = getattr(args, "start", None)
     server_prox = getattr(args, "server_prox", None)
-    cfg = alg.config(rank=args.rank, local_steps=args.local_steps, proximity=args.proximity,
-                     **({} if start is None else {"start": start}),
-                     **({} if server_prox is None else {"server_prox": server_prox}))
+    return paper_config(method, rank=args.rank, local_steps=args.local_steps,
+                        proximity=args.proximity,
+                        **({} if start is None else {"start": start}),
+                        **({} if server_prox is None else {"server_prox": server_prox}))
+
+
+def _run_felb(method: str, fed, args) -> dict:
+    alg = felb.ALGORITHMS[method]
+    cfg = felb_config(method, args)
     result = simulate(alg, cfg, fed, rounds=args.rounds, per_round=fed.n_clients,
                       seed=args.seed, evaluate_every=args.rounds)
     seconds = sum(h.seconds for h in result.history)
@@ -190,13 +198,22 @@ def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
     return rows
 
 
+def seed_args(seed: int, rounds: int, baseline_iters: int, start: str | None = None,
+              server_prox: str | None = None) -> argparse.Namespace:
+    """The options of one MovieLens seed: the paper preset's rank, T and gamma (Appendix
+    D: 20, 10, 1)."""
+    base = paper_config("felb")
+    return argparse.Namespace(rank=base.rank, local_steps=base.local_steps,
+                              proximity=base.proximity, rounds=rounds, seed=seed,
+                              baseline_iters=baseline_iters, start=start,
+                              server_prox=server_prox)
+
+
 def run_seed(data: str, seed: int, rounds: int, baseline_iters: int, clients: int,
              start: str | None = None, server_prox: str | None = None) -> dict:
     """F1, RMSD, P@10, R@10 and seconds of each method on one seeded split."""
     fed = binarise(build_federation(load_movielens(data), clients, seed), 3.5)
-    args = argparse.Namespace(rank=20, local_steps=10, proximity=1.0, rounds=rounds,
-                              seed=seed, baseline_iters=baseline_iters, start=start,
-                              server_prox=server_prox)
+    args = seed_args(seed, rounds, baseline_iters, start, server_prox)
     rows = {m: _run_felb(m, fed, args) for m in ("felb", "felb-mu")}
     rows["vote"] = _run_baselines(["vote"], fed, args)[0]
     for m, r in rows.items():
@@ -242,11 +259,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = E.parser("felb_table1", __doc__)
     ap.add_argument("--data", choices=["ml-100k", "ml-1m"], default=None,
                     help="default ml-1m (ml-100k with --quick)")
-    ap.add_argument("--rounds", type=int, default=None, help="Felb rounds (default 20)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help=f"Felb rounds (default {PAPER_RUNS['felb'].rounds}, the paper preset's)")
     ap.add_argument("--baseline-iters", type=int, default=None,
                     help="local Elbmf iterations of the baseline (default 200; 50 with "
                          "--paper-size, where 0 leaves the baseline out)")
-    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--clients", type=int, default=PAPER_RUNS["felb"].clients)
     ap.add_argument("--paper-size", action="store_true",
                     help="synthetic MovieLens 25M-shape data instead of --data (1 seed "
                          "unless --seeds)")
@@ -277,10 +295,10 @@ def main(argv: list[str] | None = None) -> int:
         return paper_main(args, argv)
     seeds = args.seeds or 3
     data = args.data or ("ml-100k" if args.quick else "ml-1m")
-    rounds = args.rounds or (5 if args.quick else 20)
+    rounds = args.rounds or (5 if args.quick else PAPER_RUNS["felb"].rounds)
     iters = args.baseline_iters or (30 if args.quick else 200)
-    start = args.start or "uniform"
-    prox = args.server_prox or "eq10"
+    start = args.start or paper_config("felb").start
+    prox = args.server_prox or paper_config("felb").server_prox
     runs = [run_seed(data, s, rounds, iters, args.clients, start, prox) for s in range(seeds)]
     suffix = ("" if start == "uniform" else f"_{start}") + ("" if prox == "eq10" else f"_{prox}")
     what = (data + ("" if start == "uniform" else f", {start} start")

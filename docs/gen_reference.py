@@ -6,7 +6,7 @@
 * ``cli.md``: ``fedrec --help`` and the help of every sub-command, walked from the argparse
   parsers (``app.cli.build_parser``), printed as ``fedrec ... --help`` prints it;
 * ``configs.md``: every algorithm of ``algorithms.registry``, its pydantic config class and
-  every field with its type, recommended default, ``paper_settings()`` value where the
+  every field with its type, recommended default, ``--preset paper`` value where the
   class has one, and description;
 * ``api.md``: every route of the OpenAPI schema that ``app.main.create_app`` builds, with its
   method, path, summary and the credential it takes.
@@ -78,23 +78,31 @@ def _cell(value) -> str:
 
 def configs_page() -> str:
     from algorithms import registry
+    from algorithms.presets import paper_config, paper_run
 
     parts = [f"# Algorithm configs\n\n{NOTICE}\n",
              "Every registered algorithm's config class (`algorithms/registry.py`): each field "
              "with its type, its recommended default (what `fedrec simulate` and a job body "
-             "use unless told otherwise), its value under `--preset paper` "
-             "(`paper_settings()`) where the class defines one, and its description. A field "
+             "use unless told otherwise), its value under `--preset paper` (the paper's "
+             "`paper_settings()`, with what the paper's benchmark changes: "
+             "`algorithms/presets.py`), and its description. A field "
              "`inner_steps` is the option `--inner-steps`; a job body takes the field names "
              "in its `config` object. The families are explained under "
              "[The algorithms](../explanation/algorithms/index.md).\n"]
     for name in registry.names():
         cls = registry.get(name).config
         default = cls()
-        paper = cls.paper_settings() if hasattr(cls, "paper_settings") else None
+        paper = paper_config(name)
         doc = " ".join((cls.__doc__ or "").split("\n\n")[0].split())
+        run = paper_run(name)
+        preset = "" if run is None else (
+            f" Under `--preset paper`: "
+            f"{'one tenant per user' if run.clients == 0 else f'{run.clients} tenants'}, "
+            f"{'all' if run.per_round == 0 else run.per_round} a round, {run.rounds} rounds, "
+            f"as `fedrec bench {run.bench}` runs it for {run.reproduces}.")
         parts.append(f"## `{name}`\n\n`{cls.__module__}.{cls.__name__}`, "
-                     f"{registry.model_kind(name)} model. {doc}\n")
-        head = "| field | type | default |" + (" paper_settings() |" if paper else "") + \
+                     f"{registry.model_kind(name)} model. {doc}{preset}\n")
+        head = "| field | type | default |" + (" --preset paper |" if paper else "") + \
             " description |"
         rows = [head, "|---" * head.count(" | ") + "|---|"]
         for fname, field in cls.model_fields.items():

@@ -424,13 +424,17 @@ def test_a_value_the_config_refuses_names_the_flag(ratings_csv, capsys):
 
 
 @pytest.mark.parametrize("name", registry.names())
-def test_preset_paper_starts_from_paper_settings(name):
+def test_preset_paper_starts_from_the_paper_preset(name):
+    from algorithms.presets import PAPER_RUNS, paper_config
+
     alg = registry.get(name)
     assert sim_cmd._config(alg, _parse(["--algorithm", name])) == alg.config()
-    assert sim_cmd._config(alg, _parse(["--algorithm", name, "--preset", "paper"])) == \
-        alg.config.paper_settings()
+    paper = sim_cmd._config(alg, _parse(["--algorithm", name, "--preset", "paper"]))
+    assert paper == paper_config(name)
+    fields = PAPER_RUNS[name].fields if name in PAPER_RUNS else {}
+    assert paper == alg.config.paper_settings(**fields)
     assert sim_cmd._config(alg, _parse(["--algorithm", name, "--preset", "paper",
-                                        "--rank", "7"])) == alg.config.paper_settings(rank=7)
+                                        "--rank", "7"])) == paper_config(name, rank=7)
 
 
 def test_preset_paper_differs_where_the_papers_do():
@@ -439,9 +443,11 @@ def test_preset_paper_differs_where_the_papers_do():
 
     cfg = sim_cmd._config(registry.get("rfrec"), _parse(["--algorithm", "rfrec",
                                                          "--preset", "paper"]))
-    assert (cfg.optimizer, cfg.link, cfg.alpha, cfg.iterations) == ("gd", "identity", 0.05,
-                                                                    100)
-    assert RFRecConfig().link == "sigmoid"
+    # the paper's values with the authors' optimiser: the printed GD step diverges
+    assert (cfg.optimizer, cfg.link, cfg.alpha, cfg.iterations, cfg.bias) == (
+        "adam", "sigmoid", 0.05, 100, False)
+    assert RFRecConfig.paper_settings().optimizer == "gd"
+    assert cfg != RFRecConfig()
     cfg = sim_cmd._config(registry.get("fedmc-admm"), _parse(["--preset", "paper"]))
     assert (cfg.rank, cfg.u_anchor) == (5, "local") != (FedMCADMMConfig().rank, "global")
 
@@ -510,8 +516,12 @@ def test_help_lists_only_the_chosen_algorithms_options_with_defaults(name, capsy
 
 def test_help_shows_the_presets_values(capsys):
     text = _help(["--algorithm", "rfrec", "--preset", "paper"], capsys)
-    assert "(default: gd)" in text and "(default: 0.05)" in text
+    assert "(default: adam)" in text and "(default: 0.05)" in text
     assert "--rounds T communication rounds T (default: iterations = 100)" in text
+    assert "--clients P number of tenants P, users split at random (default: one per " \
+        "user)" in text
+    assert "as `fedrec bench rfrec_table2`" in text and "diverges" in text
+    text = _help(["--algorithm", "rfrec"], capsys)
     assert "--clients P number of tenants P, users split at random (default: 200)" in text
 
 

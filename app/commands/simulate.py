@@ -26,7 +26,9 @@ from algorithms.data import (
     data_dir,
     default_clients,
     load_ratings,
+    n_users_of,
 )
+from algorithms.presets import paper_config, paper_run
 from algorithms.ranking import relevance_threshold
 from algorithms.scale import with_public_scale
 from algorithms.simulate import RoundRecord, client_round, initialise, simulate
@@ -159,8 +161,17 @@ def option_fields(cfg_cls: type) -> dict[str, Any]:
 
 
 def base_config(alg, preset: str):
-    """The config a run starts from: the recommended defaults, or ``paper_settings()``."""
-    return alg.config.paper_settings() if preset == "paper" else alg.config()
+    """The config a run starts from: the recommended defaults, or the paper preset's
+    (:func:`algorithms.presets.paper_config`, what the paper's benchmark runs)."""
+    return paper_config(alg.name) if preset == "paper" else alg.config()
+
+
+def run_defaults(alg, preset: str) -> dict[str, int]:
+    """Tenants, tenants per round and rounds when not given: the paper preset's run
+    (:data:`algorithms.presets.PAPER_RUNS`; clients 0: one tenant per user) or the
+    algorithm's recommended run."""
+    entry = paper_run(alg.name) if preset == "paper" else None
+    return entry.run() if entry is not None else dict(alg.run_defaults)
 
 
 def _scan(args: list[str], flag: str, default: str) -> str:
@@ -190,7 +201,7 @@ def _add_algorithm_options(parser: argparse.ArgumentParser, args: list[str]) -> 
     alg = registry.get(name)
     base = base_config(alg, preset)
     parser._fedrec_algorithm = name
-    _add_run_options(parser, alg, base)
+    _add_run_options(parser, alg, base, preset)
     group = parser.add_argument_group(
         f"options of --algorithm {name} (defaults: --preset {preset}; see another "
         "algorithm's with --algorithm NAME --help)")
@@ -225,17 +236,23 @@ class _Foreign(argparse.Action):
                      f"of {', '.join(self.owners)})")
 
 
-def _add_run_options(parser: argparse.ArgumentParser, alg, base) -> None:
-    """--clients, --per-round and --rounds, whose defaults are the algorithm's."""
-    defaults = alg.run_defaults
+def _add_run_options(parser: argparse.ArgumentParser, alg, base, preset: str) -> None:
+    """--clients, --per-round and --rounds, whose defaults are the preset's run."""
+    defaults = run_defaults(alg, preset)
     rounds = (f"sweeps + 1 = {base.sweeps + 1}" if "sweeps" in type(base).model_fields else
               f"releases + 1 = {base.releases + 1}" if "releases" in type(base).model_fields
               else f"iterations = {base.iterations}" if "iterations" in type(base).model_fields
               else str(defaults["rounds"]))
-    g = parser.add_argument_group(f"run (defaults: {alg.name}'s recommended run)")
+    entry = paper_run(alg.name) if preset == "paper" else None
+    g = parser.add_argument_group(
+        f"run (defaults: {alg.name}'s recommended run)" if entry is None else
+        f"run (defaults: the paper preset's, as `fedrec bench {entry.bench}`)",
+        None if entry is None else
+        f"The paper preset reproduces {entry.reproduces}: {entry.why}.".replace("%", "%%"))
+    clients = "one per user" if defaults["clients"] == 0 else defaults["clients"]
     g.add_argument("--clients", type=int, metavar="P",
                    help=f"number of tenants P, users split at random (default: "
-                        f"{defaults['clients']}); data with fewer users: one tenant per user")
+                        f"{clients}); data with fewer users: one tenant per user")
     g.add_argument("--per-round", type=int, metavar="K",
                    help=f"tenants per round K, 0: all (default: {defaults['per_round']})")
     g.add_argument("--rounds", type=int, metavar="T",
@@ -257,9 +274,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"the algorithm; --help after it lists its options (default: "
                         f"{DEFAULT_ALGORITHM})")
     p.add_argument("--preset", choices=PRESETS, default="recommended",
-                   help="starting config: 'recommended' (validated defaults) or 'paper' "
-                        "(the paper's literal settings, paper_settings()); the algorithm's "
-                        "options override it (default: recommended)")
+                   help="starting config and run: 'recommended' (validated defaults) or "
+                        "'paper' (what `fedrec bench` runs to reproduce the algorithm's "
+                        "paper: its optimiser, settings, tenants and rounds, tuned for the "
+                        "paper's data set, which --algorithm NAME --preset paper --help "
+                        "names); options given override it (default: recommended)")
     p.add_argument("--config", type=Path, default=None, metavar="FILE",
                    help="JSON config to start from (e.g. `fedrec tune --json`'s output, "
                         "or an object of config fields); options given override it "
@@ -304,8 +323,7 @@ def _config(alg, args: argparse.Namespace):
     given = _given(alg, args)
     preset = getattr(args, "preset", "recommended")
     try:
-        return (alg.config.paper_settings(**given) if preset == "paper"
-                else alg.config(**given))
+        return paper_config(alg.name, **given) if preset == "paper" else alg.config(**given)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err["loc"] else ""
@@ -410,8 +428,9 @@ def _run(args: argparse.Namespace, write_json) -> int:
     cfg = _config(alg, args)
     unit = privacy_unit(args)
     from_file = config_run(args.config) if getattr(args, "config", None) else {}
+    defaults = run_defaults(alg, getattr(args, "preset", "recommended"))
     run_cfg = {k: getattr(args, k) if getattr(args, k) is not None
-               else from_file.get(k, alg.run_defaults[k]) for k in _RUN_FLAGS}
+               else from_file.get(k, defaults[k]) for k in _RUN_FLAGS}
     if args.rounds is None and "rounds" in from_file:
         pass  # the run length the file was chosen with (fedrec tune)
     elif args.rounds is None and "sweeps" in type(cfg).model_fields:
@@ -426,7 +445,9 @@ def _run(args: argparse.Namespace, write_json) -> int:
               f"{data}; the last rating of each is used", file=sys.stderr)
     if alg.data_kind != "binary":
         check_rating_values(ratings)
-    if args.clients is None and "clients" not in from_file:
+    if args.clients is None and "clients" not in from_file and run_cfg["clients"] == 0:
+        run_cfg["clients"] = n_users_of(ratings)  # the preset's one tenant per user
+    elif args.clients is None and "clients" not in from_file:
         clients = default_clients(run_cfg["clients"], ratings)
         if clients < run_cfg["clients"]:
             print(f"note: {clients} users: {clients} tenants of one user each (fewer than "
