@@ -118,15 +118,13 @@ def states(app, job_id):
         return Message.from_bytes(job.global_msg), locals_, job
 
 
-@pytest.mark.parametrize("dp", [{"mechanism": "none"},
-                                {"mechanism": "gaussian", "noise_multiplier": 2.0}])
-def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
-    """All-agent job vs the same job hosted (same data, split, seed): without DP the global
-    V and every tenant's U agree to 1e-12; with DP the noise is fresh on each side (issue
-    29), so the models differ, and every tenant's ledger agrees."""
-    app, client, hosted, agent_tenants, rows = fed
+def hosted_then_agents(fed, tmp_path, dp, between=lambda: None):
+    """One job (two of three tenants a round) hosted, then ``between()``, then run by the
+    agent tenants to its end: (hosted job, agent job id, agents)."""
+    _, client, hosted, agent_tenants, rows = fed
     ref = hosted_job(client, hosted, dp=dp, per_round=2)
     assert ref["status"] == "completed", ref
+    between()
     res = agent_job(client, agent_tenants, dp=dp, per_round=2)
     assert res.status_code == 202, res.text
     job_id = res.json()["id"]
@@ -135,6 +133,17 @@ def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
     drive(agents, job_id)
     job = wait_job(client, job_id)
     assert job["status"] == "completed", job
+    return ref, job_id, agents
+
+
+@pytest.mark.parametrize("dp", [{"mechanism": "none"},
+                                {"mechanism": "gaussian", "noise_multiplier": 2.0}])
+def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
+    """All-agent job vs the same job hosted (same data, split, seed): without DP the global
+    V and every tenant's U agree to 1e-12; with DP the noise is fresh on each side (issue
+    29), so the models differ, and every tenant's ledger agrees."""
+    app, client, hosted, agent_tenants, rows = fed
+    ref, job_id, agents = hosted_then_agents(fed, tmp_path, dp)
     glob_h, locals_h, _ = states(app, ref["id"])
     glob_a, _, _ = states(app, job_id)
     private = dp["mechanism"] != "none"
@@ -190,16 +199,8 @@ def test_engine_service_and_agents_release_through_one_client_round(fed, tmp_pat
     monkeypatch.setattr(engine, "send", spy)
     dp = {"mechanism": "gaussian", "noise_multiplier": 2.0}
     app, client, hosted, agent_tenants, rows = fed
-    ref = hosted_job(client, hosted, dp=dp, per_round=2)
-    assert ref["status"] == "completed", ref
-    path[0] = "agents"
-    res = agent_job(client, agent_tenants, dp=dp, per_round=2)
-    assert res.status_code == 202, res.text
-    job_id = res.json()["id"]
-    agents = [make_agent(client, key, rows[t], tmp_path / f"a{t}")
-              for t, (_, key) in enumerate(agent_tenants)]
-    drive(agents, job_id)
-    assert wait_job(client, job_id)["status"] == "completed"
+    ref, job_id, agents = hosted_then_agents(fed, tmp_path, dp,
+                                             between=lambda: path.__setitem__(0, "agents"))
 
     path[0] = "engine"
     manifest = agents[0].manifest(job_id)
