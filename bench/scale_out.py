@@ -285,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         queue = f"scaleout-{uuid.uuid4().hex[:6]}"
         env = {**os.environ, "FEDREC_DATABASE_URL": url, "FEDREC_ADMIN_TOKEN": token,
                "FEDREC_BROKER_URL": REDIS_URL, "FEDREC_TASK_QUEUE": queue,
-               "FEDREC_LOG_LEVEL": "WARNING"}
+               "FEDREC_LOG_LEVEL": "WARNING",
+               # a job's dry round 1 in the API may pass the 30 s default on a busy machine
+               "FEDREC_DRY_ROUND_SECONDS": "600"}
         server = serve(env, args.port, tmp / "api.log", access_log=False)
         groups = {"api": lambda: [server.pid, *children(server.pid)],
                   "postgres_backends": database_pids(database), "bench": lambda: [os.getpid()]}

@@ -68,6 +68,9 @@ from bench.scale_out import (
 EXPERIMENT = ("Service at Netflix shape: upload through the API, a dpals and an ials job on "
               "1 and 2 Celery workers, top-10 serving under wrk; wall, CPU, RSS, database size")
 
+#: runs ``--quick`` (tests/test_bench.py leaves it out: it needs the services and minutes)
+QUICK_TEST = "tests/test_bench_service_scale.py"
+
 #: per algorithm, the job body beside algorithm and seed: the operator's defaults
 JOBS = {
     "dpals": {},  # user-level DP, epsilon 8, delta 1e-6, its rounds (sweeps + 1)
