@@ -27,7 +27,7 @@ def test_service_scale_at_a_thousandth_runs_every_phase_and_reports_sane_figures
     run = subprocess.run(
         [sys.executable, "-m", "bench", "service_scale", "--quick", "--port", "8746",
          "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1500,
+        cwd=ROOT, capture_output=True, text=True, timeout=3000,
         env={**os.environ, "FEDREC_BENCH_REDIS": redis_test_url})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     result = json.loads((tmp_path / "service_scale_netflix_x0.001.json").read_text())
