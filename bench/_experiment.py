@@ -8,6 +8,9 @@ An experiment is a module ``bench/<name>.py`` that defines
   ``--seeds`` and ``--out DIR``;
 * optionally ``NEEDS_DATA = True`` when it reads the MovieLens folder (the test then skips
   with a message where the folder is absent, and fails under CI).
+* optionally ``QUICK_TEST = "tests/<file>.py"`` when its ``--quick`` run needs the
+  services and takes minutes: that integration test runs it instead of
+  ``tests/test_bench.py``.
 
 It runs from a source checkout as ``python -m bench <name>`` (or ``python -m
 bench.<name>``), writes ``<out>/<name>.json`` through :func:`write_result` (figures, the

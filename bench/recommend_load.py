@@ -123,14 +123,19 @@ def _cpu_seconds(pids: list[str]) -> float:
 
 
 def _wrk_script(path: Path, tenant_id: int, users: list[str], key: str) -> None:
-    urls = ", ".join(f'"/v1/tenants/{tenant_id}/users/{u}/recommendations?k=10"' for u in users)
+    wrk_rotation(path, [(f"/v1/tenants/{tenant_id}/users/{u}/recommendations?k=10", key)
+                        for u in users])
+
+
+def wrk_rotation(path: Path, requests: list[tuple[str, str]]) -> None:
+    """A wrk Lua script GETting each (path, API key) of ``requests`` in rotation."""
+    rows = ", ".join(f'{{"{url}", "Bearer {key}"}}' for url, key in requests)
     path.write_text(f"""
-local paths = {{{urls}}}
+local requests = {{{rows}}}
 local i = 0
-wrk.headers["Authorization"] = "Bearer {key}"
 request = function()
-  i = i % #paths + 1
-  return wrk.format("GET", paths[i])
+  i = i % #requests + 1
+  return wrk.format("GET", requests[i][1], {{Authorization = requests[i][2]}})
 end
 """)
 

@@ -127,9 +127,11 @@ def _pg_cpu(admin: str, dbname: str) -> float:
 
 
 def _service(sessions, tids: list[int], rounds: int, per_round: int,
-             pg_cpu=lambda: 0.0) -> tuple[int, list[float], list[float], list[float]]:
+             pg_cpu=lambda: 0.0, profile=None
+             ) -> tuple[int, list[float], list[float], list[float]]:
     """(job id, wall seconds per round, CPU seconds of this process per round, CPU
-    seconds of the PostgreSQL backends per round)."""
+    seconds of the PostgreSQL backends per round); ``profile`` (a ``cProfile.Profile``)
+    records rounds 2..R-1, the rounds the medians are taken over."""
     from app.training import pipeline
     from app.training.jobs import JobSpec, create_job
 
@@ -139,8 +141,12 @@ def _service(sessions, tids: list[int], rounds: int, per_round: int,
     marks: list[tuple[float, float, float]] = []
 
     def mark() -> None:
+        if profile is not None and len(marks) == rounds - 1:
+            profile.disable()  # the last round starts: it publishes, not measured
         pg = pg_cpu()  # before the clocks: the query's own time is not the round's
         marks.append((time.perf_counter(), time.process_time(), pg))
+        if profile is not None and len(marks) == 2:
+            profile.enable()  # round 2 starts
 
     class Timed(pipeline.InlineDispatcher):
         def send(self, task: str, *args: int) -> None:
@@ -257,15 +263,22 @@ def _write_floor(url: str, job_id: int, per_round: int, rounds: int) -> dict[str
 
 
 def run(label: str, ratings: Ratings, n_tenants: int, per_round: int, rounds: int,
-        admin: str) -> dict:
+        admin: str, profile: str | None = None) -> dict:
+    """One federation's row; ``profile``: also write a cProfile of the service's rounds
+    2..R-1 to this file (``python -m pstats FILE``)."""
+    import cProfile
+
     from app.db import engine_for, session_factory
 
     name, url = _database(admin)
     try:
         sessions = session_factory(engine_for(url))
         tids = _load(sessions, ratings, n_tenants)
+        prof = cProfile.Profile() if profile else None
         job_id, wall, cpu, pg = _service(sessions, tids, rounds, per_round,
-                                         lambda: _pg_cpu(admin, name))
+                                         lambda: _pg_cpu(admin, name), prof)
+        if prof is not None:
+            prof.dump_stats(profile)
         fed = _federation(sessions, job_id, (float(ratings.values.min()),
                                              float(ratings.values.max())))
         c_wall, c_cpu = _compute(fed, rounds, per_round)
@@ -296,6 +309,9 @@ def main(argv: list[str] | None = None) -> None:
         "FEDREC_TEST_PG", "host=127.0.0.1 port=5432 user=postgres dbname=test"))
     p.add_argument("--baseline", metavar="DIR",
                    help="also run against the code of this checkout (before/after)")
+    p.add_argument("--profile", metavar="FILE",
+                   help="cProfile the service's rounds 2..R-1 of ml-1m into FILE (pstats); "
+                        "profiling slows the rounds it records")
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rounds < 3:
@@ -307,7 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.baseline:
             rows.append(_baseline(args.baseline, label, args.rounds, args.pg))
         if label == "ml-1m":
-            rows.append(run("ml-1m", load_movielens("ml-1m"), 100, 10, args.rounds, args.pg))
+            rows.append(run("ml-1m", load_movielens("ml-1m"), 100, 10, args.rounds, args.pg,
+                            args.profile))
         else:
             synth = generate_ratings(10_000, 300, 200_000, rank=5, seed=0)
             rows.append(run("synthetic", synth, 1000, 10, args.rounds, args.pg))

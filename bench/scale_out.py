@@ -70,25 +70,36 @@ class PeakMemory(threading.Thread):
     """Samples the summed RSS of each group of processes every 0.2 s; keeps the peaks.
 
     ``groups`` maps a name to a callable giving the group's pids now (processes come and
-    go: PostgreSQL backends, restarted workers)."""
+    go: PostgreSQL backends, restarted workers). :meth:`per_process` gives the peak of
+    each single process seen (a group's sum can hide one process's growth)."""
 
     def __init__(self, groups: dict) -> None:
         super().__init__(daemon=True)
         self.groups, self.peak = groups, dict.fromkeys(groups, 0)
+        self.process_peak: dict[str, dict[int, int]] = {name: {} for name in groups}
         self.halt = threading.Event()
 
     def run(self) -> None:
         while not self.halt.wait(0.2):
             for name, pids in self.groups.items():
                 try:
-                    self.peak[name] = max(self.peak[name], sum(map(rss_bytes, pids())))
+                    sizes = {pid: rss_bytes(pid) for pid in pids()}
                 except Exception:  # a pid list that could not be read this time
                     continue
+                self.peak[name] = max(self.peak[name], sum(sizes.values()))
+                seen = self.process_peak[name]
+                for pid, size in sizes.items():
+                    seen[pid] = max(seen.get(pid, 0), size)
 
     def stop(self) -> dict[str, float]:
         self.halt.set()
         self.join(5)
         return {name: round(v / 2**20, 1) for name, v in self.peak.items()}
+
+    def per_process(self) -> dict[str, list[float]]:
+        """Each group's processes' peak RSS (MiB), largest first (call after stop)."""
+        return {name: sorted((round(v / 2**20, 1) for v in seen.values()), reverse=True)
+                for name, seen in self.process_peak.items()}
 
 
 def csv_of(block, user_ids, item_keys) -> bytes:
@@ -109,43 +120,133 @@ def database_pids(database: str):
     return pids
 
 
-def run_job(api: httpx.Client, args, queue_env: dict, tmp: Path, n_workers: int,
-            memory_groups: dict) -> dict:
-    """One job with ``n_workers`` solo worker processes; their peak RSS and CPU seconds."""
+class CpuMeter:
+    """CPU seconds each group of :class:`PeakMemory`'s groups used between construction and
+    :meth:`read` (a process that exits in between takes its seconds with it: read before
+    stopping the processes measured)."""
+
+    def __init__(self, groups: dict) -> None:
+        self.groups = groups
+        self.start = {name: cpu_seconds(pids()) for name, pids in groups.items()}
+
+    def read(self) -> dict[str, float]:
+        return {name: round(cpu_seconds(pids()) - self.start[name], 2)
+                for name, pids in self.groups.items()}
+
+
+def run_job(api: httpx.Client, body: dict, queue_env: dict, tmp: Path, n_workers: int,
+            memory_groups: dict, timeout: float) -> dict:
+    """Job ``body`` run by ``n_workers`` solo worker processes: its wall seconds (from
+    creation to a final status), each group's CPU seconds and peak RSS (the workers as
+    group ``workers``), each process's peak RSS, and the final job record."""
     workers = [start_worker(queue_env, queue_env["FEDREC_TASK_QUEUE"],
-                            tmp / f"worker{n_workers}-{w}.log") for w in range(n_workers)]
-    watch = PeakMemory({**memory_groups, "workers": lambda: [w.pid for w in workers]})
+                            tmp / f"worker{n_workers}-{w}-{uuid.uuid4().hex[:4]}.log")
+               for w in range(n_workers)]
+    groups = {**memory_groups, "workers": lambda: [w.pid for w in workers]}
+    watch = PeakMemory(groups)
     watch.start()
     try:
-        body = {"algorithm": "fedmc-admm", "rounds": args.rounds, "per_round": args.per_round,
-                "seed": args.seed, "dp": {"mechanism": "none"}, "allow_not_private": True}
+        cpu = CpuMeter(groups)
+        start = time.perf_counter()
         r = api.post("/v1/admin/jobs", json=body)
         if r.status_code != 202:
             raise RuntimeError(f"job refused: {r.status_code} {r.text}")
-        job_id, start = r.json()["id"], time.perf_counter()
-        deadline = start + args.timeout
+        job_id = r.json()["id"]
+        deadline = start + timeout
         while True:
             job = api.get(f"/v1/admin/jobs/{job_id}").json()
             if job["status"] in ("completed", "failed", "cancelled"):
                 break
             if time.perf_counter() > deadline:
-                raise RuntimeError(f"job {job_id} did not finish in {args.timeout} s: {job}")
+                raise RuntimeError(f"job {job_id} did not finish in {timeout} s: {job}")
             time.sleep(0.2)
         wall = time.perf_counter() - start
         if job["status"] != "completed":
             raise RuntimeError(f"job {job_id} {job['status']}: {job['error']}")
-        cpu = cpu_seconds([w.pid for w in workers])
+        used = cpu.read()
     finally:
         peaks = watch.stop()
         for w in workers:
             stop(w)
-    curve = api.get(f"/v1/admin/jobs/{job_id}/report").json()["curve"]
-    seconds = [c["seconds"] for c in curve]
     return {"workers": n_workers, "job_id": job_id, "job_wall_seconds": round(wall, 2),
-            "round_seconds": [round(s, 3) for s in seconds],
+            "cpu_seconds": used, "worker_cpu_seconds": used["workers"],
+            "peak_rss_mib": peaks, "peak_rss_mib_per_process": watch.per_process(),
+            "job": job}
+
+
+def fedmc_run(api: httpx.Client, args, queue_env: dict, tmp: Path, n_workers: int,
+              memory_groups: dict) -> dict:
+    """The FedMC-ADMM job of this experiment with ``n_workers`` workers, and its curve."""
+    body = {"algorithm": "fedmc-admm", "rounds": args.rounds, "per_round": args.per_round,
+            "seed": args.seed, "dp": {"mechanism": "none"}, "allow_not_private": True}
+    run = run_job(api, body, queue_env, tmp, n_workers, memory_groups, args.timeout)
+    run.pop("job")
+    curve = api.get(f"/v1/admin/jobs/{run['job_id']}/report").json()["curve"]
+    seconds = [c["seconds"] for c in curve]
+    return {**run, "round_seconds": [round(s, 3) for s in seconds],
             "median_round_seconds": round(float(np.median(seconds)), 3),
-            "worker_cpu_seconds": round(cpu, 2),
-            "test_rmse": [c["test_rmse"] for c in curve], "peak_rss_mib": peaks}
+            "test_rmse": [c["test_rmse"] for c in curve]}
+
+
+def create_tenants(api: httpx.Client, item_keys, n_tenants: int,
+                   budget: float = 10.0) -> list[tuple[int, str]]:
+    """The catalogue ``item_keys`` and ``n_tenants`` tenants (non-private training allowed,
+    privacy budget ``budget``), each with an API key: [(tenant id, key)]."""
+    api.put("/v1/admin/items", json={"items": [{"key": k} for k in item_keys]}
+            ).raise_for_status()
+    keys = []
+    for t in range(n_tenants):
+        tid = api.post("/v1/admin/tenants", json={
+            "name": f"scale-{t}", "privacy_budget": budget,
+            "allow_non_private": True}).json()["id"]
+        keys.append((tid, api.post(f"/v1/admin/tenants/{tid}/api-keys",
+                                   json={}).json()["key"]))
+    return keys
+
+
+def upload_tenants(base: str, data, item_keys, keys: list[tuple[int, str]],
+                   groups: dict, parallel: int = 2) -> dict:
+    """Every tenant's block POSTed as CSV with its own key, ``parallel`` uploads at a time:
+    wall seconds, rows/s, CSV bytes, each group's CPU seconds and peak RSS."""
+    sizes = []
+
+    def upload(t: int) -> float:
+        body = csv_of(data.blocks[t], data.user_ids[t], item_keys)
+        sizes.append(len(body))
+        tid, key = keys[t]
+        began = time.perf_counter()
+        with httpx.Client(base_url=base, timeout=3600) as c:
+            c.post(f"/v1/tenants/{tid}/ratings", content=body, headers={
+                "Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
+                   ).raise_for_status()
+        return time.perf_counter() - began
+
+    watch = PeakMemory(groups)
+    watch.start()
+    cpu = CpuMeter(groups)
+    start = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(parallel) as pool:
+            per_tenant = list(pool.map(upload, range(len(keys))))
+        wall = time.perf_counter() - start
+        used = cpu.read()
+    finally:
+        peaks = watch.stop()
+    return {"seconds": round(wall, 2), "rows_per_second": round(data.n_ratings / wall),
+            "parallel_clients": parallel, "csv_bytes": sum(sizes),
+            "api_cpu_seconds": used.get("api"), "cpu_seconds": used,
+            "slowest_tenant_seconds": round(max(per_tenant), 2),
+            "peak_rss_mib": peaks, "peak_rss_mib_per_process": watch.per_process()}
+
+
+def table_sizes(database: str) -> dict:
+    """Rows of ``ratings``, its size on disk with indexes, and the whole database's."""
+    with psycopg.connect(ADMIN_DSN.replace("dbname=test", f"dbname={database}"),
+                         autocommit=True) as conn:
+        rows, size, total = conn.execute(
+            "SELECT count(*), pg_total_relation_size('ratings'), "
+            "pg_database_size(current_database()) FROM ratings").fetchone()
+    return {"rows": rows, "ratings_table_bytes": size, "database_bytes": total}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         queue = f"scaleout-{uuid.uuid4().hex[:6]}"
         env = {**os.environ, "FEDREC_DATABASE_URL": url, "FEDREC_ADMIN_TOKEN": token,
                "FEDREC_BROKER_URL": REDIS_URL, "FEDREC_TASK_QUEUE": queue,
-               "FEDREC_LOG_LEVEL": "WARNING"}
+               "FEDREC_LOG_LEVEL": "WARNING",
+               # a job's dry round 1 in the API may pass the 30 s default on a busy machine
+               "FEDREC_DRY_ROUND_SECONDS": "600"}
         server = serve(env, args.port, tmp / "api.log", access_log=False)
         groups = {"api": lambda: [server.pid, *children(server.pid)],
                   "postgres_backends": database_pids(database), "bench": lambda: [os.getpid()]}
@@ -192,49 +295,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with httpx.Client(base_url=base, timeout=600,
                               headers={"Authorization": f"Bearer {token}"}) as api:
-                api.put("/v1/admin/items", json={"items": [{"key": k} for k in item_keys]}
-                        ).raise_for_status()
-                keys = []
-                for t in range(args.tenants):
-                    tid = api.post("/v1/admin/tenants", json={
-                        "name": f"scale-{t}", "privacy_budget": 10.0,
-                        "allow_non_private": True}).json()["id"]
-                    keys.append((tid, api.post(f"/v1/admin/tenants/{tid}/api-keys",
-                                               json={}).json()["key"]))
-
-                def upload(t: int) -> float:
-                    body = csv_of(data.blocks[t], data.user_ids[t], item_keys)
-                    tid, key = keys[t]
-                    began = time.perf_counter()
-                    with httpx.Client(base_url=base, timeout=600) as c:
-                        c.post(f"/v1/tenants/{tid}/ratings", content=body, headers={
-                            "Authorization": f"Bearer {key}", "Content-Type": "text/csv"}
-                               ).raise_for_status()
-                    return time.perf_counter() - began
-
-                watch = PeakMemory(groups)
-                watch.start()
-                cpu_before = cpu_seconds([server.pid, *children(server.pid)])
-                start = time.perf_counter()
-                with ThreadPoolExecutor(2) as pool:
-                    per_tenant = list(pool.map(upload, range(args.tenants)))
-                upload_wall = time.perf_counter() - start
-                result["upload"] = {
-                    "seconds": round(upload_wall, 2),
-                    "rows_per_second": round(data.n_ratings / upload_wall),
-                    "api_cpu_seconds": round(cpu_seconds([server.pid, *children(server.pid)])
-                                             - cpu_before, 2),
-                    "slowest_tenant_seconds": round(max(per_tenant), 2),
-                    "peak_rss_mib": watch.stop()}
-                with psycopg.connect(ADMIN_DSN.replace("dbname=test", f"dbname={database}"),
-                                     autocommit=True) as conn:
-                    rows, size = conn.execute(
-                        "SELECT count(*), pg_total_relation_size('ratings') FROM ratings"
-                    ).fetchone()
-                if rows != data.n_ratings:
-                    raise RuntimeError(f"{rows} rows stored, {data.n_ratings} uploaded")
-                result["ratings_table_mib"] = round(size / 2**20, 1)
-                runs = [run_job(api, args, env, tmp, n, groups) for n in (1, 2)]
+                keys = create_tenants(api, item_keys, args.tenants)
+                result["upload"] = upload_tenants(base, data, item_keys, keys, groups)
+                sizes = table_sizes(database)
+                if sizes["rows"] != data.n_ratings:
+                    raise RuntimeError(f"{sizes['rows']} rows stored, {data.n_ratings} uploaded")
+                result["ratings_table_mib"] = round(sizes["ratings_table_bytes"] / 2**20, 1)
+                runs = [fedmc_run(api, args, env, tmp, n, groups) for n in (1, 2)]
         finally:
             stop(server)
     one, two = runs

@@ -22,9 +22,12 @@ from bench.__main__ import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = experiments()
+#: experiments whose --quick run needs the services (PostgreSQL, Redis, workers, wrk) and
+#: more than this test's 300 s: their own integration test runs it (``QUICK_TEST``)
+OWN_QUICK_TEST = sorted(n for n, m in EXPERIMENTS.items() if getattr(m, "QUICK_TEST", None))
 
 
-@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+@pytest.mark.parametrize("name", sorted(set(EXPERIMENTS) - set(OWN_QUICK_TEST)))
 def test_experiment_runs_at_quick_size(name, tmp_path):
     if getattr(EXPERIMENTS[name], "NEEDS_DATA", False) and data_dir() is None:
         if os.environ.get("CI"):
@@ -48,6 +51,9 @@ def test_every_experiment_declares_itself():
     for name, module in EXPERIMENTS.items():
         assert module.EXPERIMENT.strip(), name
         assert callable(module.main), name
+    for name in OWN_QUICK_TEST:  # the test that runs its --quick size exists and does
+        test = ROOT / EXPERIMENTS[name].QUICK_TEST
+        assert f'"{name}", "--quick"' in test.read_text(), (name, test)
 
 
 def test_comparison_mean_std_and_difference():
