@@ -6,8 +6,9 @@ averages the uploads of the n_t devices that took part in round t, and "each cli
 continue local updates even without connection to the server" (BENCHMARKS.md quotes the
 reading). Here a fresh uniform sample of (1 - rate) of the clients takes part in every
 iteration (``per_round`` of the simulator, :func:`algorithms.rfrec.select`); what the
-others do is ``--absent``: ``local``, the paper's (they keep stepping against the last
-V_bar they received and upload nothing), ``idle`` (they neither step nor upload, and on
+others do is ``--absent``: ``local``, the paper's (they keep taking their local updates
+against the last V_bar they received, RFRecF's move to the average included, and upload
+nothing), ``idle`` (they neither step nor upload, and on
 return adopt the broadcast never-rated columns, see algorithms/rfrec.py) or ``lost``
 (they step against the current broadcast, only their upload is lost: what is left is the
 server side, the mean of n_t uploads for the mean of all n). ``--momentum-on-return``
