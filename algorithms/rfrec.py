@@ -1033,15 +1033,17 @@ def _batched_rfrecf(lay: _Layout, g: RFRecGlobal, c: _Clients, cfg: RFRecFConfig
                     ) -> tuple[RFRecGlobal, _Clients, np.ndarray | None]:
     """Algorithm 2's client side (zeta not yet redrawn): the active clients upload; the
     move to the average is taken by ``moving`` (default ``act``: the clients that received
-    V_bar), the main update by ``stepping`` (default ``act``). ``anchor`` is unused
-    (RFRecF's main update has no proximal term)."""
+    V_bar) toward ``anchor`` (pairs x d, default the broadcast V_bar; with absent clients
+    that keep their local updates, the V_bar each pair last received), the main update by
+    ``stepping`` (default ``act``)."""
     if g.zeta == 1:
         if g.zeta_prev == 1:
             return g, c, None
         return g, c, _batched_total(lay, c.p, g.h, clip, act)
     if g.zeta_prev == 1:
         rate = move_rate(cfg, g.k + 1)
-        p = _keep(relax(c.p, g.v_bar[:, lay.pair_item].T, rate), c.p,
+        target = g.v_bar[:, lay.pair_item].T if anchor is None else anchor
+        p = _keep(relax(c.p, target, rate), c.p,
                   (act if moving is None else moving).pairs)
         g, c = g.replace(h=relax(g.h, g.v_bar, rate)), _Clients(c.u, p, c.u_m, c.p_m)
         if cfg.schedule == "paper":
@@ -1121,11 +1123,13 @@ class BatchedSteps:
             stepping = _Active(self.fed.n_clients, None, None)
         c = _on_return_all(self.lay, c, self.cfg, missed)
         last[chosen] = k
+        anchor = p_bar if self.absent == "local" and act.pairs is not None else None
         if self.fast:
+            if anchor is not None:  # the move to the average is a local update too
+                moving = _Active(self.fed.n_clients, None, None)
             pending, c, total = _batched_rfrecf(self.lay, g, c, self.cfg, self.clip, act,
-                                                stepping, None, moving)
+                                                stepping, anchor, moving)
         else:
-            anchor = p_bar if self.absent == "local" else None
             pending, c, total = _batched_rfrec(self.lay, g, c, self.cfg, self.clip, act,
                                                stepping, anchor)
         store, v_bar = b.store, None
@@ -1198,8 +1202,9 @@ def run_batched(cfg: RFRecConfig, fed: Federation, *, rounds: int, seed: int,
     generic driver: it neither steps nor uploads); ``local``, the RFRec paper's
     Sec. 3.3 reading of a device that lost its connection ("each client can continue
     local updates even without connection to the server"): it keeps taking its step
-    (RFRec: pulled toward the last V_bar it received; RFRecF: the main updates, without
-    the move to an average it did not receive) and uploads nothing; or ``lost``: it
+    (RFRec: pulled toward the last V_bar it received; RFRecF: the main updates and the
+    move to the last V_bar it received, both local updates of Algorithm 2's zeta = 0
+    branch) and uploads nothing; or ``lost``: it
     received the broadcast and steps like everybody (RFRecF: the move to the average
     too), but its upload does not reach the server, which averages the uploads it got.
     ``lost`` isolates the server side of Sec. 3.3 (the mean of n_t uploads standing for

@@ -6,8 +6,9 @@ averages the uploads of the n_t devices that took part in round t, and "each cli
 continue local updates even without connection to the server" (BENCHMARKS.md quotes the
 reading). Here a fresh uniform sample of (1 - rate) of the clients takes part in every
 iteration (``per_round`` of the simulator, :func:`algorithms.rfrec.select`); what the
-others do is ``--absent``: ``local``, the paper's (they keep stepping against the last
-V_bar they received and upload nothing), ``idle`` (they neither step nor upload, and on
+others do is ``--absent``: ``local``, the paper's (they keep taking their local updates
+against the last V_bar they received, RFRecF's move to the average included, and upload
+nothing), ``idle`` (they neither step nor upload, and on
 return adopt the broadcast never-rated columns, see algorithms/rfrec.py) or ``lost``
 (they step against the current broadcast, only their upload is lost: what is left is the
 server side, the mean of n_t uploads for the mean of all n). ``--momentum-on-return``
@@ -57,28 +58,41 @@ PAPER_SETTINGS = {"rfrec": "paper", "rfrecf": "code"}
 PAPER_ABSENT = "local"
 
 
+def _cell(task: tuple) -> tuple[float, float]:
+    """(RMSE, MAE) of one (method, setting, data, rate, seed) run."""
+    method, setting, data, rate, seed, rounds, absent, aggregate, extra = task
+    res = C.run(method, setting, data, seed, rounds=rounds, drop=rate / 100,
+                absent=absent, aggregate=aggregate, **extra)
+    print(f"{data} {method} ({setting}) drop {rate}% seed {seed}: RMSE "
+          f"{res.final.test_rmse:.4f} MAE {res.final.test_mae:.4f}", flush=True)
+    return res.final.test_rmse, res.final.test_mae
+
+
 def measure(data: str, rates: tuple[int, ...], seeds: int, rounds: int | None,
             absent: str = "idle", methods: tuple[str, ...] = METHODS,
             momentum: str | None = None, aggregate: str = "received",
-            settings: dict[str, str] | None = None) -> dict:
+            settings: dict[str, str] | None = None, jobs: int = 1) -> dict:
     """RMSE and MAE of every (method, rate, seed); ``momentum`` overrides the methods'
-    ``momentum_on_return``, ``settings`` maps a method to its setting (default ``ours``)."""
+    ``momentum_on_return``, ``settings`` maps a method to its setting (default ``ours``);
+    the runs go to ``jobs`` parallel processes (one process per run on a shared machine
+    gets the work done sooner than one process for all)."""
     settings = settings or {}
-    out: dict = {}
     extra = {} if momentum is None else {"momentum_on_return": momentum}
-    for method in methods:
-        for rate in rates:
-            cell = {"rmse": [], "mae": []}
-            for seed in range(seeds):
-                res = C.run(method, settings.get(method, "ours"), data, seed,
-                            rounds=rounds, drop=rate / 100,
-                            absent=absent, aggregate=aggregate, **extra)
-                cell["rmse"].append(res.final.test_rmse)
-                cell["mae"].append(res.final.test_mae)
-                print(f"{data} {method} ({settings.get(method, 'ours')}) drop {rate}% "
-                      f"seed {seed}: RMSE "
-                      f"{cell['rmse'][-1]:.4f} MAE {cell['mae'][-1]:.4f}", flush=True)
-            out[f"{method}/{rate}"] = cell
+    tasks = [(method, settings.get(method, "ours"), data, rate, seed, rounds, absent,
+              aggregate, extra) for method in methods for rate in rates
+             for seed in range(seeds)]
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as pool:
+            results = list(pool.map(_cell, tasks))
+    else:
+        results = [_cell(t) for t in tasks]
+    out: dict = {}
+    for (method, _, _, rate, _, *_), (rmse, mae) in zip(tasks, results, strict=True):
+        cell = out.setdefault(f"{method}/{rate}", {"rmse": [], "mae": []})
+        cell["rmse"].append(rmse)
+        cell["mae"].append(mae)
     return out
 
 
@@ -164,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="what the server averages: received (the uploads of the iteration, "
                          "Sec. 3.3) or latest (every client's latest upload, stale for the "
                          "absent; MIFA, not the paper's)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="runs (method, rate, seed) in parallel processes (about 1.6 GB "
+                         "each at --paper-size)")
     args = ap.parse_args(argv)
     methods = tuple(m for m in METHODS if m in args.methods)
     if args.paper_size:
@@ -180,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = tuple(r for r in C.DROP_RATES if r == 0 or r in args.rates)
     mom = args.momentum_on_return
     cells = measure(args.data, rates, args.seeds, 20 if args.quick else None, absent,
-                    methods, mom, args.aggregate, settings)
+                    methods, mom, args.aggregate, settings, args.jobs)
     stem = (NAME if args.data == "ml-100k" else f"{NAME}_{args.data}") + (
         "" if args.setting is None else f"_{args.setting}") + (
         "" if absent == default_absent else f"_{absent}") + (

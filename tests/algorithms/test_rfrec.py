@@ -632,37 +632,61 @@ def test_absent_clients_whose_uploads_are_lost_step_from_the_broadcast():
     assert not np.allclose(local.global_msg.v_bar, res.global_msg.v_bar)
 
 
+def _move_iteration(cfg, fed, seed, per_round):
+    """The first iteration k + 1 that moves to the average (zeta_k = 0 after zeta_{k-1} =
+    1), as k."""
+    return next(k for k in range(1, 40)
+                if (g := run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
+                                     absent="lost").global_msg).zeta == 0
+                and g.zeta_prev == 1)
+
+
 def test_rfrecf_clients_whose_uploads_are_lost_also_move_to_the_average():
     """Algorithm 2's schedule: an iteration after an aggregation only moves to the average
-    (line 12); with absent='lost' every client takes it, with 'local' only the chosen."""
+    (line 12); with absent='lost' every client takes it toward the broadcast V_bar."""
     fed, seed, per_round = _federation(), 4, 3
     cfg = RFRecFConfig(rating_range=R15, rank=2, schedule="paper", p=0.5, lam=5.0)
     rate = move_rate(cfg)
     assert 0.0 < rate < 1.0
-    k = next(k for k in range(1, 40)
-             if (g := run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
-                                  absent="lost").global_msg).zeta == 0 and g.zeta_prev == 1)
-    chosen = set(_chosen(seed, k + 1, len(fed.train), per_round))
-    moved = {}
-    for absent in ("lost", "local"):
-        before = run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round,
-                             absent=absent)
-        after = run_batched(cfg, fed, rounds=k + 1, seed=seed, per_round=per_round,
-                            absent=absent)
-        v_bar = before.global_msg.v_bar
-        moved[absent] = set()
-        for i, (s0, s1, b) in enumerate(zip(before.local_states, after.local_states,
-                                            fed.train, strict=True)):
-            expected = relax(s0.v_rated, v_bar[:, b.rated_items], rate)
-            if np.allclose(s1.v_rated, expected, rtol=1e-12, atol=1e-15):
-                moved[absent].add(i)
-            else:
-                np.testing.assert_array_equal(s1.v_rated, s0.v_rated)
-    assert moved["lost"] == set(range(len(fed.train)))
-    assert moved["local"] == chosen != moved["lost"]
+    k = _move_iteration(cfg, fed, seed, per_round)
+    before = run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round, absent="lost")
+    after = run_batched(cfg, fed, rounds=k + 1, seed=seed, per_round=per_round,
+                        absent="lost")
+    v_bar = before.global_msg.v_bar
+    for s0, s1, b in zip(before.local_states, after.local_states, fed.train, strict=True):
+        np.testing.assert_allclose(s1.v_rated, relax(s0.v_rated, v_bar[:, b.rated_items],
+                                                     rate), rtol=1e-12, atol=1e-15)
 
 
-def test_rfrecf_absent_clients_take_the_main_updates_but_not_the_move():
+def test_rfrecf_absent_clients_move_to_the_last_v_bar_they_received():
+    """Sec. 3.3 (a dropped device "can continue local updates"): in Algorithm 2 both the
+    main update and the move to the average (line 12) are local updates of the zeta = 0
+    branch, so with absent='local' a client left out of the move iteration still moves,
+    toward the V_bar of the last iteration it took part in (the initial V_bar if none),
+    and the chosen clients toward the broadcast."""
+    fed, seed, per_round = _federation(), 4, 2
+    cfg = RFRecFConfig(rating_range=R15, rank=2, schedule="paper", p=0.5, lam=5.0)
+    rate = move_rate(cfg)
+    k = _move_iteration(cfg, fed, seed, per_round)
+    # the broadcast at the start of iteration j is the global message after j - 1 rounds
+    v_bars = [run_batched(cfg, fed, rounds=j, seed=seed, per_round=per_round,
+                          absent="local").global_msg.v_bar for j in range(k + 1)]
+    before = run_batched(cfg, fed, rounds=k, seed=seed, per_round=per_round, absent="local")
+    after = run_batched(cfg, fed, rounds=k + 1, seed=seed, per_round=per_round,
+                        absent="local")
+    took_part = [_chosen(seed, j, len(fed.train), per_round) for j in range(1, k + 2)]
+    stale = 0
+    for i, (s0, s1, b) in enumerate(zip(before.local_states, after.local_states, fed.train,
+                                        strict=True)):
+        last = max((j for j in range(1, k + 2) if i in took_part[j - 1]), default=1)
+        stale += last <= k and not np.allclose(v_bars[last - 1], v_bars[k])
+        np.testing.assert_allclose(
+            s1.v_rated, relax(s0.v_rated, v_bars[last - 1][:, b.rated_items], rate),
+            rtol=1e-12, atol=1e-15)
+    assert stale > 0  # some client moved toward a V_bar other than the broadcast
+
+
+def test_rfrecf_absent_clients_take_the_main_updates():
     fed, seed = _federation(), 4
     cfg = RFRecFConfig(rating_range=R15, rank=2)
     res = run_batched(cfg, fed, rounds=20, seed=seed, per_round=3, absent="local")
