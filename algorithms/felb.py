@@ -78,6 +78,11 @@ class FelbConfig(AlgorithmConfig):
     start: Literal["uniform", "scaled"] = "uniform"
     """V_hat^0: 'uniform' on [0, 1] (Algorithm 1, line 1) or 'scaled' uniform on
     [0, 1/sqrt(n)] for n items (a deviation for large catalogues, see the module docstring)."""
+    proximity_scale: Literal["absolute", "curvature"] = "absolute"
+    """'absolute': gamma as given. 'curvature': gamma times ||U_i^T U_i||_2, the curvature
+    of tenant i's squared loss in V_i, recomputed at every V step, so the proximity penalty
+    weighs the same against the data term whatever the tenant's number of users and
+    density (gamma is then a ratio, free of the data's scale; see :func:`local_steps`)."""
     server_prox: Literal["eq10", "alg1"] = "eq10"
     """The server's Elb prox of the mean upload: 'eq10' with kappa/C and lambda_t/C (the
     exact minimiser of eq. 10 for C uploads) or 'alg1' with kappa and lambda_t (Algorithm 1,
@@ -166,11 +171,16 @@ def prox_grad_step(x, x_prev, gram, cross, kappa, lam, inertia, mu):
     return elb_prox(y - eta * (y_gram - cross), eta * kappa, eta * lam), eta
 
 
-def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, mu):
+def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, mu,
+                curvature=False):
     """``steps`` alternating updates of eq. 8 from V_i = v; returns (U, U_prev, V).
 
     The V step works on V^T (the same kernel as U) and ends with the proximity prox
     towards ``v_hat`` with weight eta * gamma; ``proximity=0`` gives the plain Elbmf step.
+    ``curvature`` takes gamma = ``proximity`` * ||U^T U||_2 at each V step: the squared
+    loss grows with the tenant's rows, so a fixed gamma binds a small tenant and leaves a
+    large one free (with Felb's step 1/||U^T U||_2 the weight eta * gamma is then exactly
+    ``proximity``).
     ``a`` is the tenant's sparse matrix. Each step is :func:`prox_grad_step` (and
     :func:`proximity_prox`) computed by :func:`_fused_step`, block of rows by block of rows.
     """
@@ -180,8 +190,9 @@ def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, m
     for _ in range(steps):
         u_new = _fused_step(u, u_prev, vt.T @ vt, a @ vt, kappa, lam, inertia, mu)
         u, u_prev = u_new, u
-        vt_new = _fused_step(vt, vt_prev, u.T @ u, at @ u, kappa, lam, inertia, mu,
-                             vht, proximity)
+        gram = u.T @ u
+        gamma = proximity * float(np.linalg.norm(gram, 2)) if curvature else proximity
+        vt_new = _fused_step(vt, vt_prev, gram, at @ u, kappa, lam, inertia, mu, vht, gamma)
         vt, vt_prev = vt_new, vt
     return u, u_prev, np.ascontiguousarray(vt.T)
 
@@ -274,7 +285,8 @@ def client_step(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,
     lam_t = grown_lambda(cfg.lam, cfg.lambda_growth, global_msg.round)
     u, u_prev, v = local_steps(block.csr, local.u, local.u_prev, global_msg.v_hat,
                                global_msg.v_hat, cfg.local_steps, cfg.kappa, lam_t,
-                               cfg.inertia, cfg.proximity, cfg.step == "mu")
+                               cfg.inertia, cfg.proximity, cfg.step == "mu",
+                               cfg.proximity_scale == "curvature")
     return FelbLocal(u, u_prev), FelbUpload(v)
 
 
