@@ -18,9 +18,10 @@ element-wise on the box [0, 1] (eq. 3; the lambda/2 scaling makes eq. 6 its exac
 
 One round t (one "iteration" of Appendix D). Client: V_i <- V_hat, then T local steps of
 eq. 8 (a U step, then a V step; iPALM extrapolation x + beta (x - x_prev) before each)
-with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambda_t/C}(mean
-V_i), the exact minimiser of eq. 10 (``server_prox='alg1'``, opt-in: prox_{kappa, lambda_t}
-as Algorithm 1, line 16 prints it; at the paper's size it closes Felb's loss to averaging,
+with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa, lambda_t}(mean
+V_i) as Algorithm 1, line 16 prints it (``server_prox='alg1'``, the default; 'eq10' takes
+kappa/C and lambda_t/C, the exact minimiser of eq. 10, which pulls V_hat C times less
+towards {0, 1} and loses F1 at MovieLens' and at the paper's size,
 docs/benchmarks/felb_table1.md). Steps: Felb 1/L with L = ||V V^T||_2 resp.
 ||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
 the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
@@ -83,10 +84,10 @@ class FelbConfig(AlgorithmConfig):
     of tenant i's squared loss in V_i, recomputed at every V step, so the proximity penalty
     weighs the same against the data term whatever the tenant's number of users and
     density (gamma is then a ratio, free of the data's scale; see :func:`local_steps`)."""
-    server_prox: Literal["eq10", "alg1"] = "eq10"
-    """The server's Elb prox of the mean upload: 'eq10' with kappa/C and lambda_t/C (the
-    exact minimiser of eq. 10 for C uploads) or 'alg1' with kappa and lambda_t (Algorithm 1,
-    line 16 as printed); see :func:`server_step`."""
+    server_prox: Literal["eq10", "alg1"] = "alg1"
+    """The server's Elb prox of the mean upload: 'alg1' with kappa and lambda_t (Algorithm 1,
+    line 16 as printed) or 'eq10' with kappa/C and lambda_t/C (the exact minimiser of eq. 10
+    for C uploads); see :func:`server_step`."""
 
 
 class FelbMUConfig(FelbConfig):
@@ -293,12 +294,13 @@ def client_step(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,
 def server_step(state: FelbServer, uploads, cfg: FelbConfig, rng: np.random.Generator):
     """V_hat <- prox_{eta kappa, eta lambda_t}(mean of the C uploaded V_i) (Sec. 3.2).
 
-    The paper leaves the server's step eta_V_hat open (Algorithm 1, line 16 prints
-    prox_{kappa, lambda}). ``server_prox='eq10'`` (the default) takes eta = 1/C:
-    argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2 ||Y - mean||^2 + R(Y), the exact
-    minimiser of eq. 10 with squared norms. ``'alg1'`` takes eta = 1, line 16 as printed: a
-    C times stronger pull of V_hat towards {0, 1} (the same rounding B(V_hat), which only
-    depends on the side of 1/2). No upload: V_hat is kept.
+    The paper leaves the server's step eta_V_hat open; Algorithm 1, line 16 prints
+    prox_{kappa, lambda}: ``server_prox='alg1'`` (the default) takes eta = 1 as printed.
+    ``'eq10'`` takes eta = 1/C: argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2
+    ||Y - mean||^2 + R(Y), the exact minimiser of eq. 10 with squared norms, whose pull of
+    V_hat towards {0, 1} is C times weaker (the same rounding B(V_hat) of one V_hat, which
+    only depends on the side of 1/2, but the next round starts from a less Boolean V_hat).
+    No upload: V_hat is kept.
     """
     v_hat = state.v_hat
     if uploads:

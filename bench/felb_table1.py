@@ -26,8 +26,11 @@ variants). With ``--paper-size`` Felb and Felb-MU start from V_hat^0 uniform on
 [0, 1/sqrt(n)] (``start='scaled'`` of :class:`algorithms.felb.FelbConfig`, a deviation
 from Algorithm 1's [0, 1], which learns nothing at 59,047 items); ``--start uniform`` runs
 the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``, and
-fedrec's server prox (kappa/C, lambda_t/C) unless ``--server-prox alg1`` (Algorithm 1, line
-16 as printed; adds ``_alg1`` to the result file), with or without ``--paper-size``.
+Felb's default server prox (Algorithm 1, line 16 as printed: kappa, lambda_t) unless
+``--server-prox eq10`` (kappa/C, lambda_t/C, the exact minimiser of eq. 10; adds ``_eq10``
+to the result file), with or without ``--paper-size``. With ``--paper-size`` the result
+also has the generator's oracle: the F1 of its own probabilities of a 1, cut at 1/2 and at
+other cuts (:func:`oracle_quality`), the ceiling the synthetic set puts on Table 1.
 """
 
 from __future__ import annotations
@@ -59,6 +62,9 @@ NOTE = {
     "felb": "as Felb-MU: far fewer users per tenant than the paper's MovieLens",
     "vote": "paper's Elbmf-vote column; here 200 instead of 1000 local Elbmf iterations",
 }
+
+_PROX = felb.FelbConfig().server_prox  # the default server prox: Algorithm 1, line 16
+_PROX_LABEL = ", server prox of eq. 10 (kappa/C, lambda_t/C)"  # the other one
 
 
 #: shapes of the synthetic sets: MovieLens 25M (Table 2's Movielens row; 59,047 of its
@@ -231,7 +237,7 @@ _DATA: dict = {}  # seed -> (federation, latent model), read by forked workers
 
 def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
                    proximity: float | None, start: str | None = None,
-                   server_prox: str | None = None) -> dict:
+                   server_prox: str | None = None, config: dict | None = None) -> dict:
     """Train method ``m`` on seed ``seed``'s set and score its Boolean reconstruction;
     ``m = 'oracle'`` scores the generator's own probabilities (:func:`oracle_quality`)."""
     fed, model = _DATA[seed]
@@ -243,7 +249,8 @@ def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
         return {**row, "eval_cpu_seconds": cpu, "eval_wall_seconds": wall}
     (alg, res, _), wall, cpu = _timed(lambda: S.fit(m, fed, 20, rounds, seed, baseline_iters,
                                                     proximity=proximity, start=start,
-                                                    server_prox=server_prox))
+                                                    server_prox=server_prox,
+                                                    **(config or {})))
     module = felb if m in felb.ALGORITHMS else binary_baseline
     pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
     (f1, rmsd), _, eval_cpu = _timed(lambda: boolean_quality(pairs, fed.train))
@@ -256,10 +263,12 @@ def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
 def run_paper(seeds: list[int], rounds: int, baseline_iters: int, clients: int,
               fraction: float, shape: str = "ml-25m", proximity: float | None = None,
               jobs: int = 1, start: str | None = None, server_prox: str | None = None,
-              oracle: bool = True) -> list[dict]:
+              oracle: bool = True, methods: list[str] | None = None,
+              config: dict | None = None) -> list[dict]:
     """Per seed: F1 and RMSD of Felb, Felb-MU (and the voting baseline unless
     ``baseline_iters`` is 0, the generator's oracle if ``oracle``) on one synthetic
-    MovieLens 25M-shape set; CPU and wall seconds of each part. ``jobs`` > 1 runs the
+    MovieLens 25M-shape set; CPU and wall seconds of each part. ``methods`` keeps some of
+    them, ``config`` overrides more Felb fields (``proximity_scale``). ``jobs`` > 1 runs the
     (seed, method) pairs in that many forked processes (they share the data sets' pages;
     each figure is that of a sequential run)."""
     runs = []
@@ -272,9 +281,9 @@ def run_paper(seeds: list[int], rounds: int, baseline_iters: int, clients: int,
         _DATA[seed] = fed, model
         runs.append({"data": {"ones": ones, "users": users, "tenants": fed.n_clients,
                               "cpu_seconds": cpu, "wall_seconds": wall}})
-    methods = ["felb", "felb-mu"] + (["vote"] if baseline_iters else []) + (
-        ["oracle"] if oracle else [])
-    tasks = [(m, seed, rounds, baseline_iters, proximity, start, server_prox)
+    methods = [m for m in ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
+               + (["oracle"] if oracle else []) if methods is None or m in methods]
+    tasks = [(m, seed, rounds, baseline_iters, proximity, start, server_prox, config)
              for seed in seeds for m in methods]
     try:
         if jobs > 1:
@@ -367,12 +376,18 @@ def main(argv: list[str] | None = None) -> int:
                          "--paper-size); another than the default adds _<start> to the "
                          "result file")
     ap.add_argument("--server-prox", choices=["eq10", "alg1"], default=None,
-                    help="Felb's server prox: 'eq10' (kappa/C, lambda_t/C; the default) or "
-                         "'alg1' (kappa, lambda_t, Algorithm 1 line 16 as printed); 'alg1' "
-                         "adds _alg1 to the result file")
+                    help="Felb's server prox: 'alg1' (kappa, lambda_t, Algorithm 1 line 16 "
+                         "as printed; the default) or 'eq10' (kappa/C, lambda_t/C, eq. 10's "
+                         "exact minimiser); 'eq10' adds _eq10 to the result file")
     ap.add_argument("--jobs", type=int, default=1,
                     help="with --paper-size: run the (seed, method) pairs in this many "
                          "processes")
+    ap.add_argument("--proximity-scale", choices=["absolute", "curvature"], default=None,
+                    help="with --paper-size: Felb's proximity_scale (gamma as given, or "
+                         "relative to ||U^T U||); given, it adds _<scale> to the result file")
+    ap.add_argument("--methods", default=None,
+                    help="with --paper-size: a comma list of felb, felb-mu, vote, oracle "
+                         "(default all)")
     ap.add_argument("--no-oracle", action="store_true",
                     help="with --paper-size: leave out the oracle rows (the F1 of the "
                          "generator's own probabilities)")
@@ -385,11 +400,11 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds or (5 if args.quick else 20)
     iters = args.baseline_iters or (30 if args.quick else 200)
     start = args.start or "uniform"
-    prox = args.server_prox or "eq10"
+    prox = args.server_prox or _PROX
     runs = [run_seed(data, s, rounds, iters, args.clients, start, prox) for s in range(seeds)]
-    suffix = ("" if start == "uniform" else f"_{start}") + ("" if prox == "eq10" else f"_{prox}")
+    suffix = ("" if start == "uniform" else f"_{start}") + ("" if prox == _PROX else f"_{prox}")
     what = (data + ("" if start == "uniform" else f", {start} start")
-            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
+            + ("" if prox == _PROX else _PROX_LABEL))
     comparisons = _comparisons(what, list(PAPER), runs, PAPER, NOTE,
                                "Table 3 gives RMSD on MovieLens 25M only")
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
@@ -439,29 +454,34 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
     start = args.start or "scaled"
-    prox = args.server_prox or "eq10"
+    prox = args.server_prox or _PROX
     runs = run_paper(list(range(seeds)), rounds, iters, args.clients, fraction, args.shape,
-                     args.proximity, args.jobs, start, prox, not args.no_oracle)
+                     args.proximity, args.jobs, start, prox, not args.no_oracle,
+                     args.methods and args.methods.split(","),
+                     {} if args.proximity_scale is None else
+                     {"proximity_scale": args.proximity_scale})
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
     variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
                + ("" if fraction == 1 else f"_x{fraction:g}")
                + ("" if args.proximity is None else f"_gamma{args.proximity:g}")
+               + ("" if args.proximity_scale is None else f"_{args.proximity_scale}")
                + ("" if start == "scaled" else f"_{start}")
-               + ("" if prox == "eq10" else f"_{prox}"))
+               + ("" if prox == _PROX else f"_{prox}"))
     what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
                                                        else "")
             + ("" if args.proximity is None else f", gamma {args.proximity:g}")
+            + ("" if args.proximity_scale is None else f" ({args.proximity_scale})")
             + ("" if start == "scaled" else f", {start} start")
-            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
+            + ("" if prox == _PROX else _PROX_LABEL))
     paper_shape = args.shape == "ml-25m" and fraction == 1  # else a diagnostic: no figure
     note = {m: (PAPER_NOTE[m] if paper_shape else SHAPE_NOTE if args.shape == "ml-1m"
                 else f"diagnostic: {fraction:g} of the users, ratings and tenants")
             + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
                f"{felb.FelbConfig().proximity:g}")
             + ("" if start == "scaled" else f"; start {start}")
-            + ("" if prox == "eq10" else "; server prox kappa, lambda_t (Algorithm 1, "
-               "line 16)") for m in methods}
+            + ("" if prox == _PROX else "; server prox kappa/C, lambda_t/C (eq. 10)")
+            for m in methods}
     comparisons = _comparisons(what, methods, runs, PAPER if paper_shape else None, note,
                                "Table 3's MovieLens RMSD is on another scale")
     if "oracle" in runs[0]:
@@ -473,7 +493,8 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
                      "proximity": (felb.FelbConfig().proximity if args.proximity is None
                                    else args.proximity), "threshold": 3.5,
-                     "start": start, "server_prox": prox},
+                     "start": start, "server_prox": prox,
+                     "proximity_scale": args.proximity_scale or "the method's default"},
         "comparisons": comparisons, "runs": runs},
         stem="felb_table1_paper" + variant)
     return 0
