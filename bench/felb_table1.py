@@ -145,7 +145,7 @@ def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0,
 
 THRESHOLD = 3.5  #: ratings >= 3.5 are 1s (Sec. 4.2, Apx. C)
 #: the oracle's probability cuts: a pair is predicted 1 when P(it is a 1) >= the cut
-ORACLE_CUTS = np.round(np.arange(0.05, 0.96, 0.01), 2)
+ORACLE_CUTS = np.round(np.arange(0.08, 0.96, 0.01), 2)
 _ORACLE_USERS = 128  # users whose candidate pairs are scored at once
 
 
