@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
                          "relative to ||U^T U||); given, it adds _<scale> to the result file")
     ap.add_argument("--methods", default=None,
                     help="with --paper-size: a comma list of felb, felb-mu, vote, oracle "
-                         "(default all)")
+                         "(default all); given, it adds _<methods> to the result file")
     ap.add_argument("--no-oracle", action="store_true",
                     help="with --paper-size: leave out the oracle rows (the F1 of the "
                          "generator's own probabilities)")
@@ -466,6 +466,7 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                + ("" if fraction == 1 else f"_x{fraction:g}")
                + ("" if args.proximity is None else f"_gamma{args.proximity:g}")
                + ("" if args.proximity_scale is None else f"_{args.proximity_scale}")
+               + ("" if args.methods is None else "_" + args.methods.replace(",", "-"))
                + ("" if start == "scaled" else f"_{start}")
                + ("" if prox == _PROX else f"_{prox}"))
     what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
