@@ -18,9 +18,10 @@ element-wise on the box [0, 1] (eq. 3; the lambda/2 scaling makes eq. 6 its exac
 
 One round t (one "iteration" of Appendix D). Client: V_i <- V_hat, then T local steps of
 eq. 8 (a U step, then a V step; iPALM extrapolation x + beta (x - x_prev) before each)
-with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa/C, lambda_t/C}(mean
-V_i), the exact minimiser of eq. 10 (``server_prox='alg1'``, opt-in: prox_{kappa, lambda_t}
-as Algorithm 1, line 16 prints it; at the paper's size it closes Felb's loss to averaging,
+with lambda_t = lambda 1.05^t; upload V_i. Server: V_hat <- prox_{kappa, lambda_t}(mean
+V_i) as Algorithm 1, line 16 prints it (``server_prox='alg1'``, the default; 'eq10' takes
+kappa/C and lambda_t/C, the exact minimiser of eq. 10, which pulls V_hat C times less
+towards {0, 1} and loses F1 at MovieLens' and at the paper's size,
 docs/benchmarks/felb_table1.md). Steps: Felb 1/L with L = ||V V^T||_2 resp.
 ||U^T U||_2; Felb-MU the Lee-Seung matrices U / (U V V^T) and V / (U^T U V). Prediction:
 the Boolean product of U_i and V_hat rounded at 1/2 (see :func:`factors`).
@@ -78,10 +79,15 @@ class FelbConfig(AlgorithmConfig):
     start: Literal["uniform", "scaled"] = "uniform"
     """V_hat^0: 'uniform' on [0, 1] (Algorithm 1, line 1) or 'scaled' uniform on
     [0, 1/sqrt(n)] for n items (a deviation for large catalogues, see the module docstring)."""
-    server_prox: Literal["eq10", "alg1"] = "eq10"
-    """The server's Elb prox of the mean upload: 'eq10' with kappa/C and lambda_t/C (the
-    exact minimiser of eq. 10 for C uploads) or 'alg1' with kappa and lambda_t (Algorithm 1,
-    line 16 as printed); see :func:`server_step`."""
+    proximity_scale: Literal["absolute", "curvature"] = "absolute"
+    """'absolute': gamma as given. 'curvature': gamma times ||U_i^T U_i||_2, the curvature
+    of tenant i's squared loss in V_i, recomputed at every V step, so the proximity penalty
+    weighs the same against the data term whatever the tenant's number of users and
+    density (gamma is then a ratio, free of the data's scale; see :func:`local_steps`)."""
+    server_prox: Literal["eq10", "alg1"] = "alg1"
+    """The server's Elb prox of the mean upload: 'alg1' with kappa and lambda_t (Algorithm 1,
+    line 16 as printed) or 'eq10' with kappa/C and lambda_t/C (the exact minimiser of eq. 10
+    for C uploads); see :func:`server_step`."""
 
 
 class FelbMUConfig(FelbConfig):
@@ -166,11 +172,16 @@ def prox_grad_step(x, x_prev, gram, cross, kappa, lam, inertia, mu):
     return elb_prox(y - eta * (y_gram - cross), eta * kappa, eta * lam), eta
 
 
-def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, mu):
+def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, mu,
+                curvature=False):
     """``steps`` alternating updates of eq. 8 from V_i = v; returns (U, U_prev, V).
 
     The V step works on V^T (the same kernel as U) and ends with the proximity prox
     towards ``v_hat`` with weight eta * gamma; ``proximity=0`` gives the plain Elbmf step.
+    ``curvature`` takes gamma = ``proximity`` * ||U^T U||_2 at each V step: the squared
+    loss grows with the tenant's rows, so a fixed gamma binds a small tenant and leaves a
+    large one free (with Felb's step 1/||U^T U||_2 the weight eta * gamma is then exactly
+    ``proximity``).
     ``a`` is the tenant's sparse matrix. Each step is :func:`prox_grad_step` (and
     :func:`proximity_prox`) computed by :func:`_fused_step`, block of rows by block of rows.
     """
@@ -180,8 +191,9 @@ def local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, proximity, m
     for _ in range(steps):
         u_new = _fused_step(u, u_prev, vt.T @ vt, a @ vt, kappa, lam, inertia, mu)
         u, u_prev = u_new, u
-        vt_new = _fused_step(vt, vt_prev, u.T @ u, at @ u, kappa, lam, inertia, mu,
-                             vht, proximity)
+        gram = u.T @ u
+        gamma = proximity * float(np.linalg.norm(gram, 2)) if curvature else proximity
+        vt_new = _fused_step(vt, vt_prev, gram, at @ u, kappa, lam, inertia, mu, vht, gamma)
         vt, vt_prev = vt_new, vt
     return u, u_prev, np.ascontiguousarray(vt.T)
 
@@ -274,19 +286,21 @@ def client_step(global_msg: FelbGlobal, local: FelbLocal, block: RatingBlock,
     lam_t = grown_lambda(cfg.lam, cfg.lambda_growth, global_msg.round)
     u, u_prev, v = local_steps(block.csr, local.u, local.u_prev, global_msg.v_hat,
                                global_msg.v_hat, cfg.local_steps, cfg.kappa, lam_t,
-                               cfg.inertia, cfg.proximity, cfg.step == "mu")
+                               cfg.inertia, cfg.proximity, cfg.step == "mu",
+                               cfg.proximity_scale == "curvature")
     return FelbLocal(u, u_prev), FelbUpload(v)
 
 
 def server_step(state: FelbServer, uploads, cfg: FelbConfig, rng: np.random.Generator):
     """V_hat <- prox_{eta kappa, eta lambda_t}(mean of the C uploaded V_i) (Sec. 3.2).
 
-    The paper leaves the server's step eta_V_hat open (Algorithm 1, line 16 prints
-    prox_{kappa, lambda}). ``server_prox='eq10'`` (the default) takes eta = 1/C:
-    argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2 ||Y - mean||^2 + R(Y), the exact
-    minimiser of eq. 10 with squared norms. ``'alg1'`` takes eta = 1, line 16 as printed: a
-    C times stronger pull of V_hat towards {0, 1} (the same rounding B(V_hat), which only
-    depends on the side of 1/2). No upload: V_hat is kept.
+    The paper leaves the server's step eta_V_hat open; Algorithm 1, line 16 prints
+    prox_{kappa, lambda}: ``server_prox='alg1'`` (the default) takes eta = 1 as printed.
+    ``'eq10'`` takes eta = 1/C: argmin_Y sum_i 1/2 ||Y - V_i||^2 + R(Y) = argmin_Y C/2
+    ||Y - mean||^2 + R(Y), the exact minimiser of eq. 10 with squared norms, whose pull of
+    V_hat towards {0, 1} is C times weaker (the same rounding B(V_hat) of one V_hat, which
+    only depends on the side of 1/2, but the next round starts from a less Boolean V_hat).
+    No upload: V_hat is kept.
     """
     v_hat = state.v_hat
     if uploads:

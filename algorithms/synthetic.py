@@ -20,6 +20,7 @@ Vectorised over ratings, never a dense users x items array.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -191,17 +192,87 @@ def _sample_group(n_local: int, n_items: int, quota: int, user_sampler: _Sampler
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
+class LatentModel:
+    """What :func:`generate_tenant_ratings` drew before sampling: enough to give the
+    probability of every (user, item) rating and of its star, for oracle measurements.
+
+    A tenant's pairs are ``min_per_user`` draws per user by popularity, then draws of
+    users by activity within the tenant and items by popularity until its quota of
+    distinct pairs; the star of a pair is the noisy latent score cut at ``cuts``.
+    """
+
+    user_weights: np.ndarray  #: activity of each user (sums to 1 over all users)
+    item_weights: np.ndarray  #: popularity of each item (sums to 1)
+    user_factors: np.ndarray  #: (n_users, rank)
+    item_factors: np.ndarray  #: (n_items, rank)
+    user_bias: np.ndarray
+    item_bias: np.ndarray
+    noise_sd: float  #: standard deviation of the Gaussian noise on the latent score
+    cuts: np.ndarray  #: the 4 score cut points between stars 1..5
+    bounds: np.ndarray  #: tenant t holds the users bounds[t] .. bounds[t + 1] - 1
+    quotas: np.ndarray  #: distinct pairs of each tenant
+    min_per_user: int
+
+    def draws(self, tenant: int, bins: int = 1024) -> float:
+        """D, the Poisson number of activity x popularity draws of ``tenant`` for which
+        the expected number of distinct pairs is its quota (bisection on log D; items
+        grouped into ``bins`` popularity quantiles, whose means stand for them)."""
+        lo, hi = int(self.bounds[tenant]), int(self.bounds[tenant + 1])
+        w = self.user_weights[lo:hi] / self.user_weights[lo:hi].sum()
+        order = np.sort(self.item_weights)
+        groups = np.array_split(order, min(bins, order.size))
+        pi = np.array([g.mean() for g in groups])
+        count = np.array([g.size for g in groups], dtype=float)
+        keep = (1.0 - pi) ** self.min_per_user
+
+        def expected(d: float) -> float:
+            return float(((1.0 - keep * np.exp(-d * np.outer(w, pi))) @ count).sum())
+
+        a, b = 0.0, 80.0  # log D
+        for _ in range(48):
+            mid = 0.5 * (a + b)
+            a, b = (mid, b) if expected(math.exp(mid)) < self.quotas[tenant] else (a, mid)
+        return math.exp(0.5 * (a + b))
+
+    def observed(self, tenant: int, users: np.ndarray, items: np.ndarray, draws: float,
+                 pairs: bool = False) -> np.ndarray:
+        """P(pair drawn) of local ``users`` x ``items`` given :meth:`draws`: the outer
+        table, or of the pairs (``users[n]``, ``items[n]``) when ``pairs``."""
+        lo, hi = int(self.bounds[tenant]), int(self.bounds[tenant + 1])
+        w = self.user_weights[lo + users] / self.user_weights[lo:hi].sum()
+        pi = self.item_weights[items]
+        rate = w * pi if pairs else np.outer(w, pi)
+        return 1.0 - (1.0 - pi) ** self.min_per_user * np.exp(-draws * rate)
+
+    def star_at_least(self, star: int, tenant: int, users: np.ndarray, items: np.ndarray,
+                      pairs: bool = False) -> np.ndarray:
+        """P(star >= ``star`` | rated) of local ``users`` x ``items`` (outer, or the pairs
+        (``users[n]``, ``items[n]``) when ``pairs``)."""
+        from scipy.special import ndtr
+
+        g = int(self.bounds[tenant]) + users
+        uf, vf = self.user_factors[g], self.item_factors[items]
+        if pairs:
+            mean = np.einsum("ij,ij->i", uf, vf) + self.user_bias[g] + self.item_bias[items]
+        else:
+            mean = uf @ vf.T + self.user_bias[g][:, None] + self.item_bias[items][None, :]
+        return ndtr((mean - self.cuts[star - 2]) / self.noise_sd)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
 class TenantRatings:
     """Synthetic ratings already partitioned by user into tenants.
 
     ``blocks[t]`` holds tenant t's ratings (local user rows, global item columns);
-    ``user_ids[t]`` maps its local rows to global user ids (a contiguous range).
+    ``user_ids[t]`` maps its local rows to global user ids (a contiguous range);
+    ``model`` is the latent model they were drawn from.
     """
 
     blocks: list[RatingBlock]
     user_ids: list[np.ndarray]
     n_users: int
     n_items: int
+    model: LatentModel | None = None
 
     @property
     def n_ratings(self) -> int:
@@ -274,7 +345,9 @@ def generate_tenant_ratings(n_users: int, n_items: int, n_ratings: int, n_tenant
         blocks.append(RatingBlock(rows[t], cols[t], stars, int(sizes[t]), n_items, (1.0, 5.0)))
         rows[t] = cols[t] = None
     uids = [np.arange(bounds[t], bounds[t + 1]) for t in range(n_tenants)]
-    return TenantRatings(blocks, uids, n_users, n_items)
+    model = LatentModel(pu, pi, u, vt, b_u, b_i, float(noise * std), cuts, bounds,
+                        np.asarray(quotas), min_per_user)
+    return TenantRatings(blocks, uids, n_users, n_items, model)
 
 
 #: share of each star, 1..5, of :func:`generate_skewed_ratings`: Amazon-like, 70% fives

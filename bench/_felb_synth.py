@@ -64,17 +64,18 @@ def federation(data: np.ndarray, signal: np.ndarray, n_clients: int,
 def fit(method: str, fed: Federation, rank: int, rounds: int, seed: int,
         baseline_iters: int, privatizer=None, local_steps: int = 10,
         proximity: float | None = None, start: str | None = None,
-        server_prox: str | None = None):
+        server_prox: str | None = None, **config):
     """Train one method on all tenants; returns (algorithm, result, training seconds).
-    ``proximity``, ``start`` and ``server_prox`` override Felb's gamma, start and server
-    prox (defaults :class:`algorithms.felb.FelbConfig`'s)."""
+    ``proximity``, ``start`` and ``server_prox`` (and any other ``config`` field) override
+    Felb's gamma, start and server prox (defaults :class:`algorithms.felb.FelbConfig`'s)."""
     t0 = time.perf_counter()
     if method in felb.ALGORITHMS:
         alg = felb.ALGORITHMS[method]
         cfg = alg.config(rank=rank, local_steps=local_steps,
                          **({} if proximity is None else {"proximity": proximity}),
                          **({} if start is None else {"start": start}),
-                         **({} if server_prox is None else {"server_prox": server_prox}))
+                         **({} if server_prox is None else {"server_prox": server_prox}),
+                         **config)
         res = simulate(alg, cfg, fed, rounds=rounds, per_round=fed.n_clients, seed=seed,
                        privatizer=privatizer, evaluate_every=rounds)
         return alg, res, sum(h.seconds for h in res.history)

@@ -26,8 +26,11 @@ variants). With ``--paper-size`` Felb and Felb-MU start from V_hat^0 uniform on
 [0, 1/sqrt(n)] (``start='scaled'`` of :class:`algorithms.felb.FelbConfig`, a deviation
 from Algorithm 1's [0, 1], which learns nothing at 59,047 items); ``--start uniform`` runs
 the paper's start. The ML-1M run keeps the paper's start unless ``--start scaled``, and
-fedrec's server prox (kappa/C, lambda_t/C) unless ``--server-prox alg1`` (Algorithm 1, line
-16 as printed; adds ``_alg1`` to the result file), with or without ``--paper-size``.
+Felb's default server prox (Algorithm 1, line 16 as printed: kappa, lambda_t) unless
+``--server-prox eq10`` (kappa/C, lambda_t/C, the exact minimiser of eq. 10; adds ``_eq10``
+to the result file), with or without ``--paper-size``. With ``--paper-size`` the result
+also has the generator's oracle: the F1 of its own probabilities of a 1, cut at 1/2 and at
+other cuts (:func:`oracle_quality`), the ceiling the synthetic set puts on Table 1.
 """
 
 from __future__ import annotations
@@ -39,13 +42,13 @@ import time
 import numpy as np
 
 from algorithms import binary_baseline, felb
-from algorithms.binary_metrics import binarise, binary_report, boolean_quality
+from algorithms.binary_metrics import binarise, binary_report, boolean_quality, f1_and_rmsd
 from algorithms.block import RatingBlock
 from algorithms.data import Federation, build_federation, load_movielens
 from algorithms.presets import PAPER_RUNS, paper_config
 from algorithms.rng import SERVER, derive_rng
 from algorithms.simulate import SimulationResult, initialise, run_round, simulate
-from algorithms.synthetic import generate_tenant_ratings
+from algorithms.synthetic import LatentModel, generate_tenant_ratings
 from bench import _experiment as E
 from bench import _felb_synth as S
 
@@ -60,6 +63,9 @@ NOTE = {
     "felb": "as Felb-MU: far fewer users per tenant than the paper's MovieLens",
     "vote": "paper's Elbmf-vote column; here 200 instead of 1000 local Elbmf iterations",
 }
+
+_PROX = felb.FelbConfig().server_prox  # the default server prox: Algorithm 1, line 16
+_PROX_LABEL = ", server prox of eq. 10 (kappa/C, lambda_t/C)"  # the other one
 
 
 #: shapes of the synthetic sets: MovieLens 25M (Table 2's Movielens row; 59,047 of its
@@ -118,10 +124,10 @@ def _run_baselines(methods: list[str], fed, args) -> list[dict]:
     return rows
 
 
-def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0,
-                     shape: str = "ml-25m") -> Federation:
+def paper_data(seed: int, clients: int = 50, fraction: float = 1.0,
+               shape: str = "ml-25m") -> tuple[Federation, LatentModel]:
     """Binarised (>= 3.5) synthetic ratings of MovieLens 25M's (or ``shape``'s) shape in
-    ``clients`` tenants.
+    ``clients`` tenants, and the latent model they were drawn from.
 
     ``fraction`` < 1 scales users, ratings and tenants together (items stay 59,047), so a
     tenant keeps about 3,250 users: a quicker run of the same per-tenant problem. Every
@@ -136,7 +142,96 @@ def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0,
                          b.n_users, b.n_items) for b in ratings.blocks]
     fed = Federation(ratings.blocks, empty, ratings.user_ids,
                      np.arange(ratings.n_items), (1.0, 5.0))
-    return binarise(fed, 3.5)
+    return binarise(fed, THRESHOLD), ratings.model
+
+
+def paper_federation(seed: int, clients: int = 50, fraction: float = 1.0,
+                     shape: str = "ml-25m") -> Federation:
+    """The federation of :func:`paper_data`."""
+    return paper_data(seed, clients, fraction, shape)[0]
+
+
+THRESHOLD = 3.5  #: ratings >= 3.5 are 1s (Sec. 4.2, Apx. C)
+#: the oracle's probability cuts: a pair is predicted 1 when P(it is a 1) >= the cut
+ORACLE_CUTS = np.round(np.arange(0.08, 0.96, 0.01), 2)
+_ORACLE_USERS = 128  # users whose candidate pairs are scored at once
+
+
+def _oracle_counts(model: LatentModel, tenant: int, block: RatingBlock, cuts: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(TP, predicted) of the rule 'P(1) >= cut' in one tenant, for each cut.
+
+    P(1) = P(rated) P(star >= 4 | rated) <= P(rated), and P(rated) grows with the item's
+    popularity, so each user's candidates for the lowest cut are a prefix of the items by
+    falling popularity (found by bisection); pairs outside it are below every cut.
+    """
+    draws = model.draws(tenant)
+    star = int(np.ceil(THRESHOLD))
+
+    def prob(users, items, pairs):
+        return (model.observed(tenant, users, items, draws, pairs)
+                * model.star_at_least(star, tenant, users, items, pairs))
+
+    tp = np.zeros(cuts.size, dtype=np.int64)
+    for s in range(0, block.nnz, 1 << 20):
+        p = np.sort(prob(block.rows[s:s + (1 << 20)], block.cols[s:s + (1 << 20)], True))
+        tp += p.size - np.searchsorted(p, cuts, side="left")
+    order = np.argsort(-model.item_weights, kind="stable")
+    users = np.arange(block.n_users)
+    lo, hi = np.zeros(users.size, np.int64), np.full(users.size, order.size, np.int64)
+    while np.any(lo < hi):  # lo -> n_u, the number of items with P(rated) >= cuts[0]
+        mid = (lo + hi) // 2
+        inside = model.observed(tenant, users, order[np.minimum(mid, order.size - 1)],
+                                draws, True) >= cuts[0]
+        active = lo < hi
+        lo = np.where(active & inside, mid + 1, lo)
+        hi = np.where(active & ~inside, mid, hi)
+    predicted = np.zeros(cuts.size, dtype=np.int64)
+    for s in range(0, users.size, _ORACLE_USERS):
+        us, n_u = users[s:s + _ORACLE_USERS], lo[s:s + _ORACLE_USERS]
+        width = int(n_u.max())
+        if width == 0:
+            continue
+        p = prob(us, order[:width], False)
+        p[np.arange(width)[None, :] >= n_u[:, None]] = 0.0
+        p = np.sort(p[p >= cuts[0]])
+        predicted += p.size - np.searchsorted(p, cuts, side="left")
+    return tp, predicted
+
+
+def oracle_quality(model: LatentModel, blocks: list[RatingBlock],
+                   cuts: np.ndarray = ORACLE_CUTS) -> dict:
+    """F1 and RMSD against the data of the generator's own knowledge: predict (t, j) = 1
+    when P(rated and star >= 4) under ``model`` is at least a cut, scored by
+    :func:`algorithms.binary_metrics.f1_and_rmsd` like every method of the bench.
+
+    At the cut 1/2 (``f1``, ``rmsd``) it is the reconstruction of least expected squared
+    error (a 1 costs 1 - p, a 0 costs p): what a squared-loss fit as Felb's aims at, with
+    no limit on the rank and no Boolean structure. ``f1_accepted`` is the most F1 of a cut
+    whose reconstruction has no more wrong cells than predicting no 1 at all (FP <= TP),
+    as every fit squared loss prefers to the empty one; for each number of predicted cells
+    the cut holds the most expected TP, so no reconstruction that does not fit the noise
+    of the data does better in expectation. ``f1_best`` is the most F1 of any cut.
+    """
+    tp = np.zeros(cuts.size, dtype=np.int64)
+    predicted = np.zeros(cuts.size, dtype=np.int64)
+    ones = cells = 0
+    for t, block in enumerate(blocks):
+        a, b = _oracle_counts(model, t, block, cuts)
+        tp, predicted = tp + a, predicted + b
+        ones, cells = ones + block.nnz, cells + block.n_users * block.n_items
+    scores = [f1_and_rmsd(int(a), int(b - a), ones - int(a), cells)
+              for a, b in zip(tp, predicted, strict=True)]
+    f1 = np.array([f for f, _ in scores])
+    half = int(np.flatnonzero(np.isclose(cuts, 0.5))[0])
+    best = int(np.argmax(f1))
+    # no more wrong cells than the empty reconstruction (FP <= TP): what squared loss accepts
+    accepted = int(np.argmax(np.where(predicted <= 2 * tp, f1, -1.0)))
+    return {"f1": scores[half][0], "rmsd": scores[half][1],
+            "f1_accepted": scores[accepted][0], "rmsd_accepted": scores[accepted][1],
+            "cut_accepted": float(cuts[accepted]),
+            "f1_best": scores[best][0], "rmsd_best": scores[best][1],
+            "cut_best": float(cuts[best])}
 
 
 def _timed(fn):
@@ -145,17 +240,25 @@ def _timed(fn):
     return out, round(time.perf_counter() - wall, 1), round(time.process_time() - cpu, 1)
 
 
-_FED: Federation | None = None  # the set a forked worker of run_paper_seed reads
+_DATA: dict = {}  # seed -> (federation, latent model), read by forked workers
 
 
 def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
                    proximity: float | None, start: str | None = None,
-                   server_prox: str | None = None) -> dict:
-    """Train method ``m`` on ``_FED`` and score its Boolean reconstruction."""
-    fed = _FED
+                   server_prox: str | None = None, config: dict | None = None) -> dict:
+    """Train method ``m`` on seed ``seed``'s set and score its Boolean reconstruction;
+    ``m = 'oracle'`` scores the generator's own probabilities (:func:`oracle_quality`)."""
+    fed, model = _DATA[seed]
+    if m == "oracle":
+        row, wall, cpu = _timed(lambda: oracle_quality(model, fed.train))
+        print(f"seed {seed} oracle   F1 {row['f1']:.4f} (cut 1/2), {row['f1_accepted']:.4f} "
+              f"(FP <= TP, cut {row['cut_accepted']}), {row['f1_best']:.4f} (best, cut "
+              f"{row['cut_best']}); {cpu} s CPU", flush=True)
+        return {**row, "eval_cpu_seconds": cpu, "eval_wall_seconds": wall}
     (alg, res, _), wall, cpu = _timed(lambda: S.fit(m, fed, 20, rounds, seed, baseline_iters,
                                                     proximity=proximity, start=start,
-                                                    server_prox=server_prox))
+                                                    server_prox=server_prox,
+                                                    **(config or {})))
     module = felb if m in felb.ALGORITHMS else binary_baseline
     pairs = [module.boolean_factors(res.global_msg, s) for s in res.local_states]
     (f1, rmsd), _, eval_cpu = _timed(lambda: boolean_quality(pairs, fed.train))
@@ -165,37 +268,44 @@ def _fit_and_score(m: str, seed: int, rounds: int, baseline_iters: int,
             "eval_cpu_seconds": eval_cpu}
 
 
-def run_paper_seed(seed: int, rounds: int, baseline_iters: int, clients: int,
-                   fraction: float, shape: str = "ml-25m",
-                   proximity: float | None = None, jobs: int = 1,
-                   start: str | None = None, server_prox: str | None = None) -> dict:
-    """F1 and RMSD of Felb, Felb-MU (and the voting baseline unless ``baseline_iters`` is
-    0) on one synthetic MovieLens 25M-shape set; CPU and wall seconds of each part.
-    ``jobs`` > 1 trains the methods in that many forked processes (they share the data
-    set's pages; each method's figures are those of a sequential run)."""
-    global _FED
-    fed, wall, cpu = _timed(lambda: paper_federation(seed, clients, fraction, shape))
-    ones = sum(b.nnz for b in fed.train)
-    print(f"seed {seed} data: {fed.n_clients} tenants, {sum(b.n_users for b in fed.train)} "
-          f"users, {fed.n_items} items, {ones} ones; {cpu} s CPU", flush=True)
-    rows: dict = {"data": {"ones": ones, "users": sum(b.n_users for b in fed.train),
-                           "tenants": fed.n_clients, "cpu_seconds": cpu, "wall_seconds": wall}}
-    methods = ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
-    args = [(m, seed, rounds, baseline_iters, proximity, start, server_prox)
-            for m in methods]
-    _FED = fed
+def run_paper(seeds: list[int], rounds: int, baseline_iters: int, clients: int,
+              fraction: float, shape: str = "ml-25m", proximity: float | None = None,
+              jobs: int = 1, start: str | None = None, server_prox: str | None = None,
+              oracle: bool = True, methods: list[str] | None = None,
+              config: dict | None = None) -> list[dict]:
+    """Per seed: F1 and RMSD of Felb, Felb-MU (and the voting baseline unless
+    ``baseline_iters`` is 0, the generator's oracle if ``oracle``) on one synthetic
+    MovieLens 25M-shape set; CPU and wall seconds of each part. ``methods`` keeps some of
+    them, ``config`` overrides more Felb fields (``proximity_scale``). ``jobs`` > 1 runs the
+    (seed, method) pairs in that many forked processes (they share the data sets' pages;
+    each figure is that of a sequential run)."""
+    runs = []
+    for seed in seeds:
+        (fed, model), wall, cpu = _timed(lambda s=seed: paper_data(s, clients, fraction, shape))
+        ones = sum(b.nnz for b in fed.train)
+        users = sum(b.n_users for b in fed.train)
+        print(f"seed {seed} data: {fed.n_clients} tenants, {users} users, {fed.n_items} "
+              f"items, {ones} ones; {cpu} s CPU", flush=True)
+        _DATA[seed] = fed, model
+        runs.append({"data": {"ones": ones, "users": users, "tenants": fed.n_clients,
+                              "cpu_seconds": cpu, "wall_seconds": wall}})
+    methods = [m for m in ["felb", "felb-mu"] + (["vote"] if baseline_iters else [])
+               + (["oracle"] if oracle else []) if methods is None or m in methods]
+    tasks = [(m, seed, rounds, baseline_iters, proximity, start, server_prox, config)
+             for seed in seeds for m in methods]
     try:
         if jobs > 1:
             import multiprocessing
 
-            with multiprocessing.get_context("fork").Pool(min(jobs, len(methods))) as pool:
-                results = pool.starmap(_fit_and_score, args)
+            with multiprocessing.get_context("fork").Pool(min(jobs, len(tasks))) as pool:
+                results = pool.starmap(_fit_and_score, tasks, chunksize=1)
         else:
-            results = [_fit_and_score(*a) for a in args]
+            results = [_fit_and_score(*t) for t in tasks]
     finally:
-        _FED = None
-    rows.update(zip(methods, results, strict=True))
-    return rows
+        _DATA.clear()
+    for (m, seed, *_), row in zip(tasks, results, strict=True):
+        runs[seeds.index(seed)][m] = row
+    return runs
 
 
 def seed_args(seed: int, rounds: int, baseline_iters: int, start: str | None = None,
@@ -284,11 +394,21 @@ def main(argv: list[str] | None = None) -> int:
                          "--paper-size); another than the default adds _<start> to the "
                          "result file")
     ap.add_argument("--server-prox", choices=["eq10", "alg1"], default=None,
-                    help="Felb's server prox: 'eq10' (kappa/C, lambda_t/C; the default) or "
-                         "'alg1' (kappa, lambda_t, Algorithm 1 line 16 as printed); 'alg1' "
-                         "adds _alg1 to the result file")
+                    help="Felb's server prox: 'alg1' (kappa, lambda_t, Algorithm 1 line 16 "
+                         "as printed; the default) or 'eq10' (kappa/C, lambda_t/C, eq. 10's "
+                         "exact minimiser); 'eq10' adds _eq10 to the result file")
     ap.add_argument("--jobs", type=int, default=1,
-                    help="with --paper-size: train the methods in this many processes")
+                    help="with --paper-size: run the (seed, method) pairs in this many "
+                         "processes")
+    ap.add_argument("--proximity-scale", choices=["absolute", "curvature"], default=None,
+                    help="with --paper-size: Felb's proximity_scale (gamma as given, or "
+                         "relative to ||U^T U||); given, it adds _<scale> to the result file")
+    ap.add_argument("--methods", default=None,
+                    help="with --paper-size: a comma list of felb, felb-mu, vote, oracle "
+                         "(default all); given, it adds _<methods> to the result file")
+    ap.add_argument("--no-oracle", action="store_true",
+                    help="with --paper-size: leave out the oracle rows (the F1 of the "
+                         "generator's own probabilities)")
     ap.set_defaults(seeds=None)
     args = ap.parse_args(argv)
     if args.paper_size:
@@ -300,9 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     start = args.start or paper_config("felb").start
     prox = args.server_prox or paper_config("felb").server_prox
     runs = [run_seed(data, s, rounds, iters, args.clients, start, prox) for s in range(seeds)]
-    suffix = ("" if start == "uniform" else f"_{start}") + ("" if prox == "eq10" else f"_{prox}")
+    suffix = ("" if start == "uniform" else f"_{start}") + ("" if prox == _PROX else f"_{prox}")
     what = (data + ("" if start == "uniform" else f", {start} start")
-            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
+            + ("" if prox == _PROX else _PROX_LABEL))
     comparisons = _comparisons(what, list(PAPER), runs, PAPER, NOTE,
                                "Table 3 gives RMSD on MovieLens 25M only")
     timing = {"wall_seconds": round(time.perf_counter() - t0, 1),
@@ -327,6 +447,23 @@ SHAPE_NOTE = ("the generator at ML-1M's shape (50 tenants of ~121 users), to set
               "real ML-1M rows")
 
 
+def _oracle_rows(what: str, rows: list[dict]) -> list[dict]:
+    """F1 rows of the generator's oracle (:func:`oracle_quality`): the ceiling of a
+    squared-loss fit, of any fit as good as the empty one, and of any cut."""
+    def row(label, key, cut_key, note):
+        cuts = sorted({r[cut_key] for r in rows}) if cut_key else []
+        return E.comparison(f"{what}, oracle: {label}", "F1", None, [r[key] for r in rows],
+                            note + (f" (cut {', '.join(f'{c:g}' for c in cuts)})" if cuts
+                                    else ""), lower_is_better=False)
+    return [row("P(1) >= 1/2", "f1", None,
+                "the generating probabilities rounded at 1/2: least expected squared error, "
+                "any rank; Felb's loss aims here"),
+            row("P(1) >= cut, FP <= TP", "f1_accepted", "cut_accepted",
+                "most F1 of a cut whose reconstruction errs no more than predicting no 1"),
+            row("P(1) >= best cut", "f1_best", "cut_best",
+                "most F1 of any cut: needs more wrong cells than the empty reconstruction")]
+
+
 def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     """The ``--paper-size`` run: one result file, ``felb_table1_paper.json``."""
     seeds = args.seeds or 1
@@ -335,31 +472,39 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     iters = 5 if args.quick and args.baseline_iters is None else (
         50 if args.baseline_iters is None else args.baseline_iters)
     start = args.start or "scaled"
-    prox = args.server_prox or "eq10"
-    runs = [run_paper_seed(s, rounds, iters, args.clients, fraction, args.shape,
-                           args.proximity, args.jobs, start, prox) for s in range(seeds)]
+    prox = args.server_prox or _PROX
+    runs = run_paper(list(range(seeds)), rounds, iters, args.clients, fraction, args.shape,
+                     args.proximity, args.jobs, start, prox, not args.no_oracle,
+                     args.methods and args.methods.split(","),
+                     {} if args.proximity_scale is None else
+                     {"proximity_scale": args.proximity_scale})
     methods = [m for m in PAPER if m in runs[0]]
     dims = SHAPES[args.shape]
     variant = (("" if args.shape == "ml-25m" else f"_{args.shape}")
                + ("" if fraction == 1 else f"_x{fraction:g}")
                + ("" if args.proximity is None else f"_gamma{args.proximity:g}")
+               + ("" if args.proximity_scale is None else f"_{args.proximity_scale}")
+               + ("" if args.methods is None else "_" + args.methods.replace(",", "-"))
                + ("" if start == "scaled" else f"_{start}")
-               + ("" if prox == "eq10" else f"_{prox}"))
+               + ("" if prox == _PROX else f"_{prox}"))
     what = (f"synthetic {args.shape.upper()} shape" + (f" x {fraction:g}" if fraction != 1
                                                        else "")
             + ("" if args.proximity is None else f", gamma {args.proximity:g}")
+            + ("" if args.proximity_scale is None else f" ({args.proximity_scale})")
             + ("" if start == "scaled" else f", {start} start")
-            + ("" if prox == "eq10" else ", server prox of Algorithm 1 line 16"))
+            + ("" if prox == _PROX else _PROX_LABEL))
     paper_shape = args.shape == "ml-25m" and fraction == 1  # else a diagnostic: no figure
     note = {m: (PAPER_NOTE[m] if paper_shape else SHAPE_NOTE if args.shape == "ml-1m"
                 else f"diagnostic: {fraction:g} of the users, ratings and tenants")
             + ("" if args.proximity is None else f"; gamma {args.proximity:g} instead of "
                f"{felb.FelbConfig().proximity:g}")
             + ("" if start == "scaled" else f"; start {start}")
-            + ("" if prox == "eq10" else "; server prox kappa, lambda_t (Algorithm 1, "
-               "line 16)") for m in methods}
+            + ("" if prox == _PROX else "; server prox kappa/C, lambda_t/C (eq. 10)")
+            for m in methods}
     comparisons = _comparisons(what, methods, runs, PAPER if paper_shape else None, note,
                                "Table 3's MovieLens RMSD is on another scale")
+    if "oracle" in runs[0]:
+        comparisons += _oracle_rows(what, [r["oracle"] for r in runs])
     E.write_result(args.out, "felb_table1", argv, args.quick, {
         "settings": {"data": f"synthetic {args.shape} shape", "fraction": fraction,
                      **{k: round(v * fraction) for k, v in dims.items() if k != "n_items"},
@@ -367,7 +512,8 @@ def paper_main(args: argparse.Namespace, argv: list[str] | None) -> int:
                      "local_steps": 10, "rounds": rounds, "baseline_iters": iters,
                      "proximity": (felb.FelbConfig().proximity if args.proximity is None
                                    else args.proximity), "threshold": 3.5,
-                     "start": start, "server_prox": prox},
+                     "start": start, "server_prox": prox,
+                     "proximity_scale": args.proximity_scale or "the method's default"},
         "comparisons": comparisons, "runs": runs},
         stem="felb_table1_paper" + variant)
     return 0

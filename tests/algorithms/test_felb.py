@@ -114,6 +114,31 @@ def test_felb_local_step_matches_dense_evaluation_of_eq8():
     np.testing.assert_allclose(v_got, v_want, atol=1e-4)
 
 
+def test_curvature_proximity_is_gamma_times_the_v_curvature():
+    """proximity_scale='curvature': gamma = rho ||U^T U||_2 at each V step, so Felb's
+    proximity weight eta gamma is exactly rho (whatever the number of rows: doubling the
+    rows doubles ||U^T U||), and the step equals the absolute one with that gamma."""
+    a, u, u_prev, v = _hand_example()
+    v_hat = np.random.default_rng(1).uniform(0, 1, v.shape)
+    rho = 0.3
+    args = (0.02, 0.3, 0.0)
+    u1, _, v_abs0 = local_steps(sp.csr_array(a), u, u_prev, v, v_hat, 1, *args, 0.0, mu=False)
+    lv = np.linalg.norm(u1.T @ u1, 2)
+    _, _, v_cur = local_steps(sp.csr_array(a), u, u_prev, v, v_hat, 1, *args, rho, mu=False,
+                              curvature=True)
+    np.testing.assert_allclose(v_cur, (v_abs0 + rho * v_hat) / (1 + rho), atol=1e-12)
+    for mu in (False, True):
+        u1, _, _ = local_steps(sp.csr_array(a), u, u_prev, v, v_hat, 1, *args, 0.0, mu=mu)
+        lv = np.linalg.norm(u1.T @ u1, 2)  # the V step's curvature after this U step
+        _, _, want = local_steps(sp.csr_array(a), u, u_prev, v, v_hat, 1, *args, rho * lv,
+                                 mu=mu)
+        _, _, got = local_steps(sp.csr_array(a), u, u_prev, v, v_hat, 1, *args, rho, mu=mu,
+                                curvature=True)
+        np.testing.assert_allclose(got, want, atol=1e-12)
+    cfg = FelbConfig(rank=2, proximity=rho, proximity_scale="curvature")
+    assert cfg.proximity_scale == "curvature" and FelbConfig().proximity_scale == "absolute"
+
+
 def _reference_local_steps(a, u, u_prev, v, v_hat, steps, kappa, lam, inertia, gamma, mu):
     """Eq. 8 composed from the one-step functions on dense arrays, whole matrices at once."""
     vt, vt_prev = v.T, v.T
@@ -166,7 +191,7 @@ def test_mu_step_applies_the_prox_with_element_wise_steps():
 def test_server_step_solves_eq10_at_lambda_t():
     rng = np.random.default_rng(4)
     vs = {i: FelbUpload(rng.uniform(-0.2, 1.2, (2, 3))) for i in (0, 3, 5)}
-    cfg, t = FelbConfig(rank=2, kappa=0.05, lam=0.2), 6
+    cfg, t = FelbConfig(rank=2, kappa=0.05, lam=0.2, server_prox="eq10"), 6
     state, glob = server_step(FelbServer(np.zeros((2, 3)), t), vs, cfg, rng)
     lam_t = 0.2 * 1.05**t
     stack = np.stack([u.v for u in vs.values()])
@@ -178,9 +203,9 @@ def test_server_step_solves_eq10_at_lambda_t():
 
 
 def test_server_prox_alg1_is_line_16_as_printed():
-    """server_prox='alg1': prox_{kappa, lambda_t} of the mean (Algorithm 1, line 16), the
-    brute-force minimiser of 1/2 (mean - y)^2 + R(y); the same Boolean rounding as the
-    default's 1/C prox, and the same V_hat as it for one upload."""
+    """server_prox='alg1' (the default): prox_{kappa, lambda_t} of the mean (Algorithm 1,
+    line 16), the brute-force minimiser of 1/2 (mean - y)^2 + R(y); the same Boolean
+    rounding as eq10's 1/C prox, and the same V_hat as it for one upload."""
     rng = np.random.default_rng(5)
     vs = {i: FelbUpload(rng.uniform(-0.2, 1.2, (2, 3))) for i in (0, 3, 5)}
     t = 6
@@ -193,15 +218,15 @@ def test_server_prox_alg1_is_line_16_as_printed():
                       for j in range(3)] for i in range(2)])
     np.testing.assert_allclose(glob.v_hat, want, atol=2e-5)
     _, default = server_step(FelbServer(np.zeros((2, 3)), t), vs,
-                             FelbConfig(rank=2, kappa=0.05, lam=0.2), rng)
+                             FelbConfig(rank=2, kappa=0.05, lam=0.2, server_prox="eq10"), rng)
     assert np.abs(glob.v_hat - default.v_hat).max() > 0.01
     np.testing.assert_array_equal(glob.v_hat >= 0.5, default.v_hat >= 0.5)
     one = {3: vs[3]}
     _, a = server_step(FelbServer(np.zeros((2, 3)), t), one, cfg, rng)
     _, b = server_step(FelbServer(np.zeros((2, 3)), t), one,
-                       FelbConfig(rank=2, kappa=0.05, lam=0.2), rng)
+                       FelbConfig(rank=2, kappa=0.05, lam=0.2, server_prox="eq10"), rng)
     np.testing.assert_array_equal(a.v_hat, b.v_hat)
-    assert FelbConfig().server_prox == FelbConfig.paper_settings().server_prox == "eq10"
+    assert FelbConfig().server_prox == FelbConfig.paper_settings().server_prox == "alg1"
 
 
 def test_server_keeps_v_hat_without_uploads():

@@ -28,3 +28,36 @@ def test_synthetic_popularity_is_skewed_and_seeded():
 def test_synthetic_rejects_impossible_sizes():
     with pytest.raises(ValueError, match="exceeds"):
         generate_ratings(3, 3, 10)
+
+
+def test_tenant_ratings_latent_model_predicts_the_drawn_pairs_and_stars():
+    """LatentModel (kept by generate_tenant_ratings) gives P(rated) and P(star >= 4 | rated)
+    of every pair: summed over all pairs they match the counts drawn, and the pairs it
+    rates likely are drawn far more often than the rest (calibration by deciles)."""
+    from algorithms.synthetic import generate_tenant_ratings
+
+    tr = generate_tenant_ratings(900, 400, 30_000, 3, rank=4, seed=2)
+    model = tr.model
+    n_rated = n_top = 0.0
+    probs, hits = [], []
+    for t, block in enumerate(tr.blocks):
+        users, items = np.arange(block.n_users), np.arange(block.n_items)
+        rated = model.observed(t, users, items, model.draws(t))
+        top = rated * model.star_at_least(4, t, users, items)
+        n_rated += rated.sum()
+        n_top += top.sum()
+        dense = np.zeros(top.shape, bool)
+        keep = block.vals >= 4
+        dense[block.rows[keep], block.cols[keep]] = True
+        probs.append(top.ravel())
+        hits.append(dense.ravel())
+        pairs = model.observed(t, block.rows, block.cols, model.draws(t), pairs=True)
+        np.testing.assert_allclose(pairs, rated[block.rows, block.cols])
+    assert abs(n_rated - tr.n_ratings) < 0.01 * tr.n_ratings  # draws() solves for this
+    ones = sum(int((b.vals >= 4).sum()) for b in tr.blocks)
+    assert abs(n_top - ones) < 0.05 * ones, (n_top, ones)
+    p, a = np.concatenate(probs), np.concatenate(hits)
+    for lo, hi in [(0.0, 0.05), (0.2, 0.4), (0.6, 1.0)]:
+        sel = (p >= lo) & (p < hi)
+        assert sel.sum() > 500
+        assert abs(a[sel].mean() - p[sel].mean()) < 0.05, (lo, a[sel].mean(), p[sel].mean())
