@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -342,12 +343,12 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         train, test, keys = split(i)
         first = (train, test, keys, initialise_client(alg, cfg, fit(train, i), glob,
                                                       spec.seed, i))
-        size, upload = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
+        size, schema = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
                                 (tenants[i].rating_min, tenants[i].rating_max), i,
                                 spec.dry_round_seconds)
     else:  # nobody's ratings here: the config is tried on a public stand-in block
         stand_in = _stand_in(len(item_ids), scale)
-        size, upload = _dry_run(alg, cfg, spec.seed, server, glob,
+        size, schema = _dry_run(alg, cfg, spec.seed, server, glob,
                                 initialise_client(alg, cfg, stand_in, glob, spec.seed, 0),
                                 stand_in, stand_in, scale, 0, spec.dry_round_seconds)
     if isinstance(dp, dict):
@@ -375,7 +376,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         agents=None if not agents else {
             "tenants": [t for t in spec.tenant_ids if t in agents],
             "round_seconds": float(spec.round_seconds), "wire": spec.wire,
-            "upload": None if upload is None else upload_schema(upload)},
+            "upload": schema},
         validation_fraction=fraction, pair_job_id=spec.pair_job_id,
         serving={"policy": spec.lists},
         selection=initial_selection(alg.name, fraction, _private(alg, dp), bool(agents)))
@@ -518,71 +519,135 @@ def upload_schema(upload) -> dict[str, Any]:
 
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
              test: RatingBlock, scale: tuple[float, float], client: int = 0,
-             seconds: float | None = None) -> tuple[int, Any]:
+             seconds: float | None = None) -> tuple[int, dict[str, Any] | None]:
     """Round 1 of the first tenant, unprivatised and discarded: its client step, the server
     step on its upload, the evaluation and the serving factors, as the pipeline runs them,
-    within ``seconds`` of wall clock (None: unbounded; :func:`_within`).
+    within ``seconds`` of wall clock in a process of its own (None: unbounded, in this
+    process; :func:`_within`).
 
     A config that validates but makes a step raise (e.g. RFRec's ``link='sigmoid'``,
     whose predictions are no factor product to serve) is refused here with 422 instead of
     failing in a worker. Returns the number of values of an upload (for the DP event) and
-    the upload (its shape is what agents must send).
+    the upload's :func:`upload_schema` (what agents must send; None: round 1 uploads
+    nothing).
     """
-    def round_1() -> Any:
+    def round_1() -> tuple[int, dict[str, Any] | None]:
         local_1, upload = client_round(alg, cfg, 1, seed, client, glob, local, train)
         uploads = {} if upload is None else {0: upload}
         _, glob_1 = server_round(alg, cfg, 1, seed, server, uploads)
         tenant_errors(alg, glob_1, local_1, test, scale)
         alg.objective(glob_1, local_1, train, cfg)
         alg.factors(glob_1, local_1)
-        return upload
+        if upload is None:
+            return 1, None
+        return n_entries(upload), upload_schema(upload)
 
-    try:
-        upload = round_1() if seconds is None else _within(round_1, seconds)
-    except JobRefused:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
+    kind, value = _outcome(round_1) if seconds is None else _within(round_1, seconds)
+    if kind == "refused":
+        raise JobRefused(*value)
+    if kind == "error":
         raise JobRefused(422, f"invalid config: round 1 fails with these settings "
-                              f"({type(exc).__name__}: {exc})") from None
-    return (n_entries(upload) if upload is not None else 1), upload
+                              f"({value[0]}: {value[1]})")
+    return value
 
 
-#: dry rounds that may run at once in one process, the overrunning ones included (a
-#: thread cannot be stopped: one past its bound runs to its end, holding its slot)
+def _outcome(work: Callable[[], Any]) -> tuple[str, Any]:
+    """``work()``'s result as ("ok", result), or its failure as ("refused", (status,
+    detail)) or ("error", (exception type, message)): plain values, which a dry round's
+    process sends back (an exception object may not pickle)."""
+    try:
+        return "ok", work()
+    except JobRefused as exc:
+        return "refused", (exc.status, exc.detail)
+    except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
+        return "error", (type(exc).__name__, str(exc))
+
+
+#: dry rounds that may run at once for one process, the overrunning ones included (one
+#: past its bound runs to its end, holding its slot: a first round compiling numba's
+#: kernels leaves them cached on disk for the next)
 MAX_DRY_ROUNDS = 2
 _dry_slots = threading.BoundedSemaphore(MAX_DRY_ROUNDS)
 
 
-def _within(work: Callable[[], Any], seconds: float) -> Any:
-    """``work()`` on a thread of its own, answered within ``seconds`` of wall clock (the
-    wait for a slot included): its result, its exception, or 422 naming the bound once it
-    has run that long (the request returns; the round finishes on its thread and is
-    discarded). 503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
+def _within(work: Callable[[], Any], seconds: float) -> tuple[str, Any]:
+    """:func:`_outcome` of ``work()`` run in a forked child process, answered within
+    ``seconds`` of wall clock (the wait for a slot included), or 422 naming the bound once
+    it has run that long (the request returns; the child runs on and is discarded). 503
+    while :data:`MAX_DRY_ROUNDS` rounds are running throughout.
+
+    A process, not a thread of this one: the round's memory (copies of the block, the
+    model, numba's kernels loaded or compiled) is the child's and goes back to the system
+    when it exits, so the API process's memory does not grow with the tenant's ratings
+    (``python -m bench.job_memory``). Forked, so the child starts at once with this
+    process's modules and the round's inputs, nothing pickled but the small outcome; it
+    touches no connection of the parent's and ends with ``os._exit``."""
     deadline = time.monotonic() + seconds
     if not _dry_slots.acquire(timeout=seconds):
         raise JobRefused(503, f"{MAX_DRY_ROUNDS} dry rounds are running already; retry in "
                               f"a few seconds (each is bounded by FEDREC_DRY_ROUND_SECONDS "
                               f"= {seconds:g} s)")
+    compiling = _compiler_lock()
+    try:
+        if not compiling.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            raise _overrun(seconds)
+        try:  # forked while no other thread is half-way through compiling a kernel
+            context = multiprocessing.get_context("fork")
+            receive, send = context.Pipe(duplex=False)
+            child = context.Process(target=_dry_child, args=(work, send), daemon=True,
+                                    name="fedrec-dry-round")
+            child.start()
+        finally:
+            compiling.release()
+    except BaseException:
+        _dry_slots.release()
+        raise
+    send.close()
     box: dict[str, Any] = {}
 
-    def run() -> None:
+    def wait() -> None:  # owns the child: its answer, its end, its slot
         try:
-            box["result"] = work()
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the request's thread
-            box["error"] = exc
+            box["outcome"] = receive.recv()
+        except EOFError:  # ended without an answer: killed (out of memory) or crashed
+            child.join()
+            box["outcome"] = "error", ("ProcessExit", f"the dry round's process ended "
+                                                      f"with exit code {child.exitcode}")
         finally:
+            child.join()
+            receive.close()
             _dry_slots.release()
 
-    thread = threading.Thread(target=run, name="fedrec-dry-round", daemon=True)
-    thread.start()
-    thread.join(max(deadline - time.monotonic(), 0.0))
-    if thread.is_alive():
-        raise JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound "
-                              f"of {seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these "
-                              f"settings on this data; a smaller rank or fewer steps fit")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    waiter = threading.Thread(target=wait, name="fedrec-dry-round", daemon=True)
+    waiter.start()
+    waiter.join(max(deadline - time.monotonic(), 0.0))
+    if waiter.is_alive():
+        raise _overrun(seconds)
+    return box["outcome"]
+
+
+def _overrun(seconds: float) -> JobRefused:
+    return JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound of "
+                           f"{seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these settings "
+                           f"on this data; a smaller rank or fewer steps fit")
+
+
+def _compiler_lock() -> Any:
+    """numba's compiler lock (a lock to hold while forking: a child forked while another
+    thread holds it would wait for it forever), or a free lock without numba."""
+    try:
+        from numba.core.compiler_lock import global_compiler_lock
+    except ImportError:  # pragma: no cover - numba is optional
+        return threading.Lock()
+    return global_compiler_lock._lock
+
+
+def _dry_child(work: Callable[[], Any], send: Any) -> None:
+    """The dry round's process: :func:`_outcome` of ``work()`` sent to the parent."""
+    outcome = _outcome(work)
+    try:
+        send.send(outcome)
+    except Exception as exc:  # noqa: BLE001 - e.g. a scalar field that does not pickle
+        send.send(("error", (type(exc).__name__, str(exc))))
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,

@@ -120,3 +120,62 @@ def test_a_quick_dry_round_is_not_affected_by_its_bound(admin_app):
     body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
     res = client.post("/v1/admin/jobs", params={"dry_run": True}, json=body)
     assert res.status_code == 200, res.text
+
+
+def test_creation_holds_one_tenants_block_at_a_time_and_runs_its_dry_round_elsewhere(
+        admin_app, monkeypatch):
+    """What keeps the API process's memory bounded however many ratings a job covers
+    (measured by ``python -m bench.job_memory``): the tenants' blocks are read, split and
+    stored one after another, never all held at once, and the dry round (the largest
+    allocation: the model, its copies, numba's kernels) runs in a child process whose
+    memory goes back to the system when it ends."""
+    import os
+    import weakref
+
+    from app.training import jobs
+
+    real_split, real_round = jobs.tenant_split, jobs.client_round
+    held: list[int] = []  # earlier tenants' training blocks still alive at each read
+    alive: list[weakref.ref] = []
+    read, write = os.pipe()
+
+    def split(block, *args, **kwargs):
+        held.append(sum(ref() is not None for ref in alive))
+        train, test = real_split(block, *args, **kwargs)
+        alive.append(weakref.ref(train.vals))
+        return train, test
+
+    def client_round(*args, **kwargs):
+        os.write(write, f"{os.getpid()}\n".encode())
+        return real_round(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "tenant_split", split)
+    monkeypatch.setattr(jobs, "client_round", client_round)
+    _, client = admin_app(dry_round_seconds=60.0)
+    tenants = make_tenants(client, n=5)
+    body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
+    res = client.post("/v1/admin/jobs", json=body)
+    assert res.status_code == 202, res.text
+    os.close(write)
+    with os.fdopen(read) as pipe:  # the dry round's client step, before any worker's
+        first = int(pipe.readline())
+    assert first != os.getpid()
+    assert len(held) == 5 and max(held) <= 1, held  # all five at once: [0, 1, 2, 3, 4]
+
+
+def test_a_dry_round_whose_process_dies_is_refused_and_stores_nothing(admin_app,
+                                                                        monkeypatch):
+    """A round that kills its process (as the kernel's out-of-memory killer would) is the
+    config's 422 with the exit code, not a 500 or a hang; no job is stored."""
+    import os
+
+    from app.training import jobs
+
+    monkeypatch.setattr(jobs, "client_round", lambda *a, **k: os._exit(9))
+    _, client = admin_app(dry_round_seconds=60.0)
+    tenants = make_tenants(client)
+    body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
+    status, code, detail = refusal(client.post("/v1/admin/jobs", json=body))
+    assert (status, code) == (422, "invalid_config"), detail
+    assert "exit code 9" in detail, detail
+    assert client.get("/v1/admin/jobs").json()["count"] == 0
