@@ -46,7 +46,10 @@ def status(field):
                 return int(line.split()[1]) * 1024
 
 url, tenant_ids, dp = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+from app.training import jobs
 from app.training.jobs import JobSpec, create_job
+if hasattr(jobs, "bound_heap"):  # as the API's route does (absent in older code)
+    jobs.bound_heap()
 from app.training.models import JobClient
 import numpy, algorithms.fedmc_admm  # imported before the baseline reading
 engine = engine_for(url)
@@ -55,7 +58,7 @@ with Session(engine) as s:
     s.rollback()
     before = status("VmRSS")
     spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
-                   seed=0, config={}, dp=dp)
+                   seed=0, config={}, dp=dp, dry_round_seconds=300.0)  # as the API
     t0, c0 = time.perf_counter(), time.process_time()
     job = create_job(s, spec)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
