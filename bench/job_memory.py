@@ -175,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", help="fill (once) and keep a database of this name")
     p.add_argument("--dp", choices=sorted(DP), default="none",
                    help="the job's privacy: none, or Gaussian noise (accounted at creation)")
+    p.add_argument("--out", type=Path,
+                   help="also write the runs to this JSON file (the results table's "
+                        "bench/results/job_memory.json: `python -m bench table --write`)")
     args = p.parse_args(argv)
 
     from bench._server import fresh_database
@@ -214,6 +217,22 @@ def main(argv: list[str] | None = None) -> int:
             assert runs["this"][0]["digests"] == runs["baseline"][0]["digests"], (
                 "the two codes stored different blocks")
             print("stored blocks: identical digests in both codes")
+    if args.out:
+        from bench._experiment import write_result
+
+        shape = {k: getattr(args, k) for k in ("ratings", "users", "items", "tenants", "dp")}
+        summary = {name: {"peak_mib_max": max(r["peak"] for r in rs) / 2**20,
+                          "rss_before_mib": min(r["rss_before"] for r in rs) / 2**20,
+                          "rss_after_mib_max": max(r["rss_after"] for r in rs) / 2**20,
+                          "wall_seconds_min": min(r["wall"] for r in rs),
+                          "cpu_seconds_min": min(r["cpu"] for r in rs),
+                          "load_averages": [r["load"] for r in rs]}
+                   for name, rs in runs.items()}
+        write_result(args.out.parent, "job_memory", argv, False,
+                     {"setup": shape, "summary": summary,
+                      "runs": {name: [{k: v for k, v in r.items() if k != "digests"}
+                                      for r in rs] for name, rs in runs.items()}},
+                     stem=args.out.stem)
     return 0
 
 

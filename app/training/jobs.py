@@ -407,6 +407,8 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
                                                             remember=False),
                         transmissions=0))
         s.flush()  # written: the session keeps no strong reference to the bytes
+        # nor does this loop while the next tenant is read: one block in memory at a time
+        del train, test, keys, local, train_bytes, test_bytes
     s.commit()
     _confirm(s, job)
     return job
