@@ -92,9 +92,8 @@ class Settings(BaseSettings):
     pool process summed); unset: none. One port per worker command: scrape each worker."""
     dry_round_seconds: float = Field(30.0, gt=0)
     """Wall-clock bound of the dry round the API runs before creating or planning a job
-    (round 1 of the first tenant, checking the config; in a child process forked for it,
-    whose memory is not the API's): longer gets 422 naming this bound, and nothing is
-    created. The default leaves room for a first round that compiles its
+    (round 1 of the first tenant, checking the config): longer gets 422 naming this bound,
+    and nothing is created. The default leaves room for a first round that compiles its
     numba kernels and for the recommended configs on MovieLens 1M in one tenant, and stops
     a round that would take minutes (the binary baseline's there)."""
     job_max_attempts: int = Field(3, ge=1)

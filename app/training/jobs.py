@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable
@@ -595,50 +594,21 @@ _dry_slots = threading.BoundedSemaphore(MAX_DRY_ROUNDS)
 
 
 def _within(work: Callable[[], Any], seconds: float) -> tuple[str, Any]:
-    """:func:`_outcome` of ``work()`` run in a forked child process, answered within
-    ``seconds`` of wall clock (the wait for a slot included), or 422 naming the bound once
-    it has run that long (the request returns; the child runs on and is discarded). 503
-    while :data:`MAX_DRY_ROUNDS` rounds are running throughout.
-
-    A process, not a thread of this one: the round's memory (copies of the block, the
-    model, numba's kernels loaded or compiled) is the child's and goes back to the system
-    when it exits, so the API process's memory does not grow with the tenant's ratings
-    (``python -m bench.job_memory``). Forked, so the child starts at once with this
-    process's modules and the round's inputs, nothing pickled but the small outcome; it
-    touches no connection of the parent's and ends with ``os._exit``."""
+    """:func:`_outcome` of ``work()`` on a thread of its own, answered within ``seconds``
+    of wall clock (the wait for a slot included), or 422 naming the bound once it has run
+    that long (the request returns; the round finishes on its thread and is discarded).
+    503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
     deadline = time.monotonic() + seconds
     if not _dry_slots.acquire(timeout=seconds):
         raise JobRefused(503, f"{MAX_DRY_ROUNDS} dry rounds are running already; retry in "
                               f"a few seconds (each is bounded by FEDREC_DRY_ROUND_SECONDS "
                               f"= {seconds:g} s)")
-    compiling = _compiler_lock()
-    try:
-        if not compiling.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-            raise _overrun(seconds)
-        try:  # forked while no other thread is half-way through compiling a kernel
-            context = multiprocessing.get_context("fork")
-            receive, send = context.Pipe(duplex=False)
-            child = context.Process(target=_dry_child, args=(work, send), daemon=True,
-                                    name="fedrec-dry-round")
-            child.start()
-        finally:
-            compiling.release()
-    except BaseException:
-        _dry_slots.release()
-        raise
-    send.close()
     box: dict[str, Any] = {}
 
-    def wait() -> None:  # owns the child: its answer, its end, its slot
+    def wait() -> None:  # runs the round; its slot is held until it ends
         try:
-            box["outcome"] = receive.recv()
-        except EOFError:  # ended without an answer: killed (out of memory) or crashed
-            child.join()
-            box["outcome"] = "error", ("ProcessExit", f"the dry round's process ended "
-                                                      f"with exit code {child.exitcode}")
+            box["outcome"] = _outcome(work)
         finally:
-            child.join()
-            receive.close()
             _dry_slots.release()
 
     waiter = threading.Thread(target=wait, name="fedrec-dry-round", daemon=True)
@@ -654,24 +624,6 @@ def _overrun(seconds: float) -> JobRefused:
                            f"{seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these settings "
                            f"on this data; a smaller rank or fewer steps fit")
 
-
-def _compiler_lock() -> Any:
-    """numba's compiler lock (a lock to hold while forking: a child forked while another
-    thread holds it would wait for it forever), or a free lock without numba."""
-    try:
-        from numba.core.compiler_lock import global_compiler_lock
-    except ImportError:  # pragma: no cover - numba is optional
-        return threading.Lock()
-    return global_compiler_lock._lock
-
-
-def _dry_child(work: Callable[[], Any], send: Any) -> None:
-    """The dry round's process: :func:`_outcome` of ``work()`` sent to the parent."""
-    outcome = _outcome(work)
-    try:
-        send.send(outcome)
-    except Exception as exc:  # noqa: BLE001 - e.g. a scalar field that does not pickle
-        send.send(("error", (type(exc).__name__, str(exc))))
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
