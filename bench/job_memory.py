@@ -46,7 +46,10 @@ def status(field):
                 return int(line.split()[1]) * 1024
 
 url, tenant_ids, dp = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+from app.training import jobs
 from app.training.jobs import JobSpec, create_job
+if hasattr(jobs, "bound_heap"):  # as the API's route does (absent in older code)
+    jobs.bound_heap()
 from app.training.models import JobClient
 import numpy, algorithms.fedmc_admm  # imported before the baseline reading
 engine = engine_for(url)
@@ -55,7 +58,7 @@ with Session(engine) as s:
     s.rollback()
     before = status("VmRSS")
     spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
-                   seed=0, config={}, dp=dp)
+                   seed=0, config={}, dp=dp, dry_round_seconds=300.0)  # as the API
     t0, c0 = time.perf_counter(), time.process_time()
     job = create_job(s, spec)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -172,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", help="fill (once) and keep a database of this name")
     p.add_argument("--dp", choices=sorted(DP), default="none",
                    help="the job's privacy: none, or Gaussian noise (accounted at creation)")
+    p.add_argument("--out", type=Path,
+                   help="also write the runs to this JSON file (the results table's "
+                        "bench/results/job_memory.json: `python -m bench table --write`)")
     args = p.parse_args(argv)
 
     from bench._server import fresh_database
@@ -211,6 +217,22 @@ def main(argv: list[str] | None = None) -> int:
             assert runs["this"][0]["digests"] == runs["baseline"][0]["digests"], (
                 "the two codes stored different blocks")
             print("stored blocks: identical digests in both codes")
+    if args.out:
+        from bench._experiment import write_result
+
+        shape = {k: getattr(args, k) for k in ("ratings", "users", "items", "tenants", "dp")}
+        summary = {name: {"peak_mib_max": max(r["peak"] for r in rs) / 2**20,
+                          "rss_before_mib": min(r["rss_before"] for r in rs) / 2**20,
+                          "rss_after_mib_max": max(r["rss_after"] for r in rs) / 2**20,
+                          "wall_seconds_min": min(r["wall"] for r in rs),
+                          "cpu_seconds_min": min(r["cpu"] for r in rs),
+                          "load_averages": [r["load"] for r in rs]}
+                   for name, rs in runs.items()}
+        write_result(args.out.parent, "job_memory", argv, False,
+                     {"setup": shape, "summary": summary,
+                      "runs": {name: [{k: v for k, v in r.items() if k != "digests"}
+                                      for r in rs] for name, rs in runs.items()}},
+                     stem=args.out.stem)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import math
 import threading
@@ -342,12 +343,12 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         train, test, keys = split(i)
         first = (train, test, keys, initialise_client(alg, cfg, fit(train, i), glob,
                                                       spec.seed, i))
-        size, upload = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
+        size, schema = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
                                 (tenants[i].rating_min, tenants[i].rating_max), i,
                                 spec.dry_round_seconds)
     else:  # nobody's ratings here: the config is tried on a public stand-in block
         stand_in = _stand_in(len(item_ids), scale)
-        size, upload = _dry_run(alg, cfg, spec.seed, server, glob,
+        size, schema = _dry_run(alg, cfg, spec.seed, server, glob,
                                 initialise_client(alg, cfg, stand_in, glob, spec.seed, 0),
                                 stand_in, stand_in, scale, 0, spec.dry_round_seconds)
     if isinstance(dp, dict):
@@ -375,7 +376,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         agents=None if not agents else {
             "tenants": [t for t in spec.tenant_ids if t in agents],
             "round_seconds": float(spec.round_seconds), "wire": spec.wire,
-            "upload": None if upload is None else upload_schema(upload)},
+            "upload": schema},
         validation_fraction=fraction, pair_job_id=spec.pair_job_id,
         serving={"policy": spec.lists},
         selection=initial_selection(alg.name, fraction, _private(alg, dp), bool(agents)))
@@ -401,9 +402,12 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
                         test_digest=states.digest(test_bytes),
                         state_round=None if local is None else 0,
                         state_digest=None if local is None
-                        else states.stage_local(s, job.id, i, 0, local),
+                        else states.stage_local(s, job.id, i, 0, local,
+                                                            remember=False),
                         transmissions=0))
         s.flush()  # written: the session keeps no strong reference to the bytes
+        # nor does this loop while the next tenant is read: one block in memory at a time
+        del train, test, keys, local, train_bytes, test_bytes
     s.commit()
     _confirm(s, job)
     return job
@@ -456,6 +460,26 @@ def _check_size(s: Session, alg: Algorithm, cfg: Any, n_items: int,
         raise JobRefused(422, f"invalid config.{field}: a round would do about {work:.3g} "
                               f"units of work ((ratings + items) x (rank + 2)^2 x steps); "
                               f"at most {MAX_ROUND_WORK:.3g}")
+
+
+#: glibc's mallopt parameter: allocations of at least this many bytes are mapped on their own
+_M_MMAP_THRESHOLD = -3
+HEAP_MAP_BYTES = 1 << 20
+
+
+def bound_heap() -> None:
+    """Map every allocation of :data:`HEAP_MAP_BYTES` or more on its own (glibc), so it
+    goes back to the system when freed. The API process calls it: a job's creation reads
+    one tenant's block after another, and with glibc's default the threshold rises to the
+    largest array freed, after which the next tenants' arrays come from the heap and its
+    fragments stay resident (+150 MiB over 20 tenants of 500k ratings, ``python -m
+    bench.job_memory``). A no-op where there is no glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # pragma: no cover - not glibc
+        return
+    if hasattr(libc, "mallopt"):
+        libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MAP_BYTES)
 
 
 def _n_ratings(s: Session, tenant: Tenant) -> int:
@@ -518,7 +542,7 @@ def upload_schema(upload) -> dict[str, Any]:
 
 def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
              test: RatingBlock, scale: tuple[float, float], client: int = 0,
-             seconds: float | None = None) -> tuple[int, Any]:
+             seconds: float | None = None) -> tuple[int, dict[str, Any] | None]:
     """Round 1 of the first tenant, unprivatised and discarded: its client step, the server
     step on its upload, the evaluation and the serving factors, as the pipeline runs them,
     within ``seconds`` of wall clock (None: unbounded; :func:`_within`).
@@ -526,25 +550,39 @@ def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: Ra
     A config that validates but makes a step raise (e.g. RFRec's ``link='sigmoid'``,
     whose predictions are no factor product to serve) is refused here with 422 instead of
     failing in a worker. Returns the number of values of an upload (for the DP event) and
-    the upload (its shape is what agents must send).
+    the upload's :func:`upload_schema` (what agents must send; None: round 1 uploads
+    nothing).
     """
-    def round_1() -> Any:
+    def round_1() -> tuple[int, dict[str, Any] | None]:
         local_1, upload = client_round(alg, cfg, 1, seed, client, glob, local, train)
         uploads = {} if upload is None else {0: upload}
         _, glob_1 = server_round(alg, cfg, 1, seed, server, uploads)
         tenant_errors(alg, glob_1, local_1, test, scale)
         alg.objective(glob_1, local_1, train, cfg)
         alg.factors(glob_1, local_1)
-        return upload
+        if upload is None:
+            return 1, None
+        return n_entries(upload), upload_schema(upload)
 
-    try:
-        upload = round_1() if seconds is None else _within(round_1, seconds)
-    except JobRefused:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
+    kind, value = _outcome(round_1) if seconds is None else _within(round_1, seconds)
+    if kind == "refused":
+        raise JobRefused(*value)
+    if kind == "error":
         raise JobRefused(422, f"invalid config: round 1 fails with these settings "
-                              f"({type(exc).__name__}: {exc})") from None
-    return (n_entries(upload) if upload is not None else 1), upload
+                              f"({value[0]}: {value[1]})")
+    return value
+
+
+def _outcome(work: Callable[[], Any]) -> tuple[str, Any]:
+    """``work()``'s result as ("ok", result), or its failure as ("refused", (status,
+    detail)) or ("error", (exception type, message)), handed from the round's thread to
+    the request's."""
+    try:
+        return "ok", work()
+    except JobRefused as exc:
+        return "refused", (exc.status, exc.detail)
+    except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
+        return "error", (type(exc).__name__, str(exc))
 
 
 #: dry rounds that may run at once in one process, the overrunning ones included (a
@@ -553,11 +591,11 @@ MAX_DRY_ROUNDS = 2
 _dry_slots = threading.BoundedSemaphore(MAX_DRY_ROUNDS)
 
 
-def _within(work: Callable[[], Any], seconds: float) -> Any:
-    """``work()`` on a thread of its own, answered within ``seconds`` of wall clock (the
-    wait for a slot included): its result, its exception, or 422 naming the bound once it
-    has run that long (the request returns; the round finishes on its thread and is
-    discarded). 503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
+def _within(work: Callable[[], Any], seconds: float) -> tuple[str, Any]:
+    """:func:`_outcome` of ``work()`` on a thread of its own, answered within ``seconds``
+    of wall clock (the wait for a slot included), or 422 naming the bound once it has run
+    that long (the request returns; the round finishes on its thread and is discarded).
+    503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
     deadline = time.monotonic() + seconds
     if not _dry_slots.acquire(timeout=seconds):
         raise JobRefused(503, f"{MAX_DRY_ROUNDS} dry rounds are running already; retry in "
@@ -565,24 +603,25 @@ def _within(work: Callable[[], Any], seconds: float) -> Any:
                               f"= {seconds:g} s)")
     box: dict[str, Any] = {}
 
-    def run() -> None:
+    def wait() -> None:  # runs the round; its slot is held until it ends
         try:
-            box["result"] = work()
-        except BaseException as exc:  # noqa: BLE001 - re-raised on the request's thread
-            box["error"] = exc
+            box["outcome"] = _outcome(work)
         finally:
             _dry_slots.release()
 
-    thread = threading.Thread(target=run, name="fedrec-dry-round", daemon=True)
-    thread.start()
-    thread.join(max(deadline - time.monotonic(), 0.0))
-    if thread.is_alive():
-        raise JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound "
-                              f"of {seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these "
-                              f"settings on this data; a smaller rank or fewer steps fit")
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
+    waiter = threading.Thread(target=wait, name="fedrec-dry-round", daemon=True)
+    waiter.start()
+    waiter.join(max(deadline - time.monotonic(), 0.0))
+    if waiter.is_alive():
+        raise _overrun(seconds)
+    return box["outcome"]
+
+
+def _overrun(seconds: float) -> JobRefused:
+    return JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound of "
+                           f"{seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these settings "
+                           f"on this data; a smaller rank or fewer steps fit")
+
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,

@@ -102,14 +102,18 @@ def _cached_local(key: tuple[int, int, str]) -> Message | None:
         return msg
 
 
-def stage_local(s: Session, job_id: int, client: int, round_: int, state: Message) -> str:
+def stage_local(s: Session, job_id: int, client: int, round_: int, state: Message,
+                remember: bool = True) -> str:
     """Insert version ``round_`` of the client's local state (the caller commits); returns
-    its tag."""
+    its tag. ``remember``: also keep it decoded in this process's cache (not where the
+    state is only written, as the API does when it creates a job: there each tenant's
+    state would stay in memory up to FEDREC_STATE_CACHE_MB for nothing)."""
     blob = state.to_bytes()
     d = new_tag()
     s.execute(_INSERT_LOCAL, {"job_id": job_id, "client_index": client, "round": round_,
                               "state": blob, "digest": d})
-    _remember_local((job_id, client, d), state)
+    if remember:
+        _remember_local((job_id, client, d), state)
     return d
 
 
