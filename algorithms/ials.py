@@ -61,9 +61,12 @@ without bounds). Under user-level DP it is declared as a small-norm array of the
 release (:class:`~algorithms.user_bounds.UserBounds` ``centre``, norm ``sqrt(k_p)``, the
 share ``prior_share`` of each release's privacy, :func:`privacy.user_level.array_shares`):
 noised and charged with the factors' sums, the server averaging the releases by inverse
-noise variance. ``beta`` is a fixed public default; where a run has a validation carve-out
-and no DP, :func:`choose_prior_weight` picks it from :data:`PRIOR_GRID` (post-processing of
-the fitted model, nothing re-fitted).
+noise variance. ``beta`` is a fixed public default; where a run has a validation
+carve-out and no DP, :func:`choose_prior_weight` picks it from :data:`PRIOR_GRID`
+(post-processing of the fitted model, nothing re-fitted). Under user-level DP each tenant
+scores :data:`DP_PRIOR_GRID` on its carve-out (:func:`prior_scores`) and
+:mod:`privacy.selection` releases the sums, charged as the ``selection_share`` of the
+job's budget, and picks the best.
 """
 
 from __future__ import annotations
@@ -255,16 +258,14 @@ class GlobalModel(Message):
 @dataclasses.dataclass(frozen=True)
 class ServerState(Message):
     """The current V and counts (every sweep is solved from fresh sums); the prior's
-    released counts so far, summed with inverse-noise-variance weights, the weights'
-    sum (None / 0 before any) and the noise standard deviation of their average (0
-    without noise)."""
+    released counts so far, summed with inverse-noise-variance weights, and the weights'
+    sum (None / 0 before any)."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
     pop_sum: np.ndarray | None = None
     pop_weight: float = 0.0
-    pop_std: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,26 +455,18 @@ def solve_items(a: np.ndarray, b: np.ndarray, gram_noise: float, cfg: IALSConfig
     return np.linalg.solve(m, b[..., None])[..., 0].T, counts
 
 
-#: noisy released counts are read less this many of their noise standard deviations
-#: (:func:`popularity_row`)
-PRIOR_FLOOR = 3.0
-
-
-def popularity_row(counts: np.ndarray, floor: float = 0.0) -> np.ndarray:
-    """z_j: ``log(1 + max(n_j - floor, 0))`` standardised to mean 0 and standard deviation
-    1 over the catalogue (all zeros for a constant row), so that beta means the same on
-    any catalogue size and rating volume. ``floor``: :data:`PRIOR_FLOOR` noise standard
-    deviations for noisy counts, so that an item whose count the noise could have made
-    (a rare item, lifted by a large draw) gets the lowest z rather than a popular item's;
-    post-processing with the public noise scale."""
-    lc = np.log1p(np.maximum(np.asarray(counts, dtype=float) - floor, 0.0))
+def popularity_row(counts: np.ndarray) -> np.ndarray:
+    """z_j: ``log(1 + n_j)`` (negative noisy counts read as 0) standardised to mean 0 and
+    standard deviation 1 over the catalogue (all zeros for a constant row), so that beta
+    means the same on any catalogue size and rating volume."""
+    lc = np.log1p(np.maximum(np.asarray(counts, dtype=float), 0.0))
     sd = float(lc.std())
     return (lc - lc.mean()) / sd if sd > 0 else np.zeros_like(lc)
 
 
 def _global(state: ServerState, cfg: IALSConfig) -> GlobalModel:
     """The broadcast model of a server state (the prior's row from the counts so far)."""
-    prior = (popularity_row(state.pop_sum / state.pop_weight, PRIOR_FLOOR * state.pop_std)
+    prior = (popularity_row(state.pop_sum / state.pop_weight)
              if state.pop_sum is not None and state.pop_weight > 0 else None)
     return GlobalModel(V=state.V.copy(), sweep=state.sweep, counts=state.counts.copy(),
                        prior=prior, prior_weight=cfg.popularity_prior if prior is not None
@@ -491,16 +484,15 @@ def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: IALSConf
     a, b = sum_arrays([u.A for u in ups]), sum_arrays([u.b for u in ups])
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
     v, counts = solve_items(a, b, sigma, cfg)
-    pop_sum, pop_weight, pop_std = state.pop_sum, state.pop_weight, state.pop_std
+    pop_sum, pop_weight = state.pop_sum, state.pop_weight
     if all(u.pop is not None for u in ups):
         var = float(sum(u.pop_noise ** 2 for u in ups))
         w = 1.0 / var if var > 0 else 1.0
         total = w * sum_arrays([u.pop for u in ups])
         pop_sum = total if pop_sum is None else pop_sum + total
         pop_weight = pop_weight + w
-        pop_std = float(1.0 / np.sqrt(pop_weight)) if var > 0 else 0.0
     new = ServerState(V=v, sweep=state.sweep + 1, counts=counts, pop_sum=pop_sum,
-                      pop_weight=pop_weight, pop_std=pop_std)
+                      pop_weight=pop_weight)
     return new, _global(new, cfg)
 
 

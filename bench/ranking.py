@@ -167,10 +167,9 @@ def dp_ials_selected(fed: Federation, cfg, epsilon: float, placement: str
     ``selection_share`` of the same budget), then each tenant re-solves its users against
     the released model on all its training ratings (local, nothing released). Returns
     the factor pairs, the wall seconds and the beta."""
-    from algorithms.ials import DP_PRIOR_GRID as PRIOR_GRID
-    from algorithms.ials import prior_scores
+    from algorithms.ials import DP_PRIOR_GRID, prior_scores
     from privacy.accountant import spend
-    from privacy.selection import select
+    from privacy.selection import choose_prior
 
     alg = registry.get("dp-ials")
     val = validation(fed, DP_CARVE)
@@ -179,21 +178,20 @@ def dp_ials_selected(fed: Federation, cfg, epsilon: float, placement: str
     t0 = time.perf_counter()
     res = simulate(alg, cfg, val, rounds=cfg.sweeps + 1, per_round=val.n_clients, seed=SEED,
                    privatizer=priv, aggregator=priv.aggregate, evaluate_every=0)
-    scores = {i: prior_scores(res.global_msg, st, f, v, val.scale, PRIOR_GRID)
-              for i, (st, f, v) in
-              enumerate(zip(res.local_states, val.train, val.test, strict=True))}
-    beta, record = select(priv.spec, PRIOR_GRID, scores,
-                          {i: b.n_users for i, b in enumerate(val.train)}, priv.ledger,
-                          cfg.sweeps + 2, cfg.popularity_prior, SEED)
-    glob = res.global_msg.replace(prior_weight=beta)
+    parts = list(zip(res.local_states, val.train, val.test, [val.scale] * val.n_clients,
+                     strict=True))
+    glob, record = choose_prior(priv.spec, priv.ledger, res.global_msg, parts,
+                                range(val.n_clients), cfg.sweeps + 2, SEED)
+    beta = glob.prior_weight
     states = [alg.client_step(glob, st, b, cfg, None)[0]
               for st, b in zip(res.local_states, fed.train, strict=True)]
     wall = time.perf_counter() - t0
     worst = max(spend(priv.ledger.history(t), DELTA).epsilon for t in priv.ledger.tenants())
-    exact = np.sum(list(scores.values()), axis=0)  # the lab's view: what no job releases
-    print(f"  selection: beta {beta:g} (non-private choice {PRIOR_GRID[int(np.argmax(exact))]:g}"
-          f"), noise std {record['noise_std']:.3g}, noisy sums "
-          f"{np.round(record['noisy_ndcg_sums'], 1).tolist()}, exact "
+    # the lab's view, what no job releases: the choice on the exact sums
+    exact = np.sum([prior_scores(res.global_msg, *p, DP_PRIOR_GRID) for p in parts], axis=0)
+    print(f"  selection: beta {beta:g} (non-private choice "
+          f"{DP_PRIOR_GRID[int(np.argmax(exact))]:g}), noise std {record['noise_std']:.3g}, "
+          f"noisy sums {np.round(record['noisy_ndcg_sums'], 1).tolist()}, exact "
           f"{np.round(exact, 1).tolist()}, epsilon spent {worst:.4f}", flush=True)
     return [alg.factors(glob, st) for st in states], wall, beta
 

@@ -214,3 +214,25 @@ def select(spec: UserLevelSpec, candidates: Sequence[float],
                  "sqrt(K)); charged as one event of the job's planned budget, the argmax "
                  "is post-processing")}
     return chosen, record
+
+
+def choose_prior(spec: UserLevelSpec, ledger: Ledger, glob: Any,
+                 parts: Sequence[tuple[Any, Any, Any, tuple[float, float]]],
+                 accounts: Sequence[Hashable], round_: int, seed: int = 0
+                 ) -> tuple[Any, dict[str, Any] | None]:
+    """(the model with its popularity prior's beta chosen by the charged selection, the
+    record) for a ``dp-ials`` model (:class:`algorithms.ials.GlobalModel` with a prior);
+    ``(glob, None)`` for any other. ``parts``: each tenant's (local state, fit block,
+    validation carve-out, scale), ``accounts`` its ledger account; each tenant scores
+    :data:`algorithms.ials.DP_PRIOR_GRID` on its carve-out
+    (:func:`algorithms.ials.prior_scores`) and :func:`select` releases and picks."""
+    from algorithms.ials import DP_PRIOR_GRID, GlobalModel, prior_scores
+
+    if not isinstance(glob, GlobalModel) or glob.prior is None or not parts:
+        return glob, None
+    scores = {a: prior_scores(glob, state, fit, valid, scale, DP_PRIOR_GRID)
+              for a, (state, fit, valid, scale) in zip(accounts, parts, strict=True)}
+    users = {a: part[1].n_users for a, part in zip(accounts, parts, strict=True)}
+    beta, record = select(spec, DP_PRIOR_GRID, scores, users, ledger, round_,
+                          glob.prior_weight, seed)
+    return glob.replace(prior_weight=beta), record

@@ -4,6 +4,8 @@ and that it picks the popularity prior's weight the data call for (algorithms.ia
 
 from __future__ import annotations
 
+import json
+
 import dp_accounting as dpa
 import numpy as np
 import pytest
@@ -221,3 +223,28 @@ def test_picks_a_large_beta_where_popularity_is_best_and_a_small_one_on_taste_da
     assert beta >= 1.0, exact
     beta, exact = chosen_beta("taste")
     assert beta <= 0.1, exact
+
+
+def test_simulate_select_prior_charges_the_selection_within_the_target(tmp_path, capsys):
+    from algorithms.synthetic import generate_ratings
+    from app.cli import main
+
+    r = generate_ratings(120, 60, 2400, rank=3, seed=4)
+    data = tmp_path / "r.csv"
+    data.write_text("user,item,rating\n" + "\n".join(
+        f"{u},{i},{v:g}" for u, i, v in zip(r.users, r.items, r.values, strict=True)) + "\n")
+    out = tmp_path / "run.json"
+    args = ["simulate", "--data", str(data), "--algorithm", "dp-ials", "--clients", "4",
+            "--rank", "4", "--quiet", "--privacy", "user", "--epsilon", "4",
+            "--delta", "1e-4"]
+    assert main([*args, "--select-prior", "0.2", "--json", str(out)]) == 0
+    privacy = json.loads(out.read_text())["privacy"]
+    sel = privacy["selection"]
+    assert sel["chosen"] in I.DP_PRIOR_GRID and sel["tenants_charged"] == 4
+    assert len(sel["noisy_ndcg_sums"]) == len(I.DP_PRIOR_GRID)
+    assert privacy["epsilon_max"] == pytest.approx(4.0, rel=1e-5)  # sweeps + selection
+    assert privacy["epsilon_max"] <= 4.0 * (1 + 1e-9)
+    capsys.readouterr()
+    assert main(["simulate", "--data", str(data), "--algorithm", "dp-ials", "--clients", "4",
+                 "--rank", "4", "--quiet", "--select-prior", "0.2"]) != 0
+    assert "--select-prior applies to dp-ials" in capsys.readouterr().err
