@@ -51,6 +51,9 @@ EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 3000.0}
 #: share of each tenant's training ratings a dp-ials row holds out to choose its prior's
 #: weight (the service's default carve-out, :data:`app.training.selection.DEFAULT_FRACTION`)
 DP_CARVE = 0.1
+#: label of the dp-ials rows whose prior weight is chosen by the charged DP selection
+#: (:func:`dp_ials_selected`; the plain dp-ials rows keep the fixed default)
+SELECTED = "dp-ials, DP prior choice"
 #: rank of the centralised iALS ceiling (no upload to hold in memory)
 CEILING_RANK = 64
 
@@ -271,7 +274,9 @@ def rows_of(data: str, quick: bool, only: list[str] | None = None) -> list[dict[
                   lambda: central_ials(fed, CEILING_RANK))]
     runs += [("ials", lambda: ials_selected(fed, ials_cfg))]
     places = ("central",) if quick else ("central", "tenant+secagg")
-    runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: dp_ials_selected(
+    runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: federated(
+        "dp-ials", fed, dp_cfg, e, p)) for e in eps for p in places]
+    runs += [(f"{SELECTED}, epsilon {e:g}, {p}", lambda e=e, p=p: dp_ials_selected(
         fed, dp_cfg, e, p)) for e in eps for p in places]
     runs = [(label, fit) for label, fit in runs if not only or label in only]
     out = []
