@@ -61,9 +61,12 @@ without bounds). Under user-level DP it is declared as a small-norm array of the
 release (:class:`~algorithms.user_bounds.UserBounds` ``centre``, norm ``sqrt(k_p)``, the
 share ``prior_share`` of each release's privacy, :func:`privacy.user_level.array_shares`):
 noised and charged with the factors' sums, the server averaging the releases by inverse
-noise variance. ``beta`` is a fixed public default; where a run has a validation carve-out
-and no DP, :func:`choose_prior_weight` picks it from :data:`PRIOR_GRID` (post-processing of
-the fitted model, nothing re-fitted).
+noise variance. ``beta`` is a fixed public default; where a run has a validation
+carve-out and no DP, :func:`choose_prior_weight` picks it from :data:`PRIOR_GRID`
+(post-processing of the fitted model, nothing re-fitted). Under user-level DP each tenant
+scores :data:`DP_PRIOR_GRID` on its carve-out (:func:`prior_scores`) and
+:mod:`privacy.selection` releases the sums, charged as the ``selection_share`` of the
+job's budget, and picks the best.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ from algorithms.block import RatingBlock
 from algorithms.dpals import psd_project, shrink_grams
 from algorithms.messages import Message
 from algorithms.pool import sum_arrays
-from algorithms.ranking import pooled_ndcg
+from algorithms.ranking import pooled_ndcg, relevance_threshold, tenant_ranking
 from algorithms.user_bounds import UserBounds
 
 #: the sweeps and the item-Gram shrinkage of iALS, whose defaults dp-ials replaces
@@ -98,6 +101,12 @@ DEFAULT_PRIOR = 0.03
 DEFAULT_PRIOR_SHARE = 0.1
 #: the betas a run with a validation carve-out chooses from (:func:`choose_prior_weight`)
 PRIOR_GRID = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+#: the betas a user-level DP run chooses from (:func:`prior_scores`, a charged release):
+#: fewer than :data:`PRIOR_GRID` (the release's noise grows with sqrt of their number), a
+#: decade apart from "no prior" to "the popularity list, factors breaking ties"
+DP_PRIOR_GRID = (0.0, 0.03, 0.3, 3.0, 30.0)
+#: default share of a user-level job's privacy spent on choosing beta (:func:`prior_scores`)
+DEFAULT_SELECTION_SHARE = 0.1
 
 
 class IALSConfig(AlgorithmConfig):
@@ -142,6 +151,11 @@ class IALSConfig(AlgorithmConfig):
         DEFAULT_PRIOR_SHARE, description="with user-level bounds: share of each release's "
         "privacy spent on the item counts of the popularity prior")
 
+    selection_share: float = Field(
+        DEFAULT_SELECTION_SHARE, description="with user-level DP and a validation "
+        "carve-out: share of the job's privacy spent on choosing beta from the prior grid "
+        "(one charged release of the candidates' validation NDCG sums)")
+
     @model_validator(mode="after")
     def _check(self) -> IALSConfig:
         if self.rank < 1 or self.sweeps < 1:
@@ -166,6 +180,8 @@ class IALSConfig(AlgorithmConfig):
             raise ValueError("prior_items_per_user must be at least 1")
         if not 0 < self.prior_share < 1:
             raise ValueError("prior_share must be in (0, 1)")
+        if not 0 < self.selection_share < 1:
+            raise ValueError("selection_share must be in (0, 1)")
         return self
 
     @property
@@ -509,6 +525,25 @@ def choose_prior_weight(global_msg: GlobalModel, states, fit_blocks, valid_block
         return global_msg.prior_weight, scores
     best = max(finite.values())
     return min(b for b, s in finite.items() if s == best), scores
+
+
+def prior_scores(global_msg: GlobalModel, state: LocalState, fit: RatingBlock,
+                 valid: RatingBlock, scale: tuple[float, float], grid=PRIOR_GRID
+                 ) -> np.ndarray:
+    """One tenant's input to the DP choice of beta (:mod:`privacy.selection`): for each
+    beta of ``grid``, the sum over its users of their NDCG@10 on the carve-out ``valid``
+    (the model's items ranked with ``fit``'s excluded, relevance at the scale's default
+    cut; a user without a relevant carve-out item adds 0). Each user adds a number in
+    [0, 1] to each entry, which is the selection's sensitivity. All zeros without a
+    prior (every beta ranks alike)."""
+    out = np.zeros(len(grid))
+    if global_msg.prior is None:
+        return out
+    cut = relevance_threshold(scale)
+    for i, beta in enumerate(grid):
+        a, b = factors(global_msg.replace(prior_weight=float(beta)), state)
+        out[i] = tenant_ranking(a, b, fit, valid, cut, 10).ndcg
+    return out
 
 
 def objective(global_msg: GlobalModel, state: LocalState, block: RatingBlock,

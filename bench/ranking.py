@@ -48,6 +48,12 @@ EPSILONS = (1.0, 4.0, 8.0)
 #: EASE's lambda per data set, chosen on the validation carve-out (``--validate`` with
 #: algorithm ``ease``, see BENCHMARKS.md)
 EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 3000.0}
+#: share of each tenant's training ratings a dp-ials row holds out to choose its prior's
+#: weight (the service's default carve-out, :data:`app.training.selection.DEFAULT_FRACTION`)
+DP_CARVE = 0.1
+#: label of the dp-ials rows whose prior weight is chosen by the charged DP selection
+#: (:func:`dp_ials_selected`; the plain dp-ials rows keep the fixed default)
+SELECTED = "dp-ials, DP prior choice"
 #: rank of the centralised iALS ceiling (no upload to hold in memory)
 CEILING_RANK = 64
 
@@ -74,11 +80,11 @@ def pooled(blocks: list[RatingBlock]) -> RatingBlock:
                        blocks[0].n_items, blocks[0].scale)
 
 
-def validation(fed: Federation) -> Federation:
-    """A carve-out of the training data: 20% of each tenant's training ratings held out
-    (the test split is not touched)."""
+def validation(fed: Federation, fraction: float = 0.2) -> Federation:
+    """A carve-out of the training data: ``fraction`` of each tenant's training ratings
+    held out (the test split is not touched)."""
     rng = np.random.default_rng(12345)
-    parts = [split_block(b, 0.2, rng) for b in fed.train]
+    parts = [split_block(b, fraction, rng) for b in fed.train]
     return Federation([p[0] for p in parts], [p[1] for p in parts], fed.user_ids,
                       fed.item_ids, fed.scale)
 
@@ -155,9 +161,48 @@ def ials_selected(fed: Federation, cfg) -> tuple[list, float, float]:
     return [alg.factors(glob, s) for s in res.local_states], wall_val + wall, beta
 
 
-def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement: str):
+def dp_ials_selected(fed: Federation, cfg, epsilon: float, placement: str
+                     ) -> tuple[list, float, float]:
+    """``dp-ials`` as a job with a validation carve-out runs it: fitted under user-level
+    DP on the training ratings minus the carve-out (:data:`DP_CARVE` of each tenant's),
+    its popularity prior's beta chosen by the charged DP selection (:func:`privacy.
+    selection.select` of :func:`algorithms.ials.prior_scores`, the share
+    ``selection_share`` of the same budget), then each tenant re-solves its users against
+    the released model on all its training ratings (local, nothing released). Returns
+    the factor pairs, the wall seconds and the beta."""
+    from algorithms.ials import DP_PRIOR_GRID, prior_scores
+    from privacy.accountant import spend
+    from privacy.selection import choose_prior
+
+    alg = registry.get("dp-ials")
+    val = validation(fed, DP_CARVE)
+    priv = privatizer(registry.user_bounds("dp-ials", cfg), cfg.sweeps, val, epsilon,
+                      placement, cfg.selection_share)
+    t0 = time.perf_counter()
+    res = simulate(alg, cfg, val, rounds=cfg.sweeps + 1, per_round=val.n_clients, seed=SEED,
+                   privatizer=priv, aggregator=priv.aggregate, evaluate_every=0)
+    parts = list(zip(res.local_states, val.train, val.test, [val.scale] * val.n_clients,
+                     strict=True))
+    glob, record = choose_prior(priv.spec, priv.ledger, res.global_msg, parts,
+                                range(val.n_clients), cfg.sweeps + 2, SEED)
+    beta = glob.prior_weight
+    states = [alg.client_step(glob, st, b, cfg, None)[0]
+              for st, b in zip(res.local_states, fed.train, strict=True)]
+    wall = time.perf_counter() - t0
+    worst = max(spend(priv.ledger.history(t), DELTA).epsilon for t in priv.ledger.tenants())
+    # the lab's view, what no job releases: the choice on the exact sums
+    exact = np.sum([prior_scores(res.global_msg, *p, DP_PRIOR_GRID) for p in parts], axis=0)
+    print(f"  selection: beta {beta:g} (non-private choice "
+          f"{DP_PRIOR_GRID[int(np.argmax(exact))]:g}), noise std {record['noise_std']:.3g}, "
+          f"noisy sums {np.round(record['noisy_ndcg_sums'], 1).tolist()}, exact "
+          f"{np.round(exact, 1).tolist()}, epsilon spent {worst:.4f}", flush=True)
+    return [alg.factors(glob, st) for st in states], wall, beta
+
+
+def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement: str,
+               selection_share: float = 0.0):
     """The user-level privatizer of a run (the one ``fedrec simulate --privacy user``
-    builds)."""
+    builds); ``selection_share`` > 0 plans the DP selection release too."""
     from privacy.distributed import SecureAggregationPrivatizer
     from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
 
@@ -165,7 +210,8 @@ def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement
     kwargs = {} if bounds.release_growth is None else {"release_growth": bounds.release_growth}
     spec = UserLevelSpec(epsilon=epsilon, delta=DELTA, n_users=sum(b.n_users for b in fed.train),
                          releases=releases, placement="tenant" if secure else "central",
-                         secure_aggregation=secure, **kwargs)
+                         secure_aggregation=secure, selection_share=selection_share,
+                         **kwargs)
     cls = SecureAggregationPrivatizer if secure else UserLevelPrivatizer
     return cls(spec, bounds, fed.n_clients, SEED)
 
@@ -230,6 +276,8 @@ def rows_of(data: str, quick: bool, only: list[str] | None = None) -> list[dict[
     places = ("central",) if quick else ("central", "tenant+secagg")
     runs += [(f"dp-ials, epsilon {e:g}, {p}", lambda e=e, p=p: federated(
         "dp-ials", fed, dp_cfg, e, p)) for e in eps for p in places]
+    runs += [(f"{SELECTED}, epsilon {e:g}, {p}", lambda e=e, p=p: dp_ials_selected(
+        fed, dp_cfg, e, p)) for e in eps for p in places]
     runs = [(label, fit) for label, fit in runs if not only or label in only]
     out = []
     for label, fit in runs:

@@ -196,8 +196,10 @@ def privacy_unit(args: argparse.Namespace) -> str:
 
 
 def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n_clients: int,
-                              n_users: int, seed: int):
-    """A :class:`privacy.user_level.UserLevelPrivatizer` for ``--privacy user``."""
+                              n_users: int, seed: int, selection_share: float = 0.0):
+    """A :class:`privacy.user_level.UserLevelPrivatizer` for ``--privacy user``
+    (``selection_share`` > 0: the job's budget also plans a selection release,
+    :mod:`privacy.selection`)."""
     from pydantic import ValidationError
 
     from privacy.user_level import UserLevelPrivatizer, UserLevelSpec, to_settings
@@ -210,6 +212,7 @@ def user_privatizer_from_args(args: argparse.Namespace, bounds, releases: int, n
             delta=delta, n_users=n_users, releases=releases,
             placement=args.placement or "central", sample_rate=bounds.sample_rate,
             secure_aggregation=bool(getattr(args, "secure_aggregation", False)),
+            selection_share=selection_share,
             **{**({} if bounds.release_growth is None else
                   {"release_growth": bounds.release_growth}),
                **{k: getattr(args, k) for k in ("gram_share", "release_growth",

@@ -250,6 +250,10 @@ class UserLevelSpec(BaseModel):
     #: secure aggregation: largest fraction of a round's tenants that may drop; each
     #: tenant's noise is planned for the fewest survivors t = n - floor(fraction n)
     dropout_tolerance: float = Field(0.1, ge=0, lt=0.5)
+    #: share of the job's privacy spent on one extra release after the sweeps: the DP
+    #: choice of a served hyper-parameter on the tenants' validation carve-out
+    #: (:mod:`privacy.selection`); 0: the job selects nothing and plans no such release
+    selection_share: float = Field(0.0, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _delta_below_one_over_users(self) -> UserLevelSpec:
@@ -262,6 +266,9 @@ class UserLevelSpec(BaseModel):
         if self.secure_aggregation and self.sample_rate < 1:
             raise ValueError("secure_aggregation is accounted for sample_rate 1 only (the "
                              "distributed discrete Gaussian has no subsampled analysis here)")
+        if self.selection_share > 0 and self.sample_rate < 1:
+            raise ValueError("selection_share needs sample_rate 1 (the selection release "
+                             "reads every user's validation score, unsampled)")
         if self.epsilon > 100:
             raise ValueError(f"epsilon must be at most 100 (no meaningful guarantee "
                              f"beyond), got {self.epsilon!r}")
@@ -273,15 +280,36 @@ class UserLevelSpec(BaseModel):
         mean = sum(raw) / len(raw)
         return [w / mean for w in raw]
 
+    def plan_weights(self) -> list[float]:
+        """The weights of every planned Gaussian event: the releases' (:meth:`weights`)
+        times ``1 - selection_share``, then, with a selection, its weight
+        ``selection_share * releases``. They sum to ``releases`` either way; at q = 1 the
+        RDP of event k is ``w_k / (2 z^2)`` times the order, so the selection gets exactly
+        the share ``selection_share`` of the job's privacy."""
+        s = self.selection_share
+        if s == 0:
+            return self.weights()
+        return [w * (1.0 - s) for w in self.weights()] + [s * self.releases]
+
     def noise_multiplier(self) -> float:
-        """Base z: release k uses ``z / sqrt(w_k)``, and the ``releases`` Gaussian events at
-        rate q spend at most epsilon together."""
+        """Base z: event k uses ``z / sqrt(w_k)`` (:meth:`plan_weights`), and the planned
+        Gaussian events at rate q spend at most epsilon together."""
         return _solved_noise(self)
 
-    def schedule(self) -> list[Event]:
-        """The planned event of each release, in order."""
-        return schedule_events("gaussian", self.noise_multiplier(), self.weights(),
+    def planned_events(self) -> list[Event]:
+        """Every event the job plans to charge each user: the releases
+        (:meth:`schedule`), then the selection's (:meth:`selection_event`) if any; what a
+        budget check must afford."""
+        return schedule_events("gaussian", self.noise_multiplier(), self.plan_weights(),
                                self.sample_rate)
+
+    def schedule(self) -> list[Event]:
+        """The planned event of each release, in order (the selection's not included)."""
+        return self.planned_events()[: self.releases]
+
+    def selection_event(self) -> Event | None:
+        """The event of the selection release (None: the job plans none)."""
+        return self.planned_events()[-1] if self.selection_share > 0 else None
 
 
 @functools.lru_cache(maxsize=256)
@@ -289,8 +317,9 @@ def _solved_noise(spec: UserLevelSpec) -> float:
     """The bisection of :meth:`UserLevelSpec.noise_multiplier`, once per spec: about 4 ms at
     q = 1 (closed-form RDP), but seconds at q < 1 (the subsampled-Gaussian RDP at
     fractional orders), and every release asks for its event."""
-    return noise_for_epsilon("gaussian", spec.epsilon, spec.delta, spec.releases,
-                             sample_rate=spec.sample_rate, weights=spec.weights())
+    weights = spec.plan_weights()
+    return noise_for_epsilon("gaussian", spec.epsilon, spec.delta, len(weights),
+                             sample_rate=spec.sample_rate, weights=weights)
 
 
 def noise_stds(bounds: UserBounds, z: float, gram_share: float = 0.2) -> dict[str, float]:
@@ -459,7 +488,7 @@ class UserLevelPrivatizer:
             ledger = Ledger.open({i: budget for i in range(n_clients)})
         self.ledger = Ledger.from_dict(ledger.to_dict())
         self.releases: list[dict[str, Any]] = []
-        check_schedule(self.ledger, range(n_clients), self.plan)
+        check_schedule(self.ledger, range(n_clients), spec.planned_events())
 
     def event(self, index: int) -> Event:
         """The event of release ``index`` (0-based); beyond the plan, the last one's."""

@@ -299,6 +299,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "stdout, the table going to stderr (default: none)")
     p.add_argument("--quiet", action="store_true", help="no per-round table")
     add_privacy_arguments(p)
+    p.add_argument("--select-prior", type=float, default=0.0, metavar="FRACTION",
+                   help="dp-ials with --privacy user: hold out FRACTION of each tenant's "
+                        "training ratings, fit on the rest and choose the popularity "
+                        "prior's weight on them by a charged DP selection (the config's "
+                        "selection_share of the budget); each tenant then re-solves its "
+                        "users on all its ratings (default: 0, the fixed popularity_prior)")
     add_dp_arguments(p, default="none")
     if hasattr(p, "late_options"):
         p.late_options = _add_algorithm_options
@@ -469,8 +475,12 @@ def _run(args: argparse.Namespace, write_json) -> int:
                              f"{rating_fed.scale[0]:g} to {rating_fed.scale[1]:g}): the "
                              "binary algorithms have no positive to learn; set --threshold")
     per_round = run_cfg["per_round"] or fed.n_clients
+    selecting = _check_select_prior(args, unit, cfg)
     kind, fed, privatizer, aggregator = release_parts(args, unit, alg, cfg, fed,
                                                       run_cfg["rounds"], per_round)
+    full_train = fed.train
+    if selecting:
+        fed = _carved(fed, args.seed, args.select_prior)
     t0 = time.perf_counter()
     bar = RoundsBar(run_cfg["rounds"], alg.name)
     try:
@@ -479,6 +489,13 @@ def _run(args: argparse.Namespace, write_json) -> int:
                           on_round=_printer(run_cfg["rounds"], args.quiet, bar))
     finally:
         bar.close()
+    selection = None
+    if selecting:
+        result, selection = _select_prior(alg, cfg, result, fed, full_train, privatizer,
+                                          run_cfg["rounds"], args.seed)
+        print(f"popularity prior: beta {selection['chosen']:g} chosen by the charged DP "
+              f"selection (noise std {selection['noise_std']:.3g} on the candidates' "
+              "validation NDCG sums)")
     wall = time.perf_counter() - t0
     final = result.final
     print(f"{alg.name}: test RMSE {final.test_rmse:.4f}, MAE {final.test_mae:.4f} after "
@@ -503,6 +520,8 @@ def _run(args: argparse.Namespace, write_json) -> int:
         privacy = privatizer.report(_upload_size(alg, cfg, fed, args.seed)) if privatizer \
             else {"mechanism": "none", "private": False,
                   "threat_model": threat_model("central", private=False)}
+    if selection is not None:
+        privacy["selection"] = selection
     if kind is Release.SECURE_SUM:
         privacy["secure_aggregation"] = {"rounds": aggregator.rounds}
         print("secure aggregation (no noise): the server step saw only each round's sum")
@@ -524,6 +543,50 @@ def _run(args: argparse.Namespace, write_json) -> int:
         }
         write_json(report)
     return 0
+
+
+def _check_select_prior(args: argparse.Namespace, unit: str, cfg) -> bool:
+    """Whether the run chooses dp-ials' prior weight by the DP selection; ValueError naming
+    ``--select-prior`` where it does not apply."""
+    fraction = getattr(args, "select_prior", 0.0) or 0.0
+    if fraction == 0:
+        return False
+    if not 0 < fraction < 1:
+        raise ValueError(f"--select-prior must be in (0, 1), got {fraction!r}")
+    if unit != "user" or not getattr(cfg, "popularity_prior", 0) > 0 \
+            or getattr(cfg, "max_ratings_per_user", None) is None:
+        raise ValueError("--select-prior applies to dp-ials (popularity_prior > 0) with "
+                         "--privacy user")
+    return True
+
+
+def _carved(fed, seed: int, fraction: float):
+    """``fed`` with each tenant's training ratings split into (fit, carve-out): the fit
+    part as ``train``, the carve-out as ``test`` (what the selection scores)."""
+    import dataclasses
+
+    from algorithms.tuning import validation_split
+
+    parts = [validation_split(b, seed, i, fraction) for i, b in enumerate(fed.train)]
+    return dataclasses.replace(fed, train=[p[0] for p in parts], test=[p[1] for p in parts])
+
+
+def _select_prior(alg, cfg, result, carved, full_train, privatizer, rounds: int, seed: int):
+    """(the result with dp-ials' prior weight chosen by :func:`privacy.selection.
+    choose_prior`, charged to the run's ledger, and every tenant's users re-solved on all
+    its training ratings against the released model (local, nothing released); the
+    selection's record)."""
+    import dataclasses
+
+    from privacy.selection import choose_prior
+
+    parts = list(zip(result.local_states, carved.train, carved.test,
+                     [carved.scale] * carved.n_clients, strict=True))
+    glob, record = choose_prior(privatizer.spec, privatizer.ledger, result.global_msg, parts,
+                                range(carved.n_clients), rounds + 1, seed)
+    states = [alg.client_step(glob, st, b, cfg, None)[0]
+              for st, b in zip(result.local_states, full_train, strict=True)]
+    return dataclasses.replace(result, global_msg=glob, local_states=states), record
 
 
 def _upload_size(alg, cfg, fed, seed: int) -> int:
@@ -563,8 +626,9 @@ def _user_privatizer(args, alg, cfg, fed, rounds: int):
                          f"per-user bounded terms (dpals, dp-fedmavg, dp-fedmc-admm, dp-ials); "
                          f"{alg.name} has none")
     n_users = sum(b.n_users for b in fed.train)
+    share = cfg.selection_share if getattr(args, "select_prior", 0.0) else 0.0
     return user_privatizer_from_args(args, bounds, registry.user_releases(cfg, rounds),
-                                     fed.n_clients, n_users, args.seed)
+                                     fed.n_clients, n_users, args.seed, share)
 
 
 def _privatizer(args, alg, cfg, fed, rounds: int, per_round: int):

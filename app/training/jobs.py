@@ -640,7 +640,7 @@ def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,
     releases = min(max(plan.values()), registry.user_releases(cfg, spec.rounds))
     try:
         planned = user_level.plan(request, bounds, max(1, n_users), max(releases, 1))
-        events = list(planned.schedule())
+        events = list(planned.planned_events())
     except ValidationError as exc:
         first = exc.errors()[0]
         msg = first["msg"].removeprefix("Value error, ")
