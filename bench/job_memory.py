@@ -46,10 +46,7 @@ def status(field):
                 return int(line.split()[1]) * 1024
 
 url, tenant_ids, dp = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
-from app.training import jobs
 from app.training.jobs import JobSpec, create_job
-if hasattr(jobs, "bound_heap"):  # as the API's route does (absent in older code)
-    jobs.bound_heap()
 from app.training.models import JobClient
 import numpy, algorithms.fedmc_admm  # imported before the baseline reading
 engine = engine_for(url)

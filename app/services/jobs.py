@@ -25,7 +25,6 @@ from app.training.jobs import (
     DEFAULT_RATING,
     JobRefused,
     JobSpec,
-    bound_heap,
     cancel_job,
     create_jobs,
     default_pair,
@@ -115,7 +114,6 @@ def create_job(session: Session, settings: Settings, app: FastAPI, body: JobCrea
     first time instead of creating (and paying for) another. A job that could not be
     enqueued is deleted before the error propagates, so retrying is safe.
     """
-    bound_heap()  # the blocks read one after another leave no resident fragments
     digest = request_hash(body.model_dump(mode="json"))
     try:  # a dry run is a plan, never a stored job (whatever key it carries)
         if idempotency_key is not None and not dry_run and (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import math
 import threading
@@ -460,26 +459,6 @@ def _check_size(s: Session, alg: Algorithm, cfg: Any, n_items: int,
         raise JobRefused(422, f"invalid config.{field}: a round would do about {work:.3g} "
                               f"units of work ((ratings + items) x (rank + 2)^2 x steps); "
                               f"at most {MAX_ROUND_WORK:.3g}")
-
-
-#: glibc's mallopt parameter: allocations of at least this many bytes are mapped on their own
-_M_MMAP_THRESHOLD = -3
-HEAP_MAP_BYTES = 1 << 20
-
-
-def bound_heap() -> None:
-    """Map every allocation of :data:`HEAP_MAP_BYTES` or more on its own (glibc), so it
-    goes back to the system when freed. The API process calls it: a job's creation reads
-    one tenant's block after another, and with glibc's default the threshold rises to the
-    largest array freed, after which the next tenants' arrays come from the heap and its
-    fragments stay resident (+150 MiB over 20 tenants of 500k ratings, ``python -m
-    bench.job_memory``). A no-op where there is no glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # pragma: no cover - not glibc
-        return
-    if hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_THRESHOLD, HEAP_MAP_BYTES)
 
 
 def _n_ratings(s: Session, tenant: Tenant) -> int:

@@ -211,6 +211,7 @@ def test_preview_says_why_popularity_serves_and_what_its_column_holds(client):
     assert "ordered by number of ratings" in card and "NDCG@10" in card
     assert "no trained factors" not in card and ">Mean rating</th>" in card
     wait_job(admin, submit_job(admin).json()["id"])  # lists="model", no DP
+    client.app.state.factor_cache.ttl = 0.0  # serve the new snapshot without waiting
     page = client.get(f"/dashboard/tenants/{tid}/recommendations",
                       params={"user": user}).text
     card = page[page.index('id="recommendations"'):]
