@@ -2,13 +2,12 @@
 tenant-placed privacy locally, send the privatised upload; serve recommendations locally.
 
 Each round the tenant is selected in goes: download the global message; run the client
-step (:func:`algorithms.simulate.client_round`, the same public streams as a hosted
-tenant's: ``client_rng(seed, round, client)``; under user-level DP the users' caps and
-Poisson samples from the agent's own secret key, :attr:`agent.state.AgentState.
-user_draws_key`); check-privatise-charge on the agent's *own* ledger
-(:func:`privacy.release.release_upload`, the release the job's settings decide, as a hosted
-tenant's; noise from a fresh secret generator,
-:func:`privacy.randomness.fresh_noise_generator`); persist the charge with the pending upload
+half of the round (:func:`algorithms.simulate.client_round`, as a hosted tenant's client
+step does: the local step on the same public streams, ``client_rng(seed, round, client)``,
+under user-level DP with the users' caps and Poisson samples from the agent's own secret
+key, :attr:`agent.state.AgentState.user_draws_key`; then check-privatise-charge on the
+agent's *own* ledger through :class:`privacy.release.UploadRelease`, the release the job's
+settings decide, noise from a fresh secret generator); persist the charge with the pending upload
 (:mod:`agent.state`); send through :attr:`Agent.uploader` (the one function a secure
 aggregation wrapper replaces); adopt the new local state once the coordinator accepted it.
 A refusal of its own ledger is said on stderr and sent to the coordinator as a decline.
@@ -41,8 +40,8 @@ from algorithms.simulate import (
     initialise_server,
     tenant_errors,
 )
-from privacy.randomness import fresh_noise_generator, with_user_draws
-from privacy.release import Release, release_of, release_upload
+from privacy.randomness import with_user_draws
+from privacy.release import Release, UploadRelease, release_of
 
 RUNNING = ("queued", "running")
 #: fault injection for the process tests: "die-before-send:K" kills the agent in round K
@@ -241,22 +240,20 @@ class Agent:
         st, rec, manifest = self.state, self.state.jobs[str(job_id)], self.manifest(job_id)
         alg, cfg = self._alg(manifest)
         seed, client = manifest["seed"], manifest["client_index"]
-        local, upload = client_round(alg, cfg, round_, seed, client,
-                                     Message.from_bytes(gbytes),
-                                     self._load(job_id, "local.msg", Message.from_bytes),
-                                     self._train(job_id, manifest))
+        release = self._release(manifest, rec, alg, cfg)
+        local, sent = client_round(alg, cfg, round_, seed, client, Message.from_bytes(gbytes),
+                                   self._load(job_id, "local.msg", Message.from_bytes),
+                                   self._train(job_id, manifest), release)
         pending: dict[str, Any] = {"round": round_, "kind": "none", "charge": None}
-        if upload is not None:
-            sent, event, refused = self._release(manifest, rec, alg, cfg, upload, round_)
-            if refused is not None:
-                self.log(f"job {job_id}: refusing to transmit in round {round_}: {refused}; "
-                         "telling the coordinator this tenant declines")
-                pending.update(kind="decline", reason=refused)
-            else:
-                pending.update(kind="upload", charge=event.as_list())
-                rec["charged"][str(round_)] = event.as_list()
-                st.write(job_id, f"pending-{round_}.upload", on_wire(sent, manifest["wire"]),
-                         durable=False)
+        if release.refused is not None:
+            self.log(f"job {job_id}: refusing to transmit in round {round_}: "
+                     f"{release.refused}; telling the coordinator this tenant declines")
+            pending.update(kind="decline", reason=release.refused)
+        elif sent is not None:
+            pending.update(kind="upload", charge=release.event.as_list())
+            rec["charged"][str(round_)] = release.event.as_list()
+            st.write(job_id, f"pending-{round_}.upload", on_wire(sent, manifest["wire"]),
+                     durable=False)
         st.write(job_id, f"pending-{round_}.local", local.to_bytes(), durable=False)
         sync_files(st.job_dir(job_id), [f"pending-{round_}.upload", f"pending-{round_}.local"])
         self._memo[(int(job_id), f"pending-{round_}.local")] = local
@@ -283,13 +280,15 @@ class Agent:
                 manifest, self._load(job_id, "train.block", RatingBlock.from_bytes), users)
         return self._memo[key]
 
-    def _release(self, manifest, rec, alg, cfg, upload: Message, round_: int):
-        """Check the agent's own budget, privatise, charge its own ledger: the release
-        :func:`privacy.release.release_upload` decides for the job's settings (under secure
-        aggregation only the charge here; the noise and the masks in :mod:`agent.secure`)."""
-        return release_upload(manifest["privacy"], alg.name, cfg, upload,
-                              self.state.account, self.state.ledger, fresh_noise_generator(),
-                              round_, rec["releases"], manifest["privacy_preserving"])
+    def _release(self, manifest: dict[str, Any], rec: dict[str, Any], alg, cfg
+                 ) -> UploadRelease:
+        """The release of this round's upload on the agent's *own* ledger: check budget,
+        privatise, charge as :class:`privacy.release.UploadRelease` decides for the job's
+        settings, as a hosted tenant's (under secure aggregation only the charge here; the
+        noise and the masks in :mod:`agent.secure`)."""
+        return UploadRelease(manifest["privacy"], alg.name, cfg, self.state.account,
+                             lambda: (self.state.ledger, rec["releases"]),
+                             manifest["privacy_preserving"])
 
     def _send_pending(self, job_id: int) -> None:
         st, rec = self.state, self.state.jobs[str(job_id)]

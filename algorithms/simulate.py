@@ -4,8 +4,11 @@
 step, record, hooks); :class:`PerClient` is the default set of steps, and variants (RFRec's
 all-clients-at-once path, federated clustering) plug in their own :class:`Steps` instead of
 copying the loop. :func:`simulate` is the CLI's and the benchmarks' entry point.
-The same pure functions run one per Celery task in the service; this driver derives
-every public random stream exactly as the service does (:mod:`algorithms.rng`), so
+The client half of a round is :func:`client_round` (local step, then the release through
+the caller's privatizer) wherever it runs: here, in the service's client-step task and in
+``fedrec agent``; the server half is :func:`step` over :class:`Staged` in the service.
+This driver derives every public random stream exactly as the service does
+(:mod:`algorithms.rng`), so
 without privacy a seeded service job and a seeded simulation give the same numbers (privacy
 noise and per-user sampling are fresh and secret, :mod:`privacy.randomness`).
 """
@@ -130,15 +133,40 @@ def select_clients(alg: Algorithm, global_msg: Message, n_clients: int, per_roun
     return alg.select(global_msg, n_clients, per_round, derive_rng(seed, round_, SAMPLING))
 
 
+def local_step(alg: Algorithm, cfg: Any, round_: int, seed: int, client: int,
+               global_msg: Message, local_state: Message, block: RatingBlock
+               ) -> tuple[Message, Message | None]:
+    """The local half of client ``client``'s round: the algorithm's client step on the
+    client's public stream, (new local state, upload before its release)."""
+    return alg.client_step(global_msg, local_state, block, cfg,
+                           deferred_client_rng(seed, round_, client))
+
+
+def send(upload: Message | None, privatizer: Privatizer | None, client: int, round_: int
+         ) -> Message | None:
+    """The release half of client ``client``'s round: what leaves it, its upload through
+    ``privatizer`` (privacy's "check budget, privatise, charge"); None when it has nothing
+    to send or its budget refused the release."""
+    if upload is None or privatizer is None:
+        return upload
+    return privatizer(upload, client, round_)
+
+
 def client_round(alg: Algorithm, cfg: Any, round_: int, seed: int, client: int,
                  global_msg: Message, local_state: Message, block: RatingBlock,
                  privatizer: Privatizer | None = None) -> tuple[Message, Message | None]:
-    """Client ``client``'s step in round ``round_``: new local state and what it sends."""
-    local_state, up = alg.client_step(global_msg, local_state, block, cfg,
-                                      deferred_client_rng(seed, round_, client))
-    if up is not None and privatizer is not None:
-        up = privatizer(up, client, round_)
-    return local_state, up
+    """Client ``client``'s round: its local step, then the release of its upload; returns
+    the new local state and what it sends.
+
+    The one client half of a round: the in-process engine (:class:`PerClient`, which
+    runs the two halves apart so the local steps can share threads while the releases
+    keep the order of the selection), the service's client-step task and ``fedrec
+    agent`` all go through it; the privatizer is theirs (the simulator's privatizers,
+    or :class:`privacy.release.UploadRelease` on the tenant's ledger), the rule is
+    privacy's."""
+    local_state, up = local_step(alg, cfg, round_, seed, client, global_msg, local_state,
+                                 block)
+    return local_state, send(up, privatizer, client, round_)
 
 
 def server_round(alg: Algorithm, cfg: Any, round_: int, seed: int, server_state: Message,
@@ -300,16 +328,18 @@ class PerClient:
 
     def clients(self, k: int, state: RoundState, selected: np.ndarray
                 ) -> tuple[list[Message], dict[int, Message]]:
-        """The selected clients' steps, on ``workers`` threads (each computed as serially),
-        then each upload through the privatizer in the order of ``selected``. An algorithm
+        """The selected clients' rounds, :func:`client_round` in its two halves: the local
+        steps on ``workers`` threads (each computed as serially), then each release
+        (:func:`send`) in the order of ``selected``, so a privatizer's ledger and records
+        are the same whatever the threads. An algorithm
         with a two-part server step (``server_prepare``) has its first part's tasks run on
         the same threads, after the client steps (largest first): they fill the gaps."""
         locals_ = list(state.local_states)
         ids = [int(c) for c in selected]
 
         def run(i: int) -> tuple[Message, Message | None]:
-            return client_round(self.alg, self.cfg, k, self.seed, i, state.global_msg,
-                                locals_[i], self.train[i])
+            return local_step(self.alg, self.cfg, k, self.seed, i, state.global_msg,
+                              locals_[i], self.train[i])
 
         tasks: list[Callable[[], Any]] = [functools.partial(run, i) for i in ids]
         weights = [float(self.train[i].nnz) for i in ids]
@@ -324,8 +354,7 @@ class PerClient:
         uploads: dict[int, Message] = {}
         for i, (local, up) in zip(ids, stepped, strict=True):
             locals_[i] = local
-            if up is not None and self.privatizer is not None:
-                up = self.privatizer(up, i, k)
+            up = send(up, self.privatizer, i, k)
             if up is not None:
                 uploads[i] = up
         return locals_, uploads

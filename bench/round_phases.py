@@ -27,7 +27,7 @@ from algorithms.data import load_movielens
 from algorithms.synthetic import generate_ratings
 from bench import round_overhead as ro
 
-PIPELINE = ["_client_of", "_privatise", "round_complete", "client_round", "_evaluate",
+PIPELINE = ["_client_of", "_release", "round_complete", "client_round", "_evaluate",
             "_active_job", "_release_central", "server_round", "scrub_job_clients",
             "_selected", "_block"]
 STATES = ["stage_local", "stage_upload", "load_uploads", "load_locals", "load_server",
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     from app.db import engine_for, session_factory
     from app.training import pipeline, states
     from app.training.jobs import JobSpec, create_job
+    from privacy.release import UploadRelease
 
     if args.federation == "ml-1m":
         ratings, tenants = load_movielens("ml-1m"), args.tenants or 100
@@ -75,10 +76,11 @@ def main(argv: list[str] | None = None) -> None:
 
     originals = [(pipeline, n, getattr(pipeline, n)) for n in PIPELINE] + \
         [(states, n, getattr(states, n)) for n in STATES] + \
-        [(Session, n, getattr(Session, n)) for n in ("commit", "close")]
+        [(Session, n, getattr(Session, n)) for n in ("commit", "close")] + \
+        [(UploadRelease, "__call__", UploadRelease.__call__)]  # inside client_round
     for owner, name, _ in originals:
         timed(owner, name, name if owner is pipeline else
-              f"{'states' if owner is states else 'Session'}.{name}")
+              f"{owner.__name__.rsplit('.', 1)[-1]}.{name}")
     name, url = ro._database(args.pg)
     tasks: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
     try:

@@ -4,8 +4,10 @@ Privacy settings (a job's ``job.dp``, a run's flags) name the unit: the tenant's
 (:mod:`privacy.wrapper`) or one user (:mod:`privacy.user_level`, placement ``tenant`` or
 ``central``, with or without secure aggregation), or none. :func:`release_of` is the one
 decision of which :class:`Release` they apply; :func:`release_upload` is what happens to a
-tenant's upload before it leaves the tenant, :func:`release_round` what happens to the
-round's uploads before the server step, :func:`expected_event` what one upload is charged.
+tenant's upload before it leaves the tenant (:class:`UploadRelease` hands it to
+:func:`algorithms.simulate.client_round` as the hosted tenant's and the agent's privatizer),
+:func:`release_round` what happens to the round's uploads before the server step,
+:func:`expected_event` what one upload is charged.
 Both end in :func:`privacy.ledger.charged_release` (check budget, privatise, charge), the
 rule :class:`privacy.wrapper.DPPrivatizer` and :class:`privacy.user_level.
 UserLevelPrivatizer` follow in the simulator. The service loads the tenants' ledger from
@@ -16,7 +18,7 @@ stores the release; it adds no rule of its own.
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,7 @@ from privacy import user_level
 from privacy.accountant import Event
 from privacy.distributed import charge_release
 from privacy.ledger import Ledger
+from privacy.randomness import fresh_noise_generator
 from privacy.wrapper import DPSpec, release, transmission_event
 
 
@@ -170,6 +173,36 @@ def release_upload(dp: Mapping[str, Any], algorithm: str, cfg: Any, upload: Mess
         return charge_release(user_level.from_settings(dp), upload, account, ledger, index,
                               round_)
     return upload, None, None
+
+
+class UploadRelease:
+    """A tenant's release of its upload as the ``privatizer`` of
+    :func:`algorithms.simulate.client_round`, for a tenant the service hosts and for
+    ``fedrec agent`` alike: :func:`release_upload` under the job's settings ``dp``, with
+    noise from a fresh secret generator (:func:`privacy.randomness.fresh_noise_generator`).
+
+    ``books()`` opens the tenant's ledger and says which of its user-level releases this
+    one is (0 for the tenant unit); it is called only when there is an upload to release,
+    so a service locks the tenant's ledger row for the release only. ``noise`` makes the
+    release's generator (the fresh secret one; the service passes its own reference to
+    it, which its tests count). What the release charged (:attr:`event`) and why it was
+    refused (:attr:`refused`) stay here for the caller to persist with the upload; one
+    object serves one client round."""
+
+    def __init__(self, dp: Mapping[str, Any], algorithm: str, cfg: Any, account: Hashable,
+                 books: Callable[[], tuple[Ledger, int]], private_algorithm: bool = True,
+                 noise: Callable[[], np.random.Generator] = fresh_noise_generator) -> None:
+        self.dp, self.algorithm, self.cfg, self.account = dp, algorithm, cfg, account
+        self.books, self.private_algorithm, self.noise = books, private_algorithm, noise
+        self.event: Event | None = None
+        self.refused: str | None = None
+
+    def __call__(self, upload: Message, client: int, round_: int) -> Message | None:
+        ledger, index = self.books()
+        sent, self.event, self.refused = release_upload(
+            self.dp, self.algorithm, self.cfg, upload, self.account, ledger, self.noise(),
+            round_, index, self.private_algorithm)
+        return sent
 
 
 def release_round(dp: Mapping[str, Any], algorithm: str, cfg: Any,

@@ -74,7 +74,7 @@ from algorithms.user_bounds import UserBounds
 from privacy import samplers
 from privacy.accountant import Event, noise_for_epsilon, schedule_events, spend
 from privacy.gaussian import gaussian_noise, gaussian_release
-from privacy.ledger import Budget, Ledger, charged_release, check_schedule, refusal
+from privacy.ledger import Budget, Ledger, charged_release, check_schedule
 from privacy.randomness import fresh_noise_generator
 from privacy.threat_model import UNIT, threat_model
 
@@ -502,23 +502,22 @@ class UserLevelPrivatizer:
         """Which release of this tenant's users the next one is (its charged count)."""
         return len(self.ledger.rounds(client))
 
-    def _affordable(self, client: int, round_: int, event: Event) -> bool:
-        if (str(client) in self.ledger.stopped()
-                or refusal(self.ledger, client, event, round_, _RELEASE) is not None):
-            self.ledger.stop(client, round_)
-            return False
-        return True
-
     def __call__(self, upload: Message, client: int, round_: int) -> Message | None:
-        """Placement ``tenant``: noise this tenant's upload (charged first); central: the
-        bounded sum passes to :meth:`aggregate` (None if the tenant's budget is spent)."""
-        index = self._index(client) if self.spec.placement == "tenant" else len(self.releases)
-        if not self._affordable(client, round_, self.event(index)):
+        """Placement ``tenant``: noise this tenant's upload, charged first
+        (:func:`release_one`); refused, the tenant stops. Central: the bounded upload
+        passes to :meth:`aggregate`, whose release of the sum checks and charges every
+        contributor (:func:`release_sum`), as the service's aggregation step does. A
+        stopped tenant sends nothing."""
+        if str(client) in self.ledger.stopped():
             return None
         if self.spec.placement == "central":
             return upload
-        noisy, _, _ = release_one(self.spec, self.bounds, upload, client, self.ledger, index,
-                                  fresh_noise_generator(), round_)
+        index = self._index(client)
+        noisy, _, refused = release_one(self.spec, self.bounds, upload, client, self.ledger,
+                                        index, fresh_noise_generator(), round_)
+        if refused is not None:
+            self.ledger.stop(client, round_)
+            return None
         self._record(round_, [client], index)
         return noisy
 

@@ -62,9 +62,9 @@ from app.training.ledger import load_ledger, record_charges
 from app.training.models import JobClient, JobRound, LedgerEntry, RoundUpload, TrainingJob
 from privacy import release as privacy_release
 from privacy import user_level
-from privacy.accountant import Event
+from privacy.ledger import Ledger
 from privacy.randomness import fresh_noise_generator, process_key, with_user_draws
-from privacy.release import Release, release_of
+from privacy.release import Release, UploadRelease, release_of
 
 TASK_START = queue.TRAINING_START_ROUND
 TASK_CLIENT = queue.TRAINING_CLIENT_STEP
@@ -254,19 +254,19 @@ def start_round(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
             send_later(TASK_AGGREGATE, wait + 0.5, job_id, round_)
 
 
-def _privatise(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id: int,
-               client: int, round_: int, upload: Message
-               ) -> tuple[Message | None, Event | None, str | None]:
-    """(upload as sent, event charged, refusal reason) for one upload of a tenant:
-    :func:`privacy.release.release_upload` on the tenant's ledger, whatever the unit. The
-    tenant row is locked (:func:`load_ledger`) so two jobs cannot both spend the last of
-    its budget."""
-    ledger = load_ledger(s, [tenant_id], lock=True)
-    index = _job_releases(s, job.id, tenant_id) if release_of(job.dp).user_level else 0
-    sent, event, refused = privacy_release.release_upload(
-        job.dp, job.algorithm, cfg, upload, tenant_id, ledger, fresh_noise_generator(),
-        round_, index, alg.privacy_preserving)
-    return sent, event, refused
+def _release(s: Session, job: TrainingJob, alg: Algorithm, cfg: Any, tenant_id: int
+             ) -> UploadRelease:
+    """A hosted tenant's release of its upload (:class:`privacy.release.UploadRelease`,
+    whatever the unit) on its ledger in the database, loaded when there is an upload to
+    release with the tenant row locked (:func:`load_ledger`), so two jobs cannot both
+    spend the last of its budget."""
+    def books() -> tuple[Ledger, int]:
+        ledger = load_ledger(s, [tenant_id], lock=True)
+        index = _job_releases(s, job.id, tenant_id) if release_of(job.dp).user_level else 0
+        return ledger, index
+
+    return UploadRelease(job.dp, job.algorithm, cfg, tenant_id, books, alg.privacy_preserving,
+                         fresh_noise_generator)
 
 
 def _job_releases(s: Session, job_id: int, tenant_id: int | None = None) -> int:
@@ -327,18 +327,16 @@ def client_step(sessions: Sessions, dispatch: Dispatcher, job_id: int, round_: i
                     if newer_tombstone(job, jc.tenant_id, tombstone) else set())
             train = private_block(job, jc, without_forgotten(_fit_and_valid(job, jc)[0],
                                                              jc.user_keys, gone))
+            release = _release(s, job, alg, cfg, jc.tenant_id)
             local, upload = client_round(
                 alg, cfg, round_, job.seed, client, states.load_global(job),
-                states.load_locals(s, job_id, [jc])[client], train)
-            event = refused = None
-            if upload is not None:
-                upload, event, refused = _privatise(s, job, alg, cfg, jc.tenant_id, client,
-                                                     round_, upload)
+                states.load_locals(s, job_id, [jc])[client], train, release)
             try:
                 states.stage_local(s, job_id, client, round_, local)
-                states.stage_upload(s, job_id, client, round_, local, upload, refused)
-                if event is not None:  # charged in the transaction that stores the upload
-                    record_charges(s, {jc.tenant_id: event}, round_, job_id=job_id,
+                states.stage_upload(s, job_id, client, round_, local, upload,
+                                    release.refused)
+                if release.event is not None:  # charged in the transaction storing it
+                    record_charges(s, {jc.tenant_id: release.event}, round_, job_id=job_id,
                                    dp=job.dp)
                 s.commit()
                 computed = time.perf_counter() - started

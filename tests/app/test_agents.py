@@ -118,15 +118,13 @@ def states(app, job_id):
         return Message.from_bytes(job.global_msg), locals_, job
 
 
-@pytest.mark.parametrize("dp", [{"mechanism": "none"},
-                                {"mechanism": "gaussian", "noise_multiplier": 2.0}])
-def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
-    """All-agent job vs the same job hosted (same data, split, seed): without DP the global
-    V and every tenant's U agree to 1e-12; with DP the noise is fresh on each side (issue
-    29), so the models differ, and every tenant's ledger agrees."""
-    app, client, hosted, agent_tenants, rows = fed
+def hosted_then_agents(fed, tmp_path, dp, between=lambda: None):
+    """One job (two of three tenants a round) hosted, then ``between()``, then run by the
+    agent tenants to its end: (hosted job, agent job id, agents)."""
+    _, client, hosted, agent_tenants, rows = fed
     ref = hosted_job(client, hosted, dp=dp, per_round=2)
     assert ref["status"] == "completed", ref
+    between()
     res = agent_job(client, agent_tenants, dp=dp, per_round=2)
     assert res.status_code == 202, res.text
     job_id = res.json()["id"]
@@ -135,6 +133,17 @@ def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
     drive(agents, job_id)
     job = wait_job(client, job_id)
     assert job["status"] == "completed", job
+    return ref, job_id, agents
+
+
+@pytest.mark.parametrize("dp", [{"mechanism": "none"},
+                                {"mechanism": "gaussian", "noise_multiplier": 2.0}])
+def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
+    """All-agent job vs the same job hosted (same data, split, seed): without DP the global
+    V and every tenant's U agree to 1e-12; with DP the noise is fresh on each side (issue
+    29), so the models differ, and every tenant's ledger agrees."""
+    app, client, hosted, agent_tenants, rows = fed
+    ref, job_id, agents = hosted_then_agents(fed, tmp_path, dp)
     glob_h, locals_h, _ = states(app, ref["id"])
     glob_a, _, _ = states(app, job_id)
     private = dp["mechanism"] != "none"
@@ -160,6 +169,73 @@ def test_agents_end_with_the_hosted_jobs_factors(fed, tmp_path, dp):
             assert charged == a.state.ledger.rounds(a.state.account)
             assert len(charged) == report_a["transmissions_per_tenant"][str(
                 agent_tenants[t][0])]
+
+
+def test_engine_service_and_agents_release_through_one_client_round(fed, tmp_path,
+                                                                   monkeypatch):
+    """The client half of a round is one function (:func:`algorithms.simulate.
+    client_round`: local step, then check budget, privatise, charge) in the in-process
+    engine, the service's client-step task and ``fedrec agent``: for one job (tenant unit,
+    Gaussian, two of three tenants a round) each path releases the same (client, round)
+    uploads through it, and every tenant is charged the same events in the same rounds on
+    the simulator's ledger, the service's ledger of hosted tenants, each agent's own ledger
+    and the coordinator's record of the agents' charges."""
+    from algorithms import registry
+    from algorithms import simulate as engine
+    from algorithms.data import Federation
+    from privacy.accountant import compose
+    from privacy.ledger import Charge, Ledger
+    from privacy.wrapper import DPPrivatizer, DPSpec
+
+    released: dict[str, list[tuple[int, int]]] = {}
+    path = ["service"]
+    real_send = engine.send
+
+    def spy(upload, privatizer, client, round_):
+        if upload is not None and privatizer is not None:  # not the creation's dry run
+            released.setdefault(path[0], []).append((int(client), int(round_)))
+        return real_send(upload, privatizer, client, round_)
+
+    monkeypatch.setattr(engine, "send", spy)
+    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0}
+    app, client, hosted, agent_tenants, rows = fed
+    ref, job_id, agents = hosted_then_agents(fed, tmp_path, dp,
+                                             between=lambda: path.__setitem__(0, "agents"))
+
+    path[0] = "engine"
+    manifest = agents[0].manifest(job_id)
+    alg = registry.get(manifest["algorithm"])
+    train = [RatingBlock.from_bytes(a.state.read(job_id, "train.block")) for a in agents]
+    test = [RatingBlock.from_bytes(a.state.read(job_id, "test.block")) for a in agents]
+    fedn = Federation(train, test, [np.arange(b.n_users) for b in train],
+                      np.arange(N_ITEMS), tuple(manifest["scale"]))
+    priv = DPPrivatizer(DPSpec(**dp), Ledger.open({i: NO_LIMIT for i in range(N_TENANTS)}),
+                        seed=11)
+    engine.simulate(alg, alg.config(**manifest["config"]), fedn, rounds=4, per_round=2,
+                    seed=11, privatizer=priv, evaluate_every=0)
+
+    assert len(released["engine"]) == 4 * 2
+    assert sorted(released["service"]) == sorted(released["agents"]) == sorted(
+        released["engine"])
+    with app.state.sessions() as s:
+        rows_of = s.execute(sa.select(LedgerEntry.job_id, LedgerEntry.tenant_id,
+                                      LedgerEntry.round, LedgerEntry.event)
+                            .where(LedgerEntry.job_id.in_([ref["id"], job_id]))
+                            .order_by(LedgerEntry.round)).all()
+
+    def book(job, tenant):
+        mine = [(r, Charge.from_row(e).event) for j, t, r, e in rows_of
+                if j == job and t == tenant]
+        return [r for r, _ in mine], compose([e for _, e in mine])
+
+    for t in range(N_TENANTS):
+        want = priv.ledger.rounds(t), priv.ledger.history(t)
+        assert want[0] == sorted(k for c, k in released["engine"] if c == t)
+        assert book(ref["id"], hosted[t][0]) == want, t
+        assert book(job_id, agent_tenants[t][0]) == want, t
+        own = agents[t].state.ledger
+        assert (own.rounds(own_account := agents[t].state.account),
+                own.history(own_account)) == want, t
 
 
 def test_an_agent_resumes_without_a_second_charge(fed, tmp_path):

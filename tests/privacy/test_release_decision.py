@@ -189,9 +189,9 @@ def test_every_asker_agrees_with_the_decision(name, monkeypatch):
         # fedrec agent's own release
         me = types.SimpleNamespace(state=types.SimpleNamespace(account=0, ledger=_ledger()))
         manifest = {"privacy": dp, "privacy_preserving": alg.privacy_preserving}
-        a_sent, a_event, a_refused = Agent._release(me, manifest, {"releases": 0}, alg, cfg,
-                                                    upload, 1)
-        assert (a_event, a_refused) == (event, None), case
+        a_release = Agent._release(me, manifest, {"releases": 0}, alg, cfg)
+        a_sent = a_release(upload, 0, 1)
+        assert (a_release.event, a_release.refused) == (event, None), case
         assert messages_equal(a_sent, upload) != noised, case
         # the coordinator's expected charge of an agent's upload
         job = types.SimpleNamespace(id=1, dp=dp, algorithm=name)

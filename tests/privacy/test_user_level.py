@@ -192,9 +192,12 @@ def test_budget_for_fewer_releases_than_planned_is_refused_before_the_run():
     for k in (1, 2, 3):
         for t in (0, 1):
             priv.ledger.charge(t, priv.event(k - 1), k)
-    # a fourth release is not affordable: the tenant is left out and recorded as stopped
-    assert priv(_uploads(cfg, 2)[0], 0, 4) is None
+    # a fourth release is not affordable: the release of the sum (the one check, as the
+    # service's) leaves the tenant out and records it as stopped; it then sends nothing
+    up = _uploads(cfg, 2)[0]
+    assert priv.aggregate({0: priv(up, 0, 4)}, 4) == {}
     assert priv.ledger.stopped() == {"0": 4}
+    assert priv(up, 0, 5) is None
     with pytest.raises(BudgetExceeded, match="tenant 0 would spend epsilon"):
         UserLevelPrivatizer(spec, D.user_bounds(cfg), 2, seed=0, ledger=priv.ledger)
 
