@@ -103,6 +103,7 @@ class Agent:
         #: the uploader of jobs with secure aggregation (its wait: a long-poll per phase)
         self.secure = SecAggUploader(state)
         self._forgotten: set[str] | None = None  # the tombstones last applied
+        self._not_again: set[tuple[int, int]] = set()  # rounds asked for a second time
 
     # ---- forgetting (agent.forget) ---------------------------------------------------
     @contextlib.contextmanager
@@ -232,6 +233,17 @@ class Agent:
         return float(np.sqrt(sq / n)) if n else float("nan")
 
     def _run_round(self, job_id: int, round_: int) -> None:
+        rec = self.state.jobs[str(job_id)]
+        if (round_ <= rec["local_round"] or round_ in rec["late"]
+                or str(round_) in rec["charged"]):
+            # this tenant took part in the round already (sent, declined, charged or
+            # turned away as late): whatever the coordinator says, a round is released
+            # at most once, so a stale or hostile "upload" answer costs no second charge
+            if (job_id, round_) not in self._not_again:
+                self._not_again.add((job_id, round_))
+                self.log(f"job {job_id}: round {round_} was this tenant's already; not "
+                         "running it again")
+            return
         done, gbytes = self._memo.get((int(job_id), "global"), (None, b""))
         if done != round_ - 1:  # not fetched yet when the round completed
             done, _, gbytes = self.coord.global_msg(job_id)

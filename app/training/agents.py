@@ -145,7 +145,18 @@ def round_status(s: Session, job: TrainingJob, client: int) -> dict[str, Any]:
     if deadline is None:
         return out  # not started yet
     out["selected"] = client in _selected(job, k)
-    out["uploaded"] = s.get(RoundUpload, (job.id, k, client)) is not None
+    # One statement reads the job's round with the upload row: read separately, an
+    # aggregate committing between the two reads (it deletes the round's uploads and moves
+    # the round on) would make an uploaded round look open, and the agent would release
+    # it a second time (read committed, as PostgreSQL and SQLite both give here).
+    moved_on, uploaded = s.execute(sa.select(
+        TrainingJob.current_round != done,
+        sa.exists().where(RoundUpload.job_id == job.id, RoundUpload.round == k,
+                          RoundUpload.client_index == client))
+        .where(TrainingJob.id == job.id)).one()
+    if moved_on:
+        return out  # the round closed meanwhile: wait (the next look sees the new one)
+    out["uploaded"] = bool(uploaded)
     if out["selected"] and not out["uploaded"] and time.time() < deadline:
         out["phase"] = "upload"
     return out

@@ -236,6 +236,47 @@ def test_engine_service_and_agents_release_through_one_client_round(fed, tmp_pat
         own = agents[t].state.ledger
         assert (own.rounds(own_account := agents[t].state.account),
                 own.history(own_account)) == want, t
+def test_a_round_closing_while_the_coordinator_reads_is_not_offered_twice(fed, tmp_path):
+    """The round an agent polls is read from the job and its upload row; an aggregate
+    committing between those reads (it deletes the round's uploads and moves the round on)
+    once made a sent round look open, and the agent released it again: one more charge on
+    its own ledger than the coordinator recorded (seen in about one run of the agent tests
+    in ten). The coordinator now answers "wait" for a round that closed meanwhile, and an
+    agent asked again for a round it sent runs nothing and charges nothing."""
+    from app.training import agents as coordinator
+
+    app, client, _, agent_tenants, rows = fed
+    dp = {"mechanism": "gaussian", "noise_multiplier": 2.0}
+    job_id = agent_job(client, agent_tenants, dp=dp).json()["id"]
+    agent = make_agent(client, agent_tenants[0][1], rows[0], tmp_path / "a0")
+    agent.setup(job_id)
+    rec = agent.state.jobs[str(job_id)]
+    while rec["local_round"] < 1:  # agent 0 sends round 1; the others send nothing yet
+        agent.step(job_id, wait=0.05)
+    spent = agent.epsilon_spent()
+    assert agent.state.ledger.rounds(agent.state.account) == [1]
+
+    with app.state.sessions() as s:
+        stale, client_index = coordinator.agent_job(s, job_id, agent_tenants[0][0])
+        assert coordinator.round_status(s, stale, client_index)["uploaded"] is True
+        with app.state.sessions() as other:  # the round's aggregate commits meanwhile
+            job = other.get(TrainingJob, job_id)
+            job.current_round = 1
+            other.execute(sa.delete(RoundUpload).where(RoundUpload.job_id == job_id))
+            other.commit()
+        assert stale.current_round == 0  # the first read, as the poll held it
+        status = coordinator.round_status(s, stale, client_index)
+    assert status["phase"] == "wait", status
+
+    # asked for round 1 again by a coordinator whose answers are all stale (or hostile):
+    # nothing runs, nothing is charged
+    first = agent.state.read(job_id, "global.msg")
+    agent.coord.global_msg = lambda job: (0, None, first)
+    agent._act(job_id, rec, {**status, "phase": "upload", "round": 1,
+                             "completed_rounds": 0})
+    assert rec["pending"] is None
+    assert agent.state.ledger.rounds(agent.state.account) == [1]
+    assert agent.epsilon_spent() == spent
 
 
 def test_an_agent_resumes_without_a_second_charge(fed, tmp_path):
