@@ -106,6 +106,12 @@ def test_charged_before_use_and_refused_over_budget(placement, monkeypatch):
         assert charges_seen[0] == {0: 1, 1: 1}
     elif placement == "central":
         assert charges_seen == [{0: 0, 1: 0}]  # noised inside charged_release, then charged
+    else:  # each tenant's own release, in turn: checked, noised, charged
+        assert charges_seen == [{0: 0, 1: 0}, {0: 1, 1: 0}]
+    # tenant placement sums the charged tenants' own noise (2 here)
+    want = sp.selection_event().noise_multiplier * S.sensitivity(len(GRID))
+    assert record["noise_std"] == pytest.approx(want * (2 ** 0.5 if placement == "tenant"
+                                                         else 1.0))
     # nobody can pay: nothing released, the default kept
     broke = open_ledger(sp, poor=(0, 1, 2))
     chosen, record = S.select(sp, GRID, scores_of(), users, broke, 4, 0.03, seed=1)
