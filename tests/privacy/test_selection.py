@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import privacy.selection as S
-from algorithms import registry
 from algorithms import ials as I
+from algorithms import registry
 from algorithms.block import RatingBlock
 from algorithms.simulate import simulate
 from privacy.accountant import ORDERS, spend
