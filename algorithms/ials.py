@@ -63,10 +63,12 @@ share ``prior_share`` of each release's privacy, :func:`privacy.user_level.array
 noised and charged with the factors' sums, the server averaging the releases by inverse
 noise variance. ``beta`` is a fixed public default; where a run has a validation
 carve-out and no DP, :func:`choose_prior_weight` picks it from :data:`PRIOR_GRID`
-(post-processing of the fitted model, nothing re-fitted). Under user-level DP each tenant
-scores :data:`DP_PRIOR_GRID` on its carve-out (:func:`prior_scores`) and
-:mod:`privacy.selection` releases the sums, charged as the ``selection_share`` of the
-job's budget, and picks the best.
+(post-processing of the fitted model, nothing re-fitted). Under user-level DP,
+``fedrec simulate --select-prior`` (and the ranking bench's "DP prior choice" rows) can
+choose it privately: each tenant scores :data:`DP_PRIOR_GRID` on its carve-out
+(:func:`prior_scores`) and :mod:`privacy.selection` releases the sums, charged as the
+``selection_share`` of the run's budget, and picks the best. Service jobs do not run this
+choice: a DP job keeps the fixed ``beta``.
 """
 
 from __future__ import annotations
@@ -152,9 +154,9 @@ class IALSConfig(AlgorithmConfig):
         "privacy spent on the item counts of the popularity prior")
 
     selection_share: float = Field(
-        DEFAULT_SELECTION_SHARE, description="with user-level DP and a validation "
-        "carve-out: share of the job's privacy spent on choosing beta from the prior grid "
-        "(one charged release of the candidates' validation NDCG sums)")
+        DEFAULT_SELECTION_SHARE, description="fedrec simulate --select-prior only (service "
+        "jobs keep the fixed beta): share of the run's privacy spent on choosing beta from "
+        "the prior grid (one charged release of the candidates' validation NDCG sums)")
 
     @model_validator(mode="after")
     def _check(self) -> IALSConfig:

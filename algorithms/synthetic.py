@@ -247,10 +247,16 @@ class LatentModel:
     def star_at_least(self, star: int, tenant: int, users: np.ndarray, items: np.ndarray,
                       pairs: bool = False) -> np.ndarray:
         """P(star >= ``star`` | rated) of local ``users`` x ``items`` (outer, or the pairs
-        (``users[n]``, ``items[n]``) when ``pairs``)."""
+        (``users[n]``, ``items[n]``) when ``pairs``); ``star`` from 1 (certain) to the
+        number of stars."""
         from scipy.special import ndtr
 
+        if not 1 <= star <= len(self.cuts) + 1:
+            raise ValueError(f"star must be from 1 to {len(self.cuts) + 1}, got {star}")
         g = int(self.bounds[tenant]) + users
+        shape = (users.size,) if pairs else (users.size, items.size)
+        if star == 1:  # every rating is at least one star (cuts[-1] would be the top cut)
+            return np.ones(shape)
         uf, vf = self.user_factors[g], self.item_factors[items]
         if pairs:
             mean = np.einsum("ij,ij->i", uf, vf) + self.user_bias[g] + self.item_bias[items]

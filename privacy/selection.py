@@ -75,8 +75,7 @@ def _event(spec: UserLevelSpec):
 
 
 def release_central(spec: UserLevelSpec, scores: Mapping[Hashable, np.ndarray],
-                    users: Mapping[Hashable, int], ledger: Ledger, round_: int,
-                    rng: np.random.Generator | None = None
+                    users: Mapping[Hashable, int], ledger: Ledger, round_: int
                     ) -> tuple[np.ndarray | None, dict[Hashable, Any], dict[Hashable, str]]:
     """Central placement: every tenant that can afford the selection event is charged,
     then the sum of their vectors is released with noise ``z_s sqrt(K)``. Returns (noisy
@@ -88,8 +87,7 @@ def release_central(spec: UserLevelSpec, scores: Mapping[Hashable, np.ndarray],
     def noisy_sum(kept: list) -> np.ndarray:
         total = np.sum([np.asarray(scores[a], dtype=np.float64) for a in sorted(kept)],
                        axis=0)
-        return gaussian_release(total, sigma, rng or fresh_noise_generator(),
-                                sensitivity(k))
+        return gaussian_release(total, sigma, fresh_noise_generator(), sensitivity(k))
 
     return charged_release(ledger, sorted(scores), event, round_, noisy_sum, WHAT)
 
@@ -206,7 +204,10 @@ def select(spec: UserLevelSpec, candidates: Sequence[float],
         "chosen": chosen, "default": float(default),
         "noisy_ndcg_sums": None if noisy is None else [float(x) for x in noisy],
         "noise_multiplier": event.noise_multiplier, "sensitivity": sensitivity(k),
-        "noise_std": event.noise_multiplier * sensitivity(k),
+        # the released sums' noise: tenant placement adds each charged tenant's own
+        "noise_std": event.noise_multiplier * sensitivity(k) * math.sqrt(
+            max(len(charged), 1) if spec.placement == "tenant" and not
+            spec.secure_aggregation else 1),
         "selection_share": spec.selection_share, "round": int(round_),
         "tenants_charged": len(charged), "refused": {str(a): w for a, w in refused.items()},
         "note": ("each tenant's users' validation NDCG@10 sums per candidate, released with "

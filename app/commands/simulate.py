@@ -478,7 +478,7 @@ def _run(args: argparse.Namespace, write_json) -> int:
     selecting = _check_select_prior(args, unit, cfg)
     kind, fed, privatizer, aggregator = release_parts(args, unit, alg, cfg, fed,
                                                       run_cfg["rounds"], per_round)
-    full_train = fed.train
+    full_train, test = fed.train, fed.test
     if selecting:
         fed = _carved(fed, args.seed, args.select_prior)
     t0 = time.perf_counter()
@@ -491,8 +491,8 @@ def _run(args: argparse.Namespace, write_json) -> int:
         bar.close()
     selection = None
     if selecting:
-        result, selection = _select_prior(alg, cfg, result, fed, full_train, privatizer,
-                                          run_cfg["rounds"], args.seed)
+        result, selection = _select_prior(alg, cfg, result, fed, full_train, test,
+                                          privatizer, run_cfg["rounds"], args.seed)
         print(f"popularity prior: beta {selection['chosen']:g} chosen by the charged DP "
               f"selection (noise std {selection['noise_std']:.3g} on the candidates' "
               "validation NDCG sums)")
@@ -571,13 +571,19 @@ def _carved(fed, seed: int, fraction: float):
     return dataclasses.replace(fed, train=[p[0] for p in parts], test=[p[1] for p in parts])
 
 
-def _select_prior(alg, cfg, result, carved, full_train, privatizer, rounds: int, seed: int):
+def _select_prior(alg, cfg, result, carved, full_train, test, privatizer, rounds: int,
+                  seed: int):
     """(the result with dp-ials' prior weight chosen by :func:`privacy.selection.
     choose_prior`, charged to the run's ledger, and every tenant's users re-solved on all
     its training ratings against the released model (local, nothing released); the
-    selection's record)."""
+    selection's record).
+
+    The rounds ran on the fit part with the carve-out as their test blocks, so their
+    errors are the carve-out's; the last round's record is replaced by the final model's
+    errors on the real test split (``test``), which is what the run reports."""
     import dataclasses
 
+    from algorithms.simulate import evaluate
     from privacy.selection import choose_prior
 
     parts = list(zip(result.local_states, carved.train, carved.test,
@@ -586,7 +592,10 @@ def _select_prior(alg, cfg, result, carved, full_train, privatizer, rounds: int,
                                 range(carved.n_clients), rounds + 1, seed)
     states = [alg.client_step(glob, st, b, cfg, None)[0]
               for st, b in zip(result.local_states, full_train, strict=True)]
-    return dataclasses.replace(result, global_msg=glob, local_states=states), record
+    rmse, mae = evaluate(alg, glob, states, test, carved.scale)
+    last = dataclasses.replace(result.history[-1], test_rmse=rmse, test_mae=mae)
+    return dataclasses.replace(result, global_msg=glob, local_states=states,
+                               history=[*result.history[:-1], last]), record
 
 
 def _upload_size(alg, cfg, fed, seed: int) -> int:

@@ -592,15 +592,11 @@ def _within(work: Callable[[], Any], seconds: float) -> tuple[str, Any]:
     waiter.start()
     waiter.join(max(deadline - time.monotonic(), 0.0))
     if waiter.is_alive():
-        raise _overrun(seconds)
-    return box["outcome"]
-
-
-def _overrun(seconds: float) -> JobRefused:
-    return JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound of "
-                           f"{seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these settings "
-                           f"on this data; a smaller rank or fewer steps fit")
-
+        raise JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound "
+                              f"of {seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these "
+                              f"settings on this data; a smaller rank or fewer steps fit")
+    # a round that died of a BaseException (not the config's failure) left no outcome
+    return box.get("outcome", ("error", ("interrupted", "the dry round did not finish")))
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,

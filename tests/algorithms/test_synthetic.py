@@ -61,3 +61,20 @@ def test_tenant_ratings_latent_model_predicts_the_drawn_pairs_and_stars():
         sel = (p >= lo) & (p < hi)
         assert sel.sum() > 500
         assert abs(a[sel].mean() - p[sel].mean()) < 0.05, (lo, a[sel].mean(), p[sel].mean())
+
+
+def test_star_at_least_runs_from_certain_to_the_top_star():
+    """P(star >= 1) is 1, the probabilities fall with the star, and a star outside the
+    scale is refused (star 1 once read the top cut and gave P(star = 5))."""
+    from algorithms.synthetic import generate_tenant_ratings
+
+    model = generate_tenant_ratings(60, 40, 600, 2, rank=3, seed=1).model
+    users, items = np.arange(5), np.arange(7)
+    probs = [model.star_at_least(s, 0, users, items) for s in range(1, 6)]
+    np.testing.assert_array_equal(probs[0], np.ones((5, 7)))
+    assert all(np.all(a >= b) for a, b in zip(probs, probs[1:], strict=False))
+    assert np.all(probs[4] < 1.0)
+    assert model.star_at_least(1, 0, users, users, pairs=True).shape == (5,)
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="star must be from 1 to 5"):
+            model.star_at_least(bad, 0, users, items)

@@ -120,4 +120,3 @@ def test_a_quick_dry_round_is_not_affected_by_its_bound(admin_app):
     body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
     res = client.post("/v1/admin/jobs", params={"dry_run": True}, json=body)
     assert res.status_code == 200, res.text
-

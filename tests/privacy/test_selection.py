@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import privacy.selection as S
-from algorithms import registry
 from algorithms import ials as I
+from algorithms import registry
 from algorithms.block import RatingBlock
 from algorithms.simulate import simulate
 from privacy.accountant import ORDERS, spend
@@ -106,6 +106,12 @@ def test_charged_before_use_and_refused_over_budget(placement, monkeypatch):
         assert charges_seen[0] == {0: 1, 1: 1}
     elif placement == "central":
         assert charges_seen == [{0: 0, 1: 0}]  # noised inside charged_release, then charged
+    else:  # each tenant's own release, in turn: checked, noised, charged
+        assert charges_seen == [{0: 0, 1: 0}, {0: 1, 1: 0}]
+    # tenant placement sums the charged tenants' own noise (2 here)
+    want = sp.selection_event().noise_multiplier * S.sensitivity(len(GRID))
+    assert record["noise_std"] == pytest.approx(want * (2 ** 0.5 if placement == "tenant"
+                                                         else 1.0))
     # nobody can pay: nothing released, the default kept
     broke = open_ledger(sp, poor=(0, 1, 2))
     chosen, record = S.select(sp, GRID, scores_of(), users, broke, 4, 0.03, seed=1)
@@ -225,7 +231,8 @@ def test_picks_a_large_beta_where_popularity_is_best_and_a_small_one_on_taste_da
     assert beta <= 0.1, exact
 
 
-def test_simulate_select_prior_charges_the_selection_within_the_target(tmp_path, capsys):
+def test_simulate_select_prior_charges_the_selection_within_the_target(tmp_path, capsys,
+                                                                      monkeypatch):
     from algorithms.synthetic import generate_ratings
     from app.cli import main
 
@@ -237,8 +244,24 @@ def test_simulate_select_prior_charges_the_selection_within_the_target(tmp_path,
     args = ["simulate", "--data", str(data), "--algorithm", "dp-ials", "--clients", "4",
             "--rank", "4", "--quiet", "--privacy", "user", "--epsilon", "4",
             "--delta", "1e-4"]
+    from algorithms import simulate as engine
+
+    seen: list[tuple[int, float]] = []
+    real_evaluate = engine.evaluate
+
+    def spy(alg, glob, states, blocks, scale=None):
+        rmse, mae = real_evaluate(alg, glob, states, blocks, scale)
+        seen.append((sum(b.nnz for b in blocks), rmse))
+        return rmse, mae
+
+    monkeypatch.setattr(engine, "evaluate", spy)
     assert main([*args, "--select-prior", "0.2", "--json", str(out)]) == 0
-    privacy = json.loads(out.read_text())["privacy"]
+    run = json.loads(out.read_text())
+    # the reported final error is the chosen model's on the test split (20% of the
+    # ratings), not the carve-out's the rounds were scored on
+    assert run["final"]["test_rmse"] == seen[-1][1]
+    assert seen[-1][0] == pytest.approx(0.2 * r.values.size, abs=2)
+    privacy = run["privacy"]
     sel = privacy["selection"]
     assert sel["chosen"] in I.DP_PRIOR_GRID and sel["tenants_charged"] == 4
     assert len(sel["noisy_ndcg_sums"]) == len(I.DP_PRIOR_GRID)
