@@ -69,6 +69,22 @@ choose it privately: each tenant scores :data:`DP_PRIOR_GRID` on its carve-out
 (:func:`prior_scores`) and :mod:`privacy.selection` releases the sums, charged as the
 ``selection_share`` of the run's budget, and picks the best. Service jobs do not run this
 choice: a DP job keeps the fixed ``beta``.
+
+**Items the count release cannot tell from noise** (opt-in, ``count_gate``). Under DP a
+rarely chosen item's column v_j is solved from sums whose signal grows with its count and
+whose noise does not, so the noise alone can give it a large score for some users. With ``t = count_gate > 0`` the served factor part of item j is
+weighted by ``g_j = n_j / (n_j + t s)`` (:func:`count_weights`), ``n_j`` the prior's
+released count (negative read as 0) and ``s`` the standard deviation of that release's
+noise (known: the privatizer sets it): an item counted far above the noise keeps nearly
+all of its factor score, one within a few ``s`` of zero reaches a list on its factors
+only with a score ``(n_j + t s) / n_j`` times the one it must beat. It reads only the
+released counts and their noise level, so it is post-processing of the DP releases (no
+raw data, no privacy spent); without noise (``ials``, ``s = 0``) every ``g_j`` is 1. It
+applies in :func:`factors`, the one scoring path of ranking reports, the DP choice of beta
+and served lists. Off by default: where the counts themselves are within the noise for
+most items it multiplies good factor scores by noise, and where the count release cannot
+tell the items apart no weighting of it keeps rare items out of the lists (the ranking
+benchmark's page has the measurements).
 """
 
 from __future__ import annotations
@@ -109,6 +125,9 @@ PRIOR_GRID = (0.0, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
 DP_PRIOR_GRID = (0.0, 0.03, 0.3, 3.0, 30.0)
 #: default share of a user-level job's privacy spent on choosing beta (:func:`prior_scores`)
 DEFAULT_SELECTION_SHARE = 0.1
+#: default t of the factor weights ``n_j / (n_j + t s)`` of noisy counts (:func:`count_weights`;
+#: 0: off)
+DEFAULT_COUNT_GATE = 0.0
 
 
 class IALSConfig(AlgorithmConfig):
@@ -153,6 +172,10 @@ class IALSConfig(AlgorithmConfig):
         DEFAULT_PRIOR_SHARE, description="with user-level bounds: share of each release's "
         "privacy spent on the item counts of the popularity prior")
 
+    count_gate: float = Field(
+        DEFAULT_COUNT_GATE, description="t: with noisy released counts (user-level DP), "
+        "item j's served factor score is weighted by n_j / (n_j + t s), n_j its released "
+        "count, s the count noise's standard deviation (0: no weighting)")
     selection_share: float = Field(
         DEFAULT_SELECTION_SHARE, description="fedrec simulate --select-prior only (service "
         "jobs keep the fixed beta): share of the run's privacy spent on choosing beta from "
@@ -182,6 +205,8 @@ class IALSConfig(AlgorithmConfig):
             raise ValueError("prior_items_per_user must be at least 1")
         if not 0 < self.prior_share < 1:
             raise ValueError("prior_share must be in (0, 1)")
+        if not (np.isfinite(self.count_gate) and self.count_gate >= 0):
+            raise ValueError("count_gate must be a finite number >= 0")
         if not 0 < self.selection_share < 1:
             raise ValueError("selection_share must be in (0, 1)")
         return self
@@ -248,26 +273,31 @@ def user_bounds(cfg: IALSConfig) -> UserBounds | None:
 class GlobalModel(Message):
     """V (d x n: factor rows and the item-bias row), the sweeps released so far and each
     item's (weighted) count from the last release (zeros before); the popularity prior's
-    row z (None: no prior) and its weight beta in the served score."""
+    row z (None: no prior) and its weight beta in the served score; each item's weight g_j
+    of its factor score from the noisy released counts (:func:`count_weights`; None: all
+    1)."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
     prior: np.ndarray | None = None
     prior_weight: float = 0.0
+    item_weight: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerState(Message):
     """The current V and counts (every sweep is solved from fresh sums); the prior's
     released counts so far, summed with inverse-noise-variance weights, and the weights'
-    sum (None / 0 before any)."""
+    sum (None / 0 before any); the standard deviation of the noise in their weighted mean
+    (0 without noise)."""
 
     V: np.ndarray
     sweep: int
     counts: np.ndarray
     pop_sum: np.ndarray | None = None
     pop_weight: float = 0.0
+    pop_noise: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -466,13 +496,27 @@ def popularity_row(counts: np.ndarray) -> np.ndarray:
     return (lc - lc.mean()) / sd if sd > 0 else np.zeros_like(lc)
 
 
+def count_weights(counts: np.ndarray, noise_std: float, t: float) -> np.ndarray | None:
+    """g_j = ``n_j / (n_j + t s)`` of the released counts ``n_j`` (negative read as 0)
+    whose noise has standard deviation ``s = noise_std`` (module docstring: items the count
+    release cannot tell from noise lose their factor score); None (all 1) without noise or
+    with ``t = 0``. Post-processing of a DP release and its public noise level."""
+    if not (noise_std > 0 and t > 0):
+        return None
+    n = np.maximum(np.asarray(counts, dtype=float), 0.0)
+    return n / (n + t * noise_std)
+
+
 def _global(state: ServerState, cfg: IALSConfig) -> GlobalModel:
-    """The broadcast model of a server state (the prior's row from the counts so far)."""
-    prior = (popularity_row(state.pop_sum / state.pop_weight)
-             if state.pop_sum is not None and state.pop_weight > 0 else None)
+    """The broadcast model of a server state (the prior's row and the items' factor
+    weights from the counts so far)."""
+    has = state.pop_sum is not None and state.pop_weight > 0
+    counts = state.pop_sum / state.pop_weight if has else None
     return GlobalModel(V=state.V.copy(), sweep=state.sweep, counts=state.counts.copy(),
-                       prior=prior, prior_weight=cfg.popularity_prior if prior is not None
-                       else 0.0)
+                       prior=popularity_row(counts) if has else None,
+                       prior_weight=cfg.popularity_prior if has else 0.0,
+                       item_weight=(count_weights(counts, state.pop_noise, cfg.count_gate)
+                                    if has else None))
 
 
 def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: IALSConfig,
@@ -486,27 +530,33 @@ def server_step(state: ServerState, uploads: Mapping[int, Upload], cfg: IALSConf
     a, b = sum_arrays([u.A for u in ups]), sum_arrays([u.b for u in ups])
     sigma = float(np.sqrt(sum(u.gram_noise ** 2 for u in ups)))
     v, counts = solve_items(a, b, sigma, cfg)
-    pop_sum, pop_weight = state.pop_sum, state.pop_weight
+    pop_sum, pop_weight, pop_noise = state.pop_sum, state.pop_weight, state.pop_noise
     if all(u.pop is not None for u in ups):
         var = float(sum(u.pop_noise ** 2 for u in ups))
         w = 1.0 / var if var > 0 else 1.0
         total = w * sum_arrays([u.pop for u in ups])
         pop_sum = total if pop_sum is None else pop_sum + total
         pop_weight = pop_weight + w
+        # the inverse-variance-weighted mean of noisy releases has variance 1 / sum(w)
+        pop_noise = float(1.0 / np.sqrt(pop_weight)) if var > 0 else 0.0
     new = ServerState(V=v, sweep=state.sweep + 1, counts=counts, pop_sum=pop_sum,
-                      pop_weight=pop_weight)
+                      pop_weight=pop_weight, pop_noise=pop_noise)
     return new, _global(new, cfg)
 
 
 def factors(global_msg: GlobalModel, state: LocalState) -> tuple[np.ndarray, np.ndarray]:
-    """(A, B) with A @ B the scores ``u_u . v_j + c beta_j`` (a ranking, not a rating),
+    """(A, B) with A @ B the scores ``g_j (u_u . v_j + c beta_j)`` (a ranking, not a
+    rating; g_j the items' weights from noisy counts, :func:`count_weights`, 1 without),
     plus ``prior_weight * z_j`` (an extra column of A and row of B) with a prior."""
     u = state.U
     x = np.hstack([u, np.full((u.shape[0], 1), state.bias_coordinate)])
+    v = global_msg.V
+    if global_msg.item_weight is not None:
+        v = v * global_msg.item_weight[None, :]
     if global_msg.prior is None or not global_msg.prior_weight > 0:
-        return x, global_msg.V
+        return x, v
     return (np.hstack([x, np.full((u.shape[0], 1), global_msg.prior_weight)]),
-            np.vstack([global_msg.V, global_msg.prior[None, :]]))
+            np.vstack([v, global_msg.prior[None, :]]))
 
 
 def choose_prior_weight(global_msg: GlobalModel, states, fit_blocks, valid_blocks, scales,

@@ -364,7 +364,7 @@ def generate_skewed_ratings(n_users: int = 29_997, n_items: int = 11_277,
                             n_ratings: int = 60_000, *, seed: int = 0,
                             active_share: float = 0.08, activity_exponent: float = 1.6,
                             item_exponent: float = 0.7, once_share: float = 0.44,
-                            noise: float = 1.0) -> Ratings:
+                            noise: float = 1.0, taste: float = 0.0) -> Ratings:
     """A sparse, skewed 1-5 set shaped like Amazon product reviews: ``n_ratings`` distinct
     (user, item) pairs, every user at least once.
 
@@ -373,7 +373,15 @@ def generate_skewed_ratings(n_users: int = 29_997, n_items: int = 11_277,
     items is rated once each, the others are drawn with weight ``rank^-item_exponent``. The
     latent score ``b_u + b_i + u.v`` (standard deviations 0.8, 0.6, 0.5; rank 3) plus
     ``noise`` times unit Gaussian noise is mapped to stars by :data:`AMAZON_HISTOGRAM`'s
-    quantiles, so the set has some signal a model can find but far less than MovieLens."""
+    quantiles, so the set has some signal a model can find but far less than MovieLens.
+
+    With ``taste = 0`` (the default) a user's items are drawn by popularity alone, whoever
+    the user is, so the popularity list is the best list there by construction (the
+    ranking bench's control). ``taste = gamma > 0`` makes the choice depend on the user
+    too: user u picks a head item j with probability proportional to ``w_j exp(gamma
+    x_u . y_j / sqrt(rank))``, the same unit-normal factors ``x_u``, ``y_j`` whose
+    product sets the stars (then drawn from their own stream, seeded by ``(seed, 1)``);
+    the tail items stay rated once each by random users."""
     if n_ratings < n_users or n_ratings > n_users * n_items:
         raise ValueError("need n_users <= n_ratings <= n_users * n_items")
     rng = np.random.default_rng(seed)
@@ -387,13 +395,29 @@ def generate_skewed_ratings(n_users: int = 29_997, n_items: int = 11_277,
     head = n_items - n_tail
     pop = np.arange(1, head + 1, dtype=float) ** -item_exponent
     pop /= pop.sum()
-    items = np.concatenate([head + np.arange(min(n_tail, users.size)),
-                            rng.choice(head, max(users.size - n_tail, 0), p=pop)])
-    keys = np.unique(users.astype(np.int64) * n_items + items)
+    rank = 3
+    n_tail_used = min(n_tail, users.size)
+    if taste:  # the factors first, on their own stream: the choice of items needs them
+        frng = np.random.default_rng([seed, 1])
+        x, y = (frng.standard_normal((n_users, rank)),
+                frng.standard_normal((n_items, rank)))
+        log_w, gamma = np.log(pop), taste / np.sqrt(rank)
+        # each user's head items at once, without replacement (Gumbel top-k)
+        want = np.minimum(np.bincount(users[n_tail_used:], minlength=n_users), head)
+        keys = np.unique(np.concatenate([
+            users[:n_tail_used].astype(np.int64) * n_items + head + np.arange(n_tail_used),
+            _taste_pairs(want, x, y[:head], log_w, gamma, rng, n_items)]))
+
+        def draw(who: np.ndarray) -> np.ndarray:
+            return _taste_choice(who, x, y[:head], log_w, gamma, rng)
+    else:
+        def draw(who: np.ndarray) -> np.ndarray:
+            return rng.choice(head, who.size, p=pop)
+        items = np.concatenate([head + np.arange(n_tail_used), draw(users[n_tail_used:])])
+        keys = np.unique(users.astype(np.int64) * n_items + items)
     while keys.size < n_ratings:  # top up (repeated pairs collapsed) with fresh pairs
         u = rng.choice(users, n_ratings - keys.size)
-        keys = np.unique(np.concatenate([keys, u * n_items + rng.choice(head, u.size,
-                                                                        p=pop)]))
+        keys = np.unique(np.concatenate([keys, u * n_items + draw(u)]))
     if keys.size > n_ratings:  # drop surplus pairs, never a user's only one
         first = np.unique(keys // n_items, return_index=True)[1]
         rest = np.setdiff1d(np.arange(keys.size), first)
@@ -402,14 +426,47 @@ def generate_skewed_ratings(n_users: int = 29_997, n_items: int = 11_277,
     perm = rng.permutation(n_items)  # tail items not all at the end
     keys = np.sort((keys // n_items) * n_items + perm[keys % n_items])
     uu, ii = keys // n_items, keys % n_items
-    rank = 3
-    score = (0.8 * rng.standard_normal(n_users)[uu] + 0.6 * rng.standard_normal(n_items)[ii]
-             + 0.5 * np.einsum("ij,ij->i", rng.standard_normal((n_users, rank))[uu],
-                               rng.standard_normal((n_items, rank))[ii]) / np.sqrt(rank)
+    b_u, b_i = rng.standard_normal(n_users), rng.standard_normal(n_items)
+    if taste:  # item ids were permuted after the choice: y of id perm[j] is y[j]
+        y_id = np.empty_like(y)
+        y_id[perm] = y
+    else:
+        x, y_id = rng.standard_normal((n_users, rank)), rng.standard_normal((n_items, rank))
+    score = (0.8 * b_u[uu] + 0.6 * b_i[ii]
+             + 0.5 * np.einsum("ij,ij->i", x[uu], y_id[ii]) / np.sqrt(rank)
              + noise * rng.standard_normal(uu.size))
     cuts = np.quantile(score, np.cumsum(AMAZON_HISTOGRAM)[:-1])
     stars = 1.0 + np.searchsorted(cuts, score)
     return Ratings(uu.astype(np.int64), ii.astype(np.int64), stars.astype(float))
+
+
+def _taste_choice(users: np.ndarray, x: np.ndarray, y: np.ndarray, log_w: np.ndarray,
+                  gamma: float, rng: np.random.Generator, chunk: int = 2048) -> np.ndarray:
+    """One item per entry of ``users``, item j with probability proportional to ``exp(log_w_j
+    + gamma x_u . y_j)`` (Gumbel-max, a chunk of users at a time)."""
+    out = np.empty(users.size, dtype=np.int64)
+    for lo in range(0, users.size, chunk):
+        u = users[lo:lo + chunk]
+        logits = log_w + gamma * (x[u] @ y.T)
+        out[lo:lo + chunk] = np.argmax(logits + rng.gumbel(size=logits.shape), axis=1)
+    return out
+
+
+def _taste_pairs(want: np.ndarray, x: np.ndarray, y: np.ndarray, log_w: np.ndarray,
+                 gamma: float, rng: np.random.Generator, n_items: int, chunk: int = 2048
+                 ) -> np.ndarray:
+    """``want[u]`` distinct items j < len(log_w) for each user u as keys ``u * n_items + j``,
+    drawn without replacement with weights ``exp(log_w_j + gamma x_u . y_j)`` (Gumbel
+    top-k: the ``want[u]`` largest of the perturbed logits)."""
+    who = np.flatnonzero(want > 0)
+    n, out = log_w.size, []  # candidates: the first n item indices
+    for lo in range(0, who.size, chunk):
+        u = who[lo:lo + chunk]
+        logits = log_w + gamma * (x[u] @ y.T)
+        order = np.argsort(-(logits + rng.gumbel(size=logits.shape)), axis=1)
+        take = np.arange(n) < want[u][:, None]
+        out.append(np.repeat(u.astype(np.int64), want[u]) * n_items + order[take])
+    return np.concatenate(out) if out else np.empty(0, dtype=np.int64)
 
 
 def _covering_pairs(n_users: int, n_items: int, n_ratings: int, user_exponent: float,

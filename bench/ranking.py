@@ -10,8 +10,11 @@ Shallow Autoencoders for Sparse Data*, WWW 2019, and a centralised iALS), the fe
 ``ials`` and the user-level ``dp-ials`` at epsilon 1 / 4 / 8, central placement and tenant
 placement with secure aggregation (delta 1e-6). Columns: precision / recall / NDCG@10,
 catalogue coverage, the share of top-10 slots given to items with fewer than 5 training
-ratings, and the run time. Data: MovieLens 100k and 1M and a skewed synthetic set
-(:func:`bench.skewed_ratings.generate_skewed_ratings` at a smaller catalogue).
+ratings, and the run time. Data: MovieLens 100k and 1M and two skewed synthetic sets
+(:func:`algorithms.synthetic.generate_skewed_ratings` at a smaller catalogue): ``skewed``,
+whose users pick items by popularity alone (the popularity list is the best list there by
+construction: the control), and ``skewed-taste``, the same shape with each user's picks
+following the user's taste as well (``taste`` :data:`TASTE`).
 
 ``--validate`` scores a grid on a validation carve-out of the training data (20% of each
 tenant's training ratings; the test split is never read) instead: how the defaults of
@@ -47,7 +50,13 @@ TENANTS, SEED, DELTA, K, RARE = 100, 0, 1e-6, 10, 5
 EPSILONS = (1.0, 4.0, 8.0)
 #: EASE's lambda per data set, chosen on the validation carve-out (``--validate`` with
 #: algorithm ``ease``, see BENCHMARKS.md)
-EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 3000.0}
+EASE_LAMBDA = {"ml-100k": 300.0, "ml-1m": 1000.0, "skewed": 3000.0, "skewed-taste": 300.0}
+#: gamma of the ``skewed-taste`` set: a user picks head item j with weight
+#: ``popularity_j exp(gamma x_u . y_j / sqrt(3))`` (:func:`algorithms.synthetic.
+#: generate_skewed_ratings`'s ``taste``)
+TASTE = 2.0
+#: the synthetic sets: data set name -> the generator's ``taste``
+SYNTHETIC = {"skewed": 0.0, "skewed-taste": TASTE}
 #: share of each tenant's training ratings a dp-ials row holds out to choose its prior's
 #: weight (the service's default carve-out, :data:`app.training.selection.DEFAULT_FRACTION`)
 DP_CARVE = 0.1
@@ -58,16 +67,18 @@ SELECTED = "dp-ials, DP prior choice"
 CEILING_RANK = 64
 
 
-def skewed() -> Any:
-    """The skewed synthetic set at a catalogue the 100 tenants' uploads fit in memory."""
+def skewed(taste: float = 0.0) -> Any:
+    """The skewed synthetic set at a catalogue the 100 tenants' uploads fit in memory
+    (``taste`` > 0: users' picks follow their taste too)."""
     from bench.skewed_ratings import generate_skewed_ratings
 
-    return generate_skewed_ratings(n_users=6000, n_items=2000, n_ratings=40_000, seed=0)
+    return generate_skewed_ratings(n_users=6000, n_items=2000, n_ratings=40_000, seed=0,
+                                   taste=taste)
 
 
 def load(name: str) -> Federation:
     """The data set ``name`` split and partitioned as ``fedrec simulate`` does."""
-    ratings = skewed() if name == "skewed" else load_movielens(name)
+    ratings = skewed(SYNTHETIC[name]) if name in SYNTHETIC else load_movielens(name)
     return build_federation(ratings, TENANTS, SEED, 0.2)
 
 
@@ -314,10 +325,78 @@ def validate(data: str, name: str, grid: dict[str, list], epsilon: float | None
     return out
 
 
+def spread(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per row label of repeated runs: the runs' mean, standard deviation, min and max of
+    NDCG@10 and P@10."""
+    out = []
+    for label in dict.fromkeys(r["row"] for r in rows):
+        got = [r for r in rows if r["row"] == label]
+        line = {"row": label, "runs": len(got)}
+        for key in ("ndcg_at_k", "precision_at_k"):
+            v = np.array([r[key] for r in got], dtype=float)
+            line[key] = {"mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1
+                         else 0.0, "min": float(v.min()), "max": float(v.max())}
+        print(line, flush=True)
+        out.append(line)
+    return out
+
+
+def count_gate(data: str, draws: int, gates: list[float], epsilons=(1.0, 8.0)
+               ) -> list[dict[str, Any]]:
+    """dp-ials (central, default config) with and without ``count_gate`` t for each t of
+    ``gates``: each draw is one fit (fresh noise) scored with every t, at the default beta
+    and at beta 0 (what the DP choice picks at times), so the differences are paired; the
+    means over the draws. The weights are :func:`algorithms.ials.count_weights` of the
+    fit's released counts and noise, as a run with that ``count_gate`` serves them. Also
+    per epsilon: the count noise's standard deviation s, how many items' released counts
+    exceed 3 s (and how many of those have fewer than ``RARE`` training ratings), and the
+    list of the released counts alone (the prior with no factors, beta "inf"): the best a
+    list can do on the count release by itself."""
+    from algorithms.ials import count_weights
+
+    fed, alg = load(data), registry.get("dp-ials")
+    exact = sum(np.bincount(t.cols, minlength=fed.n_items) for t in fed.train)
+    out: list[dict[str, Any]] = []
+    for eps in epsilons:
+        acc: dict[tuple[float, float], list] = {}
+        for _ in range(draws):
+            res, _wall = run("dp-ials", fed, None, eps, "central")
+            st, glob = res.server_state, res.global_msg
+            counts = st.pop_sum / st.pop_weight
+            clear = counts > 3 * st.pop_noise
+            acc.setdefault("noise", []).append(
+                [st.pop_noise, int(clear.sum()), int((clear & (exact < RARE)).sum())])
+            only = glob.replace(V=np.zeros_like(glob.V), prior_weight=1.0)
+            sc = score([alg.factors(only, s) for s in res.local_states], fed)
+            acc.setdefault((np.inf, 0.0), []).append(
+                [sc["precision_at_k"], sc["ndcg_at_k"], sc["rare_slot_share"]])
+            for beta in (glob.prior_weight, 0.0):
+                for t in [0.0, *gates]:
+                    g = glob.replace(prior_weight=beta,
+                                     item_weight=count_weights(counts, st.pop_noise, t))
+                    sc = score([alg.factors(g, s) for s in res.local_states], fed)
+                    acc.setdefault((beta, t), []).append(
+                        [sc["precision_at_k"], sc["ndcg_at_k"], sc["rare_slot_share"]])
+        noise = np.mean(acc.pop("noise"), axis=0)
+        print(f"{data} epsilon {eps:g}: count noise std {noise[0]:.1f}, items counted above "
+              f"3 std {noise[1]:.1f} (rare {noise[2]:.1f})", flush=True)
+        out.append({"data": data, "epsilon": eps, "count_noise_std": noise[0],
+                    "items_above_3_std": noise[1], "rare_items_above_3_std": noise[2]})
+        for (beta, t), v in acc.items():
+            m = np.mean(v, axis=0)
+            row = {"data": data, "epsilon": eps, "popularity_prior": str(beta)
+                   if np.isinf(beta) else beta, "count_gate": t,
+                   "draws": draws, "precision_at_k": m[0], "ndcg_at_k": m[1],
+                   "rare_slot_share": m[2], "rare_slot_share_max": max(x[2] for x in v)}
+            print(row, flush=True)
+            out.append(row)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = E.parser("ranking", __doc__, seeds=1)
     ap.add_argument("--data", nargs="+", default=["ml-100k", "ml-1m", "skewed"],
-                    help="data sets (ml-100k, ml-1m, skewed)")
+                    help="data sets (ml-100k, ml-1m, skewed, skewed-taste)")
     ap.add_argument("--validate", default=None, metavar="JSON",
                     help='score a grid on the validation carve-out instead, e.g. '
                          '\'{"algorithm": "ials", "grid": {"rank": [16, 32]}}\' '
@@ -325,7 +404,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", nargs="+", default=None, metavar="TEXT",
                     help="only the rows with these labels (e.g. 'ials' 'dp-ials, epsilon 8, "
                          "central'), written as ranking_<data>_rows.json")
+    ap.add_argument("--count-gate", nargs="+", type=float, default=None, metavar="T",
+                    help="instead: dp-ials (central, epsilon 1 and 8) scored with and "
+                         "without count_gate T on the same fits (ranking_count_gate_<data>)")
+    ap.add_argument("--draws", type=int, default=4,
+                    help="with --count-gate: fits (fresh noise) per epsilon")
+    ap.add_argument("--repeat", type=int, default=None, metavar="N",
+                    help="run the rows (--rows) N times, each with fresh noise, and write "
+                         "each row's mean and standard deviation (ranking_<data>_repeats)")
     args = ap.parse_args(argv)
+    if args.repeat:
+        for d in args.data:
+            rows = [r for _ in range(args.repeat) for r in rows_of(d, args.quick, args.rows)]
+            E.write_result(args.out, "ranking", argv, args.quick,
+                           {"repeats": rows, "spread": spread(rows)},
+                           stem=f"ranking_{d}_repeats")
+        return 0
+    if args.count_gate:
+        for d in args.data:
+            E.write_result(args.out, "ranking", argv, args.quick,
+                           {"count_gate": count_gate(d, args.draws, args.count_gate)},
+                           stem=f"ranking_count_gate_{d}")
+        return 0
     if args.validate:
         import json
 

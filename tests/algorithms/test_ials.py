@@ -368,3 +368,79 @@ def test_prior_chosen_on_a_carve_out_follows_the_data():
                               tastes.scale))
     beta, scores = chosen(tastes, I.IALSConfig(rank=4, sweeps=4))
     assert beta <= 0.1 and scores[beta] > scores[10.0]
+
+
+def _noisy_counts_model(counts: np.ndarray, factor: np.ndarray, noise_std: float,
+                        t: float = 3.0) -> I.GlobalModel:
+    """A rank-1 model whose released prior counts ``counts`` carry noise of standard
+    deviation ``noise_std`` (set by server_step from the uploads' pop_noise, as the
+    privatizer leaves it), item j's factor ``factor[j]`` and a zero item bias."""
+    n = counts.size
+    cfg = I.DPIALSConfig(rank=1, count_gate=t, popularity_prior=0.0)
+    state = I.ServerState(V=np.zeros((2, n)), sweep=0, counts=np.zeros(n))
+    # two tenants' uploads whose noise adds in quadrature to noise_std
+    half = noise_std / np.sqrt(2.0)
+    ups = {i: I.Upload(A=np.tile(np.eye(2), (n + 1, 1, 1)), b=np.zeros((n, 2)),
+                       gram_noise=1.0, rhs_noise=1.0, pop=counts / 2, pop_noise=half)
+           for i in range(2)}
+    new, glob = I.server_step(state, ups, cfg, None)
+    assert new.pop_noise == pytest.approx(noise_std)
+    return glob.replace(V=np.vstack([factor, np.zeros(n)]))
+
+
+def _top10(glob: I.GlobalModel) -> list[int]:
+    a, b = I.factors(glob, I.LocalState(U=np.ones((1, 1)), bias_coordinate=1.0))
+    return list(np.argsort(-(a @ b)[0], kind="stable")[:10])
+
+
+def test_an_item_whose_released_count_is_within_the_noise_needs_a_far_larger_score():
+    """Items 0-9 counted far above the noise (1000 against s = 10) with factor score 1;
+    items 10-18 likewise at 0.5; item 19's released count is 5 (half a standard deviation:
+    indistinguishable from an item nobody chose). Unweighted, its factor score 2 would top
+    the list; weighted by g = 5 / (5 + 3 * 10) = 1/7 it scores 2/7 and stays out. It
+    enters only with a factor score above the rule's bound, (n + t s) / n = 7 times the
+    10th best weighted score (1000 / 1030). Without noise nothing is weighted."""
+    counts = np.r_[np.full(19, 1000.0), 5.0]
+    factor = np.r_[np.ones(10), np.full(9, 0.5), 2.0]
+    glob = _noisy_counts_model(counts, factor, 10.0)
+    np.testing.assert_allclose(glob.item_weight, np.r_[np.full(19, 1000 / 1030), 1 / 7])
+    assert 19 not in _top10(glob)
+    assert _top10(glob.replace(item_weight=None))[0] == 19  # what the noise alone did
+    bound = 7 * 1000 / 1030
+    assert 19 not in _top10(glob.replace(V=np.vstack([np.r_[factor[:19], 0.99 * bound],
+                                                       np.zeros(20)])))
+    assert _top10(glob.replace(V=np.vstack([np.r_[factor[:19], 1.01 * bound],
+                                            np.zeros(20)])))[0] == 19
+    # a negative noisy count reads as 0: no factor score at all
+    assert I.count_weights(np.array([-3.0, 0.0, 30.0]), 10.0, 3.0) == pytest.approx(
+        [0.0, 0.0, 0.5])
+    assert I.count_weights(counts, 0.0, 3.0) is None  # no noise: plain ials scores
+    assert I.count_weights(counts, 10.0, 0.0) is None  # count_gate 0: off
+    with pytest.raises(ValueError, match="count_gate"):
+        I.DPIALSConfig(count_gate=-1.0)
+
+
+def test_dp_runs_weight_items_by_their_noisy_counts_and_plain_ials_does_not():
+    """Through the privacy layer the count noise the privatizer reports reaches the model's
+    item weights (each in [0, 1)) with count_gate > 0; a noise-free ials run has none, nor
+    a DP run with the default (off)."""
+    from privacy.user_level import UserLevelPrivatizer, UserLevelSpec
+
+    assert I.DPIALSConfig().count_gate == 0.0
+    fed = _federation()
+    cfg = I.DPIALSConfig(rank=2, sweeps=2, max_ratings_per_user=5, count_gate=3.0)
+    spec = UserLevelSpec(epsilon=4.0, delta=1e-4, n_users=18, releases=2)
+    priv = UserLevelPrivatizer(spec, I.user_bounds(cfg), fed.n_clients, seed=1)
+    res = simulate(registry.get("dp-ials"), cfg, fed, rounds=3, per_round=3, seed=1,
+                   privatizer=priv, aggregator=priv.aggregate, evaluate_every=0)
+    assert res.server_state.pop_noise > 0
+    g = res.global_msg.item_weight
+    assert g is not None and np.all((g >= 0) & (g < 1))
+    np.testing.assert_allclose(g, I.count_weights(
+        res.server_state.pop_sum / res.server_state.pop_weight, res.server_state.pop_noise,
+        3.0))
+    off = I._global(res.server_state, cfg.model_copy(update={"count_gate": 0.0}))
+    assert off.item_weight is None
+    plain = simulate(registry.get("ials"), I.IALSConfig(rank=2, sweeps=2), fed, rounds=3,
+                     per_round=3, seed=1, evaluate_every=0)
+    assert plain.global_msg.item_weight is None and plain.server_state.pop_noise == 0

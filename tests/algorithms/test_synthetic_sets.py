@@ -52,3 +52,51 @@ def test_the_same_seed_draws_the_same_set_as_before_the_move(draw, expected):
 def test_another_seed_draws_another_set():
     assert digest(generate_skewed_ratings(900, 400, 1800, seed=3)) != digest(
         generate_skewed_ratings(900, 400, 1800, seed=4))
+
+
+def _held_out_hits(r, n_items: int) -> tuple[float, float]:
+    """Hit rate@10 on one held-out item per user with 3+ ratings: (item-item EASE on the
+    rest, lambda 100; the popularity list of the rest)."""
+    rng = np.random.default_rng(0)
+    n_users = int(r.users.max()) + 1
+    many = np.flatnonzero(np.bincount(r.users, minlength=n_users) >= 3)
+    first = {}
+    for i in rng.permutation(r.users.size):
+        first.setdefault(int(r.users[i]), int(i))
+    held = np.array([first[int(u)] for u in many])
+    keep = np.ones(r.users.size, dtype=bool)
+    keep[held] = False
+    x = np.zeros((n_users, n_items))
+    x[r.users[keep], r.items[keep]] = 1.0
+    p = np.linalg.inv(x.T @ x + 100.0 * np.eye(n_items))
+    b = -p / np.diag(p)
+    np.fill_diagonal(b, 0.0)
+    out = []
+    for scores in (x[many] @ b, np.tile(x.sum(axis=0), (many.size, 1))):
+        scores[x[many] > 0] = -np.inf
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+        out.append(float((top == r.items[held][:, None]).any(axis=1).mean()))
+    return out[0], out[1]
+
+
+def test_taste_zero_is_todays_set_and_taste_makes_choices_follow_the_user():
+    """``taste = 0`` draws the set bit for bit as without it (the ranking bench's control,
+    where a user's items come from popularity alone); ``taste > 0`` keeps the shape
+    (ratings, distinct pairs, star histogram, mostly one- or two-item users) but a user's
+    items follow the user's factors: an item-item model (EASE) predicts a held-out item
+    far better than the popularity list, while on the control it does not."""
+    assert digest(generate_skewed_ratings(taste=0.0)) == "df3e2fe9ce516e0e"
+    assert digest(generate_skewed_ratings(900, 400, 1800, seed=3, taste=0.0)) == digest(
+        generate_skewed_ratings(900, 400, 1800, seed=3))
+    control = generate_skewed_ratings(3000, 300, 15_000, seed=2)
+    tasty = generate_skewed_ratings(3000, 300, 15_000, seed=2, taste=2.0)
+    d = describe(tasty)
+    assert (d["users"], d["ratings"]) == (3000, 15_000)
+    assert np.unique(tasty.users * 300 + tasty.items).size == 15_000
+    assert d["fives"] == pytest.approx(0.70, abs=0.01)
+    assert d["users_1_or_2"] > 0.6
+    assert digest(tasty) != digest(control)
+    model, popular = _held_out_hits(control, 300)
+    assert model < popular  # by construction: popularity is the best list
+    model, popular = _held_out_hits(tasty, 300)
+    assert model > 1.3 * popular
