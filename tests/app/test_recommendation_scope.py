@@ -81,7 +81,9 @@ def test_a_dp_model_serves_the_registered_catalogue_with_clamped_scores(env):
     assert r["source"] == "model" and r["job_id"] == job["id"]
     assert [x["item"] for x in r["data"]] == keys
     assert r["private"] is True and "differentially private" in r["privacy"]
-    assert [x["score"] for x in r["data"]] == [min(5.0, max(1.0, v)) for v in raw]
+    # to the last bits: the serving path's matrix product may sum in another order
+    assert [x["score"] for x in r["data"]] == pytest.approx(
+        [min(5.0, max(1.0, v)) for v in raw], rel=1e-12, abs=1e-12)
     batch = client.post(f"/v1/tenants/{tid}/recommendations",
                         json={"users": [user], "k": 1000, "include_rated": True},
                         headers=auth).json()
