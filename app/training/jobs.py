@@ -374,6 +374,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         train, test, keys = split(i)
         first = (train, test, keys, initialise_client(alg, cfg, fit(train, i), glob,
                                                       spec.seed, i))
+        release_memory()  # what reading the block freed, before the round adds its own
         size, schema = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
                                 (tenants[i].rating_min, tenants[i].rating_max), i,
                                 spec.dry_round_seconds)
