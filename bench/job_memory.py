@@ -46,9 +46,39 @@ def status(field):
                 return int(line.split()[1]) * 1024
 
 url, tenant_ids, dp = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+options = json.loads(sys.argv[4])
+if options["no_numba"]:  # as if numba were not installed: the numpy kernels run
+    sys.modules["numba"] = None
+phases = [("start", status("VmRSS"), status("VmHWM"))]
+if not options["no_numba"]:
+    import numpy, scipy.sparse, sqlalchemy, psycopg, pydantic
+    phases.append(("imports before numba", status("VmRSS"), status("VmHWM")))
+    import numba
+    phases.append(("import numba", status("VmRSS"), status("VmHWM")))
 from app.training.jobs import JobSpec, create_job
 from app.training.models import JobClient
 import numpy, algorithms.fedmc_admm  # imported before the baseline reading
+if options["phases"]:  # RSS and peak as each step of create_job starts and ends
+    import functools
+    from app import store
+    from app.training import jobs, states
+
+    def wrap(module, name):
+        f = getattr(module, name, None)
+        if f is None:  # not in this code (a --baseline)
+            return
+
+        @functools.wraps(f)
+        def g(*args, **kwargs):
+            phases.append(("> " + name, status("VmRSS"), status("VmHWM")))
+            out = f(*args, **kwargs)
+            phases.append(("< " + name, status("VmRSS"), status("VmHWM")))
+            return out
+        setattr(module, name, g)
+
+    for name in ("initialise_server", "_tenant_block", "_dry_run", "release_memory"):
+        wrap(jobs, name)
+    wrap(states, "new_server")
 engine = engine_for(url)
 with Session(engine) as s:
     s.execute(sa.text("select 1"))
@@ -64,7 +94,7 @@ with Session(engine) as s:
         JobClient.job_id == job.id).order_by(JobClient.client_index))]
 print(json.dumps({"rss_before": before, "peak": peak, "wall": wall, "cpu": cpu,
                   "rss_after": status("VmRSS"), "job": job.id, "digests": digests,
-                  "torch": "torch" in sys.modules}))
+                  "torch": "torch" in sys.modules, "phases": phases}))
 """
 
 
@@ -151,10 +181,12 @@ DP = {"none": {"mechanism": "none"},
       "gaussian": {"mechanism": "gaussian", "noise_multiplier": 1.0}}
 
 
-def child(code: Path, url: str, tenant_ids: list[int], dp: dict) -> dict:
+def child(code: Path, url: str, tenant_ids: list[int], dp: dict,
+          options: dict | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
+    options = {"phases": False, "no_numba": False, **(options or {})}
     out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
-                          json.dumps(dp)],
+                          json.dumps(dp), json.dumps(options)],
                          cwd=code, env=env, capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"create_job failed in {code}:\n{out.stderr[-3000:]}")
@@ -172,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--database", help="fill (once) and keep a database of this name")
     p.add_argument("--dp", choices=sorted(DP), default="none",
                    help="the job's privacy: none, or Gaussian noise (accounted at creation)")
+    p.add_argument("--phases", action="store_true",
+                   help="also print the RSS and peak as each step of create_job starts and "
+                        "ends (the imports, each tenant's read, the dry round, each trim)")
+    p.add_argument("--no-numba", action="store_true",
+                   help="run the code as if numba were not installed (its numpy kernels)")
     p.add_argument("--out", type=Path,
                    help="also write the runs to this JSON file (the results table's "
                         "bench/results/job_memory.json: `python -m bench table --write`)")
@@ -200,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = {name: [] for name, _ in codes}
         for n in range(args.repeats):
             for name, code in (codes if n % 2 == 0 else codes[::-1]):
-                r = child(code, url, tenant_ids, DP[args.dp])
+                r = child(code, url, tenant_ids, DP[args.dp],
+                          {"phases": args.phases, "no_numba": args.no_numba})
                 discard(url, r["job"])
                 r["load"] = os.getloadavg()[0]
                 runs[name].append(r)
@@ -210,6 +248,10 @@ def main(argv: list[str] | None = None) -> int:
                       f" MiB), after {r['rss_after'] / 2**20:.0f} MiB"
                       f"{', torch imported' if r['torch'] else ''}, load {r['load']:.1f}",
                       flush=True)
+                if args.phases:
+                    for what, rss, hwm in r["phases"]:
+                        print(f"    {what:28s} RSS {rss / 2**20:6.1f} MiB, peak "
+                              f"{hwm / 2**20:6.1f} MiB", flush=True)
         if args.baseline:
             assert runs["this"][0]["digests"] == runs["baseline"][0]["digests"], (
                 "the two codes stored different blocks")
