@@ -177,9 +177,10 @@ class IALSConfig(AlgorithmConfig):
         "item j's served factor score is weighted by n_j / (n_j + t s), n_j its released "
         "count, s the count noise's standard deviation (0: no weighting)")
     selection_share: float = Field(
-        DEFAULT_SELECTION_SHARE, description="fedrec simulate --select-prior only (service "
-        "jobs keep the fixed beta): share of the run's privacy spent on choosing beta from "
-        "the prior grid (one charged release of the candidates' validation NDCG sums)")
+        DEFAULT_SELECTION_SHARE, description="used by fedrec simulate's private choice of "
+        "beta (its select-prior option) only; service jobs keep the fixed beta: share of "
+        "the run's privacy spent on choosing beta from the prior grid (one charged release "
+        "of the candidates' validation NDCG sums)")
 
     @model_validator(mode="after")
     def _check(self) -> IALSConfig:
