@@ -266,9 +266,10 @@ def snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock
 
 def _without_views(block: RatingBlock) -> RatingBlock:
     """The same block (the same arrays) without the CSR/CSC views and compact copy a round
-    cached on it: about 2.3x the block's own arrays, which nothing reads again here."""
-    return RatingBlock(block.rows, block.cols, block.vals, block.n_users, block.n_items,
-                       block.scale, block.user_draws)
+    cached on it: about 2.3x the block's own arrays, which nothing reads again here. A copy
+    of the dataclass's fields carries every field (the secret user draws too) and none of
+    the cached properties."""
+    return dataclasses.replace(block)
 
 
 def _heap_trim() -> Callable[[int], int] | None:
