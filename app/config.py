@@ -91,11 +91,12 @@ class Settings(BaseSettings):
     """A Celery worker serves its Prometheus task metrics on this port (``/metrics``, every
     pool process summed); unset: none. One port per worker command: scrape each worker."""
     dry_round_seconds: float = Field(30.0, gt=0)
-    """Wall-clock bound of the dry round the API runs before creating or planning a job
-    (round 1 of the first tenant, checking the config): longer gets 422 naming this bound,
-    and nothing is created. The default leaves room for a first round that compiles its
-    numba kernels and for the recommended configs on MovieLens 1M in one tenant, and stops
-    a round that would take minutes (the binary baseline's there)."""
+    """Wall-clock bound of the dry round run before creating or planning a job (round 1 of
+    the first tenant, checking the config; in a worker when there is a broker, else in the
+    API process): longer gets 422 naming this bound, a dry round no worker started within
+    it 503, and nothing is created. The default leaves room for a first round that
+    compiles its numba kernels and for the recommended configs on MovieLens 1M in one
+    tenant, and stops a round that would take minutes (the binary baseline's there)."""
     job_max_attempts: int = Field(3, ge=1)
     """A job whose steps raise this many times without a round committing in between is
     marked ``failed`` with the error (the watchdog then leaves it alone)."""

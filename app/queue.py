@@ -9,7 +9,10 @@ embedded default).
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from celery.exceptions import TimeoutError as ResultTimeout
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -91,3 +94,39 @@ def enqueue(celery: Celery, name: str, args: list) -> tuple[str, str]:
         # which the API answers with 503 (app.main.unavailable).
         raise OperationalError(f"could not send task {name}: {exc}") from exc
     return result.id, "PENDING"
+
+
+def ask(celery: Celery, name: str, args: list, seconds: float) -> tuple[str, Any]:
+    """Send task ``name`` to a worker and wait up to ``seconds`` for its answer (a broker
+    and a result backend are needed: not for the eager app).
+
+    Returns ("done", the task's return value), ("failed", "Type: message") when the task
+    raised or its worker was lost, or, at the deadline, ("running", None) when a worker
+    had started it (the task must be declared ``track_started``) or ("waiting", None) when
+    none had. A task not started by then expires unrun, and a started one is interrupted
+    at ``seconds`` (soft limit) and killed 10 s later. Raises OperationalError (the API's
+    503) when the broker or the result backend cannot be reached.
+    """
+    try:
+        result = celery.send_task(name, args=args, queue=celery.conf.task_default_queue,
+                                  expires=seconds, soft_time_limit=seconds,
+                                  time_limit=seconds + 10)
+    except OperationalError:
+        raise
+    except (RuntimeError, OSError, RedisError) as exc:
+        raise OperationalError(f"could not send task {name}: {exc}") from exc
+    try:
+        try:
+            value = result.get(timeout=seconds, propagate=False, interval=0.05)
+        except ResultTimeout:
+            return ("running" if result.state == "STARTED" else "waiting"), None
+        if result.failed():
+            return "failed", f"{type(value).__name__}: {value}"
+        return "done", value
+    except (OSError, RedisError) as exc:
+        raise OperationalError(f"could not read the answer of task {name}: {exc}") from exc
+    finally:
+        try:
+            result.forget()
+        except (OSError, RedisError):  # pragma: no cover - the backend just went away
+            pass

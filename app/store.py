@@ -301,8 +301,8 @@ def catalogue_ids(session: Session, registered_only: bool = False) -> np.ndarray
     return np.fromiter(session.scalars(query), dtype=np.int64)
 
 
-def load_block(session: Session, tenant_id: int, registered_only: bool = False
-               ) -> tuple[RatingBlock, np.ndarray]:
+def load_block(session: Session, tenant_id: int, registered_only: bool = False,
+               catalogue: np.ndarray | None = None) -> tuple[RatingBlock, np.ndarray]:
     """The tenant's ratings as a :class:`RatingBlock` and the user key of each row.
 
     Rows are the tenant's users (those with ratings) in key order; columns index the whole
@@ -310,8 +310,12 @@ def load_block(session: Session, tenant_id: int, registered_only: bool = False
     in batches of :data:`LOAD_CHUNK` rows into numpy columns, so memory is the block's
     arrays and not a Python object per rating. ``registered_only``: the catalogue is the
     registered items (:func:`catalogue_ids`) and ratings of other items are left out.
+    ``catalogue``: columns index these item ids (sorted), read earlier by another process,
+    and ratings of items not among them (added since) are left out.
     """
-    catalogue = catalogue_ids(session, registered_only)
+    given = catalogue is not None
+    if catalogue is None:
+        catalogue = catalogue_ids(session, registered_only)
     query = (sa.select(Rating.user_id, Rating.item_id, Rating.value)
              .join(User, User.id == Rating.user_id).where(User.tenant_id == tenant_id)
              .execution_options(yield_per=LOAD_CHUNK))
@@ -331,6 +335,9 @@ def load_block(session: Session, tenant_id: int, registered_only: bool = False
         values.append(flat[:, 2].copy())
     user_ids, item_ids, vals = (_joined(c, dtype) for c, dtype in (
         (users, np.int64), (items, np.int64), (values, np.float64)))
+    if given and not (listed := np.isin(item_ids, catalogue)).all():
+        # items created after the given catalogue was read
+        user_ids, item_ids, vals = user_ids[listed], item_ids[listed], vals[listed]
     named = dict(session.execute(sa.select(User.id, User.key).where(
         User.tenant_id == tenant_id)).all())
     present = np.unique(user_ids)

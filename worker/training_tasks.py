@@ -18,7 +18,7 @@ from celery import shared_task
 from app.db import DATABASE_DOWN, engine_for, session_factory
 from app.logs import bind
 from app.queue import TUNING_RUN
-from app.training import pipeline, schedule, tuning
+from app.training import dry_round, pipeline, schedule, tuning
 from app.training.models import JobClient
 from app.training.runner import CeleryDispatcher
 from worker import metrics
@@ -62,6 +62,16 @@ def aggregate(self, job_id: int, round_: int) -> None:
     seconds = _run(self, pipeline.TASKS[pipeline.TASK_AGGREGATE], job_id, round_)
     if seconds is not None and (measured := metrics.current()) is not None:
         measured.rounds.observe(seconds)
+
+
+@shared_task(name=dry_round.TASK, bind=True, track_started=True)
+def dry_round_task(self, request: dict) -> list:
+    """A new job's dry round, for the API (:mod:`app.training.dry_round`): its outcome
+    is the result the API waits for. Not acked late: the API gives up on it at its bound,
+    so a redelivery would find nobody waiting."""
+    with _sessions(self)() as s:
+        kind, value = dry_round.answer(s, dry_round.DryRound(**request))
+    return [kind, value]
 
 
 @shared_task(name=pipeline.TASK_RETRAIN, bind=True)

@@ -21,6 +21,7 @@ from app.logs import bind
 from app.models import Tenant
 from app.problems import ApiError
 from app.services import newest_first
+from app.training import dry_round
 from app.training.jobs import (
     DEFAULT_RATING,
     JobRefused,
@@ -52,6 +53,7 @@ REFUSALS = (  # (status, start of the message, code) of JobRefused, first match 
     (422, "invalid privacy", "invalid_privacy"),
     (422, "invalid config", "invalid_config"),
     (422, "not tunable", "not_tunable"),
+    (503, "", "dry_round_unavailable"),  # no worker or no slot answered the dry round
 )
 
 
@@ -61,7 +63,8 @@ def refused(exc: JobRefused) -> ApiError:
                  if s == exc.status and exc.detail.startswith(start)), "job_refused")
     # a tenant without ratings is the data's state, not the request's fault: 409
     status_code = status.HTTP_409_CONFLICT if code == "no_ratings" else exc.status
-    return ApiError(status_code, code, exc.detail)
+    return ApiError(status_code, code, exc.detail,
+                    headers={"Retry-After": "5"} if status_code == 503 else None)
 
 
 def job_public(job: TrainingJob) -> JobPublic:
@@ -139,7 +142,9 @@ def create_job(session: Session, settings: Settings, app: FastAPI, body: JobCrea
                    round_seconds=body.round_seconds, wire=body.wire,
                    rounds_given="rounds" in body.model_fields_set,
                    validation_fraction=body.validation_fraction, lists=body.lists,
-                   dry_round_seconds=settings.dry_round_seconds)
+                   dry_round_seconds=settings.dry_round_seconds,
+                   dry_rounds=None if app.state.celery.conf.task_always_eager
+                   else dry_round.remote(app.state.celery))
     try:
         specs = (default_pair(spec, "rounds" in body.model_fields_set)
                  if body.algorithm is None else [spec])

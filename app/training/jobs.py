@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import math
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,28 +18,22 @@ from algorithms import RatingBlock, registry
 from algorithms.base import Algorithm
 from algorithms.data import tenant_split
 from algorithms.scale import with_public_scale
-from algorithms.simulate import (
-    client_round,
-    initialise_client,
-    initialise_server,
-    server_round,
-    tenant_errors,
-)
+from algorithms.simulate import initialise_client, initialise_server
 from app import store
 from app.idempotency import IdempotencyError, request_hash, row_for_key  # noqa: F401
 from app.models import REGISTERED, Item, Rating, Tenant, User
-from app.training import states
+from app.training import dry_round, states
+from app.training.dry_round import DryRound, Outcome, stand_in, tenant_inputs
 from app.training.ledger import load_ledger
 from app.training.models import JobClient, TrainingJob
 from app.training.pipeline import item_ids_bytes, planned_transmissions
 from app.training.reservations import as_reserved, budget_ledger, over_budget
-from app.training.selection import carve
 from app.training.selection import initial as initial_selection
 from privacy import user_level
 from privacy.accountant import Spend
 from privacy.ledger import BudgetExceeded, NotPrivateRefused, check_plan, check_schedule
-from privacy.randomness import new_key, with_user_draws
-from privacy.wrapper import DPSpec, n_entries, transmission_event
+from privacy.randomness import new_key
+from privacy.wrapper import DPSpec, transmission_event
 
 
 class JobRefused(Exception):
@@ -91,6 +84,9 @@ class JobSpec:
     dry_round_seconds: float | None = None
     """Wall-clock bound of the dry round (:func:`_dry_run`): the API sets its
     ``FEDREC_DRY_ROUND_SECONDS``; None (a scheduled retraining in the worker): unbounded."""
+    dry_rounds: Callable[[DryRound], Outcome] | None = None
+    """Where the dry round runs: None, in this process; the API with a broker hands it to
+    a worker (:func:`app.training.dry_round.remote`), so it needs ``dry_round_seconds``."""
 
 
 def useful_rounds(cfg: Any) -> int | None:
@@ -252,9 +248,7 @@ def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False
     block, user_keys = store.load_block(s, tenant.id, registered_only)
     if block.nnz == 0:
         raise _no_ratings(tenant, registered_only)
-    order = np.lexsort((block.cols, block.rows))
-    return RatingBlock(block.rows[order], block.cols[order], block.vals[order],
-                       block.n_users, block.n_items), user_keys
+    return dry_round.sorted_block(block), user_keys
 
 
 def snapshot_blocks(s: Session, tenants: list[Tenant]) -> tuple[list[RatingBlock],
@@ -358,35 +352,41 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     draws_key = new_key() if isinstance(dp, dict) else None  # user level: secret caps
     fraction = _validation_fraction(spec, alg, dp)
 
-    def split(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray]:
+    def inputs(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray, Any]:
         block, keys = _tenant_block(s, tenants[i], private)
-        train, test = tenant_split(block, i, spec.seed, spec.test_fraction, scale)
-        if draws_key is not None:  # each user's cap drawn from a secret, not the seed
-            train = with_user_draws(train, draws_key, tenants[i].id, [str(k) for k in keys])
-        return train, test, keys
-
-    def fit(train: RatingBlock, i: int) -> RatingBlock:
-        return carve(train, spec.seed, i, fraction)[0]  # what the job trains on
+        return (*tenant_inputs(alg, cfg, glob, block, keys, i, tenants[i].id, spec.seed,
+                               spec.test_fraction, scale, fraction, draws_key), keys)
 
     per_round = spec.per_round or len(tenants)
     first = None
-    if hosted:
+    if spec.dry_rounds is not None:  # in a worker, which reads the block itself
+        i = hosted[0] if hosted else 0
+        t = tenants[i]
+        size, schema = _dry_run(spec.dry_rounds, DryRound(
+            algorithm=alg.name, config=cfg.model_dump(mode="json"), seed=spec.seed,
+            n_clients=len(tenants), client=i, tenant_id=t.id if hosted else None,
+            registered_only=private, test_fraction=spec.test_fraction, scale=scale,
+            tenant_scale=(t.rating_min, t.rating_max), fraction=fraction,
+            user_level=draws_key is not None, items=item_ids.tolist(),
+            seconds=spec.dry_round_seconds or DEFAULT_DRY_ROUND_SECONDS))
+    elif hosted:
         i = hosted[0]
-        train, test, keys = split(i)
-        first = (train, test, keys, initialise_client(alg, cfg, fit(train, i), glob,
-                                                      spec.seed, i))
+        train, test, local, keys = inputs(i)
+        first = (train, test, keys, local)
         release_memory()  # what reading the block freed, before the round adds its own
-        size, schema = _dry_run(alg, cfg, spec.seed, server, glob, first[3], train, test,
-                                (tenants[i].rating_min, tenants[i].rating_max), i,
-                                spec.dry_round_seconds)
+        size, schema = _dry_run(None, functools.partial(
+            dry_round.round_one, alg, cfg, spec.seed, server, glob, local, train, test,
+            (tenants[i].rating_min, tenants[i].rating_max), i), spec.dry_round_seconds)
         # kept until it is written, without the CSR/CSC views the round cached on it
         first = (_without_views(train), *first[1:])
-        del train, test, keys
+        del train, test, keys, local
     else:  # nobody's ratings here: the config is tried on a public stand-in block
-        stand_in = _stand_in(len(item_ids), scale)
-        size, schema = _dry_run(alg, cfg, spec.seed, server, glob,
-                                initialise_client(alg, cfg, stand_in, glob, spec.seed, 0),
-                                stand_in, stand_in, scale, 0, spec.dry_round_seconds)
+        public = stand_in(len(item_ids), scale)
+        local = initialise_client(alg, cfg, public, glob, spec.seed, 0)
+        size, schema = _dry_run(None, functools.partial(
+            dry_round.round_one, alg, cfg, spec.seed, server, glob, local, public, public,
+            scale, 0), spec.dry_round_seconds)
+        del local
     release_memory()  # the dry round's arrays, freed on its thread's heap
     if isinstance(dp, dict):
         # agents' users are not counted here (their number is theirs to keep)
@@ -431,8 +431,7 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         elif first is not None and i == hosted[0]:
             (train, test, keys, local), first = first, None
         else:
-            train, test, keys = split(i)
-            local = initialise_client(alg, cfg, fit(train, i), glob, spec.seed, i)
+            train, test, local, keys = inputs(i)
         train_bytes, test_bytes = train.to_bytes(), test.to_bytes()
         s.add(JobClient(job_id=job.id, client_index=i, tenant_id=t.id,
                         user_keys=[str(k) for k in keys],
@@ -539,107 +538,30 @@ def agent_placeholder(n_items: int) -> RatingBlock:
     return RatingBlock(empty, empty, np.zeros(0), 0, n_items)
 
 
-def _stand_in(n_items: int, scale: tuple[float, float]) -> RatingBlock:
-    """Two made-up users at the scale's midpoint: enough to try a config's round 1 when
-    every tenant is an agent (no real rating is here to try it on)."""
-    cols = np.arange(min(n_items, 4), dtype=np.int64)
-    rows = np.arange(len(cols), dtype=np.int64) % 2
-    mid = np.full(len(cols), (scale[0] + scale[1]) / 2)
-    return RatingBlock(rows, cols, mid, 2, n_items).with_scale(scale)
+#: the dry round's bound when none is set but a worker runs it (the API always sets one)
+DEFAULT_DRY_ROUND_SECONDS = 30.0
 
 
-def upload_schema(upload) -> dict[str, Any]:
-    """What an agent's upload must look like: message type, array names, shapes, dtypes,
-    and its scalar fields as round 1 gave them (their JSON types are the ones accepted)."""
-    cls = type(upload)
-    arrays = upload.arrays()
-    return {"type": f"{cls.__module__}.{cls.__qualname__}",
-            "arrays": {k: {"shape": list(v.shape), "dtype": str(v.dtype)}
-                       for k, v in arrays.items()},
-            "scalars": {f.name: getattr(upload, f.name) for f in dataclasses.fields(upload)
-                        if f.name not in arrays}}
-
-
-def _dry_run(alg: Algorithm, cfg: Any, seed: int, server, glob, local, train: RatingBlock,
-             test: RatingBlock, scale: tuple[float, float], client: int = 0,
+def _dry_run(remote: Callable[[DryRound], Outcome] | None, work: Any,
              seconds: float | None = None) -> tuple[int, dict[str, Any] | None]:
-    """Round 1 of the first tenant, unprivatised and discarded: its client step, the server
-    step on its upload, the evaluation and the serving factors, as the pipeline runs them,
-    within ``seconds`` of wall clock (None: unbounded; :func:`_within`).
-
-    A config that validates but makes a step raise (e.g. RFRec's ``link='sigmoid'``,
-    whose predictions are no factor product to serve) is refused here with 422 instead of
-    failing in a worker. Returns the number of values of an upload (for the DP event) and
-    the upload's :func:`upload_schema` (what agents must send; None: round 1 uploads
-    nothing).
-    """
-    def round_1() -> tuple[int, dict[str, Any] | None]:
-        local_1, upload = client_round(alg, cfg, 1, seed, client, glob, local, train)
-        uploads = {} if upload is None else {0: upload}
-        # the new server state is dropped at once, not held through the evaluation (at
-        # 20 tenants x 10k items, FedMC-ADMM's copy of C is 17.6 MB)
-        glob_1 = server_round(alg, cfg, 1, seed, server, uploads)[1]
-        tenant_errors(alg, glob_1, local_1, test, scale)
-        alg.objective(glob_1, local_1, train, cfg)
-        alg.factors(glob_1, local_1)
-        if upload is None:
-            return 1, None
-        return n_entries(upload), upload_schema(upload)
-
-    kind, value = _outcome(round_1) if seconds is None else _within(round_1, seconds)
+    """The dry round's answer (:mod:`app.training.dry_round`): ``work`` run here (a
+    callable, within ``seconds`` of wall clock; None: unbounded), or, with ``remote``,
+    the :class:`DryRound` ``work`` run by a worker. Returns the number of values of an
+    upload and its schema; a failing or overrunning round is refused (422), a round no
+    worker answered is 503."""
+    if remote is not None:
+        kind, value = remote(work)
+    elif seconds is None:
+        kind, value = dry_round.outcome(work)
+    else:
+        kind, value = dry_round.within(work, seconds)
     if kind == "refused":
         raise JobRefused(*value)
     if kind == "error":
         raise JobRefused(422, f"invalid config: round 1 fails with these settings "
                               f"({value[0]}: {value[1]})")
-    return value
-
-
-def _outcome(work: Callable[[], Any]) -> tuple[str, Any]:
-    """``work()``'s result as ("ok", result), or its failure as ("refused", (status,
-    detail)) or ("error", (exception type, message)), handed from the round's thread to
-    the request's."""
-    try:
-        return "ok", work()
-    except JobRefused as exc:
-        return "refused", (exc.status, exc.detail)
-    except Exception as exc:  # noqa: BLE001 - any failure of a step is the config's
-        return "error", (type(exc).__name__, str(exc))
-
-
-#: dry rounds that may run at once in one process, the overrunning ones included (a
-#: thread cannot be stopped: one past its bound runs to its end, holding its slot)
-MAX_DRY_ROUNDS = 2
-_dry_slots = threading.BoundedSemaphore(MAX_DRY_ROUNDS)
-
-
-def _within(work: Callable[[], Any], seconds: float) -> tuple[str, Any]:
-    """:func:`_outcome` of ``work()`` on a thread of its own, answered within ``seconds``
-    of wall clock (the wait for a slot included), or 422 naming the bound once it has run
-    that long (the request returns; the round finishes on its thread and is discarded).
-    503 while :data:`MAX_DRY_ROUNDS` rounds are running throughout."""
-    deadline = time.monotonic() + seconds
-    if not _dry_slots.acquire(timeout=seconds):
-        raise JobRefused(503, f"{MAX_DRY_ROUNDS} dry rounds are running already; retry in "
-                              f"a few seconds (each is bounded by FEDREC_DRY_ROUND_SECONDS "
-                              f"= {seconds:g} s)")
-    box: dict[str, Any] = {}
-
-    def wait() -> None:  # runs the round; its slot is held until it ends
-        try:
-            box["outcome"] = _outcome(work)
-        finally:
-            _dry_slots.release()
-
-    waiter = threading.Thread(target=wait, name="fedrec-dry-round", daemon=True)
-    waiter.start()
-    waiter.join(max(deadline - time.monotonic(), 0.0))
-    if waiter.is_alive():
-        raise JobRefused(422, f"invalid config: round 1 takes longer than the dry-run bound "
-                              f"of {seconds:g} s (FEDREC_DRY_ROUND_SECONDS) with these "
-                              f"settings on this data; a smaller rank or fewer steps fit")
-    # a round that died of a BaseException (not the config's failure) left no outcome
-    return box.get("outcome", ("error", ("interrupted", "the dry round did not finish")))
+    size, schema = value
+    return int(size), schema
 
 
 def _check_user_level(s: Session, alg: Algorithm, cfg: Any, spec: JobSpec,

@@ -82,15 +82,15 @@ def test_a_dry_round_past_its_wall_clock_bound_is_refused_naming_it(admin_app, m
     step slowed to 3 s) is answered within FEDREC_DRY_ROUND_SECONDS, for a dry run and a
     creation alike, with a 422 naming the bound; nothing is stored. Overrunning rounds
     keep their slot until they end: past two, 503."""
-    from app.training import jobs
+    from app.training import dry_round
 
-    real = jobs.client_round
+    real = dry_round.client_round
 
     def slow(*args, **kwargs):
         time.sleep(3.0)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(jobs, "client_round", slow)
+    monkeypatch.setattr(dry_round, "client_round", slow)
     _, client = admin_app(dry_round_seconds=0.5)
     tenants = make_tenants(client)
     body = {**BASE, "config": {"rank": 3}, "tenant_ids": [t for t, _ in tenants]}
@@ -108,7 +108,7 @@ def test_a_dry_round_past_its_wall_clock_bound_is_refused_naming_it(admin_app, m
     status, _, detail = refusal(res)
     assert status == 503 and "dry rounds are running already" in detail, detail
     time.sleep(3.0)  # the discarded rounds end and give their slots back
-    monkeypatch.setattr(jobs, "client_round", real)
+    monkeypatch.setattr(dry_round, "client_round", real)
     assert client.post("/v1/admin/jobs", params={"dry_run": True}, json=body
                        ).status_code == 200
 

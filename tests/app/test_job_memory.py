@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from algorithms.block import RatingBlock
-from app.training import jobs
+from app.training import dry_round, jobs
 from app.training.jobs import JobSpec, create_job
 from tests.training_helpers import CONFIG, make_tenants
 
@@ -85,12 +85,12 @@ def test_job_creation_lets_go_of_server_states_it_no_longer_needs(env, monkeypat
         alive["server at read"].append(seen["server"]() is not None)
         return real["_tenant_block"](*args, **kwargs)
 
-    real = {f.__name__: getattr(jobs, f.__name__) for f in
-            (initialise_server, server_round, tenant_errors)} | {
-        "_tenant_block": jobs._tenant_block}
+    where = {"initialise_server": jobs, "server_round": dry_round,
+             "tenant_errors": dry_round, "_tenant_block": jobs}
+    real = {name: getattr(module, name) for name, module in where.items()}
     for name, f in [("initialise_server", initialise_server), ("server_round", server_round),
                     ("tenant_errors", tenant_errors), ("_tenant_block", tenant_block)]:
-        monkeypatch.setattr(jobs, name, f)
+        monkeypatch.setattr(where[name], name, f)
     with app.state.sessions() as s:
         tids = [t["id"] for t in client.get("/v1/admin/tenants").json()["data"]]
         job = create_job(s, JobSpec("fedmc-admm", tids, 2, 0, 5, CONFIG, {"mechanism": "none"}))

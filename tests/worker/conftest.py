@@ -16,17 +16,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @contextlib.contextmanager
 def celery_worker(database_url: str, redis_url: str, log_path: Path, *options: str,
-                  **env: str):
+                  celery_app: str = "worker.celery_app", **env: str):
     """Start ``celery worker`` with ``options`` (default pool: solo) and the extra
-    environment ``env`` on a new queue; yields (queue, process); stops it and removes the
-    queue's keys afterwards."""
+    environment ``env`` on a new queue (``celery_app``: the module ``-A`` names); yields
+    (queue, process); stops it and removes the queue's keys afterwards."""
     queue = f"fedrec-test-{uuid.uuid4().hex[:8]}"
     full = {**os.environ, "FEDREC_DATABASE_URL": database_url, "FEDREC_BROKER_URL": redis_url,
             "FEDREC_TASK_QUEUE": queue, "PYTHONPATH": str(ROOT), **env}
     full.pop("PROMETHEUS_MULTIPROC_DIR", None)
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+            [sys.executable, "-m", "celery", "-A", celery_app, "worker",
              *(options or ("--pool=solo",)), "--loglevel=INFO", "--without-gossip",
              "--without-mingle", "--without-heartbeat"],
             cwd=ROOT, env=full, stdout=log, stderr=subprocess.STDOUT)
