@@ -4,6 +4,8 @@
     python -m bench.job_memory --baseline ../other   # also another checkout's code, same data
     python -m bench.job_memory --ratings 10000000 --users 100000 --items 10000 \
         --database fedrec_jobmem_10m                 # keep the filled database, reuse it
+    python -m bench.job_memory --worker ...          # the dry round in a Celery worker, as
+                                                     # the API runs it with a broker
 
 A fresh PostgreSQL database (127.0.0.1:5432) is filled with a synthetic set
 (``algorithms.synthetic.generate_tenant_ratings``) through the service's own upload path
@@ -86,6 +88,15 @@ with Session(engine) as s:
     before = status("VmRSS")
     spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
                    seed=0, config={}, dp=dp, dry_round_seconds=300.0)  # as the API
+    import dataclasses
+    remote = options["worker"] and "dry_rounds" in {f.name for f in dataclasses.fields(JobSpec)}
+    if remote:  # as the API with a broker: the dry round goes to the worker
+        from app.config import Settings
+        from app.queue import create_celery_app
+        from app.training import dry_round
+        celery = create_celery_app(Settings(database_url=url, broker_url=options["worker"][0],
+                                            task_queue=options["worker"][1]))
+        spec = dataclasses.replace(spec, dry_rounds=dry_round.remote(celery))
     t0, c0 = time.perf_counter(), time.process_time()
     job = create_job(s, spec)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -93,6 +104,7 @@ with Session(engine) as s:
     digests = [d for (d,) in s.execute(sa.select(JobClient.train_digest).where(
         JobClient.job_id == job.id).order_by(JobClient.client_index))]
 print(json.dumps({"rss_before": before, "peak": peak, "wall": wall, "cpu": cpu,
+                  "dry_round_in_worker": bool(remote),
                   "rss_after": status("VmRSS"), "job": job.id, "digests": digests,
                   "torch": "torch" in sys.modules, "phases": phases}))
 """
@@ -184,13 +196,55 @@ DP = {"none": {"mechanism": "none"},
 def child(code: Path, url: str, tenant_ids: list[int], dp: dict,
           options: dict | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    options = {"phases": False, "no_numba": False, **(options or {})}
-    out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
-                          json.dumps(dp), json.dumps(options)],
-                         cwd=code, env=env, capture_output=True, text=True)
-    if out.returncode:
-        sys.exit(f"create_job failed in {code}:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    options = {"phases": False, "no_numba": False, "worker": None, **(options or {})}
+    with worker(code, url, options["worker"]) as peak_of_worker:
+        out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
+                              json.dumps(dp), json.dumps(options)],
+                             cwd=code, env=env, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"create_job failed in {code}:\n{out.stderr[-3000:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result["worker_peak"] = peak_of_worker()
+    return result
+
+
+@contextlib.contextmanager
+def worker(code: Path, url: str, where: list[str] | None):
+    """A ``celery worker`` (solo pool) of ``code`` on the broker and queue ``where``, for
+    the dry round (``--worker``); yields a function reading its peak RSS (VmHWM; None
+    without a worker)."""
+    if where is None:
+        yield lambda: None
+        return
+    env = {**os.environ, "PYTHONPATH": str(code), "FEDREC_DATABASE_URL": url,
+           "FEDREC_BROKER_URL": where[0], "FEDREC_TASK_QUEUE": where[1]}
+    proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "worker.celery_app",
+                             "worker", "--pool=solo", "--loglevel=WARNING",
+                             "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                            cwd=code, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+    from app.config import Settings
+    from app.queue import create_celery_app
+
+    control = create_celery_app(Settings(database_url=url, broker_url=where[0],
+                                         task_queue=where[1])).control
+    deadline = time.monotonic() + 120
+    while not control.ping(timeout=1.0):  # ready: the job's wall time is not its start
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            sys.exit(f"the worker of {code} did not start")
+
+    def peak() -> int | None:
+        with open(f"/proc/{proc.pid}/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f
+                        if line.startswith("VmHWM:"))
+
+    try:
+        yield peak
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phases", action="store_true",
                    help="also print the RSS and peak as each step of create_job starts and "
                         "ends (the imports, each tenant's read, the dry round, each trim)")
+    p.add_argument("--worker", action="store_true",
+                   help="run the dry round in a Celery worker (solo pool, Redis at "
+                        "127.0.0.1:6379/12), as the API does with a broker; a code without "
+                        "that path (an older --baseline) runs it in-process")
     p.add_argument("--no-numba", action="store_true",
                    help="run the code as if numba were not installed (its numpy kernels)")
     p.add_argument("--out", type=Path,
@@ -237,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict]] = {name: [] for name, _ in codes}
         for n in range(args.repeats):
             for name, code in (codes if n % 2 == 0 else codes[::-1]):
+                where = (["redis://127.0.0.1:6379/12", f"fedrec-jobmem-{os.getpid()}"]
+                         if args.worker else None)
                 r = child(code, url, tenant_ids, DP[args.dp],
-                          {"phases": args.phases, "no_numba": args.no_numba})
+                          {"phases": args.phases, "no_numba": args.no_numba,
+                           "worker": where})
                 discard(url, r["job"])
                 r["load"] = os.getloadavg()[0]
                 runs[name].append(r)
@@ -246,8 +307,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"RSS before {r['rss_before'] / 2**20:.0f} MiB, peak "
                       f"{r['peak'] / 2**20:.0f} MiB (+{(r['peak'] - r['rss_before']) / 2**20:.0f}"
                       f" MiB), after {r['rss_after'] / 2**20:.0f} MiB"
-                      f"{', torch imported' if r['torch'] else ''}, load {r['load']:.1f}",
-                      flush=True)
+                      f"{', torch imported' if r['torch'] else ''}, load {r['load']:.1f}"
+                      + (f"; dry round in a worker, whose peak was "
+                         f"{r['worker_peak'] / 2**20:.0f} MiB" if r.get("dry_round_in_worker")
+                         else ""), flush=True)
                 if args.phases:
                     for what, rss, hwm in r["phases"]:
                         print(f"    {what:28s} RSS {rss / 2**20:6.1f} MiB, peak "
@@ -265,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
                           "rss_after_mib_max": max(r["rss_after"] for r in rs) / 2**20,
                           "wall_seconds_min": min(r["wall"] for r in rs),
                           "cpu_seconds_min": min(r["cpu"] for r in rs),
+                          "dry_round_in_worker": any(r.get("dry_round_in_worker") for r in rs),
+                          "worker_peak_mib_max": max((r.get("worker_peak") or 0 for r in rs),
+                                                     default=0) / 2**20,
                           "load_averages": [r["load"] for r in rs]}
                    for name, rs in runs.items()}
         write_result(args.out.parent, "job_memory", argv, False,
