@@ -16,6 +16,7 @@ A refusal of its own ledger is said on stderr and sent to the coordinator as a d
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+from pydantic import ValidationError
 
 from agent import data as agent_data
 from agent import forget as agent_forget
@@ -90,6 +92,17 @@ def say(text: str) -> None:
     print(f"fedrec agent: {text}", file=sys.stderr, flush=True)
 
 
+#: the agent protocols this release speaks (the coordinator's manifest names its own)
+PROTOCOLS = (1,)
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("fedrec")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a bare checkout
+        return "unknown"
+
+
 class Agent:
     """One tenant's agent over its state directory."""
 
@@ -140,6 +153,11 @@ class Agent:
 
     def _setup(self, job_id: int) -> None:
         manifest = self.coord.manifest(job_id)
+        if manifest.get("protocol") not in PROTOCOLS:
+            raise ValueError(f"job {job_id}: the coordinator speaks agent protocol "
+                             f"{manifest.get('protocol')!r} and this agent (fedrec "
+                             f"{_version()}) speaks {', '.join(map(str, PROTOCOLS))}; "
+                             f"install the coordinator's fedrec release here")
         dp = manifest["privacy"]
         if release_of(dp) is Release.USER_CENTRAL:
             raise ValueError(f"job {job_id}: placement {dp.get('placement')!r} would need "
@@ -175,8 +193,26 @@ class Agent:
 
     @staticmethod
     def _alg(manifest: dict[str, Any]):
-        alg = registry.get(manifest["algorithm"])
-        return alg, alg.config(**manifest["config"])
+        """The job's algorithm and config; one this release does not know (a coordinator
+        on a newer release) is refused naming what to upgrade, not with a traceback."""
+        upgrade = f"install the coordinator's fedrec release here (this is {_version()})"
+        try:
+            alg = registry.get(manifest["algorithm"])
+        except KeyError:
+            raise ValueError(f"job {manifest['job_id']}: algorithm "
+                             f"{manifest['algorithm']!r} is unknown to this agent; "
+                             f"{upgrade}") from None
+        try:
+            return alg, alg.config(**manifest["config"])
+        except ValidationError as exc:
+            unknown = [".".join(map(str, e["loc"])) for e in exc.errors()
+                       if e["type"] == "extra_forbidden"]
+            if not unknown:
+                raise ValueError(f"job {manifest['job_id']}: the coordinator's config is "
+                                 f"invalid here ({exc.errors()[0]['msg']})") from None
+            raise ValueError(f"job {manifest['job_id']}: the job's {alg.name} config has "
+                             f"fields this agent does not know ({', '.join(unknown)}); "
+                             f"{upgrade}") from None
 
     def manifest(self, job_id: int) -> dict[str, Any]:
         return self._load(job_id, "manifest.json", json.loads)

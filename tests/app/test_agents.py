@@ -505,6 +505,29 @@ def test_agent_validates_ratings_like_the_upload_api(fed, tmp_path):
         assert f"line {e['line']}, {e['field']}: {e['message']}" in str(exc.value)
 
 
+@pytest.mark.parametrize("newer, says", [
+    ({"protocol": 2}, "the coordinator speaks agent protocol 2 and this agent"),
+    ({"config": {"rank": 3, "future_knob": 1.5}}, "fields this agent does not know "
+                                                   "(future_knob)"),
+    ({"algorithm": "fedmc-next"}, "algorithm 'fedmc-next' is unknown to this agent"),
+])
+def test_an_agent_behind_its_coordinator_says_to_upgrade_and_joins_nothing(
+        fed, tmp_path, newer, says):
+    """A coordinator on a newer release (a protocol, config field or algorithm this agent
+    does not know) gets a clear refusal naming the upgrade, not a traceback, and the
+    agent keeps no state of the job."""
+    _, client, _, tenants, rows = fed
+    job_id = agent_job(client, tenants[:1], rounds=1).json()["id"]
+    a = make_agent(client, tenants[0][1], rows[0], tmp_path / "a")
+    real = a.coord.manifest
+    a.coord.manifest = lambda j: {**real(j), **newer}
+    with pytest.raises(ValueError) as exc:
+        a.setup(job_id)
+    assert says in str(exc.value) and "install the coordinator's fedrec release here" in \
+        str(exc.value), exc.value
+    assert str(job_id) not in a.state.jobs
+
+
 def test_an_agent_imports_no_server_code():
     import subprocess
     import sys
