@@ -9,10 +9,12 @@ embedded default).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from celery import Celery
-from celery.exceptions import TimeoutError as ResultTimeout
+from celery.states import FAILURE, READY_STATES, STARTED, SUCCESS
+from kombu import Queue
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -52,6 +54,10 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
         fedrec_stalled_job_seconds=settings.stalled_job_seconds,
     )
     if settings.broker_url:
+        # a worker consumes both queues (no -Q needed): a dry round is not queued behind
+        # the training tasks already waiting (the Redis transport takes the queues in turn)
+        celery.conf.update(task_queues=(Queue(settings.task_queue),
+                                        Queue(dry_round_queue(settings.task_queue))))
         celery.conf.update(broker_url=settings.broker_url,
                            result_backend=settings.result_backend or settings.broker_url,
                            result_expires=24 * 3600)
@@ -59,6 +65,11 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
         celery.conf.update(broker_url="memory://", task_always_eager=True,
                            task_eager_propagates=False, task_store_eager_result=False)
     return celery
+
+
+def dry_round_queue(task_queue: str) -> str:
+    """The queue of new jobs' dry rounds, beside the training queue ``task_queue``."""
+    return f"{task_queue}.dry-rounds"
 
 
 def beat_schedule(settings: Settings) -> dict:
@@ -96,19 +107,27 @@ def enqueue(celery: Celery, name: str, args: list) -> tuple[str, str]:
     return result.id, "PENDING"
 
 
-def ask(celery: Celery, name: str, args: list, seconds: float) -> tuple[str, Any]:
-    """Send task ``name`` to a worker and wait up to ``seconds`` for its answer (a broker
-    and a result backend are needed: not for the eager app).
+def ask(celery: Celery, name: str, args: list, seconds: float, queue: str | None = None,
+        poll: float = 0.05) -> tuple[str, Any]:
+    """Send task ``name`` to a worker and wait for its answer (a broker and a result
+    backend are needed: not for the eager app). ``seconds`` bounds the wait for a worker
+    to start the task and, once one has, the task's own run: time spent queued behind
+    other tasks is not counted against the run. The task must be declared
+    ``track_started`` (so its start is seen) and must not ignore its result.
 
-    Returns ("done", the task's return value), ("failed", "Type: message") when the task
-    raised or its worker was lost, or, at the deadline, ("running", None) when a worker
-    had started it (the task must be declared ``track_started``) or ("waiting", None) when
-    none had. A task not started by then expires unrun, and a started one is interrupted
-    at ``seconds`` (soft limit) and killed 10 s later. Raises OperationalError (the API's
-    503) when the broker or the result backend cannot be reached.
+    Returns ("done", the task's return value), ("failed", "Type: message") when it raised
+    or its worker was lost, ("waiting", None) when no worker started it within
+    ``seconds`` (it expires unrun; a task revoked or expired by a worker whose clock is
+    ahead reads the same), or ("running", None) when it started but had not answered
+    ``seconds`` (and a second's grace) later. Under the prefork pool a task past
+    ``seconds`` of its own run is interrupted (soft limit) and killed 10 s later; the solo
+    and thread pools have no limits, so such a task runs to its end. Raises
+    OperationalError (the API's 503) when the broker or the result backend cannot be
+    reached.
     """
     try:
-        result = celery.send_task(name, args=args, queue=celery.conf.task_default_queue,
+        result = celery.send_task(name, args=args,
+                                  queue=queue or celery.conf.task_default_queue,
                                   expires=seconds, soft_time_limit=seconds,
                                   time_limit=seconds + 10)
     except OperationalError:
@@ -116,13 +135,19 @@ def ask(celery: Celery, name: str, args: list, seconds: float) -> tuple[str, Any
     except (RuntimeError, OSError, RedisError) as exc:
         raise OperationalError(f"could not send task {name}: {exc}") from exc
     try:
-        try:
-            value = result.get(timeout=seconds, propagate=False, interval=0.05)
-        except ResultTimeout:
-            return ("running" if result.state == "STARTED" else "waiting"), None
-        if result.failed():
-            return "failed", f"{type(value).__name__}: {value}"
-        return "done", value
+        deadline, started = time.monotonic() + seconds, False
+        while (state := result.state) not in READY_STATES:
+            if state == STARTED and not started:
+                started, deadline = True, time.monotonic() + seconds + 1.0
+            if time.monotonic() > deadline:
+                return ("running" if started else "waiting"), None
+            time.sleep(poll)
+        if state == SUCCESS:
+            return "done", result.result
+        if state == FAILURE:
+            exc = result.result
+            return "failed", f"{type(exc).__name__}: {exc}"
+        return "waiting", None  # REVOKED: expired before a worker started it
     except (OSError, RedisError) as exc:
         raise OperationalError(f"could not read the answer of task {name}: {exc}") from exc
     finally:

@@ -89,7 +89,7 @@ with Session(engine) as s:
     spec = JobSpec(algorithm="fedmc-admm", tenant_ids=tenant_ids, rounds=5, per_round=10,
                    seed=0, config={}, dp=dp, dry_round_seconds=300.0)  # as the API
     import dataclasses
-    remote = options["worker"] and "dry_rounds" in {f.name for f in dataclasses.fields(JobSpec)}
+    remote = bool(options["worker"])
     if remote:  # as the API with a broker: the dry round goes to the worker
         from app.config import Settings
         from app.queue import create_celery_app
@@ -197,7 +197,10 @@ def child(code: Path, url: str, tenant_ids: list[int], dp: dict,
           options: dict | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(code)}
     options = {"phases": False, "no_numba": False, "worker": None, **(options or {})}
-    with worker(code, url, options["worker"]) as peak_of_worker:
+    # a code without the dry-round task (an older --baseline) runs the round in-process
+    where = options["worker"] if (code / "app" / "training" / "dry_round.py").exists() else None
+    options = {**options, "worker": where}
+    with worker(code, url, where) as peak_of_worker:
         out = subprocess.run([sys.executable, "-c", CHILD, url, json.dumps(tenant_ids),
                               json.dumps(dp), json.dumps(options)],
                              cwd=code, env=env, capture_output=True, text=True)

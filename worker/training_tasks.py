@@ -64,7 +64,7 @@ def aggregate(self, job_id: int, round_: int) -> None:
         measured.rounds.observe(seconds)
 
 
-@shared_task(name=dry_round.TASK, bind=True, track_started=True)
+@shared_task(name=dry_round.TASK, bind=True, track_started=True, acks_late=False)
 def dry_round_task(self, request: dict) -> list:
     """A new job's dry round, for the API (:mod:`app.training.dry_round`): its outcome
     is the result the API waits for. Not acked late: the API gives up on it at its bound,

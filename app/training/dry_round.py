@@ -9,13 +9,16 @@ upload's :func:`upload_schema` (what agents must send).
 
 **Where it runs.** With a broker (production), in a Celery worker, where the rest of the
 numeric work runs: the API sends a :class:`DryRound` (ids, the config and the catalogue's
-item ids; no rating), the worker reads the tenant's block from the database itself and
-answers, and the API process never loads the round's compiled kernels or holds its
-arrays (its memory while creating a job is then its imports and one tenant's block on its
-way to the job's rows). Without a broker (the embedded default, and a retraining that
-beat starts inside a worker), in the calling process, on a thread of its own within its
-bound. Both run :func:`round_one` on inputs made by :func:`tenant_inputs`, the same
-function that makes the inputs the job stores.
+item ids; no rating, no secret) on its own queue (:func:`app.queue.dry_round_queue`,
+which every worker also consumes, so it does not wait behind queued training tasks),
+holding no database transaction while it waits; the worker reads the tenant's block from
+the database itself and answers. The API process then never runs the round's compiled
+kernels nor holds its arrays. The bound counts a worker's start and, from there, the
+round's own run (:func:`app.queue.ask`). Without a broker (the embedded default) it runs
+in the calling process, on a thread of its own within its bound; a retraining that beat
+starts inside a worker runs it there, on the calling thread, unbounded. Both run
+:func:`round_one` on inputs made by :func:`tenant_inputs`, the same function that makes
+the inputs the job stores.
 
 Outcomes travel as values, ``("ok", (size, schema))``, ``("refused", (status, detail))``
 or ``("error", (exception type, message))``, so they cross a thread or a broker alike;
@@ -236,8 +239,9 @@ def remote(celery) -> Callable[[DryRound], Outcome]:
 
     def ask(request: DryRound) -> Outcome:
         state, value = queue.ask(celery, TASK, [dataclasses.asdict(request)],
-                                 request.seconds)
-        if state == "done":
+                                 request.seconds,
+                                 queue.dry_round_queue(celery.conf.task_default_queue))
+        if state == "done" and isinstance(value, list) and len(value) == 2:
             kind, answer_ = value
             return kind, answer_
         if state == "running":
@@ -246,6 +250,11 @@ def remote(celery) -> Callable[[DryRound], Outcome]:
             return "refused", (503, f"no worker started the dry round within "
                                     f"{request.seconds:g} s (FEDREC_DRY_ROUND_SECONDS): "
                                     f"the workers are busy or none is running; retry later")
+        if state == "failed" and value.startswith(("WorkerLostError", "TimeLimitExceeded")):
+            # the round took its worker process down (its memory, most likely) or ran
+            # past the hard limit: the config's, as a step's failure is
+            return "error", (value.split(":")[0], "round 1 ended the worker process that "
+                                                  "ran it")
         return "refused", (503, f"the worker running the dry round failed ({value}); "
                                 f"retry later")
 

@@ -241,11 +241,12 @@ def has_guarantee(alg: Algorithm, dp: Any) -> bool:
     return dp.mechanism != "none" and alg.privacy_preserving
 
 
-def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False
-                  ) -> tuple[RatingBlock, np.ndarray]:
+def _tenant_block(s: Session, tenant: Tenant, registered_only: bool = False,
+                  catalogue: np.ndarray | None = None) -> tuple[RatingBlock, np.ndarray]:
     """One tenant's ratings, sorted by (user, item) so the split is reproducible
-    (``registered_only``: of the registered items only, :data:`REGISTERED_ONLY`)."""
-    block, user_keys = store.load_block(s, tenant.id, registered_only)
+    (``registered_only``: of the registered items only, :data:`REGISTERED_ONLY`;
+    ``catalogue``: over these item ids, read earlier, instead of the catalogue now)."""
+    block, user_keys = store.load_block(s, tenant.id, registered_only, catalogue)
     if block.nnz == 0:
         raise _no_ratings(tenant, registered_only)
     return dry_round.sorted_block(block), user_keys
@@ -313,6 +314,26 @@ def _rated(s: Session, tenants: list[Tenant], registered_only: bool = False
     return users
 
 
+def _read(s: Session, spec: JobSpec, alg: Algorithm, cfg: Any, private: bool
+          ) -> tuple[list[Tenant], list[int], dict[int, int], np.ndarray]:
+    """The job's tenants (404 for an unknown one), the indices of the hosted ones, how
+    many users with ratings each hosted tenant has (422 for none), the catalogue's item
+    ids (422 when empty), and the config sized against them (:func:`_check_size`)."""
+    tenants = [s.get(Tenant, t, populate_existing=True) for t in spec.tenant_ids]
+    missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
+    if missing:
+        raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
+    agents = set(spec.agents)
+    hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
+    users = _rated(s, [tenants[i] for i in hosted], private)
+    item_ids = _catalogue(s, private)
+    if not len(item_ids):
+        raise JobRefused(422, "the item catalogue is empty: add items before training" if
+                         not private else f"no registered items: {REGISTERED_ONLY}")
+    _check_size(s, alg, cfg, len(item_ids), [tenants[i] for i in hosted[:1]])
+    return tenants, hosted, users, item_ids
+
+
 def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = None,
                dry_run: bool = False) -> TrainingJob | JobPlan:
     """Validate, check every tenant's budget, snapshot the ratings and initialise the job
@@ -328,23 +349,34 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     """
     alg, cfg, dp = _validated(spec)
     spec = fit_rounds(alg, cfg, spec)
+    private = has_guarantee(alg, dp)
+    tried = None
+    if spec.dry_rounds is not None:
+        # checked, then tried by a worker, before the snapshot begins: no transaction (nor
+        # pooled connection) is held while the worker answers
+        tenants, hosted, _, tried_items = _read(s, spec, alg, cfg, private)
+        scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
+        i = hosted[0] if hosted else 0
+        request = DryRound(
+            algorithm=alg.name, config=_public_scale(alg, cfg, spec.config, scale).model_dump(
+                mode="json"), seed=spec.seed, n_clients=len(tenants), client=i,
+            tenant_id=tenants[i].id if hosted else None, registered_only=private,
+            test_fraction=spec.test_fraction, scale=scale,
+            tenant_scale=(tenants[i].rating_min, tenants[i].rating_max),
+            fraction=_validation_fraction(spec, alg, dp), user_level=isinstance(dp, dict),
+            items=tried_items.tolist(),
+            seconds=spec.dry_round_seconds or DEFAULT_DRY_ROUND_SECONDS)
+        s.rollback()
+        tried = _dry_run(spec.dry_rounds, request)
     if s.get_bind().dialect.name == "postgresql":
         if s.in_transaction():  # the isolation level can only be chosen as one begins
             s.commit()
         s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    tenants = [s.get(Tenant, t, populate_existing=True) for t in spec.tenant_ids]
-    missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
-    if missing:
-        raise JobRefused(404, f"unknown tenant id(s): {', '.join(map(str, missing))}")
+    tenants, hosted, users, item_ids = _read(s, spec, alg, cfg, private)
+    # the job's catalogue is the one its dry round tried (the upload's shapes are its)
+    catalogue = None if tried is None else tried_items
+    item_ids = item_ids if catalogue is None else catalogue
     agents = set(spec.agents)
-    hosted = [i for i, t in enumerate(tenants) if t.id not in agents]
-    private = has_guarantee(alg, dp)
-    users = _rated(s, [tenants[i] for i in hosted], private)
-    item_ids = _catalogue(s, private)
-    if not len(item_ids):
-        raise JobRefused(422, "the item catalogue is empty: add items before training" if
-                         not private else f"no registered items: {REGISTERED_ONLY}")
-    _check_size(s, alg, cfg, len(item_ids), [tenants[i] for i in hosted[:1]])
     scale = (min(t.rating_min for t in tenants), max(t.rating_max for t in tenants))
     cfg = _public_scale(alg, cfg, spec.config, scale)
     server, glob = initialise_server(alg, cfg, len(item_ids), len(tenants), spec.seed)
@@ -353,22 +385,14 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
     fraction = _validation_fraction(spec, alg, dp)
 
     def inputs(i: int) -> tuple[RatingBlock, RatingBlock, np.ndarray, Any]:
-        block, keys = _tenant_block(s, tenants[i], private)
+        block, keys = _tenant_block(s, tenants[i], private, catalogue)
         return (*tenant_inputs(alg, cfg, glob, block, keys, i, tenants[i].id, spec.seed,
                                spec.test_fraction, scale, fraction, draws_key), keys)
 
     per_round = spec.per_round or len(tenants)
     first = None
-    if spec.dry_rounds is not None:  # in a worker, which reads the block itself
-        i = hosted[0] if hosted else 0
-        t = tenants[i]
-        size, schema = _dry_run(spec.dry_rounds, DryRound(
-            algorithm=alg.name, config=cfg.model_dump(mode="json"), seed=spec.seed,
-            n_clients=len(tenants), client=i, tenant_id=t.id if hosted else None,
-            registered_only=private, test_fraction=spec.test_fraction, scale=scale,
-            tenant_scale=(t.rating_min, t.rating_max), fraction=fraction,
-            user_level=draws_key is not None, items=item_ids.tolist(),
-            seconds=spec.dry_round_seconds or DEFAULT_DRY_ROUND_SECONDS))
+    if tried is not None:  # a worker tried round 1 (above)
+        size, schema = tried
     elif hosted:
         i = hosted[0]
         train, test, local, keys = inputs(i)

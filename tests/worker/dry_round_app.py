@@ -1,5 +1,5 @@
 """The worker app of the dry-round tests (``celery -A tests.worker.dry_round_app``): the
-real one, with a dry round that raises for rank 5 and runs 5 s for rank 7, so the API's
+real one, with a dry round that raises for rank 5 and runs 10 s for rank 7, so the API's
 handling of a worker's failures and overruns is checked on a real worker. Every other
 config runs the real round."""
 
@@ -17,7 +17,7 @@ def _round_one(alg, cfg, *args):
     if getattr(cfg, "rank", None) == 5:
         raise ValueError("rank 5 cannot aggregate (test worker)")
     if getattr(cfg, "rank", None) == 7:
-        time.sleep(5.0)
+        time.sleep(10.0)
     return _real(alg, cfg, *args)
 
 
