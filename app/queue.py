@@ -14,7 +14,6 @@ from typing import Any
 
 from celery import Celery
 from celery.states import FAILURE, READY_STATES, STARTED, SUCCESS
-from kombu import Queue
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
@@ -54,10 +53,6 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
         fedrec_stalled_job_seconds=settings.stalled_job_seconds,
     )
     if settings.broker_url:
-        # a worker consumes both queues (no -Q needed): a dry round is not queued behind
-        # the training tasks already waiting (the Redis transport takes the queues in turn)
-        celery.conf.update(task_queues=(Queue(settings.task_queue),
-                                        Queue(dry_round_queue(settings.task_queue))))
         celery.conf.update(broker_url=settings.broker_url,
                            result_backend=settings.result_backend or settings.broker_url,
                            result_expires=24 * 3600)
@@ -67,9 +62,12 @@ def create_celery_app(settings: Settings | None = None) -> Celery:
     return celery
 
 
-def dry_round_queue(task_queue: str) -> str:
-    """The queue of new jobs' dry rounds, beside the training queue ``task_queue``."""
-    return f"{task_queue}.dry-rounds"
+TRAINING_PRIORITY = 6
+"""The priority of training and tuning tasks on the Redis broker, where a lower number is
+taken first (kombu's Redis transport keeps one list per priority step, 0, 3, 6 and 9, of
+the same queue, and a worker takes from the lowest non-empty one, whatever its ``-Q``).
+Other tasks (statistics, beat's, and the API's dry rounds, which a request waits for) go
+at 0, so they do not wait behind a backlog of training tasks."""
 
 
 def beat_schedule(settings: Settings) -> dict:
@@ -107,12 +105,13 @@ def enqueue(celery: Celery, name: str, args: list) -> tuple[str, str]:
     return result.id, "PENDING"
 
 
-def ask(celery: Celery, name: str, args: list, seconds: float, queue: str | None = None,
-        poll: float = 0.05) -> tuple[str, Any]:
+def ask(celery: Celery, name: str, args: list, seconds: float, poll: float = 0.05
+        ) -> tuple[str, Any]:
     """Send task ``name`` to a worker and wait for its answer (a broker and a result
-    backend are needed: not for the eager app). ``seconds`` bounds the wait for a worker
-    to start the task and, once one has, the task's own run: time spent queued behind
-    other tasks is not counted against the run. The task must be declared
+    backend are needed: not for the eager app), ahead of queued training tasks
+    (:data:`TRAINING_PRIORITY`). ``seconds`` bounds the wait for a worker to start the
+    task and, once one has, the task's own run: time spent queued is not counted against
+    the run. The task must be declared
     ``track_started`` (so its start is seen) and must not ignore its result.
 
     Returns ("done", the task's return value), ("failed", "Type: message") when it raised
@@ -126,9 +125,8 @@ def ask(celery: Celery, name: str, args: list, seconds: float, queue: str | None
     reached.
     """
     try:
-        result = celery.send_task(name, args=args,
-                                  queue=queue or celery.conf.task_default_queue,
-                                  expires=seconds, soft_time_limit=seconds,
+        result = celery.send_task(name, args=args, queue=celery.conf.task_default_queue,
+                                  priority=0, expires=seconds, soft_time_limit=seconds,
                                   time_limit=seconds + 10)
     except OperationalError:
         raise

@@ -9,16 +9,15 @@ upload's :func:`upload_schema` (what agents must send).
 
 **Where it runs.** With a broker (production), in a Celery worker, where the rest of the
 numeric work runs: the API sends a :class:`DryRound` (ids, the config and the catalogue's
-item ids; no rating, no secret) on its own queue (:func:`app.queue.dry_round_queue`,
-which every worker also consumes, so it does not wait behind queued training tasks),
-holding no database transaction while it waits; the worker reads the tenant's block from
-the database itself and answers. The API process then never runs the round's compiled
-kernels nor holds its arrays. The bound counts a worker's start and, from there, the
-round's own run (:func:`app.queue.ask`). Without a broker (the embedded default) it runs
-in the calling process, on a thread of its own within its bound; a retraining that beat
-starts inside a worker runs it there, on the calling thread, unbounded. Both run
-:func:`round_one` on inputs made by :func:`tenant_inputs`, the same function that makes
-the inputs the job stores.
+item ids; no rating, no secret) ahead of queued training tasks
+(:data:`app.queue.TRAINING_PRIORITY`) and holds no database transaction while it waits;
+the worker reads the tenant's block from the database itself and answers. The API process
+then never runs the round's compiled kernels nor holds its arrays. The bound counts a
+worker's start and, from there, the round's own run (:func:`app.queue.ask`). Without a
+broker (the embedded default) it runs in the calling process, on a thread of its own
+within its bound; a retraining that beat starts inside a worker runs it there, on the
+calling thread, unbounded. Both run :func:`round_one` on inputs made by
+:func:`tenant_inputs`, the same function that makes the inputs the job stores.
 
 Outcomes travel as values, ``("ok", (size, schema))``, ``("refused", (status, detail))``
 or ``("error", (exception type, message))``, so they cross a thread or a broker alike;
@@ -239,8 +238,7 @@ def remote(celery) -> Callable[[DryRound], Outcome]:
 
     def ask(request: DryRound) -> Outcome:
         state, value = queue.ask(celery, TASK, [dataclasses.asdict(request)],
-                                 request.seconds,
-                                 queue.dry_round_queue(celery.conf.task_default_queue))
+                                 request.seconds)
         if state == "done" and isinstance(value, list) and len(value) == 2:
             kind, answer_ = value
             return kind, answer_

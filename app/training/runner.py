@@ -12,6 +12,7 @@ import threading
 from celery import Celery
 from fastapi import FastAPI
 
+from app.queue import TRAINING_PRIORITY
 from app.training import pipeline
 
 log = logging.getLogger("fedrec.training")
@@ -27,12 +28,12 @@ class CeleryDispatcher:
         """Publish; the pipeline keeps its state in the database, so no result is awaited
         (and a broker outage fails fast with kombu's OperationalError: a 503 in the API)."""
         self.celery.send_task(task, args=list(args), queue=self.celery.conf.task_default_queue,
-                              ignore_result=True)
+                              ignore_result=True, priority=TRAINING_PRIORITY)
 
     def send_later(self, task: str, delay: float, *args: int) -> None:
         """Publish with a countdown (a round's deadline; the task is idempotent)."""
         self.celery.send_task(task, args=list(args), queue=self.celery.conf.task_default_queue,
-                              ignore_result=True, countdown=delay)
+                              ignore_result=True, countdown=delay, priority=TRAINING_PRIORITY)
 
 
 def dispatch_from_api(app: FastAPI, task: str, *args: int) -> None:
@@ -113,7 +114,8 @@ def start_tuning(app: FastAPI, tuning_id: int) -> None:
 
     if _uses_broker(app):
         app.state.celery.send_task(TUNING_RUN, args=[tuning_id], ignore_result=True,
-                                   queue=app.state.celery.conf.task_default_queue)
+                                   queue=app.state.celery.conf.task_default_queue,
+                                   priority=TRAINING_PRIORITY)
         return
     threading.Thread(target=run_tuning, args=(app.state.sessions, tuning_id),
                      name=f"fedrec-tuning-{tuning_id}", daemon=True).start()
