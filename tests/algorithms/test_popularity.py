@@ -72,3 +72,46 @@ def test_dp_popularity_is_one_charged_release_with_noise_of_the_planned_scale():
     rep = ranking_report(P.ALGORITHM, result.global_msg, result.local_states, fed.train,
                          fed.test, fed.scale)
     assert rep.users_ranked > 0
+
+
+def test_dp_popularity_records_its_count_noise_and_the_support_bar_drops_lifted_items():
+    """The release keeps the standard deviation of the noise in its counts; with
+    ``support_z`` z an item whose released count is below 5 + z s is never listed (a
+    list shorter than k, its empty slots misses), without it every item is."""
+    fed = _federation()
+    bounds = P.user_bounds(P.PopularityConfig(max_items_per_user=4))
+    spec = UserLevelSpec(epsilon=2.0, delta=1e-3, n_users=20, releases=1)
+    assert P.PopularityConfig().support_z is None  # off by default
+    off = P.fit(fed, P.PopularityConfig(max_items_per_user=4),
+                privatizer=(p := UserLevelPrivatizer(spec, bounds, fed.n_clients, seed=5)),
+                aggregator=p.aggregate)
+    s = off.global_msg.noise
+    assert s == pytest.approx(spec.noise_multiplier() * 2.0)
+    assert off.global_msg.served is None
+    # a noise-lifted item: counts far below the bar except by noise, and one clear item
+    counts = np.array([500.0, 4.0 + 2.5 * s, 3.0, -20.0])
+    glob = P.Counts(counts, True, s, P.supported(counts, s, 3.0))
+    np.testing.assert_array_equal(glob.served, [True, False, False, False])
+    a, b = P.ALGORITHM.factors(glob, P.Users(2))
+    top = np.argsort(-(a @ b)[0], kind="stable")
+    assert top[0] == 0 and np.all(np.isneginf((a @ b)[0, 1:]))
+    # without the bar the lifted item is second in every list
+    a, b = P.ALGORITHM.factors(glob.replace(served=None), P.Users(2))
+    assert np.argsort(-(a @ b)[0], kind="stable")[1] == 1
+    # exact counts (no noise): nothing is dropped whatever z
+    assert P.supported(counts, 0.0, 3.0) is None and P.supported(counts, s, None) is None
+    with pytest.raises(ValueError, match="support_z"):
+        P.PopularityConfig(support_z=-1.0)
+
+
+def test_a_short_list_counts_its_empty_slots_as_misses():
+    """Precision@k keeps k as its denominator when the support bar leaves fewer than k
+    items: two relevant items listed of k = 10 slots is 0.2, not 1."""
+    from algorithms.ranking import tenant_ranking
+
+    train = RatingBlock(np.array([0]), np.array([5]), np.array([5.0]), 1, 6)
+    test = RatingBlock(np.array([0, 0]), np.array([0, 1]), np.array([5.0, 5.0]), 1, 6)
+    counts = np.array([9.0, 8.0, -np.inf, -np.inf, -np.inf, 7.0])
+    sums = tenant_ranking(np.ones((1, 1)), counts[None, :], train, test, 3.5, 10)
+    assert sums.precision == pytest.approx(0.2) and sums.ndcg == pytest.approx(1.0)
+    assert sums.recommended.tolist() == [True, True, False, False, False, False]
