@@ -410,7 +410,8 @@ def _gated(pairs: list, served: np.ndarray | None, demote: bool = False) -> list
             for a, b in pairs]
 
 
-def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0)
+def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0),
+                  ks: list[int] | None = None, carve: bool = False
                   ) -> list[dict[str, Any]]:
     """Lists built from noisy released counts with and without the support threshold
     (:func:`algorithms.popularity.supported`: an item is served only when its released
@@ -419,30 +420,45 @@ def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0)
     whole budget on the counts) and dp-ials (central, default config; the gate on its
     prior's count release, items dropped, or demoted below the supported ones). Means,
     and the largest rare-slot share, over the draws; also how many items each threshold
-    keeps."""
+    keeps. ``ks``: DP popularity also with each user's items scaled to L2 weight sqrt(k)
+    for these k (a smaller sensitivity: a change of the mechanism, not post-processing).
+    First, the list the service serves when a model loses (each tenant's exact counts of
+    its own training ratings, :func:`app.training.selection.popularity_sums`; no noise).
+    ``carve``: on the validation carve-out (:func:`validation`; the test split unread)."""
     from algorithms.popularity import supported
 
-    fed, alg = load(data), registry.get("dp-ials")
-    out: list[dict[str, Any]] = []
+    fed, alg = (validation(load(data)) if carve else load(data)), registry.get("dp-ials")
+    tenant = score([(np.ones((tr.n_users, 1)), np.bincount(
+        tr.cols, minlength=fed.n_items).astype(float)[None, :]) for tr in fed.train], fed)
+    out: list[dict[str, Any]] = [{
+        "data": data, "epsilon": None, "list": "tenant popularity (exact)",
+        **{key: tenant[key] for key in ("precision_at_k", "ndcg_at_k", "rare_slot_share",
+                                        "filled_slot_share")}}]
+    print(f"{data} tenant popularity (exact) P@10 {tenant['precision_at_k']:.4f} NDCG@10 "
+          f"{tenant['ndcg_at_k']:.4f} rare {tenant['rare_slot_share']:.4f}", flush=True)
     for eps in epsilons:
         acc: dict[tuple[str, Any], list] = {}
         for _ in range(draws):
-            cfg = P.PopularityConfig(max_items_per_user=P.DP_ITEMS_PER_USER, support_z=None)
-            priv = privatizer(P.user_bounds(cfg), 1, fed, eps, "central")
-            res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
-            base = [P.ALGORITHM.factors(res.global_msg, st) for st in res.local_states]
-            glob = res.global_msg
+            for k in [P.DP_ITEMS_PER_USER, *(ks or [])]:
+                cfg = P.PopularityConfig(max_items_per_user=k, support_z=None)
+                priv = privatizer(P.user_bounds(cfg), 1, fed, eps, "central")
+                res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
+                base = [P.ALGORITHM.factors(res.global_msg, st) for st in res.local_states]
+                glob = res.global_msg
+                how = ("DP popularity" if k == P.DP_ITEMS_PER_USER
+                       else f"DP popularity, k {k}")
+                for z in [None, *zs]:
+                    ok = supported(glob.counts, glob.noise, z)
+                    sc = score(_gated(base, ok), fed)
+                    acc.setdefault((how, z), []).append(
+                        [sc["precision_at_k"], sc["ndcg_at_k"], sc["rare_slot_share"],
+                         sc["filled_slot_share"], glob.noise,
+                         fed.n_items if ok is None else int(ok.sum())])
             dp, _wall = run("dp-ials", fed, None, eps, "central")
             st = dp.server_state
             counts = st.pop_sum / st.pop_weight
             pairs = [alg.factors(dp.global_msg, s) for s in dp.local_states]
             for z in [None, *zs]:
-                ok = supported(glob.counts, glob.noise, z)
-                sc = score(_gated(base, ok), fed)
-                acc.setdefault(("DP popularity", z), []).append(
-                    [sc["precision_at_k"], sc["ndcg_at_k"], sc["rare_slot_share"],
-                     sc["filled_slot_share"], glob.noise,
-                     fed.n_items if ok is None else int(ok.sum())])
                 ok = supported(counts, st.pop_noise, z)
                 for how, demote in (("dp-ials", False), ("dp-ials, demoted", True)):
                     if z is None and demote:
@@ -458,11 +474,11 @@ def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0)
                    "draws": draws, "precision_at_k": m[0], "ndcg_at_k": m[1],
                    "rare_slot_share": m[2], "rare_slot_share_max": max(x[2] for x in v),
                    "filled_slot_share": m[3], "count_noise_std": m[4], "items_served": m[5]}
-            print(f"{data} eps {eps:g} {how:17s} z {str(z):4s} P@10 {m[0]:.4f} NDCG@10 "
+            print(f"{data} eps {eps:g} {how:20s} z {str(z):4s} P@10 {m[0]:.4f} NDCG@10 "
                   f"{m[1]:.4f} rare {m[2]:.4f} (max {row['rare_slot_share_max']:.4f}) "
                   f"filled {m[3]:.3f} s {m[4]:.1f} items {m[5]:.1f}", flush=True)
             out.append(row)
-    return out
+    return [{**r, "split": "validation" if carve else "test"} for r in out]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,6 +500,12 @@ def main(argv: list[str] | None = None) -> int:
                          "with items served only when their released count reaches "
                          "5 + Z count-noise standard deviations, on the same fits "
                          "(ranking_support_<data>)")
+    ap.add_argument("--items-per-user", nargs="+", type=int, default=None, metavar="K",
+                    help="with --support: DP popularity also with each user's items "
+                         "scaled to L2 weight sqrt(K) (the default K is 100)")
+    ap.add_argument("--carve", action="store_true",
+                    help="with --support: score on the validation carve-out of the training "
+                         "ratings instead of the test split (ranking_support_validation_<data>)")
     ap.add_argument("--draws", type=int, default=4,
                     help="with --count-gate or --support: fits (fresh noise) per epsilon")
     ap.add_argument("--repeat", type=int, default=None, metavar="N",
@@ -506,8 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.support:
         for d in args.data:
             E.write_result(args.out, "ranking", argv, args.quick,
-                           {"support": count_support(d, args.draws, args.support)},
-                           stem=f"ranking_support_{d}")
+                           {"support": count_support(d, args.draws, args.support,
+                                                     ks=args.items_per_user,
+                                                     carve=args.carve)},
+                           stem=f"ranking_support_{'validation_' if args.carve else ''}{d}")
         return 0
     if args.validate:
         import json
