@@ -503,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--items-per-user", nargs="+", type=int, default=None, metavar="K",
                     help="with --support: DP popularity also with each user's items "
                          "scaled to L2 weight sqrt(K) (the default K is 100)")
+    ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 8.0], metavar="E",
+                    help="with --support: the epsilons (default 1 8)")
     ap.add_argument("--carve", action="store_true",
                     help="with --support: score on the validation carve-out of the training "
                          "ratings instead of the test split (ranking_support_validation_<data>)")
@@ -529,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.data:
             E.write_result(args.out, "ranking", argv, args.quick,
                            {"support": count_support(d, args.draws, args.support,
+                                                     tuple(args.epsilons),
                                                      ks=args.items_per_user,
                                                      carve=args.carve)},
                            stem=f"ranking_support_{'validation_' if args.carve else ''}{d}")
