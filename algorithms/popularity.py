@@ -12,17 +12,17 @@ rated; the sum over users is released once through the user-level privacy layer
 (:mod:`privacy.user_level`, a clipped-sum array of norm ``sqrt(k)``, noise, charge and
 accounting there). The scaling is deterministic, so no sampling randomness is involved.
 
-**Items the release cannot tell from noise** (opt-in, ``support_z``). With noise of
-standard deviation ``s`` in the released counts (recorded by the privatizer with the
-release, kept in :class:`Counts`), ``support_z = z`` lists an item only when its released
-count reaches ``SUPPORT_COUNT + z s`` (:func:`supported`): a rarely rated item whose count
-the noise alone lifted above the head of the list is not served, and a list is shorter
-than k when fewer items than that clear the bar. It reads only the released counts and
-their public noise level, so it is post-processing (no privacy spent); without noise (the
-exact list) every item is served. Off by default: every item's noise has the same
-standard deviation, so no post-processing reorders the list, and the bar keeps a lifted
-rare item out only where it also cuts the list short for every user (the ranking
-benchmark's page has the measurements).
+**k follows epsilon.** The library's default k is :func:`dp_items_per_user`: 100 from
+epsilon 4 up, ``25 epsilon`` below. The noise's standard deviation grows with ``sqrt(k)``;
+at a small epsilon a k of 100, which only users with 100 ratings or more fill, spends the
+noise on a bound few users reach, and the noise alone lifts rarely rated items into the
+head of the list where most users rate a handful of items (the skewed sets of the ranking
+benchmark); at epsilon 4 and 8 a smaller k loses MovieLens 100k precision. Chosen on a
+validation carve-out (docs/benchmarks/ranking.md). k is a function of the public epsilon
+only, so the sensitivity is still fixed before any data is read.
+
+The release records the standard deviation of its noise (:class:`Counts` ``noise``, 0 for
+the exact list): a reader can tell which released counts stand out of the noise.
 
 Both are written as a one-round federated algorithm over the contract of
 :mod:`algorithms.base` (a client step uploading its tenant's count vector, a server step
@@ -37,29 +37,13 @@ import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from algorithms.base import Algorithm, AlgorithmConfig
 from algorithms.block import RatingBlock
 from algorithms.messages import Message
 from algorithms.pool import sum_arrays
 from algorithms.user_bounds import UserBounds
-
-#: the training count below which an item counts as rarely rated (issue 30's "fewer than 5
-#: training ratings"): a noisy count must reach it plus z noise standard deviations
-SUPPORT_COUNT = 5.0
-#: default z of :func:`supported`: None, off (no threshold keeps the rarely rated items out
-#: at epsilon 1 on the skewed sets without shortening every list, docs/benchmarks/ranking.md)
-DEFAULT_SUPPORT_Z: float | None = None
-
-
-def supported(counts: np.ndarray, noise_std: float, z: float | None) -> np.ndarray | None:
-    """Which items a list built from released ``counts`` may serve: those whose count
-    reaches ``SUPPORT_COUNT + z noise_std`` (module docstring); None (all) without noise or
-    with ``z`` None. Post-processing of a DP release and its public noise level."""
-    if z is None or not noise_std > 0:
-        return None
-    return np.asarray(counts, dtype=float) >= SUPPORT_COUNT + z * noise_std
 
 
 class PopularityConfig(AlgorithmConfig):
@@ -68,17 +52,6 @@ class PopularityConfig(AlgorithmConfig):
     max_items_per_user: int | None = Field(
         None, description="k: a user's items are scaled to total L2 weight sqrt(k) "
         "(None: every rating counts 1, the exact list)")
-    support_z: float | None = Field(
-        DEFAULT_SUPPORT_Z, description="z: with noisy released counts, an item is listed "
-        "only when its released count reaches 5 + z s, s the count noise's standard "
-        "deviation (None: every item, the default; no effect without noise)")
-
-    @model_validator(mode="after")
-    def _check(self) -> PopularityConfig:
-        if self.support_z is not None and not (np.isfinite(self.support_z)
-                                               and self.support_z >= 0):
-            raise ValueError("support_z must be a finite number >= 0 or None")
-        return self
 
 
 def user_bounds(cfg: PopularityConfig) -> UserBounds | None:
@@ -92,14 +65,12 @@ def user_bounds(cfg: PopularityConfig) -> UserBounds | None:
 
 @dataclasses.dataclass(frozen=True)
 class Counts(Message):
-    """The (possibly noisy) item counts, whether they are released yet, the standard
-    deviation of the noise in them (0: exact) and which items a list may serve
-    (:func:`supported`; None: all)."""
+    """The (possibly noisy) item counts, whether they are released yet and the standard
+    deviation of the noise in them (0: exact)."""
 
     counts: np.ndarray
     released: bool
     noise: float = 0.0
-    served: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,25 +120,18 @@ def client_step(global_msg: Counts, state: Users, block: RatingBlock,
 def server_step(state: Counts, uploads: Mapping[int, Upload], cfg: PopularityConfig,
                 rng: np.random.Generator) -> tuple[Counts, Counts]:
     """Sum the uploads (the noisy sum under central DP; noise standard deviations add in
-    quadrature) into the released counts, with the items a list may serve."""
+    quadrature) into the released counts."""
     if not uploads:
         return state, state
     ups = [uploads[i] for i in sorted(uploads)]
     total = sum_arrays([u.counts for u in ups])
     noise = float(np.sqrt(sum(u.count_noise ** 2 for u in ups)))
-    served = supported(total, noise, cfg.support_z)
-    return (Counts(total, True, noise, served),
-            Counts(total.copy(), True, noise, None if served is None else served.copy()))
+    return Counts(total, True, noise), Counts(total.copy(), True, noise)
 
 
 def factors(global_msg: Counts, state: Users) -> tuple[np.ndarray, np.ndarray]:
-    """(ones (m x 1), counts (1 x n)): every user's scores are the item counts; an item
-    the counts do not support (:func:`supported`) scores ``-inf``, which ranks last and
-    is never counted as a listed item (:func:`algorithms.ranking.tenant_ranking`)."""
-    counts = global_msg.counts
-    if global_msg.served is not None:
-        counts = np.where(global_msg.served, counts, -np.inf)
-    return np.ones((state.n_users, 1)), counts[None, :]
+    """(ones (m x 1), counts (1 x n)): every user's scores are the item counts."""
+    return np.ones((state.n_users, 1)), global_msg.counts[None, :]
 
 
 def objective(global_msg: Counts, state: Users, block: RatingBlock,
@@ -181,9 +145,21 @@ ALGORITHM = Algorithm(
     factors=factors, objective=objective,
     run_defaults={"clients": 100, "per_round": 0, "rounds": 1})
 
-#: default k of DP popularity: each user's items scaled to L2 weight sqrt(k) (chosen on a
-#: validation carve-out of MovieLens 100k and 1M at epsilon 1 and 8, docs/benchmarks/ranking.md)
+#: largest default k of DP popularity (epsilon 4 and up): each user's items scaled to L2
+#: weight sqrt(k) (chosen on a validation carve-out of MovieLens 100k and 1M at epsilon 1 and
+#: 8; dp-ials' prior keeps it at every epsilon, docs/benchmarks/ranking.md)
 DP_ITEMS_PER_USER = 100
+#: default k per unit of epsilon below that (:func:`dp_items_per_user`)
+DP_ITEMS_PER_EPSILON = 25
+
+
+def dp_items_per_user(epsilon: float) -> int:
+    """The default k of DP popularity at ``epsilon``: ``min(100, 25 epsilon)``, rounded,
+    at least 1 (module docstring; chosen on a validation carve-out of MovieLens 100k and
+    1M and the two skewed sets at epsilon 1, 2, 4 and 8, docs/benchmarks/ranking.md)."""
+    if not epsilon > 0:
+        raise ValueError("epsilon must be positive")
+    return int(max(1, min(DP_ITEMS_PER_USER, round(DP_ITEMS_PER_EPSILON * epsilon))))
 
 
 def fit(fed, cfg: PopularityConfig | None = None, *, seed: int = 0, privatizer=None,

@@ -235,7 +235,7 @@ def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement
 def popularity(fed: Federation, epsilon: float | None) -> tuple[list, float]:
     """The exact popularity list, or the DP one (central) at ``epsilon``."""
     cfg = P.PopularityConfig(max_items_per_user=None if epsilon is None
-                             else P.DP_ITEMS_PER_USER)
+                             else P.dp_items_per_user(epsilon))
     t0 = time.perf_counter()
     if epsilon is None:
         res = P.fit(fed, cfg)
@@ -398,6 +398,22 @@ def count_gate(data: str, draws: int, gates: list[float], epsilons=(1.0, 8.0)
     return out
 
 
+#: the training count below which an item counts as rarely rated: a noisy count must reach
+#: it plus z noise standard deviations to be served (:func:`supported`)
+SUPPORT_COUNT = 5.0
+
+
+def supported(counts: np.ndarray, noise_std: float, z: float | None) -> np.ndarray | None:
+    """Which items a list built from released ``counts`` whose noise has standard deviation
+    ``noise_std`` may serve under the support bar: those whose count reaches
+    ``SUPPORT_COUNT + z noise_std``; None (all) without noise or with ``z`` None.
+    Post-processing of a DP release and its public noise level (measured, not adopted:
+    docs/benchmarks/ranking.md)."""
+    if z is None or not noise_std > 0:
+        return None
+    return np.asarray(counts, dtype=float) >= SUPPORT_COUNT + z * noise_std
+
+
 def _gated(pairs: list, served: np.ndarray | None, demote: bool = False) -> list:
     """Factor pairs whose items outside ``served`` are dropped (score -inf, so a list may
     be shorter than k) or, with ``demote``, ranked below every served item (a list filled
@@ -413,20 +429,18 @@ def _gated(pairs: list, served: np.ndarray | None, demote: bool = False) -> list
 def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0),
                   ks: list[int] | None = None, carve: bool = False
                   ) -> list[dict[str, Any]]:
-    """Lists built from noisy released counts with and without the support threshold
-    (:func:`algorithms.popularity.supported`: an item is served only when its released
-    count reaches 5 + z s, s the count noise's standard deviation), for each z of ``zs``
-    on the same fits (each draw one fit with fresh noise): DP popularity (central, the
-    whole budget on the counts) and dp-ials (central, default config; the gate on its
-    prior's count release, items dropped, or demoted below the supported ones). Means,
-    and the largest rare-slot share, over the draws; also how many items each threshold
-    keeps. ``ks``: DP popularity also with each user's items scaled to L2 weight sqrt(k)
-    for these k (a smaller sensitivity: a change of the mechanism, not post-processing).
+    """Lists built from noisy released counts with and without the support bar
+    (:func:`supported`: an item is served only when its released count reaches 5 + z s,
+    s the count noise's standard deviation), for each z of ``zs`` on the same fits (each
+    draw one fit with fresh noise): DP popularity (central, the whole budget on the
+    counts, each user's items scaled to L2 weight sqrt(k) for k 100, the library's
+    default at the epsilon, :func:`algorithms.popularity.dp_items_per_user`, and each of
+    ``ks``) and dp-ials (central, default config; the bar on its prior's count release,
+    items dropped, or demoted below the supported ones). Means, and the largest
+    rare-slot share, over the draws; also how many items each bar keeps.
     First, the list the service serves when a model loses (each tenant's exact counts of
     its own training ratings, :func:`app.training.selection.popularity_sums`; no noise).
     ``carve``: on the validation carve-out (:func:`validation`; the test split unread)."""
-    from algorithms.popularity import supported
-
     fed, alg = (validation(load(data)) if carve else load(data)), registry.get("dp-ials")
     tenant = score([(np.ones((tr.n_users, 1)), np.bincount(
         tr.cols, minlength=fed.n_items).astype(float)[None, :]) for tr in fed.train], fed)
@@ -439,14 +453,14 @@ def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0),
     for eps in epsilons:
         acc: dict[tuple[str, Any], list] = {}
         for _ in range(draws):
-            for k in [P.DP_ITEMS_PER_USER, *(ks or [])]:
+            for k in dict.fromkeys([P.DP_ITEMS_PER_USER, P.dp_items_per_user(eps),
+                                    *(ks or [])]):
                 cfg = P.PopularityConfig(max_items_per_user=k, support_z=None)
                 priv = privatizer(P.user_bounds(cfg), 1, fed, eps, "central")
                 res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
                 base = [P.ALGORITHM.factors(res.global_msg, st) for st in res.local_states]
                 glob = res.global_msg
-                how = ("DP popularity" if k == P.DP_ITEMS_PER_USER
-                       else f"DP popularity, k {k}")
+                how = f"DP popularity, k {k}"
                 for z in [None, *zs]:
                     ok = supported(glob.counts, glob.noise, z)
                     sc = score(_gated(base, ok), fed)
@@ -502,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(ranking_support_<data>)")
     ap.add_argument("--items-per-user", nargs="+", type=int, default=None, metavar="K",
                     help="with --support: DP popularity also with each user's items "
-                         "scaled to L2 weight sqrt(K) (the default K is 100)")
+                         "scaled to L2 weight sqrt(K) (besides 100 and the default at "
+                         "the epsilon)")
     ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 8.0], metavar="E",
                     help="with --support: the epsilons (default 1 8)")
     ap.add_argument("--carve", action="store_true",

@@ -75,9 +75,10 @@ def popularity_of(args: argparse.Namespace, fed: Federation, unit: str,
     from algorithms import popularity
 
     if unit == "user":
-        from privacy.cli import user_privatizer_from_args
+        from privacy.cli import DEFAULT_EPSILON, user_privatizer_from_args
 
-        cfg = popularity.PopularityConfig(max_items_per_user=popularity.DP_ITEMS_PER_USER)
+        eps = args.epsilon if getattr(args, "epsilon", None) is not None else DEFAULT_EPSILON
+        cfg = popularity.PopularityConfig(max_items_per_user=popularity.dp_items_per_user(eps))
         if getattr(args, "secure_aggregation", False):
             # its clipped-sum release has no secure aggregation; central placement, which
             # secure aggregation matches in accuracy, is the fair baseline (and says so)
