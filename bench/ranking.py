@@ -455,7 +455,7 @@ def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0),
         for _ in range(draws):
             for k in dict.fromkeys([P.DP_ITEMS_PER_USER, P.dp_items_per_user(eps),
                                     *(ks or [])]):
-                cfg = P.PopularityConfig(max_items_per_user=k, support_z=None)
+                cfg = P.PopularityConfig(max_items_per_user=k)
                 priv = privatizer(P.user_bounds(cfg), 1, fed, eps, "central")
                 res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
                 base = [P.ALGORITHM.factors(res.global_msg, st) for st in res.local_states]
