@@ -13,11 +13,11 @@ rated; the sum over users is released once through the user-level privacy layer
 accounting there). The scaling is deterministic, so no sampling randomness is involved.
 
 **k follows epsilon.** The library's default k is :func:`dp_items_per_user`: 100 from
-epsilon 4 up, ``25 epsilon`` below. The noise's standard deviation grows with ``sqrt(k)``;
+epsilon 2 up, ``50 epsilon`` below. The noise's standard deviation grows with ``sqrt(k)``;
 at a small epsilon a k of 100, which only users with 100 ratings or more fill, spends the
 noise on a bound few users reach, and the noise alone lifts rarely rated items into the
 head of the list where most users rate a handful of items (the skewed sets of the ranking
-benchmark); at epsilon 4 and 8 a smaller k loses MovieLens 100k precision. Chosen on a
+benchmark); at epsilon 2 to 8 a smaller k loses MovieLens 100k precision. Chosen on a
 validation carve-out (docs/benchmarks/ranking.md). k is a function of the public epsilon
 only, so the sensitivity is still fixed before any data is read.
 
@@ -145,16 +145,16 @@ ALGORITHM = Algorithm(
     factors=factors, objective=objective,
     run_defaults={"clients": 100, "per_round": 0, "rounds": 1})
 
-#: largest default k of DP popularity (epsilon 4 and up): each user's items scaled to L2
+#: largest default k of DP popularity (epsilon 2 and up): each user's items scaled to L2
 #: weight sqrt(k) (chosen on a validation carve-out of MovieLens 100k and 1M at epsilon 1 and
 #: 8; dp-ials' prior keeps it at every epsilon, docs/benchmarks/ranking.md)
 DP_ITEMS_PER_USER = 100
 #: default k per unit of epsilon below that (:func:`dp_items_per_user`)
-DP_ITEMS_PER_EPSILON = 25
+DP_ITEMS_PER_EPSILON = 50
 
 
 def dp_items_per_user(epsilon: float) -> int:
-    """The default k of DP popularity at ``epsilon``: ``min(100, 25 epsilon)``, rounded,
+    """The default k of DP popularity at ``epsilon``: ``min(100, 50 epsilon)``, rounded,
     at least 1 (module docstring; chosen on a validation carve-out of MovieLens 100k and
     1M and the two skewed sets at epsilon 1, 2, 4 and 8, docs/benchmarks/ranking.md)."""
     if not epsilon > 0:
