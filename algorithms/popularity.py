@@ -12,14 +12,16 @@ rated; the sum over users is released once through the user-level privacy layer
 (:mod:`privacy.user_level`, a clipped-sum array of norm ``sqrt(k)``, noise, charge and
 accounting there). The scaling is deterministic, so no sampling randomness is involved.
 
-**k follows epsilon.** The library's default k is :func:`dp_items_per_user`: 100 from
-epsilon 2 up, ``50 epsilon`` below. The noise's standard deviation grows with ``sqrt(k)``;
-at a small epsilon a k of 100, which only users with 100 ratings or more fill, spends the
-noise on a bound few users reach, and the noise alone lifts rarely rated items into the
-head of the list where most users rate a handful of items (the skewed sets of the ranking
-benchmark); at epsilon 2 to 8 a smaller k loses MovieLens 100k precision. Chosen on a
-validation carve-out (docs/benchmarks/ranking.md). k is a function of the public epsilon
-only, so the sensitivity is still fixed before any data is read.
+**k follows epsilon.** The library's default k is :func:`dp_items_per_user`:
+``min(100, 30 epsilon^2)``, so 100 from epsilon 2 up and 30 at epsilon 1. The count
+noise's standard deviation grows with ``sqrt(k) / epsilon``; at a small epsilon a k of
+100, which only users with 100 ratings or more fill, spends the noise on a bound few users
+reach, and the noise alone lifts rarely rated items into the head of the list where most
+users rate a handful of items (the skewed sets of the ranking benchmark). Below epsilon 2
+the default keeps that standard deviation at about the one of k = 30 at epsilon 1; from
+epsilon 2 up a smaller k loses MovieLens 100k precision. Chosen on a validation carve-out
+(docs/benchmarks/ranking.md). k is a function of the public epsilon only, so the
+sensitivity is still fixed before any data is read.
 
 The release records the standard deviation of its noise (:class:`Counts` ``noise``, 0 for
 the exact list): a reader can tell which released counts stand out of the noise.
@@ -149,17 +151,21 @@ ALGORITHM = Algorithm(
 #: weight sqrt(k) (chosen on a validation carve-out of MovieLens 100k and 1M at epsilon 1 and
 #: 8; dp-ials' prior keeps it at every epsilon, docs/benchmarks/ranking.md)
 DP_ITEMS_PER_USER = 100
-#: default k per unit of epsilon below that (:func:`dp_items_per_user`)
-DP_ITEMS_PER_EPSILON = 50
+#: default k at epsilon 1; below epsilon 2 the default k is this times epsilon squared
+#: (:func:`dp_items_per_user`)
+DP_ITEMS_AT_EPSILON_1 = 30
 
 
 def dp_items_per_user(epsilon: float) -> int:
-    """The default k of DP popularity at ``epsilon``: ``min(100, 50 epsilon)``, rounded,
-    at least 1 (module docstring; chosen on a validation carve-out of MovieLens 100k and
-    1M and the two skewed sets at epsilon 1, 2, 4 and 8, docs/benchmarks/ranking.md)."""
+    """The default k of DP popularity at ``epsilon``: ``min(100, 30 epsilon^2)``, rounded,
+    at least 1 (module docstring: the count noise's standard deviation, which grows with
+    ``sqrt(k) / epsilon``, held near the one of k = 30 at epsilon 1; chosen on a
+    validation carve-out of MovieLens 100k and 1M and the two skewed sets at epsilon 1,
+    2, 4 and 8, docs/benchmarks/ranking.md)."""
     if not epsilon > 0:
         raise ValueError("epsilon must be positive")
-    return int(max(1, min(DP_ITEMS_PER_USER, round(DP_ITEMS_PER_EPSILON * epsilon))))
+    k = round(DP_ITEMS_AT_EPSILON_1 * epsilon ** 2)
+    return int(max(1, min(DP_ITEMS_PER_USER, k)))
 
 
 def fit(fed, cfg: PopularityConfig | None = None, *, seed: int = 0, privatizer=None,

@@ -876,4 +876,4 @@ def test_simulate_prints_popularity_beside_the_model_on_the_same_split(tmp_path,
     assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "dp-ials",
                  "--clients", "4", "--rank", "3", "--sweeps", "2", "--privacy", "user",
                  "--epsilon", "1", "--delta", "1e-4", "--json", str(out), "--quiet"]) == 0
-    assert json.loads(out.read_text())["ranking"]["popularity"]["list"].endswith("sqrt(50))")
+    assert json.loads(out.read_text())["ranking"]["popularity"]["list"].endswith("sqrt(30))")
