@@ -18,7 +18,10 @@ following the user's taste as well (``taste`` :data:`TASTE`).
 
 ``--validate`` scores a grid on a validation carve-out of the training data (20% of each
 tenant's training ratings; the test split is never read) instead: how the defaults of
-``ials`` and ``dp-ials`` were chosen.
+``ials`` and ``dp-ials`` were chosen. ``--support`` measures lists built from noisy
+counts (DP popularity at several k, dp-ials) with and without a support bar on their
+released counts (:func:`count_support`; ``--carve``: on that carve-out): how DP
+popularity's default k was chosen.
 """
 
 from __future__ import annotations

@@ -69,7 +69,9 @@ def popularity_of(args: argparse.Namespace, fed: Federation, unit: str,
     """The popularity baseline on the model's split, printed beside it (every ranking model
     must beat it): the exact list for non-private runs, for ``--privacy user`` the DP list
     (:mod:`algorithms.popularity`) under the same epsilon, delta and placement, its own
-    release with its own budget (a baseline, never served by this command)."""
+    release with its own budget, k its default at that epsilon
+    (:func:`algorithms.popularity.dp_items_per_user`; a baseline, never served by this
+    command)."""
     import secrets
 
     from algorithms import popularity
