@@ -18,7 +18,10 @@ following the user's taste as well (``taste`` :data:`TASTE`).
 
 ``--validate`` scores a grid on a validation carve-out of the training data (20% of each
 tenant's training ratings; the test split is never read) instead: how the defaults of
-``ials`` and ``dp-ials`` were chosen.
+``ials`` and ``dp-ials`` were chosen. ``--support`` measures lists built from noisy
+counts (DP popularity at several k, dp-ials) with and without a support bar on their
+released counts (:func:`count_support`; ``--carve``: on that carve-out): how DP
+popularity's default k was chosen.
 """
 
 from __future__ import annotations
@@ -101,34 +104,39 @@ def validation(fed: Federation, fraction: float = 0.2) -> Federation:
 
 
 def rare_share(a: np.ndarray, b: np.ndarray, train: RatingBlock, test: RatingBlock,
-               counts: np.ndarray, threshold: float) -> tuple[int, int]:
-    """(top-k slots given to items with fewer than ``RARE`` training ratings, all slots)
-    over the scored users (those with a relevant held-out item)."""
+               counts: np.ndarray, threshold: float) -> tuple[int, int, int]:
+    """(top-k slots given to items with fewer than ``RARE`` training ratings, all filled
+    slots, all k slots) over the scored users (those with a relevant held-out item)."""
     users = np.unique(test.rows[test.vals >= threshold])
     seen = train.csr
-    rare = slots = 0
+    rare = slots = total = 0
     for lo in range(0, users.size, 1024):
         u = users[lo:lo + 1024]
         scores = np.asarray(a[u] @ b, dtype=float)
         s = seen[u].tocoo()
         scores[s.row, s.col] = -np.inf
         top = top_k_rows(scores, K)
-        rare += int((counts[top] < RARE).sum())
-        slots += top.size
-    return rare, slots
+        # a slot is filled only by an item with a finite score: a list shorter than k
+        # (items the released counts do not support score -inf) has no item in the rest
+        filled = np.isfinite(np.take_along_axis(scores, top, axis=1))
+        rare += int((filled & (counts[top] < RARE)).sum())
+        slots += int(filled.sum())
+        total += int(u.size) * K
+    return rare, slots, total
 
 
 def score(pairs, fed: Federation) -> dict[str, Any]:
     """Metrics of per-tenant factor pairs ``[(A_i, B)]`` on ``fed``'s held-out ratings."""
     cut = relevance_threshold(fed.scale)
     counts = sum(np.bincount(t.cols, minlength=fed.n_items) for t in fed.train)
-    total, rare, slots = RankingSums(fed.n_items), 0, 0
+    total, rare, slots, every = RankingSums(fed.n_items), 0, 0, 0
     for (a, b), tr, te in zip(pairs, fed.train, fed.test, strict=True):
         total = total.add(tenant_ranking(a, b, tr, te, cut, K))
-        r, s = rare_share(a, b, tr, te, counts, cut)
-        rare, slots = rare + r, slots + s
+        r, s, n = rare_share(a, b, tr, te, counts, cut)
+        rare, slots, every = rare + r, slots + s, every + n
     rep = RankingReport.from_sums(total, K, None).as_dict()
-    return {**rep, "rare_slot_share": rare / max(slots, 1)}
+    return {**rep, "rare_slot_share": rare / max(slots, 1),
+            "filled_slot_share": slots / max(every, 1)}
 
 
 def run(name: str, fed: Federation, cfg=None, epsilon: float | None = None,
@@ -230,7 +238,7 @@ def privatizer(bounds, releases: int, fed: Federation, epsilon: float, placement
 def popularity(fed: Federation, epsilon: float | None) -> tuple[list, float]:
     """The exact popularity list, or the DP one (central) at ``epsilon``."""
     cfg = P.PopularityConfig(max_items_per_user=None if epsilon is None
-                             else P.DP_ITEMS_PER_USER)
+                             else P.dp_items_per_user(epsilon))
     t0 = time.perf_counter()
     if epsilon is None:
         res = P.fit(fed, cfg)
@@ -393,6 +401,103 @@ def count_gate(data: str, draws: int, gates: list[float], epsilons=(1.0, 8.0)
     return out
 
 
+#: the training count below which an item counts as rarely rated: a noisy count must reach
+#: it plus z noise standard deviations to be served (:func:`supported`)
+SUPPORT_COUNT = 5.0
+
+
+def supported(counts: np.ndarray, noise_std: float, z: float | None) -> np.ndarray | None:
+    """Which items a list built from released ``counts`` whose noise has standard deviation
+    ``noise_std`` may serve under the support bar: those whose count reaches
+    ``SUPPORT_COUNT + z noise_std``; None (all) without noise or with ``z`` None.
+    Post-processing of a DP release and its public noise level (measured, not adopted:
+    docs/benchmarks/ranking.md)."""
+    if z is None or not noise_std > 0:
+        return None
+    return np.asarray(counts, dtype=float) >= SUPPORT_COUNT + z * noise_std
+
+
+def _gated(pairs: list, served: np.ndarray | None, demote: bool = False) -> list:
+    """Factor pairs whose items outside ``served`` are dropped (score -inf, so a list may
+    be shorter than k) or, with ``demote``, ranked below every served item (a list filled
+    with served items first, then the rest): an extra column of ones in A and a row in B
+    of 0 for served items and -inf (or -1e12) for the others."""
+    if served is None:
+        return pairs
+    row = np.where(served, 0.0, -1e12 if demote else -np.inf)[None, :]
+    return [(np.hstack([a, np.ones((a.shape[0], 1))]), np.vstack([b, row]))
+            for a, b in pairs]
+
+
+def count_support(data: str, draws: int, zs: list[float], epsilons=(1.0, 8.0),
+                  ks: list[int] | None = None, carve: bool = False
+                  ) -> list[dict[str, Any]]:
+    """Lists built from noisy released counts with and without the support bar
+    (:func:`supported`: an item is served only when its released count reaches 5 + z s,
+    s the count noise's standard deviation), for each z of ``zs`` on the same fits (each
+    draw one fit with fresh noise): DP popularity (central, the whole budget on the
+    counts, each user's items scaled to L2 weight sqrt(k) for k 100, the library's
+    default at the epsilon, :func:`algorithms.popularity.dp_items_per_user`, and each of
+    ``ks``) and dp-ials (central, default config; the bar on its prior's count release,
+    items dropped, or demoted below the supported ones). Means, and the largest
+    rare-slot share, over the draws; also how many items each bar keeps.
+    First, the list the service serves when a model loses (each tenant's exact counts of
+    its own training ratings, :func:`app.training.selection.popularity_sums`; no noise).
+    ``carve``: on the validation carve-out (:func:`validation`; the test split unread)."""
+    fed, alg = (validation(load(data)) if carve else load(data)), registry.get("dp-ials")
+    tenant = score([(np.ones((tr.n_users, 1)), np.bincount(
+        tr.cols, minlength=fed.n_items).astype(float)[None, :]) for tr in fed.train], fed)
+    out: list[dict[str, Any]] = [{
+        "data": data, "epsilon": None, "list": "tenant popularity (exact)",
+        **{key: tenant[key] for key in ("precision_at_k", "ndcg_at_k", "rare_slot_share",
+                                        "filled_slot_share")}}]
+    print(f"{data} tenant popularity (exact) P@10 {tenant['precision_at_k']:.4f} NDCG@10 "
+          f"{tenant['ndcg_at_k']:.4f} rare {tenant['rare_slot_share']:.4f}", flush=True)
+    for eps in epsilons:
+        acc: dict[tuple[str, Any], list] = {}
+        for _ in range(draws):
+            for k in dict.fromkeys([P.DP_ITEMS_PER_USER, P.dp_items_per_user(eps),
+                                    *(ks or [])]):
+                cfg = P.PopularityConfig(max_items_per_user=k)
+                priv = privatizer(P.user_bounds(cfg), 1, fed, eps, "central")
+                res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
+                base = [P.ALGORITHM.factors(res.global_msg, st) for st in res.local_states]
+                glob = res.global_msg
+                how = f"DP popularity, k {k}"
+                for z in [None, *zs]:
+                    ok = supported(glob.counts, glob.noise, z)
+                    sc = score(_gated(base, ok), fed)
+                    acc.setdefault((how, z), []).append(
+                        [sc["precision_at_k"], sc["ndcg_at_k"], sc["rare_slot_share"],
+                         sc["filled_slot_share"], glob.noise,
+                         fed.n_items if ok is None else int(ok.sum())])
+            dp, _wall = run("dp-ials", fed, None, eps, "central")
+            st = dp.server_state
+            counts = st.pop_sum / st.pop_weight
+            pairs = [alg.factors(dp.global_msg, s) for s in dp.local_states]
+            for z in [None, *zs]:
+                ok = supported(counts, st.pop_noise, z)
+                for how, demote in (("dp-ials", False), ("dp-ials, demoted", True)):
+                    if z is None and demote:
+                        continue
+                    sc = score(_gated(pairs, ok, demote), fed)
+                    acc.setdefault((how, z), []).append(
+                        [sc["precision_at_k"], sc["ndcg_at_k"], sc["rare_slot_share"],
+                         sc["filled_slot_share"], st.pop_noise,
+                         fed.n_items if ok is None else int(ok.sum())])
+        for (how, z), v in acc.items():
+            m = np.mean(v, axis=0)
+            row = {"data": data, "epsilon": eps, "list": how, "support_z": z,
+                   "draws": draws, "precision_at_k": m[0], "ndcg_at_k": m[1],
+                   "rare_slot_share": m[2], "rare_slot_share_max": max(x[2] for x in v),
+                   "filled_slot_share": m[3], "count_noise_std": m[4], "items_served": m[5]}
+            print(f"{data} eps {eps:g} {how:20s} z {str(z):4s} P@10 {m[0]:.4f} NDCG@10 "
+                  f"{m[1]:.4f} rare {m[2]:.4f} (max {row['rare_slot_share_max']:.4f}) "
+                  f"filled {m[3]:.3f} s {m[4]:.1f} items {m[5]:.1f}", flush=True)
+            out.append(row)
+    return [{**r, "split": "validation" if carve else "test"} for r in out]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = E.parser("ranking", __doc__, seeds=1)
     ap.add_argument("--data", nargs="+", default=["ml-100k", "ml-1m", "skewed"],
@@ -407,8 +512,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count-gate", nargs="+", type=float, default=None, metavar="T",
                     help="instead: dp-ials (central, epsilon 1 and 8) scored with and "
                          "without count_gate T on the same fits (ranking_count_gate_<data>)")
+    ap.add_argument("--support", nargs="+", type=float, default=None, metavar="Z",
+                    help="instead: DP popularity and dp-ials (central, epsilon 1 and 8) "
+                         "with items served only when their released count reaches "
+                         "5 + Z count-noise standard deviations, on the same fits "
+                         "(ranking_support_<data>)")
+    ap.add_argument("--items-per-user", nargs="+", type=int, default=None, metavar="K",
+                    help="with --support: DP popularity also with each user's items "
+                         "scaled to L2 weight sqrt(K) (besides 100 and the default at "
+                         "the epsilon)")
+    ap.add_argument("--epsilons", nargs="+", type=float, default=[1.0, 8.0], metavar="E",
+                    help="with --support: the epsilons (default 1 8)")
+    ap.add_argument("--carve", action="store_true",
+                    help="with --support: score on the validation carve-out of the training "
+                         "ratings instead of the test split (ranking_support_validation_<data>)")
     ap.add_argument("--draws", type=int, default=4,
-                    help="with --count-gate: fits (fresh noise) per epsilon")
+                    help="with --count-gate or --support: fits (fresh noise) per epsilon")
     ap.add_argument("--repeat", type=int, default=None, metavar="N",
                     help="run the rows (--rows) N times, each with fresh noise, and write "
                          "each row's mean and standard deviation (ranking_<data>_repeats)")
@@ -425,6 +544,15 @@ def main(argv: list[str] | None = None) -> int:
             E.write_result(args.out, "ranking", argv, args.quick,
                            {"count_gate": count_gate(d, args.draws, args.count_gate)},
                            stem=f"ranking_count_gate_{d}")
+        return 0
+    if args.support:
+        for d in args.data:
+            E.write_result(args.out, "ranking", argv, args.quick,
+                           {"support": count_support(d, args.draws, args.support,
+                                                     tuple(args.epsilons),
+                                                     ks=args.items_per_user,
+                                                     carve=args.carve)},
+                           stem=f"ranking_support_{'validation_' if args.carve else ''}{d}")
         return 0
     if args.validate:
         import json

@@ -870,4 +870,10 @@ def test_simulate_prints_popularity_beside_the_model_on_the_same_split(tmp_path,
                  "--epsilon", "4", "--delta", "1e-4", "--json", str(out), "--quiet"]) == 0
     dp = json.loads(out.read_text())
     assert dp["ranking"]["popularity"]["list"].startswith("DP popularity (epsilon 4,")
+    assert dp["ranking"]["popularity"]["list"].endswith("sqrt(100))")
     assert 3.99 < dp["privacy"]["epsilon_max"] <= 4.0  # the model's own budget, untouched
+    # below epsilon 2 the baseline's k shrinks with epsilon (algorithms.popularity)
+    assert main(["simulate", "--data", str(ratings_csv), "--algorithm", "dp-ials",
+                 "--clients", "4", "--rank", "3", "--sweeps", "2", "--privacy", "user",
+                 "--epsilon", "1", "--delta", "1e-4", "--json", str(out), "--quiet"]) == 0
+    assert json.loads(out.read_text())["ranking"]["popularity"]["list"].endswith("sqrt(30))")

@@ -69,15 +69,18 @@ def popularity_of(args: argparse.Namespace, fed: Federation, unit: str,
     """The popularity baseline on the model's split, printed beside it (every ranking model
     must beat it): the exact list for non-private runs, for ``--privacy user`` the DP list
     (:mod:`algorithms.popularity`) under the same epsilon, delta and placement, its own
-    release with its own budget (a baseline, never served by this command)."""
+    release with its own budget, k its default at that epsilon
+    (:func:`algorithms.popularity.dp_items_per_user`; a baseline, never served by this
+    command)."""
     import secrets
 
     from algorithms import popularity
 
     if unit == "user":
-        from privacy.cli import user_privatizer_from_args
+        from privacy.cli import DEFAULT_EPSILON, user_privatizer_from_args
 
-        cfg = popularity.PopularityConfig(max_items_per_user=popularity.DP_ITEMS_PER_USER)
+        eps = args.epsilon if getattr(args, "epsilon", None) is not None else DEFAULT_EPSILON
+        cfg = popularity.PopularityConfig(max_items_per_user=popularity.dp_items_per_user(eps))
         if getattr(args, "secure_aggregation", False):
             # its clipped-sum release has no secure aggregation; central placement, which
             # secure aggregation matches in accuracy, is the fair baseline (and says so)

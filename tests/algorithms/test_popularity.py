@@ -72,3 +72,46 @@ def test_dp_popularity_is_one_charged_release_with_noise_of_the_planned_scale():
     rep = ranking_report(P.ALGORITHM, result.global_msg, result.local_states, fed.train,
                          fed.test, fed.scale)
     assert rep.users_ranked > 0
+
+
+def test_dp_popularity_records_the_standard_deviation_of_its_count_noise():
+    fed = _federation()
+    cfg = P.PopularityConfig(max_items_per_user=4)
+    spec = UserLevelSpec(epsilon=2.0, delta=1e-3, n_users=20, releases=1)
+    priv = UserLevelPrivatizer(spec, P.user_bounds(cfg), fed.n_clients, seed=5)
+    res = P.fit(fed, cfg, privatizer=priv, aggregator=priv.aggregate)
+    assert res.global_msg.noise == pytest.approx(spec.noise_multiplier() * 2.0)
+    assert P.fit(fed).global_msg.noise == 0.0  # the exact list
+
+
+def test_the_default_k_of_dp_popularity_shrinks_with_epsilon_below_2():
+    """k = min(100, 30 epsilon^2): at epsilon 1 each user's items weigh sqrt(30), so the
+    count noise is sqrt(0.3) of what k = 100 gives at the same epsilon (the skewed sets'
+    rarely rated items lifted into lists by noise, docs/benchmarks/ranking.md)."""
+    assert [P.dp_items_per_user(e) for e in (0.01, 0.5, 1, 1.5, 2, 4, 8, 16)] == [
+        1, 8, 30, 68, 100, 100, 100, 100]
+    with pytest.raises(ValueError, match="epsilon"):
+        P.dp_items_per_user(0.0)
+    fed = _federation()
+    stds = {}
+    for k in (P.dp_items_per_user(1.0), P.DP_ITEMS_PER_USER):
+        spec = UserLevelSpec(epsilon=1.0, delta=1e-3, n_users=20, releases=1)
+        bounds = P.user_bounds(P.PopularityConfig(max_items_per_user=k))
+        priv = UserLevelPrivatizer(spec, bounds, fed.n_clients, seed=5)
+        res = P.fit(fed, P.PopularityConfig(max_items_per_user=k), privatizer=priv,
+                    aggregator=priv.aggregate)
+        stds[k] = res.global_msg.noise
+    assert stds[30] == pytest.approx(stds[100] * math.sqrt(0.3))
+
+
+def test_a_short_list_counts_its_empty_slots_as_misses():
+    """Precision@k keeps k as its denominator when the support bar leaves fewer than k
+    items: two relevant items listed of k = 10 slots is 0.2, not 1."""
+    from algorithms.ranking import tenant_ranking
+
+    train = RatingBlock(np.array([0]), np.array([5]), np.array([5.0]), 1, 6)
+    test = RatingBlock(np.array([0, 0]), np.array([0, 1]), np.array([5.0, 5.0]), 1, 6)
+    counts = np.array([9.0, 8.0, -np.inf, -np.inf, -np.inf, 7.0])
+    sums = tenant_ranking(np.ones((1, 1)), counts[None, :], train, test, 3.5, 10)
+    assert sums.precision == pytest.approx(0.2) and sums.ndcg == pytest.approx(1.0)
+    assert sums.recommended.tolist() == [True, True, False, False, False, False]
