@@ -13,6 +13,7 @@ underscore name of another module: what is shared is public.
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,10 +54,26 @@ def module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def parse(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse``, tried again on CPython 3.11's "AST constructor recursion depth
+    mismatch": 3.11 keeps the AST conversion's depth counter per process, so a parse on
+    another thread at the same moment (numba's compiler parses source while a test's
+    background round compiles its kernels) can make this one fail (python/cpython
+    gh-106905, fixed in 3.12). Other SystemErrors, and a fifth failure, are raised."""
+    for attempt in range(5):
+        try:
+            return ast.parse(source, filename=filename)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc) or attempt == 4:
+                raise
+            time.sleep(0.2)
+    raise AssertionError("unreachable")
+
+
 def imports(path: Path, root: Path):
     """``(line, module, name)`` for each name imported by ``path`` (``name`` None for
     ``import module``), relative imports resolved."""
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse(path.read_text(), filename=str(path))
     package = module_name(path, root).split(".")
     if path.name != "__init__.py":
         package = package[:-1]

@@ -37,6 +37,7 @@ from app.main import create_app
 from app.models import ApiKey
 from app.security import KEY_PREFIX, PREFIX_LENGTH, generate_key, hash_key
 from tests.app.conftest import ADMIN_TOKEN
+from tests.test_layers import parse
 from tests.training_helpers import make_tenants, submit_job, wait_job
 
 PUBLIC = {("get", "/health"), ("get", "/ready")}  # the only routes without credentials
@@ -315,7 +316,7 @@ def test_issued_keys_are_distinct_and_only_their_hashes_are_stored(walk):
 def _compared_names(source: str) -> list[str]:
     """The names (``x`` or ``obj.x``) compared with ``==`` or ``!=`` anywhere in ``source``."""
     names = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq)
                                                  for op in node.ops):
             for operand in (node.left, *node.comparators):
