@@ -21,6 +21,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from algorithms import registry
 from app.dashboard import auth, charts, data
@@ -243,9 +244,11 @@ async def create_job(request: Request, viewer: OperatorDep, session: Db) -> Resp
                if isinstance(exc, ValidationError) else str(exc))
         return _job_form(request, viewer, session, form, error=msg, status=422)
     dry_run = form.get("action") != "start"
-    try:
-        result = job_service.create_job(session, request.app.state.settings, request.app,
-                                        body, dry_run=dry_run)
+    try:  # on a thread: the dry round (or, with a broker, the wait for a worker's answer)
+        # must not hold up this process's event loop and every other request on it
+        result = await run_in_threadpool(job_service.create_job, session,
+                                         request.app.state.settings, request.app, body,
+                                         dry_run=dry_run)
     except HTTPException as exc:
         return _job_form(request, viewer, session, form, error=exc.detail,
                          status=exc.status_code)

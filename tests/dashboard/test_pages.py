@@ -159,6 +159,36 @@ def test_job_form_names_a_bad_field_and_dry_runs_a_tenant_level_job(client):
     assert admin.get("/v1/admin/jobs").json()["count"] == 0
 
 
+def test_the_job_form_creates_off_the_event_loop(client, monkeypatch):
+    """The form's handler is async: job creation (whose dry round runs for up to
+    FEDREC_DRY_ROUND_SECONDS, or waits that long for a worker) runs on a worker thread,
+    not on the event loop every other request of the process shares."""
+    import asyncio
+
+    from app.services import jobs as job_service
+
+    admin = TestClient(client.app, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    tenants = make_tenants(admin, 2, seed=3)
+    real, loops = job_service.create_job, []
+
+    def create_job(*args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            loops.append(True)
+        except RuntimeError:
+            loops.append(False)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(job_service, "create_job", create_job)
+    assert sign_in(client, ADMIN_TOKEN).status_code == 303
+    csrf = re.search(r'name="csrf" value="([^"]+)"', client.get("/dashboard/jobs/new").text)[1]
+    plan = client.post("/dashboard/jobs/new", data={
+        "csrf": csrf, "algorithm": "fedmc-admm", "rounds": "2", "privacy": "none",
+        "action": "plan", "tenant_ids": [str(t) for t, _ in tenants]})
+    assert plan.status_code == 200, plan.text
+    assert loops == [False]
+
+
 def test_job_page_shows_the_final_ranking_metrics_of_the_report(client):
     """The ranking card shows the figures the job's report holds, overall and per tenant
     by name (none before the job completes)."""
