@@ -247,7 +247,9 @@ def remote(celery) -> Callable[[DryRound], Outcome]:
         if state == "waiting":
             return "refused", (503, f"no worker started the dry round within "
                                     f"{request.seconds:g} s (FEDREC_DRY_ROUND_SECONDS): "
-                                    f"the workers are busy or none is running; retry later")
+                                    f"the workers are busy, none is running, or they run "
+                                    f"an older fedrec without the dry-round task; retry "
+                                    f"later")
         if state == "failed" and value.startswith(("WorkerLostError", "TimeLimitExceeded")):
             # the round took its worker process down (its memory, most likely) or ran
             # past the hard limit: the config's, as a step's failure is

@@ -204,6 +204,11 @@ def without_user(block: RatingBlock, u: int) -> RatingBlock:
 
 
 def test_sensitivity_one_user_moves_each_candidate_sum_by_at_most_one():
+    """The selection is composed adaptively after the model's releases: its sensitivity is
+    taken given the released global model, so the model stays fixed here. Given it, every
+    other user's factors are that user's own solve against it (no other user's ratings
+    enter them), so removing user u takes u's row out and leaves the other rows as they
+    are; each candidate's sum then moves by u's own score, at most 1."""
     fit, valid = blocks("popular")
     cfg = registry.get("ials").config(rank=4, sweeps=2)
     from algorithms.data import Federation
