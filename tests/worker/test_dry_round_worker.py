@@ -98,3 +98,35 @@ def test_a_dry_round_no_worker_takes_is_503_and_creates_nothing(worker_db):
     leftovers = list(broker.scan_iter("*fedrec-test-nobody-listens*"))
     if leftovers:
         broker.delete(*leftovers)
+
+
+def test_a_dry_round_is_taken_before_queued_training_tasks(redis_test_url):
+    """Training tasks go to the queue's priority-6 list and a dry round to its first list,
+    which a worker (kombu's Redis transport: BRPOP over the lists in priority order) takes
+    first: a backlog of client steps does not hold up job creation."""
+    import uuid
+
+    import redis
+
+    from app.config import Settings
+    from app.queue import TRAINING_PRIORITY, ask, create_celery_app
+    from app.training.runner import CeleryDispatcher
+
+    queue = f"fedrec-test-priority-{uuid.uuid4().hex[:8]}"
+    celery = create_celery_app(Settings(database_url="sqlite:///unused.db",
+                                        broker_url=redis_test_url, task_queue=queue))
+    broker = redis.Redis.from_url(redis_test_url)
+    try:
+        for client in range(3):  # a round's client steps, queued with no worker free
+            CeleryDispatcher(celery).send("fedrec.training.client_step", 1, 1, client)
+        assert ask(celery, dry_round.TASK, [{}], 0.3) == ("waiting", None)  # unanswered
+        sep = "\x06\x16"
+        lists = [queue] + [f"{queue}{sep}{p}" for p in (3, 6, 9)]
+        assert [broker.llen(k) for k in lists] == [1, 0, 3, 0]
+        assert TRAINING_PRIORITY == 6
+        key, message = broker.brpop(lists, timeout=1)  # what a worker takes next
+        assert key.decode() == queue and dry_round.TASK.encode() in message
+    finally:
+        leftovers = list(broker.scan_iter(f"*{queue}*"))
+        if leftovers:
+            broker.delete(*leftovers)
