@@ -314,11 +314,12 @@ def _rated(s: Session, tenants: list[Tenant], registered_only: bool = False
     return users
 
 
-def _read(s: Session, spec: JobSpec, alg: Algorithm, cfg: Any, private: bool
-          ) -> tuple[list[Tenant], list[int], dict[int, int], np.ndarray]:
+def _read(s: Session, spec: JobSpec, alg: Algorithm, cfg: Any, private: bool,
+          size: bool = True) -> tuple[list[Tenant], list[int], dict[int, int], np.ndarray]:
     """The job's tenants (404 for an unknown one), the indices of the hosted ones, how
     many users with ratings each hosted tenant has (422 for none), the catalogue's item
-    ids (422 when empty), and the config sized against them (:func:`_check_size`)."""
+    ids (422 when empty), and the config sized against them (:func:`_check_size`; not
+    again with ``size`` False, for a read that repeats one that sized it)."""
     tenants = [s.get(Tenant, t, populate_existing=True) for t in spec.tenant_ids]
     missing = [t for t, row in zip(spec.tenant_ids, tenants, strict=True) if row is None]
     if missing:
@@ -330,7 +331,8 @@ def _read(s: Session, spec: JobSpec, alg: Algorithm, cfg: Any, private: bool
     if not len(item_ids):
         raise JobRefused(422, "the item catalogue is empty: add items before training" if
                          not private else f"no registered items: {REGISTERED_ONLY}")
-    _check_size(s, alg, cfg, len(item_ids), [tenants[i] for i in hosted[:1]])
+    if size:
+        _check_size(s, alg, cfg, len(item_ids), [tenants[i] for i in hosted[:1]])
     return tenants, hosted, users, item_ids
 
 
@@ -372,7 +374,8 @@ def create_job(s: Session, spec: JobSpec, idempotency: tuple[str, str] | None = 
         if s.in_transaction():  # the isolation level can only be chosen as one begins
             s.commit()
         s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-    tenants, hosted, users, item_ids = _read(s, spec, alg, cfg, private)
+    # sized once: the read before the dry round counted the first tenant's ratings already
+    tenants, hosted, users, item_ids = _read(s, spec, alg, cfg, private, tried is None)
     # the job's catalogue is the one its dry round tried (the upload's shapes are its)
     catalogue = None if tried is None else tried_items
     item_ids = item_ids if catalogue is None else catalogue
